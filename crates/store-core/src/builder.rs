@@ -1,0 +1,250 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use store_gc::{Clock, Collector, GcConfig, InProcessWindow, SystemClock};
+use store_types::{Error, KvEngine, LargeEngine, Result, Sharing, WindowClauses};
+
+use crate::fleet;
+use crate::store::{Inner, Store};
+
+/// Default kv/large threshold: 64 KiB (ADR-014). Entries of at most this
+/// many bytes live in the kv tier.
+pub const DEFAULT_THRESHOLD: u64 = 64 * 1024;
+
+/// Largest accepted threshold: 16 MiB. A put buffers up to the threshold
+/// in memory before it knows which tier it goes to, and kv engines hold an
+/// entry as one row.
+pub const MAX_THRESHOLD: u64 = 16 * 1024 * 1024;
+
+/// How the store dispatches entries (SPEC §2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One process-local kv engine, no large tier, any size, ephemeral.
+    MemOnly,
+    /// One kv engine, no large tier; puts over `threshold` are rejected at
+    /// put time with [`Error::TooLarge`] (ADR-012 §6.2).
+    KvOnly {
+        /// Largest accepted entry, in bytes.
+        threshold: u64,
+    },
+    /// Entries of at most `threshold` bytes go to the kv engine, larger
+    /// ones to the large engine.
+    DualTier {
+        /// Largest kv entry, in bytes.
+        threshold: u64,
+    },
+}
+
+impl Mode {
+    /// The tier boundary, if any.
+    pub fn threshold(&self) -> Option<u64> {
+        match self {
+            Mode::MemOnly => None,
+            Mode::KvOnly { threshold } | Mode::DualTier { threshold } => Some(*threshold),
+        }
+    }
+}
+
+/// Builds a [`Store`]; see [`Store::builder`].
+pub struct StoreBuilder {
+    kv: Option<Arc<dyn KvEngine>>,
+    large: Option<Arc<dyn LargeEngine>>,
+    mode: Option<Mode>,
+    fleet: bool,
+    window: Duration,
+    pin_ttl: Duration,
+    clock: Arc<dyn Clock>,
+    owner: Option<String>,
+}
+
+impl Default for StoreBuilder {
+    fn default() -> Self {
+        StoreBuilder {
+            kv: None,
+            large: None,
+            mode: None,
+            fleet: false,
+            window: Duration::from_secs(3600),
+            pin_ttl: Duration::from_secs(900),
+            clock: Arc::new(SystemClock),
+            owner: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreBuilder")
+            .field("kv", &self.kv.as_ref().map(|e| e.descriptor().kind))
+            .field("large", &self.large.as_ref().map(|e| e.descriptor().kind))
+            .field("mode", &self.mode)
+            .field("fleet", &self.fleet)
+            .field("window", &self.window)
+            .finish()
+    }
+}
+
+impl StoreBuilder {
+    /// The kv engine (required).
+    pub fn kv(self, engine: impl KvEngine) -> Self {
+        self.kv_shared(Arc::new(engine))
+    }
+
+    /// The kv engine, already shared.
+    pub fn kv_shared(mut self, engine: Arc<dyn KvEngine>) -> Self {
+        self.kv = Some(engine);
+        self
+    }
+
+    /// The large engine (dual-tier only).
+    pub fn large(self, engine: impl LargeEngine) -> Self {
+        self.large_shared(Arc::new(engine))
+    }
+
+    /// The large engine, already shared.
+    pub fn large_shared(mut self, engine: Arc<dyn LargeEngine>) -> Self {
+        self.large = Some(engine);
+        self
+    }
+
+    /// The dispatch mode. Default: `DualTier` with [`DEFAULT_THRESHOLD`]
+    /// when a large engine is set, else `KvOnly` with it.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// Fleet admission (ADR-012 §3): never inferred. Default `false`.
+    pub fn fleet(mut self, fleet: bool) -> Self {
+        self.fleet = fleet;
+        self
+    }
+
+    /// The delete-window length. Default one hour.
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Fleet pin-row lifetime. Default 15 minutes. Ignored without fleet.
+    pub fn pin_ttl(mut self, ttl: Duration) -> Self {
+        self.pin_ttl = ttl;
+        self
+    }
+
+    /// The GC clock (tests inject a [`store_gc::ManualClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The owner name this instance writes into fleet pin rows. Default: a
+    /// random name per instance.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Validates the configuration, prepares GC state and opens the store.
+    pub async fn build(self) -> Result<Store> {
+        let kv = self
+            .kv
+            .ok_or_else(|| Error::Config("a kv engine is required".into()))?;
+        let kv_desc = kv.descriptor();
+        let mode = self.mode.unwrap_or(match self.large {
+            Some(_) => Mode::DualTier {
+                threshold: DEFAULT_THRESHOLD,
+            },
+            None => Mode::KvOnly {
+                threshold: DEFAULT_THRESHOLD,
+            },
+        });
+        match mode {
+            Mode::MemOnly => {
+                if self.large.is_some() {
+                    return Err(Error::Config(
+                        "mem-only mode has no large tier; use dual-tier to add one".into(),
+                    ));
+                }
+                if kv_desc.sharing != Sharing::ProcessLocal {
+                    return Err(Error::Config(format!(
+                        "mem-only mode needs an in-memory kv engine, got `{}`",
+                        kv_desc.kind
+                    )));
+                }
+            }
+            Mode::KvOnly { threshold } => {
+                check_threshold(threshold)?;
+                if self.large.is_some() {
+                    return Err(Error::Config(
+                        "kv-only mode has no large tier; use dual-tier to add one".into(),
+                    ));
+                }
+            }
+            Mode::DualTier { threshold } => {
+                check_threshold(threshold)?;
+                if self.large.is_none() {
+                    return Err(Error::Config("dual-tier mode needs a large engine".into()));
+                }
+            }
+        }
+        let kv_seam = kv.gc_seam();
+        let large_seam = self.large.as_ref().and_then(|l| l.gc_seam());
+        let fleet_state = if self.fleet {
+            Some(fleet::validate(
+                mode,
+                &kv_desc,
+                kv_seam.as_ref(),
+                self.large.as_ref().map(|l| l.descriptor()).as_ref(),
+                self.pin_ttl,
+            )?)
+        } else {
+            None
+        };
+        // The one-window-host rule (ADR-012 §5): the kv engine when it is
+        // SQL-backed, otherwise the large engine when it is, otherwise
+        // in-process. Only the host's schema is ensured, so an instance
+        // never has two window tables.
+        let window_host: Arc<dyn WindowClauses> = match (&kv_seam, &large_seam) {
+            (Some(seam), _) if seam.window.is_some() => {
+                seam.schema.ensure_gc_schema().await?;
+                seam.window.clone().expect("checked")
+            }
+            (_, Some(seam)) if seam.window.is_some() => {
+                seam.schema.ensure_gc_schema().await?;
+                seam.window.clone().expect("checked")
+            }
+            _ => Arc::new(InProcessWindow::new()),
+        };
+        let mut tiers: Vec<Arc<dyn store_types::Engine>> = vec![kv.clone()];
+        if let Some(l) = &self.large {
+            tiers.push(l.clone());
+        }
+        let gc = Collector::new(
+            tiers,
+            GcConfig {
+                window: self.window,
+                clock: self.clock,
+                window_host,
+                shared_lock: fleet_state.as_ref().map(|f| f.lock.clone()),
+            },
+        );
+        Ok(Store::from_inner(Inner {
+            kv,
+            large: self.large,
+            mode,
+            gc,
+            fleet: fleet_state,
+            owner: self.owner.unwrap_or_else(fleet::random_owner),
+        }))
+    }
+}
+
+fn check_threshold(threshold: u64) -> Result<()> {
+    if threshold > MAX_THRESHOLD {
+        return Err(Error::Config(format!(
+            "threshold {threshold} exceeds the maximum of {MAX_THRESHOLD} bytes"
+        )));
+    }
+    Ok(())
+}

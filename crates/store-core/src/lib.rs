@@ -1,0 +1,42 @@
+//! Blobpool's facade: one [`Store`] over a kv engine and an optional large
+//! engine, with the put pipeline, tier dispatch, verified reads and GC.
+//!
+//! ```no_run
+//! # async fn demo(kv: impl store_types::KvEngine, large: impl store_types::LargeEngine)
+//! # -> Result<(), store_types::Error> {
+//! use store_core::{Mode, Store};
+//! use store_types::{Key, Namespace};
+//!
+//! let store = Store::builder()
+//!     .kv(kv)
+//!     .large(large)
+//!     .mode(Mode::DualTier { threshold: 64 * 1024 })
+//!     .build()
+//!     .await?;
+//! let ns = Namespace::new("docs")?;
+//! let receipt = store.put(&ns, &b"hello"[..], Some(5), None).await?;
+//! let blob = store.get(&Key::new(ns, receipt.digest)).await?.expect("just stored");
+//! assert_eq!(&blob.bytes().await?[..], b"hello");
+//! # Ok(()) }
+//! ```
+//!
+//! Architecture invariant: this crate names no engine. It judges
+//! configurations from [`store_types::EngineDescriptor`]s and seam
+//! capability answers only.
+
+mod blob;
+mod builder;
+mod fleet;
+mod put;
+mod store;
+
+pub use blob::Blob;
+pub use builder::{Mode, StoreBuilder, DEFAULT_THRESHOLD, MAX_THRESHOLD};
+pub use put::PutReceipt;
+pub use store::Store;
+
+pub use store_gc::{
+    Clock, GcAbortCause, LivenessSource, ManualClock, NamespaceCounts, Pin, ProtectCallback,
+    ProtectedCounts, SourceId, SweepOptions, SweepReport, SystemClock,
+};
+pub use store_types::{Digest, Error, Key, Namespace, Result, Stat, Tier, Timestamp};

@@ -1,0 +1,256 @@
+//! The put pipeline (SPEC §4): buffer up to the threshold, spill to the
+//! large tier's stage beyond it, hash while streaming, pin, publish.
+
+use bytes::{Bytes, BytesMut};
+use store_gc::Pin;
+use store_types::{
+    Digest, Error, Key, LargeEngine, Namespace, PublishOutcome, Result, StagedWrite, Tier,
+    CHUNK_SIZE,
+};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::store::Store;
+use crate::Mode;
+
+/// What a successful put returns.
+#[derive(Debug)]
+pub struct PutReceipt {
+    /// The content's digest.
+    pub digest: Digest,
+    /// Its length in bytes.
+    pub size: u64,
+    /// Where it lives.
+    pub tier: Tier,
+    /// Whether the entry already existed (nothing new was written).
+    pub deduplicated: bool,
+    /// Protects the entry until the caller has recorded a reference to it.
+    pub pin: Pin,
+}
+
+impl PutReceipt {
+    /// The stored entry's key.
+    pub fn key(&self) -> &Key {
+        self.pin.key()
+    }
+}
+
+/// Reads from `body` into `buf` until EOF or until `buf` holds `cap` bytes.
+/// Returns whether EOF was reached.
+async fn fill<R: AsyncRead + Unpin + ?Sized>(
+    body: &mut R,
+    buf: &mut BytesMut,
+    cap: usize,
+) -> Result<bool> {
+    while buf.len() < cap {
+        let want = (cap - buf.len()).min(CHUNK_SIZE);
+        buf.reserve(want);
+        let n = (&mut *body)
+            .take(want as u64)
+            .read_buf(buf)
+            .await
+            .map_err(Error::from)?;
+        if n == 0 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn check_expect(expect: Option<Digest>, actual: Digest) -> Result<()> {
+    match expect {
+        Some(expected) if expected != actual => Err(Error::Verification { expected, actual }),
+        _ => Ok(()),
+    }
+}
+
+impl Store {
+    /// Stores the bytes of `body` in `ns`.
+    ///
+    /// - `len`: the declared length, if known; a body of another length
+    ///   fails with [`Error::LengthMismatch`] and publishes nothing.
+    /// - `expect`: the digest the caller expects; a mismatch fails with
+    ///   [`Error::Verification`] and publishes nothing.
+    ///
+    /// Memory stays bounded by the threshold plus one chunk whatever the
+    /// body's size. The receipt's [`Pin`] protects the entry from GC until
+    /// dropped; a put that finds the entry already stored pins it and
+    /// reports `deduplicated: true`.
+    pub async fn put<R>(
+        &self,
+        ns: &Namespace,
+        mut body: R,
+        len: Option<u64>,
+        expect: Option<Digest>,
+    ) -> Result<PutReceipt>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        let mode = self.inner.mode;
+        let (limit, spill) = match mode {
+            Mode::MemOnly => (u64::MAX, false),
+            Mode::KvOnly { threshold } => (threshold, false),
+            Mode::DualTier { threshold } => (threshold, true),
+        };
+        if let Some(n) = len {
+            if n > limit {
+                if !spill {
+                    return Err(Error::TooLarge { limit, got: n });
+                }
+                return self
+                    .put_large(ns, &mut body, BytesMut::new(), len, expect)
+                    .await;
+            }
+        }
+        // Read one byte past what the kv tier may hold (or past the declared
+        // length) to learn whether the body overflows.
+        let cap = len.unwrap_or(limit).min(limit).saturating_add(1);
+        let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+        let mut buf = BytesMut::with_capacity(cap.min(CHUNK_SIZE));
+        let eof = fill(&mut body, &mut buf, cap).await?;
+        let got = buf.len() as u64;
+        if let Some(n) = len {
+            if got != n {
+                return Err(Error::LengthMismatch {
+                    declared: n,
+                    actual: got,
+                });
+            }
+        }
+        if !eof || got > limit {
+            if !spill {
+                return Err(Error::TooLarge { limit, got });
+            }
+            return self.put_large(ns, &mut body, buf, len, expect).await;
+        }
+        let digest = Digest::of(&buf);
+        check_expect(expect, digest)?;
+        let key = Key::new(ns.clone(), digest);
+        let pin = self.inner.gc.pins().pin(key.clone()).await;
+        let outcome = self.inner.kv.put(&key, buf.freeze()).await?;
+        Ok(PutReceipt {
+            digest,
+            size: got,
+            tier: Tier::Kv,
+            deduplicated: outcome == PublishOutcome::AlreadyPresent,
+            pin,
+        })
+    }
+
+    async fn put_large<R>(
+        &self,
+        ns: &Namespace,
+        body: &mut R,
+        prefix: BytesMut,
+        len: Option<u64>,
+        expect: Option<Digest>,
+    ) -> Result<PutReceipt>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        let large = self
+            .inner
+            .large
+            .as_ref()
+            .expect("dual-tier stores always have a large engine");
+        let mut stage = large.stage(ns).await?;
+        match stream_into(&mut stage, body, prefix, len).await {
+            Ok((digest, size)) => {
+                if let Err(e) = check_expect(expect, digest) {
+                    let _ = stage.abort().await;
+                    return Err(e);
+                }
+                self.publish_large(large.as_ref(), stage, ns, digest, size)
+                    .await
+            }
+            Err(e) => {
+                let _ = stage.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn publish_large(
+        &self,
+        large: &dyn LargeEngine,
+        stage: Box<dyn StagedWrite>,
+        ns: &Namespace,
+        digest: Digest,
+        size: u64,
+    ) -> Result<PutReceipt> {
+        let key = Key::new(ns.clone(), digest);
+        // Pin before looking: a sweep deleting this key finishes first (the
+        // pin waits on its gate), and no sweep can start deleting it after.
+        let pin = self.inner.gc.pins().pin(key.clone()).await;
+        let deduplicated = if large.meta(&key).await?.is_some() {
+            stage.abort().await?;
+            true
+        } else {
+            stage.publish(&key).await? == PublishOutcome::AlreadyPresent
+        };
+        Ok(PutReceipt {
+            digest,
+            size,
+            tier: Tier::Large,
+            deduplicated,
+            pin,
+        })
+    }
+}
+
+/// Streams `prefix` then the rest of `body` into the stage, hashing as it
+/// goes (the stage's writer runs concurrently, so hashing overlaps I/O).
+/// Enforces the declared length.
+async fn stream_into<R>(
+    stage: &mut Box<dyn StagedWrite>,
+    body: &mut R,
+    prefix: BytesMut,
+    len: Option<u64>,
+) -> Result<(Digest, u64)>
+where
+    R: AsyncRead + Unpin + Send,
+{
+    let mut hasher = blake3::Hasher::new();
+    let mut total = prefix.len() as u64;
+    if !prefix.is_empty() {
+        hasher.update(&prefix);
+        stage.write(prefix.freeze()).await?;
+    }
+    loop {
+        // Never read more than one byte past the declared length.
+        let cap = match len {
+            Some(n) => (n + 1).saturating_sub(total).min(CHUNK_SIZE as u64) as usize,
+            None => CHUNK_SIZE,
+        };
+        if cap == 0 {
+            break;
+        }
+        let mut chunk = BytesMut::with_capacity(cap);
+        let eof = fill(body, &mut chunk, cap).await?;
+        if !chunk.is_empty() {
+            total += chunk.len() as u64;
+            if let Some(n) = len {
+                if total > n {
+                    return Err(Error::LengthMismatch {
+                        declared: n,
+                        actual: total,
+                    });
+                }
+            }
+            hasher.update(&chunk);
+            let chunk: Bytes = chunk.freeze();
+            stage.write(chunk).await?;
+        }
+        if eof {
+            break;
+        }
+    }
+    if let Some(n) = len {
+        if total != n {
+            return Err(Error::LengthMismatch {
+                declared: n,
+                actual: total,
+            });
+        }
+    }
+    Ok((Digest::from(hasher.finalize()), total))
+}

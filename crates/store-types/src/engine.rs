@@ -1,0 +1,282 @@
+use std::fmt;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::io::AsyncRead;
+
+use crate::{Digest, GcSeam, Key, Namespace, Result};
+
+/// Milliseconds since the Unix epoch. Engines stamp `created_at` with it;
+/// the GC window compares `visible_after` against an injectable clock in it.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// The wall clock now.
+    pub fn now() -> Self {
+        let d = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp(d.as_millis() as i64)
+    }
+
+    /// This instant plus `d` (saturating).
+    pub fn plus(self, d: std::time::Duration) -> Self {
+        Timestamp(
+            self.0
+                .saturating_add(d.as_millis().min(i64::MAX as u128) as i64),
+        )
+    }
+}
+
+/// Which tier holds an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// The small-blob tier (a database or memory).
+    Kv,
+    /// The large-blob tier (files, large objects, object stores).
+    Large,
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Tier::Kv => "kv",
+            Tier::Large => "large",
+        })
+    }
+}
+
+/// What an engine knows about one stored entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryMeta {
+    /// Content length in bytes.
+    pub size: u64,
+    /// When the entry was published.
+    pub created_at: Timestamp,
+}
+
+/// What the facade reports about an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stat {
+    /// Content length in bytes.
+    pub size: u64,
+    /// The tier holding it.
+    pub tier: Tier,
+    /// When the entry was published.
+    pub created_at: Timestamp,
+}
+
+/// A streaming read of (part of) an entry. Engines return raw bytes; the
+/// facade adds verification.
+pub struct BlobReader {
+    /// Number of bytes the reader yields.
+    pub len: u64,
+    /// The bytes.
+    pub reader: Pin<Box<dyn AsyncRead + Send>>,
+}
+
+impl BlobReader {
+    /// A reader over bytes already in memory.
+    pub fn from_bytes(bytes: Bytes) -> Self {
+        BlobReader {
+            len: bytes.len() as u64,
+            reader: Box::pin(std::io::Cursor::new(bytes)),
+        }
+    }
+}
+
+impl fmt::Debug for BlobReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlobReader")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Where an engine keeps its data, so the facade can tell whether two
+/// engines share one database instance (fleet validity, ADR-012 §4).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Instance {
+    /// Process memory; never shared with another process.
+    Process,
+    /// A path on a file system (a database file or a directory).
+    Path(PathBuf),
+    /// A PostgreSQL database: the cluster's `system_identifier` plus the
+    /// database name (and the schema the engine's tables live in).
+    Postgres {
+        /// `pg_control_system().system_identifier` as text.
+        system_identifier: String,
+        /// `current_database()`.
+        database: String,
+        /// The schema holding the engine's tables.
+        schema: String,
+    },
+    /// Anything else, described by a URL-like string.
+    Other(String),
+}
+
+impl Instance {
+    /// Whether two instances are the same PostgreSQL cluster and database
+    /// (schemas may differ). `false` for non-PostgreSQL instances.
+    pub fn same_database(&self, other: &Instance) -> bool {
+        match (self, other) {
+            (
+                Instance::Postgres {
+                    system_identifier: a,
+                    database: da,
+                    ..
+                },
+                Instance::Postgres {
+                    system_identifier: b,
+                    database: db,
+                    ..
+                },
+            ) => a == b && da == db,
+            _ => false,
+        }
+    }
+}
+
+/// How an engine's data can be shared between store instances on several
+/// nodes — the input to the fleet-validity predicate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sharing {
+    /// Lives in one process (`mem`): never fleet-valid.
+    ProcessLocal,
+    /// A file system that is shared only if the deployment says so
+    /// (`local`): `shared_media` is the operator's declaration.
+    DeclaredMedia {
+        /// The shared-media declaration (ADR-008 §3).
+        shared_media: bool,
+    },
+    /// A database server reached over the network; shared with every
+    /// instance on the same [`Instance`].
+    DatabaseServer,
+    /// A single-node embedded database file (`sqlite`).
+    EmbeddedFile,
+}
+
+/// An engine's self-description. The facade judges configurations from
+/// this alone and never names engine types.
+#[derive(Clone, Debug)]
+pub struct EngineDescriptor {
+    /// Short engine name for messages: `"mem"`, `"sqlite"`, `"local"`, ...
+    pub kind: &'static str,
+    /// Where its data lives.
+    pub instance: Instance,
+    /// How it can be shared between nodes.
+    pub sharing: Sharing,
+    /// Whether an acknowledged write survives a process crash.
+    pub durable: bool,
+}
+
+/// Whether a publish created the entry or found it already there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// The entry is new.
+    Inserted,
+    /// An entry with this key already existed; nothing was written.
+    AlreadyPresent,
+}
+
+/// Operations every engine offers, whatever its tier.
+///
+/// # Contract
+///
+/// - Entries are immutable: once published, the bytes under a key never
+///   change (except through corruption, which the facade detects).
+/// - Every method is safe to call concurrently.
+/// - Absent keys are values (`None`, `false`), never errors.
+/// - `read_range` is only called with `start <= end <= size`; the facade
+///   checks the range against [`Engine::meta`] first.
+/// - `delete_many` is idempotent: deleting an absent key yields `None`.
+/// - Methods never block the async runtime: blocking I/O goes through
+///   `spawn_blocking` or a dedicated thread.
+#[async_trait]
+pub trait Engine: Send + Sync + 'static {
+    /// The engine's self-description.
+    fn descriptor(&self) -> EngineDescriptor;
+
+    /// Size and creation time, or `None` if absent.
+    async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>>;
+
+    /// Presence of each digest in `ns`, index-aligned, in one round trip.
+    async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>>;
+
+    /// A streaming read of the whole entry, or `None` if absent.
+    async fn read(&self, key: &Key) -> Result<Option<BlobReader>>;
+
+    /// A streaming read of `range` (already validated against the size).
+    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>>;
+
+    /// Deletes entries, returning the freed size of each (`None` if absent).
+    async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>>;
+
+    /// Namespaces holding at least one entry.
+    async fn namespaces(&self) -> Result<Vec<Namespace>>;
+
+    /// Up to `limit` entries of `ns` with digest strictly greater than
+    /// `after`, in ascending digest order, with their sizes.
+    async fn scan(
+        &self,
+        ns: &Namespace,
+        after: Option<Digest>,
+        limit: usize,
+    ) -> Result<Vec<(Digest, u64)>>;
+
+    /// The engine-state seam, if this engine is a seam member (ADR-012 §5).
+    /// `mem` and `local` answer `None`.
+    fn gc_seam(&self) -> Option<GcSeam> {
+        None
+    }
+}
+
+/// A small-blob engine: whole entries move as one buffer.
+///
+/// # Contract
+///
+/// `put` publishes atomically and durably (for durable engines) before it
+/// returns; a concurrent put of the same key yields exactly one entry and
+/// one `Inserted`.
+#[async_trait]
+pub trait KvEngine: Engine {
+    /// Stores `bytes` under `key` (the caller has verified the digest).
+    async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome>;
+}
+
+/// A large-blob engine: entries are streamed into a stage and published.
+///
+/// # Contract
+///
+/// - Nothing written to a stage is visible until [`StagedWrite::publish`].
+/// - A stage dropped or aborted without publishing leaves nothing behind
+///   (engines also clean orphaned stages when they open).
+#[async_trait]
+pub trait LargeEngine: Engine {
+    /// Opens a stage for a new entry in `ns`.
+    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>>;
+}
+
+/// An in-progress large write.
+#[async_trait]
+pub trait StagedWrite: Send {
+    /// Appends a chunk.
+    async fn write(&mut self, chunk: Bytes) -> Result<()>;
+
+    /// Makes the staged bytes durable and visible under `key`. If the key
+    /// already exists the stage is discarded and `AlreadyPresent` returned.
+    async fn publish(self: Box<Self>, key: &Key) -> Result<PublishOutcome>;
+
+    /// Discards the stage.
+    async fn abort(self: Box<Self>) -> Result<()>;
+}

@@ -1,0 +1,35 @@
+//! Blobpool's shared vocabulary.
+//!
+//! Every engine crate and the `store-core` facade depend on this crate and
+//! on nothing else of the workspace. It holds:
+//!
+//! - the addressing types: [`Digest`], [`Namespace`], [`Key`];
+//! - the entry metadata: [`Stat`], [`EntryMeta`], [`Tier`], [`Timestamp`];
+//! - the one error enum, [`Error`], shared by the facade and the engines;
+//! - the engine traits: [`Engine`], [`KvEngine`], [`LargeEngine`],
+//!   [`StagedWrite`];
+//! - the engine descriptor ([`EngineDescriptor`]) the facade judges
+//!   configurations by, without naming engine types;
+//! - the engine-state seam of ADR-012 §5 ([`GcSeam`] and its clause traits).
+//!
+//! Architecture invariant: nothing here names a concrete engine.
+
+mod digest;
+mod engine;
+mod error;
+mod key;
+mod seam;
+
+pub use digest::{Digest, DIGEST_HEX_LEN};
+pub use engine::{
+    BlobReader, Engine, EngineDescriptor, EntryMeta, Instance, KvEngine, LargeEngine,
+    PublishOutcome, Sharing, StagedWrite, Stat, Tier, Timestamp,
+};
+pub use error::{Error, ProtectReason, Result};
+pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};
+pub use seam::{
+    GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
+};
+
+/// Default chunk size used when streaming blobs between tiers (256 KiB).
+pub const CHUNK_SIZE: usize = 256 * 1024;
