@@ -1,0 +1,112 @@
+//! The [`Engine`] and [`LargeEngine`] implementations.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+use async_trait::async_trait;
+use store_types::{
+    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Instance, Key, LargeEngine, Namespace,
+    Result, Sharing, StagedWrite,
+};
+
+use crate::fsio::{self, blocking, io_err, is_absent};
+use crate::reader::open_reader;
+use crate::stage::LocalStage;
+use crate::LocalEngine;
+
+#[async_trait]
+impl Engine for LocalEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        EngineDescriptor {
+            kind: "local",
+            instance: Instance::Path(self.inner.root.clone()),
+            sharing: Sharing::DeclaredMedia {
+                shared_media: self.inner.options.shared_media,
+            },
+            durable: self.inner.options.fsync,
+        }
+    }
+
+    /// Size and modification time of the content file (the time its last
+    /// byte was written, just before the publish).
+    async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
+        let path = self.inner.content_path(key);
+        blocking(move || fsio::stat_entry(&path)).await
+    }
+
+    /// Stats every path in one blocking task.
+    async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        let paths: Vec<_> = digests
+            .iter()
+            .map(|d| self.inner.content_path(&Key::new(ns.clone(), *d)))
+            .collect();
+        blocking(move || {
+            paths
+                .iter()
+                .map(|p| match std::fs::metadata(p) {
+                    Ok(m) => Ok(m.is_file()),
+                    Err(e) if is_absent(&e) => Ok(false),
+                    Err(e) => Err(io_err("stat", p, e)),
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        open_reader(self.inner.content_path(key), None).await
+    }
+
+    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        open_reader(self.inner.content_path(key), Some(range)).await
+    }
+
+    /// Removes the files in one blocking task, then (with `fsync` on)
+    /// fsyncs each affected fan-out directory once.
+    async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
+        let inner = self.inner.clone();
+        let keys: Vec<_> = digests.iter().map(|d| Key::new(ns.clone(), *d)).collect();
+        blocking(move || {
+            let mut freed = Vec::with_capacity(keys.len());
+            let mut touched = BTreeSet::new();
+            for key in &keys {
+                let size = fsio::delete_entry(&inner.content_path(key))?;
+                if size.is_some() {
+                    touched.insert(inner.fan_dir(key));
+                }
+                freed.push(size);
+            }
+            if inner.options.fsync {
+                for dir in &touched {
+                    fsio::fsync_dir(dir)?;
+                }
+            }
+            Ok(freed)
+        })
+        .await
+    }
+
+    async fn namespaces(&self) -> Result<Vec<Namespace>> {
+        let root = self.inner.root.clone();
+        blocking(move || fsio::list_namespaces(&root)).await
+    }
+
+    async fn scan(
+        &self,
+        ns: &Namespace,
+        after: Option<Digest>,
+        limit: usize,
+    ) -> Result<Vec<(Digest, u64)>> {
+        let ns_dir = self.inner.ns_dir(ns);
+        blocking(move || fsio::scan_dir(&ns_dir, after, limit)).await
+    }
+}
+
+#[async_trait]
+impl LargeEngine for LocalEngine {
+    /// Creates a stage file in `<root>/.stage/` and starts its writer.
+    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
+        let stage = LocalStage::open(self.inner.clone(), ns.clone()).await?;
+        Ok(Box::new(stage))
+    }
+}

@@ -1,0 +1,291 @@
+//! Blocking file-system primitives: listings, stats, deletes, fsync, and
+//! the stage-directory housekeeping done at open. Everything here runs on
+//! blocking threads (see [`blocking`]).
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, TryLockError};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, ErrorKind};
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use store_types::{Digest, EntryMeta, Error, Namespace, Result, Timestamp};
+
+/// Runs `f` on the blocking pool and flattens a panic into [`Error::Io`].
+pub(crate) async fn blocking<T, F>(f: F) -> Result<T>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Io(format!("blocking file-system task failed: {e}")))?
+}
+
+/// An [`Error::Io`] naming the operation and the path.
+pub(crate) fn io_err(op: &str, path: &Path, e: io::Error) -> Error {
+    Error::Io(format!("{op} {}: {e}", path.display()))
+}
+
+/// Whether `e` means "nothing there" (the path or one of its parents is
+/// absent, or a parent is not a directory).
+pub(crate) fn is_absent(e: &io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory)
+}
+
+/// A per-instance random value for stage names, so that processes on
+/// several nodes sharing one root (or a recycled pid) do not collide.
+pub(crate) fn random_salt() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// Fsyncs a directory so that entries created or removed in it are
+/// durable. A no-op where directories cannot be opened (non-Unix).
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err("fsyncing directory", dir, e))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(())
+    }
+}
+
+/// Removes every stage file nobody holds a lock on; returns how many.
+///
+/// A live stage keeps an exclusive `flock` on its file for its whole life,
+/// so a file whose lock can be taken belongs to a dead put. The file is
+/// removed while the lock is held, which a stage being created at the same
+/// moment detects (see `stage::create_stage_file`). On a file system where
+/// locking fails outright the file is treated as an orphan.
+pub(crate) fn remove_orphan_stages(stage_dir: &Path) -> Result<usize> {
+    let entries = fs::read_dir(stage_dir).map_err(|e| io_err("listing", stage_dir, e))?;
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(|e| io_err("listing", stage_dir, e))?;
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let path = entry.path();
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if is_absent(&e) => continue,
+            Err(e) => return Err(io_err("opening stage file", &path, e)),
+        };
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => continue,
+            Err(TryLockError::Error(e)) => {
+                tracing::warn!(path = %path.display(), error = %e,
+                    "cannot lock stage file; removing it as an orphan");
+            }
+        }
+        match fs::remove_file(&path) {
+            Ok(()) => removed += 1,
+            Err(e) if is_absent(&e) => {}
+            Err(e) => return Err(io_err("removing orphan stage file", &path, e)),
+        }
+    }
+    Ok(removed)
+}
+
+/// Checks that the file system under `stage_dir` supports hard links, which
+/// the no-clobber publish relies on.
+///
+/// The probe file is locked like a stage; should a concurrently opening
+/// instance's orphan sweep still remove it first (`NotFound`), the probe
+/// is retried under a new name.
+pub(crate) fn probe_hard_links(
+    stage_dir: &Path,
+    mut next_name: impl FnMut() -> String,
+) -> Result<()> {
+    let mut attempts = 0;
+    loop {
+        let name = next_name();
+        let probe = stage_dir.join(&name);
+        let link = stage_dir.join(format!("{name}.link"));
+        let file = File::create_new(&probe).map_err(|e| io_err("creating", &probe, e))?;
+        let _ = file.try_lock();
+        let linked = fs::hard_link(&probe, &link);
+        let _ = fs::remove_file(&probe);
+        let _ = fs::remove_file(&link);
+        match linked {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound && attempts < 3 => attempts += 1,
+            Err(e) => {
+                return Err(Error::Config(format!(
+                    "the local engine needs a file system with hard links (for no-clobber \
+                     publishes), but linking in {} failed: {e}",
+                    stage_dir.display()
+                )))
+            }
+        }
+    }
+}
+
+/// A file's modification time as a [`Timestamp`].
+fn mtime(meta: &fs::Metadata) -> Timestamp {
+    let t = meta.modified().unwrap_or(UNIX_EPOCH);
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp(d.as_millis().min(i64::MAX as u128) as i64),
+        Err(before) => Timestamp(-(before.duration().as_millis().min(i64::MAX as u128) as i64)),
+    }
+}
+
+/// Size and creation time of the regular file at `path`, if any.
+pub(crate) fn stat_entry(path: &Path) -> Result<Option<EntryMeta>> {
+    match fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(Some(EntryMeta {
+            size: m.len(),
+            created_at: mtime(&m),
+        })),
+        Ok(_) => Ok(None),
+        Err(e) if is_absent(&e) => Ok(None),
+        Err(e) => Err(io_err("stat", path, e)),
+    }
+}
+
+/// Deletes the entry at `path`, returning its size (`None` if it was
+/// already absent). Like every lookup, this follows a symlink an operator
+/// may have placed there (and removes the link, not its target).
+pub(crate) fn delete_entry(path: &Path) -> Result<Option<u64>> {
+    let size = match fs::metadata(path) {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(_) => return Ok(None),
+        Err(e) if is_absent(&e) => return Ok(None),
+        Err(e) => return Err(io_err("stat", path, e)),
+    };
+    match fs::remove_file(path) {
+        Ok(()) => Ok(Some(size)),
+        Err(e) if is_absent(&e) => Ok(None),
+        Err(e) => Err(io_err("removing", path, e)),
+    }
+}
+
+/// Parses a fan-out directory name: exactly two lowercase hex digits.
+fn parse_fan(name: &str) -> Option<u8> {
+    let b = name.as_bytes();
+    let nib = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    match b {
+        [hi, lo] => Some((nib(*hi)? << 4) | nib(*lo)?),
+        _ => None,
+    }
+}
+
+/// Up to `limit` entries of the namespace directory `ns_dir` with digest
+/// greater than `after`, ascending, with sizes.
+///
+/// Fan-out directories are visited in ascending order and those below
+/// `after`'s are skipped; each visited directory is listed completely and
+/// sorted (it holds 1/256 of the namespace), but only the entries returned
+/// are stat'ed. Names that are not canonical digests, digests in the wrong
+/// fan-out directory and non-files are ignored. An entry deleted between
+/// listing and stat is skipped.
+pub(crate) fn scan_dir(
+    ns_dir: &Path,
+    after: Option<Digest>,
+    limit: usize,
+) -> Result<Vec<(Digest, u64)>> {
+    let mut out = Vec::new();
+    if limit == 0 {
+        return Ok(out);
+    }
+    let listing = match fs::read_dir(ns_dir) {
+        Ok(l) => l,
+        Err(e) if is_absent(&e) => return Ok(out),
+        Err(e) => return Err(io_err("listing", ns_dir, e)),
+    };
+    let first_fan = after.map_or(0, |d| d.as_bytes()[0]);
+    let mut fans = BTreeSet::new();
+    for entry in listing {
+        let entry = entry.map_err(|e| io_err("listing", ns_dir, e))?;
+        let Some(fan) = entry.file_name().to_str().and_then(parse_fan) else {
+            continue;
+        };
+        if fan >= first_fan && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            fans.insert(fan);
+        }
+    }
+    for fan in fans {
+        let fan_dir = ns_dir.join(format!("{fan:02x}"));
+        let listing = match fs::read_dir(&fan_dir) {
+            Ok(l) => l,
+            Err(e) if is_absent(&e) => continue,
+            Err(e) => return Err(io_err("listing", &fan_dir, e)),
+        };
+        let mut digests = Vec::new();
+        for entry in listing {
+            let entry = entry.map_err(|e| io_err("listing", &fan_dir, e))?;
+            let Some(d) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| Digest::parse(n).ok())
+            else {
+                continue;
+            };
+            if d.as_bytes()[0] == fan
+                && after.is_none_or(|a| d > a)
+                && entry
+                    .file_type()
+                    .is_ok_and(|t| t.is_file() || t.is_symlink())
+            {
+                digests.push(d);
+            }
+        }
+        digests.sort_unstable();
+        for d in digests {
+            let path = fan_dir.join(d.to_hex());
+            match fs::metadata(&path) {
+                Ok(m) if m.is_file() => out.push((d, m.len())),
+                Ok(_) => continue,
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(io_err("stat", &path, e)),
+            }
+            if out.len() == limit {
+                return Ok(out);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Namespaces under `root` holding at least one entry, sorted. The stage
+/// directory and every other name that is not a valid namespace are
+/// skipped.
+pub(crate) fn list_namespaces(root: &Path) -> Result<Vec<Namespace>> {
+    let listing = fs::read_dir(root).map_err(|e| io_err("listing", root, e))?;
+    let mut out = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(|e| io_err("listing", root, e))?;
+        let Some(ns) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| Namespace::new(n).ok())
+        else {
+            continue;
+        };
+        if entry.file_type().is_ok_and(|t| t.is_dir())
+            && !scan_dir(&root.join(ns.as_str()), None, 1)?.is_empty()
+        {
+            out.push(ns);
+        }
+    }
+    out.sort();
+    Ok(out)
+}

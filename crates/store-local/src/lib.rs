@@ -1,0 +1,259 @@
+//! Local file-system large engine for Blobpool.
+//!
+//! [`LocalEngine`] stores each entry as one file under a root directory and
+//! implements [`store_types::Engine`] and [`store_types::LargeEngine`].
+//!
+//! # Layout
+//!
+//! ```text
+//! <root>/
+//!   .stage/<pid>-<salt>-<counter>.stage   in-progress puts (flock-held)
+//!   <namespace>/<2 hex>/<64 hex digest>   published content
+//! ```
+//!
+//! The two-hex fan-out directory is the first byte of the digest. Paths
+//! are only ever built from validated [`store_types::Namespace`] and
+//! [`store_types::Digest`] values. Directory listings skip every name that
+//! is not a valid namespace, fan-out or digest (junk is ignored, never
+//! reported or deleted). Fan-out and namespace directories are never
+//! removed (an empty one simply holds no entries), so a publish never
+//! races a directory removal.
+//!
+//! # Puts
+//!
+//! A stage is a uniquely named file in `.stage/`, written by a dedicated
+//! blocking writer fed through a bounded channel, so the caller hashes
+//! chunk *n + 1* while the writer writes chunk *n*. Publishing:
+//!
+//! 1. the writer flushes; if the content path already exists the stage is
+//!    removed and the outcome is `AlreadyPresent` (no fsync spent);
+//! 2. with `fsync` on, the stage file is `fdatasync`ed;
+//! 3. the fan-out directories are created and the stage is
+//!    **hard-linked** to the content path. `link(2)` never replaces an
+//!    existing name, so two concurrent publishes of one key yield exactly
+//!    one `Inserted` (the loser sees `AlreadyExists` → `AlreadyPresent`).
+//!    The stage name is then unlinked. Hard links are required: [`LocalEngine::open`]
+//!    probes for them and refuses a root that lacks them;
+//! 4. with `fsync` on, the fan-out directory is fsynced, and — once per
+//!    process for each directory not yet known durable — its parents too.
+//!
+//! A stage that is dropped or aborted, or whose writer fails, removes its
+//! file. Each live stage holds an exclusive `flock` on its file; at open,
+//! every stage file whose lock can be taken is an orphan of a crashed put
+//! and is removed, while stages of other live engine instances on the same
+//! root (another process, another node on shared media, or a second
+//! instance in this process) are left alone. This needs `flock` to work
+//! across every node using the root (it does locally and on Linux NFS
+//! clients); where it does not, open an engine only while no other node is
+//! putting into the same root.
+//!
+//! # Reads
+//!
+//! A read opens the file in a blocking task that reads ahead in
+//! [`store_types::CHUNK_SIZE`] chunks into a small bounded channel, so the
+//! facade's hash verification overlaps with disk reads. Entries no larger
+//! than one chunk are read in one go and returned from memory.
+//!
+//! # Durability
+//!
+//! With [`LocalOptions::fsync`] (the default) an acknowledged publish
+//! survives a crash or power loss and the descriptor says `durable: true`.
+//! With `fsync: false` nothing is fsynced: the like-for-like setting for
+//! comparisons with peers that never fsync, **not crash-safe** (a crash
+//! may leave acknowledged entries missing or truncated, which reads report
+//! as verification failures), and the descriptor says `durable: false`.
+//! Deletes are fsynced too when `fsync` is on.
+//!
+//! `local` is not a GC seam member: its delete-window staging is
+//! in-process (`gc_seam` is `None`).
+
+mod engine;
+mod fsio;
+mod reader;
+mod stage;
+#[cfg(any(test, feature = "testing"))]
+mod testing;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use store_types::{Error, Key, Namespace, Result};
+
+/// Name of the stage directory under the root. It can never collide with
+/// a namespace, which cannot start with `.`.
+const STAGE_DIR: &str = ".stage";
+
+/// Extension of stage files.
+const STAGE_EXT: &str = "stage";
+
+/// Options of a [`LocalEngine`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalOptions {
+    /// The operator's declaration that the root lives on media shared by
+    /// every node of a fleet (ADR-008 §3). The engine cannot verify it; it
+    /// is reported in the descriptor for the fleet-validity check.
+    /// Default `false`.
+    pub shared_media: bool,
+    /// Whether publishes (and deletes) are fsynced. Default `true`.
+    /// `false` is the like-for-like setting for comparisons with
+    /// non-fsyncing peers and is **not crash-safe**.
+    pub fsync: bool,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            shared_media: false,
+            fsync: true,
+        }
+    }
+}
+
+/// A large engine storing one file per entry under a root directory.
+///
+/// Cloning is cheap and shares the instance.
+#[derive(Clone)]
+pub struct LocalEngine {
+    inner: Arc<Inner>,
+}
+
+/// State shared by the engine, its stages and their writer threads.
+pub(crate) struct Inner {
+    /// The canonical root.
+    root: PathBuf,
+    /// `<root>/.stage`.
+    stage_dir: PathBuf,
+    options: LocalOptions,
+    /// Distinguishes this instance's stage names from other processes'.
+    salt: u64,
+    /// Next stage number.
+    next_stage: AtomicU64,
+    /// Directories whose own entry in their parent is known durable (only
+    /// maintained with `fsync` on).
+    durable_dirs: Mutex<HashSet<PathBuf>>,
+}
+
+impl LocalEngine {
+    /// Opens (creating if needed) an engine rooted at `root`.
+    ///
+    /// Creates the root and its stage directory, checks that the file
+    /// system supports hard links ([`Error::Config`] otherwise), and
+    /// removes orphan stage files left by crashed puts (logging how many).
+    /// Stage files held by live stages of other instances are kept.
+    pub async fn open(root: impl AsRef<Path>, options: LocalOptions) -> Result<Self> {
+        let root = root.as_ref().to_path_buf();
+        let inner = tokio::task::spawn_blocking(move || Inner::open(&root, options))
+            .await
+            .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
+        Ok(LocalEngine {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The canonical root directory.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// The options the engine was opened with.
+    pub fn options(&self) -> LocalOptions {
+        self.inner.options
+    }
+}
+
+impl fmt::Debug for LocalEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalEngine")
+            .field("root", &self.inner.root)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+impl Inner {
+    /// The blocking part of [`LocalEngine::open`].
+    fn open(root: &Path, options: LocalOptions) -> Result<Self> {
+        std::fs::create_dir_all(root).map_err(|e| fsio::io_err("creating", root, e))?;
+        let root = root
+            .canonicalize()
+            .map_err(|e| fsio::io_err("resolving", root, e))?;
+        if !root.is_dir() {
+            return Err(Error::Config(format!(
+                "local engine root {} is not a directory",
+                root.display()
+            )));
+        }
+        let stage_dir = root.join(STAGE_DIR);
+        std::fs::create_dir_all(&stage_dir).map_err(|e| fsio::io_err("creating", &stage_dir, e))?;
+        let inner = Inner {
+            root,
+            stage_dir,
+            options,
+            salt: fsio::random_salt(),
+            next_stage: AtomicU64::new(0),
+            durable_dirs: Mutex::new(HashSet::new()),
+        };
+        let removed = fsio::remove_orphan_stages(&inner.stage_dir)?;
+        if removed > 0 {
+            tracing::info!(
+                root = %inner.root.display(),
+                removed,
+                "removed orphan stage files left by interrupted puts"
+            );
+        } else {
+            tracing::debug!(root = %inner.root.display(), "no orphan stage files");
+        }
+        fsio::probe_hard_links(&inner.stage_dir, || inner.next_stage_name())?;
+        if options.fsync {
+            // The root and the stage directory may have just been created.
+            fsio::fsync_dir(&inner.stage_dir)?;
+            fsio::fsync_dir(&inner.root)?;
+            if let Some(parent) = inner.root.parent() {
+                fsio::fsync_dir(parent)?;
+            }
+        }
+        Ok(inner)
+    }
+
+    /// `<root>/<ns>`.
+    fn ns_dir(&self, ns: &Namespace) -> PathBuf {
+        self.root.join(ns.as_str())
+    }
+
+    /// `<root>/<ns>/<2 hex>`.
+    fn fan_dir(&self, key: &Key) -> PathBuf {
+        self.ns_dir(&key.namespace).join(key.digest.prefix2())
+    }
+
+    /// `<root>/<ns>/<2 hex>/<digest hex>`.
+    fn content_path(&self, key: &Key) -> PathBuf {
+        self.fan_dir(key).join(key.digest.to_hex())
+    }
+
+    /// A fresh, never-before-used stage file name.
+    fn next_stage_name(&self) -> String {
+        let n = self.next_stage.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{:016x}-{n}.{STAGE_EXT}", std::process::id(), self.salt)
+    }
+
+    /// Whether `dir`'s entry in its parent is known durable.
+    fn is_known_durable(&self, dir: &Path) -> bool {
+        self.durable_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(dir)
+    }
+
+    /// Records that `dir`'s entry in its parent is durable.
+    fn mark_durable(&self, dir: PathBuf) {
+        self.durable_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(dir);
+    }
+}

@@ -1,0 +1,55 @@
+//! Helpers for tests (feature `testing`).
+
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+
+use store_types::{Error, Key, Result};
+
+use crate::fsio::{blocking, io_err, is_absent};
+use crate::LocalEngine;
+
+impl LocalEngine {
+    /// Number of regular files in the stage directory: live stages plus
+    /// any orphans not yet swept.
+    pub fn stage_file_count(&self) -> std::io::Result<usize> {
+        let mut n = 0;
+        for entry in fs::read_dir(&self.inner.stage_dir)? {
+            if entry?.file_type()?.is_file() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Damages the stored file of `key` so that reads no longer hash to
+    /// its digest: the byte in the middle is bit-flipped in place; an empty
+    /// file gets one byte appended instead. The change is fsynced.
+    ///
+    /// Returns [`Error::Missing`] when `key` is absent.
+    pub async fn corrupt_one_byte(&self, key: &Key) -> Result<()> {
+        let path = self.inner.content_path(key);
+        blocking(move || {
+            let mut file = match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(f) => f,
+                Err(e) if is_absent(&e) => return Err(Error::Missing),
+                Err(e) => return Err(io_err("opening", &path, e)),
+            };
+            let damage = |file: &mut fs::File| -> std::io::Result<()> {
+                let len = file.metadata()?.len();
+                if len == 0 {
+                    file.write_all(&[0])?;
+                } else {
+                    let mut byte = [0u8];
+                    file.seek(SeekFrom::Start(len / 2))?;
+                    file.read_exact(&mut byte)?;
+                    byte[0] ^= 0xff;
+                    file.seek(SeekFrom::Start(len / 2))?;
+                    file.write_all(&byte)?;
+                }
+                file.sync_all()
+            };
+            damage(&mut file).map_err(|e| io_err("corrupting", &path, e))
+        })
+        .await
+    }
+}

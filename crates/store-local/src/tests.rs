@@ -1,0 +1,402 @@
+//! Engine-specific behaviour of `local`; the generic put/get semantics are
+//! covered by the workspace contract suite.
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use store_types::{
+    Digest, Engine, Error, Instance, Key, LargeEngine, Namespace, PublishOutcome, Sharing,
+    CHUNK_SIZE,
+};
+use tokio::io::AsyncReadExt;
+
+use crate::{LocalEngine, LocalOptions};
+
+fn ns(name: &str) -> Namespace {
+    Namespace::new(name).unwrap()
+}
+
+/// Deterministic, non-repeating test content.
+fn content(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+async fn open(root: &Path) -> LocalEngine {
+    LocalEngine::open(root, LocalOptions::default())
+        .await
+        .unwrap()
+}
+
+/// Stages `data` in chunks of the given sizes (cycled) and publishes it.
+async fn put_chunked(engine: &LocalEngine, ns_name: &str, data: &[u8], chunks: &[usize]) -> Key {
+    let key = Key::new(ns(ns_name), Digest::of(data));
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    let mut rest = data;
+    for size in chunks.iter().cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        let n = (*size).min(rest.len());
+        stage
+            .write(Bytes::copy_from_slice(&rest[..n]))
+            .await
+            .unwrap();
+        rest = &rest[n..];
+    }
+    assert_eq!(stage.publish(&key).await.unwrap(), PublishOutcome::Inserted);
+    key
+}
+
+async fn put(engine: &LocalEngine, ns_name: &str, data: &[u8]) -> Key {
+    put_chunked(engine, ns_name, data, &[CHUNK_SIZE]).await
+}
+
+async fn read_range(engine: &LocalEngine, key: &Key, range: Option<(u64, u64)>) -> Vec<u8> {
+    let blob = match range {
+        None => engine.read(key).await,
+        Some((s, e)) => engine.read_range(key, s..e).await,
+    };
+    let mut blob = blob.unwrap().expect("entry present");
+    let mut out = Vec::new();
+    blob.reader.read_to_end(&mut out).await.unwrap();
+    assert_eq!(
+        out.len() as u64,
+        blob.len,
+        "reader yields its declared length"
+    );
+    out
+}
+
+/// Waits (bounded) for the stage directory to empty: dropped stages are
+/// cleaned up by their writer thread, asynchronously.
+async fn wait_no_stage_files(engine: &LocalEngine) {
+    for _ in 0..500 {
+        if engine.stage_file_count().unwrap() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("stage files left: {}", engine.stage_file_count().unwrap());
+}
+
+#[tokio::test]
+async fn layout_and_exact_bytes_over_many_chunk_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(3 * CHUNK_SIZE + 12_345, 7);
+    let key = put_chunked(&engine, "docs", &data, &[1, 4096, CHUNK_SIZE + 3, 100_000]).await;
+
+    let hex = key.digest.to_hex();
+    let on_disk = dir.path().join("docs").join(&hex[..2]).join(&hex);
+    assert_eq!(fs::read(&on_disk).unwrap(), data);
+    assert_eq!(read_range(&engine, &key, None).await, data);
+    assert_eq!(
+        engine.meta(&key).await.unwrap().unwrap().size,
+        data.len() as u64
+    );
+    assert_eq!(engine.stage_file_count().unwrap(), 0);
+
+    let empty = put(&engine, "docs", b"").await;
+    assert_eq!(read_range(&engine, &empty, None).await, b"");
+}
+
+#[tokio::test]
+async fn staged_bytes_are_invisible_until_publish() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(1000, 1);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    stage.write(Bytes::from(data.clone())).await.unwrap();
+    assert_eq!(engine.meta(&key).await.unwrap(), None);
+    assert_eq!(
+        engine
+            .has_many(&key.namespace, &[key.digest])
+            .await
+            .unwrap(),
+        [false]
+    );
+    assert!(engine.read(&key).await.unwrap().is_none());
+    assert!(engine.namespaces().await.unwrap().is_empty());
+    assert_eq!(stage.publish(&key).await.unwrap(), PublishOutcome::Inserted);
+    assert_eq!(
+        engine
+            .has_many(&key.namespace, &[key.digest])
+            .await
+            .unwrap(),
+        [true]
+    );
+    assert_eq!(engine.namespaces().await.unwrap(), [ns("a")]);
+}
+
+#[tokio::test]
+async fn orphan_stage_files_are_removed_at_open_but_live_stages_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open(dir.path()).await;
+    let data = content(2 * CHUNK_SIZE, 2);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let mut live = first.stage(&key.namespace).await.unwrap();
+    live.write(Bytes::from(data.clone())).await.unwrap();
+
+    // Leftovers of crashed puts: nobody holds their locks.
+    let stage_dir = dir.path().join(".stage");
+    for i in 0..3 {
+        fs::write(stage_dir.join(format!("dead-{i}.stage")), b"partial").unwrap();
+    }
+    assert_eq!(first.stage_file_count().unwrap(), 4);
+
+    let second = open(dir.path()).await;
+    assert_eq!(
+        second.stage_file_count().unwrap(),
+        1,
+        "only the live stage remains"
+    );
+    assert_eq!(live.publish(&key).await.unwrap(), PublishOutcome::Inserted);
+    assert_eq!(read_range(&second, &key, None).await, data);
+    assert_eq!(second.stage_file_count().unwrap(), 0);
+}
+
+#[tokio::test]
+async fn abort_and_drop_remove_the_stage_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(CHUNK_SIZE * 2, 3);
+    let key = Key::new(ns("a"), Digest::of(&data));
+
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    stage.write(Bytes::from(data.clone())).await.unwrap();
+    assert_eq!(engine.stage_file_count().unwrap(), 1);
+    stage.abort().await.unwrap();
+    assert_eq!(
+        engine.stage_file_count().unwrap(),
+        0,
+        "abort waits for removal"
+    );
+
+    // Dropped mid-way, with chunks possibly still queued for the writer.
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    for chunk in data.chunks(CHUNK_SIZE / 4) {
+        stage.write(Bytes::copy_from_slice(chunk)).await.unwrap();
+    }
+    drop(stage);
+    wait_no_stage_files(&engine).await;
+    assert_eq!(engine.meta(&key).await.unwrap(), None);
+    assert!(engine.namespaces().await.unwrap().is_empty());
+    assert!(
+        !dir.path().join("a").exists(),
+        "nothing created for the namespace"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_publishes_of_one_key_insert_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(CHUNK_SIZE + 1, 4);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let mut stages = Vec::new();
+    for _ in 0..8 {
+        let mut stage = engine.stage(&key.namespace).await.unwrap();
+        stage.write(Bytes::from(data.clone())).await.unwrap();
+        stages.push(stage);
+    }
+    let outcomes: Vec<_> = join_all(
+        stages
+            .into_iter()
+            .map(|s| {
+                let key = key.clone();
+                tokio::spawn(async move { s.publish(&key).await.unwrap() })
+            })
+            .collect(),
+    )
+    .await;
+    let inserted = outcomes
+        .iter()
+        .filter(|o| **o == PublishOutcome::Inserted)
+        .count();
+    assert_eq!(inserted, 1, "{outcomes:?}");
+    let fan = dir.path().join("a").join(key.digest.prefix2());
+    assert_eq!(fs::read_dir(&fan).unwrap().count(), 1, "one file");
+    assert_eq!(engine.stage_file_count().unwrap(), 0);
+    assert_eq!(read_range(&engine, &key, None).await, data);
+}
+
+/// Awaits spawned tasks in order.
+async fn join_all<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn scan_pages_across_fan_out_dirs_and_skips_junk() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = LocalEngine::open(
+        dir.path(),
+        LocalOptions {
+            fsync: false,
+            ..LocalOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut digests = Vec::new();
+    for i in 0..120u32 {
+        let data = i.to_le_bytes();
+        digests.push(put(&engine, "n", &data).await.digest);
+    }
+    digests.sort();
+    let fans: std::collections::BTreeSet<_> = digests.iter().map(|d| d.as_bytes()[0]).collect();
+    assert!(fans.len() > 50, "entries spread over many fan-out dirs");
+
+    // Junk the scan must ignore.
+    let ns_dir = dir.path().join("n");
+    fs::write(ns_dir.join("README"), b"x").unwrap();
+    fs::create_dir(ns_dir.join("zz")).unwrap();
+    let misplaced = Digest::of(b"misplaced");
+    let wrong_fan = format!("{:02x}", misplaced.as_bytes()[0].wrapping_add(1));
+    fs::create_dir_all(ns_dir.join(&wrong_fan)).unwrap();
+    fs::write(ns_dir.join(&wrong_fan).join(misplaced.to_hex()), b"x").unwrap();
+    let fan0 = ns_dir.join(digests[0].prefix2());
+    fs::write(fan0.join(digests[0].to_hex().to_uppercase()), b"x").unwrap();
+    fs::write(fan0.join("tmp.partial"), b"x").unwrap();
+    fs::create_dir_all(dir.path().join("Not-A-Namespace")).unwrap();
+
+    for page_size in [1, 7, 64, 500] {
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = engine.scan(&ns("n"), after, page_size).await.unwrap();
+            assert!(page.len() <= page_size);
+            if page.is_empty() {
+                break;
+            }
+            assert!(page.iter().all(|(_, size)| *size == 4));
+            after = page.last().map(|(d, _)| *d);
+            seen.extend(page.into_iter().map(|(d, _)| d));
+        }
+        assert_eq!(seen, digests, "page size {page_size}");
+    }
+    assert!(engine.scan(&ns("n"), None, 0).await.unwrap().is_empty());
+    assert!(engine
+        .scan(&ns("absent"), None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(engine.namespaces().await.unwrap(), [ns("n")]);
+
+    let freed = engine.delete_many(&ns("n"), &digests).await.unwrap();
+    assert!(freed.iter().all(|f| *f == Some(4)));
+    assert_eq!(
+        engine.delete_many(&ns("n"), &digests[..1]).await.unwrap(),
+        [None]
+    );
+    assert!(
+        engine.namespaces().await.unwrap().is_empty(),
+        "only junk is left"
+    );
+}
+
+#[tokio::test]
+async fn range_reads_return_exactly_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(2 * CHUNK_SIZE + 777, 5);
+    let key = put(&engine, "a", &data).await;
+    let size = data.len() as u64;
+    let c = CHUNK_SIZE as u64;
+    for (s, e) in [
+        (0, 0),
+        (0, 1),
+        (5, 17),
+        (c - 3, c + 3),
+        (1, size),
+        (0, size),
+        (size, size),
+        (c / 2, 2 * c + 100),
+    ] {
+        let got = read_range(&engine, &key, Some((s, e))).await;
+        assert_eq!(got, &data[s as usize..e as usize], "range {s}..{e}");
+    }
+    let absent = Key::new(ns("a"), Digest::of(b"absent"));
+    assert!(engine.read_range(&absent, 0..0).await.unwrap().is_none());
+    assert!(matches!(
+        engine.read_range(&key, 0..size + 1).await,
+        Err(Error::InvalidRange { .. })
+    ));
+}
+
+#[tokio::test]
+async fn publish_into_another_namespace_is_refused_and_cleaned() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let mut stage = engine.stage(&ns("a")).await.unwrap();
+    stage.write(Bytes::from_static(b"x")).await.unwrap();
+    let err = stage
+        .publish(&Key::new(ns("b"), Digest::of(b"x")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::KeyInvalid(_)), "{err}");
+    wait_no_stage_files(&engine).await;
+    assert!(engine.namespaces().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn descriptor_reports_root_media_and_durability() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = LocalEngine::open(
+        dir.path().join("nested/root"),
+        LocalOptions {
+            shared_media: true,
+            fsync: false,
+        },
+    )
+    .await
+    .unwrap();
+    let d = engine.descriptor();
+    assert_eq!(d.kind, "local");
+    let canonical = dir.path().join("nested/root").canonicalize().unwrap();
+    assert_eq!(d.instance, Instance::Path(canonical));
+    assert_eq!(d.sharing, Sharing::DeclaredMedia { shared_media: true });
+    assert!(!d.durable);
+    assert!(engine.gc_seam().is_none());
+    assert!(open(dir.path()).await.descriptor().durable);
+}
+
+#[tokio::test]
+async fn corrupt_one_byte_changes_the_stored_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    for data in [content(1000, 6), Vec::new()] {
+        let key = put(&engine, "a", &data).await;
+        engine.corrupt_one_byte(&key).await.unwrap();
+        let stored = read_range(&engine, &key, None).await;
+        assert_ne!(Digest::of(&stored), key.digest);
+    }
+    let absent = Key::new(ns("a"), Digest::of(b"absent"));
+    assert_eq!(engine.corrupt_one_byte(&absent).await, Err(Error::Missing));
+}
+
+#[tokio::test]
+async fn a_failing_publish_reports_the_error_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(CHUNK_SIZE, 8);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    stage.write(Bytes::from(data)).await.unwrap();
+    // Someone removes the stage file under the writer: linking it fails.
+    for entry in fs::read_dir(dir.path().join(".stage")).unwrap() {
+        fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let err = stage.publish(&key).await.unwrap_err();
+    assert!(matches!(err, Error::Io(_)), "{err}");
+    assert_eq!(engine.meta(&key).await.unwrap(), None);
+    assert_eq!(engine.stage_file_count().unwrap(), 0);
+}

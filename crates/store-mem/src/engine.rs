@@ -1,0 +1,140 @@
+//! The [`Engine`], [`KvEngine`] and [`LargeEngine`] implementations.
+
+use std::ops::{Bound, Range};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use store_types::{
+    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, Instance, Key, KvEngine,
+    LargeEngine, Namespace, PublishOutcome, Result, Sharing, StagedWrite,
+};
+
+use crate::{MemEngine, MemStage};
+
+impl MemEngine {
+    /// The content of `key`, if present (a cheap handle clone).
+    fn get(&self, key: &Key) -> Option<Bytes> {
+        self.read_tables()
+            .get(&key.namespace)
+            .and_then(|t| t.get(&key.digest))
+            .map(|e| e.bytes.clone())
+    }
+}
+
+#[async_trait]
+impl Engine for MemEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        EngineDescriptor {
+            kind: "mem",
+            instance: Instance::Process,
+            sharing: Sharing::ProcessLocal,
+            durable: false,
+        }
+    }
+
+    async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
+        Ok(self
+            .read_tables()
+            .get(&key.namespace)
+            .and_then(|t| t.get(&key.digest))
+            .map(|e| EntryMeta {
+                size: e.bytes.len() as u64,
+                created_at: e.created_at,
+            }))
+    }
+
+    async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        let tables = self.read_tables();
+        let table = tables.get(ns);
+        Ok(digests
+            .iter()
+            .map(|d| table.is_some_and(|t| t.contains_key(d)))
+            .collect())
+    }
+
+    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        Ok(self.get(key).map(BlobReader::from_bytes))
+    }
+
+    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        let Some(bytes) = self.get(key) else {
+            return Ok(None);
+        };
+        let size = bytes.len() as u64;
+        if range.start > range.end || range.end > size {
+            return Err(Error::InvalidRange {
+                start: range.start,
+                end: range.end,
+                size,
+            });
+        }
+        // Both bounds are <= size, which came from a usize.
+        let slice = bytes.slice(range.start as usize..range.end as usize);
+        Ok(Some(BlobReader::from_bytes(slice)))
+    }
+
+    async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
+        let mut tables = self.write_tables();
+        let Some(table) = tables.get_mut(ns) else {
+            return Ok(vec![None; digests.len()]);
+        };
+        let freed = digests
+            .iter()
+            .map(|d| table.remove(d).map(|e| e.bytes.len() as u64))
+            .collect();
+        if table.is_empty() {
+            tables.remove(ns);
+        }
+        Ok(freed)
+    }
+
+    async fn namespaces(&self) -> Result<Vec<Namespace>> {
+        Ok(self
+            .read_tables()
+            .iter()
+            .filter(|(_, t)| !t.is_empty())
+            .map(|(ns, _)| ns.clone())
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        ns: &Namespace,
+        after: Option<Digest>,
+        limit: usize,
+    ) -> Result<Vec<(Digest, u64)>> {
+        let tables = self.read_tables();
+        let Some(table) = tables.get(ns) else {
+            return Ok(Vec::new());
+        };
+        let lower = match after {
+            Some(d) => Bound::Excluded(d),
+            None => Bound::Unbounded,
+        };
+        Ok(table
+            .range((lower, Bound::Unbounded))
+            .take(limit)
+            .map(|(d, e)| (*d, e.bytes.len() as u64))
+            .collect())
+    }
+}
+
+#[async_trait]
+impl KvEngine for MemEngine {
+    async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome> {
+        Ok(
+            if self.insert_if_absent(&key.namespace, key.digest, bytes) {
+                PublishOutcome::Inserted
+            } else {
+                PublishOutcome::AlreadyPresent
+            },
+        )
+    }
+}
+
+#[async_trait]
+impl LargeEngine for MemEngine {
+    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
+        Ok(Box::new(MemStage::new(self.clone(), ns.clone())))
+    }
+}

@@ -1,0 +1,134 @@
+//! In-memory kv and large engine for Blobpool.
+//!
+//! [`MemEngine`] keeps every entry in process memory. One type serves as a
+//! kv engine ([`KvEngine`](store_types::KvEngine)) and as a large engine ([`LargeEngine`](store_types::LargeEngine)); two
+//! instances built with [`MemEngine::new`] are independent, while clones of
+//! one instance share its state.
+//!
+//! # Layout
+//!
+//! One `BTreeMap<Namespace, BTreeMap<Digest, Entry>>` behind a
+//! [`std::sync::RwLock`]. The lock is never held across an `.await`, and
+//! every critical section is a map lookup or insert (content is
+//! reference-counted [`Bytes`], so reads clone a handle, not the data).
+//! `scan` walks the per-namespace map in digest order; a namespace whose
+//! last entry is deleted is removed, so `namespaces` lists only non-empty
+//! ones.
+//!
+//! # Staged writes
+//!
+//! A stage ([`LargeEngine::stage`](store_types::LargeEngine::stage)) accumulates chunks privately; nothing
+//! is visible until `publish`, which concatenates the chunks and inserts
+//! the entry if the key is absent (one write-lock section, so concurrent
+//! publishes of one key yield exactly one `Inserted`). Dropping or
+//! aborting a stage frees its chunks and leaves nothing behind.
+//!
+//! # Durability
+//!
+//! None: the descriptor says `durable: false`, `Sharing::ProcessLocal`.
+//! Everything is lost when the last clone is dropped. `mem` is not a GC
+//! seam member (`gc_seam` is `None`).
+
+mod engine;
+mod stage;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use bytes::Bytes;
+use store_types::{Digest, Namespace, Timestamp};
+
+use stage::MemStage;
+
+/// One stored entry.
+#[derive(Clone)]
+struct Entry {
+    bytes: Bytes,
+    created_at: Timestamp,
+}
+
+/// Every entry, per namespace, in digest order.
+type Tables = BTreeMap<Namespace, BTreeMap<Digest, Entry>>;
+
+/// An in-memory engine usable as kv engine, large engine, or both.
+///
+/// Cloning is cheap and shares state; [`MemEngine::new`] creates a fresh,
+/// independent store.
+#[derive(Clone, Default)]
+pub struct MemEngine {
+    tables: Arc<RwLock<Tables>>,
+}
+
+impl MemEngine {
+    /// An empty engine, independent of every other instance.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The read half of the lock. A poisoned lock is recovered: every
+    /// critical section leaves the maps consistent even if it panics.
+    fn read_tables(&self) -> RwLockReadGuard<'_, Tables> {
+        self.tables.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The write half of the lock (see [`MemEngine::read_tables`]).
+    fn write_tables(&self) -> RwLockWriteGuard<'_, Tables> {
+        self.tables.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Inserts `bytes` under `(ns, digest)` unless an entry is already
+    /// there; returns whether it inserted.
+    fn insert_if_absent(&self, ns: &Namespace, digest: Digest, bytes: Bytes) -> bool {
+        let mut tables = self.write_tables();
+        let table = tables.entry(ns.clone()).or_default();
+        if table.contains_key(&digest) {
+            return false;
+        }
+        table.insert(
+            digest,
+            Entry {
+                bytes,
+                created_at: Timestamp::now(),
+            },
+        );
+        true
+    }
+
+    /// Test helper: damages the stored content of `key` so that reads no
+    /// longer hash to its digest. The byte in the middle of the content is
+    /// bit-flipped; an empty entry gets one byte appended instead (there
+    /// is no byte to flip), so it too stops matching its digest.
+    ///
+    /// Returns [`store_types::Error::Missing`] when `key` is absent.
+    #[cfg(feature = "testing")]
+    pub fn corrupt_one_byte(&self, key: &store_types::Key) -> Result<(), store_types::Error> {
+        let mut tables = self.write_tables();
+        let entry = tables
+            .get_mut(&key.namespace)
+            .and_then(|t| t.get_mut(&key.digest))
+            .ok_or(store_types::Error::Missing)?;
+        let mut data = entry.bytes.to_vec();
+        if data.is_empty() {
+            data.push(0);
+        } else {
+            let mid = data.len() / 2;
+            data[mid] ^= 0xff;
+        }
+        entry.bytes = Bytes::from(data);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for MemEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tables = self.read_tables();
+        let entries: usize = tables.values().map(BTreeMap::len).sum();
+        f.debug_struct("MemEngine")
+            .field("namespaces", &tables.len())
+            .field("entries", &entries)
+            .finish()
+    }
+}

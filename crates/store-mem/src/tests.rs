@@ -1,0 +1,180 @@
+//! Engine-specific behaviour of `mem`; the generic put/get semantics are
+//! covered by the workspace contract suite.
+
+use bytes::Bytes;
+use store_types::{Digest, Engine, Key, KvEngine, LargeEngine, Namespace, PublishOutcome};
+use tokio::io::AsyncReadExt;
+
+use crate::MemEngine;
+
+fn ns(name: &str) -> Namespace {
+    Namespace::new(name).unwrap()
+}
+
+fn key_of(ns_name: &str, data: &[u8]) -> Key {
+    Key::new(ns(ns_name), Digest::of(data))
+}
+
+async fn read_all(engine: &MemEngine, key: &Key) -> Option<Vec<u8>> {
+    let mut blob = engine.read(key).await.unwrap()?;
+    let mut out = Vec::new();
+    blob.reader.read_to_end(&mut out).await.unwrap();
+    assert_eq!(out.len() as u64, blob.len);
+    Some(out)
+}
+
+#[tokio::test]
+async fn staged_bytes_are_invisible_until_publish() {
+    let engine = MemEngine::new();
+    let key = key_of("a", b"hello world");
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    stage.write(Bytes::from_static(b"hello ")).await.unwrap();
+    stage.write(Bytes::new()).await.unwrap();
+    stage.write(Bytes::from_static(b"world")).await.unwrap();
+
+    assert_eq!(engine.meta(&key).await.unwrap(), None);
+    assert_eq!(
+        engine
+            .has_many(&key.namespace, &[key.digest])
+            .await
+            .unwrap(),
+        [false]
+    );
+    assert!(engine.namespaces().await.unwrap().is_empty());
+    assert!(engine
+        .scan(&key.namespace, None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    assert_eq!(stage.publish(&key).await.unwrap(), PublishOutcome::Inserted);
+    assert_eq!(read_all(&engine, &key).await.unwrap(), b"hello world");
+    assert_eq!(engine.meta(&key).await.unwrap().unwrap().size, 11);
+}
+
+#[tokio::test]
+async fn aborted_and_dropped_stages_leave_nothing() {
+    let engine = MemEngine::new();
+    let key = key_of("a", b"x");
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    stage.write(Bytes::from_static(b"x")).await.unwrap();
+    stage.abort().await.unwrap();
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    stage.write(Bytes::from_static(b"x")).await.unwrap();
+    drop(stage);
+    assert_eq!(engine.meta(&key).await.unwrap(), None);
+    assert!(engine.namespaces().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn second_publish_of_a_key_is_already_present() {
+    let engine = MemEngine::new();
+    let key = key_of("a", b"same");
+    let mut one = engine.stage(&key.namespace).await.unwrap();
+    let mut two = engine.stage(&key.namespace).await.unwrap();
+    one.write(Bytes::from_static(b"same")).await.unwrap();
+    two.write(Bytes::from_static(b"same")).await.unwrap();
+    assert_eq!(one.publish(&key).await.unwrap(), PublishOutcome::Inserted);
+    assert_eq!(
+        two.publish(&key).await.unwrap(),
+        PublishOutcome::AlreadyPresent
+    );
+    assert_eq!(
+        engine.put(&key, Bytes::from_static(b"same")).await.unwrap(),
+        PublishOutcome::AlreadyPresent
+    );
+}
+
+#[tokio::test]
+async fn publish_into_another_namespace_is_refused() {
+    let engine = MemEngine::new();
+    let mut stage = engine.stage(&ns("a")).await.unwrap();
+    stage.write(Bytes::from_static(b"x")).await.unwrap();
+    let err = stage.publish(&key_of("b", b"x")).await.unwrap_err();
+    assert!(matches!(err, store_types::Error::KeyInvalid(_)), "{err}");
+    assert!(engine.namespaces().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn instances_are_independent_and_clones_share() {
+    let one = MemEngine::new();
+    let two = MemEngine::new();
+    let key = key_of("a", b"1");
+    one.put(&key, Bytes::from_static(b"1")).await.unwrap();
+    assert!(one.clone().meta(&key).await.unwrap().is_some());
+    assert!(two.meta(&key).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn scan_pages_in_digest_order_and_empty_namespaces_vanish() {
+    let engine = MemEngine::new();
+    let mut digests = Vec::new();
+    for i in 0..25u32 {
+        let data = i.to_le_bytes();
+        let key = key_of("n", &data);
+        engine
+            .put(&key, Bytes::copy_from_slice(&data))
+            .await
+            .unwrap();
+        digests.push(key.digest);
+    }
+    digests.sort();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = engine.scan(&ns("n"), after, 7).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.iter().all(|(_, size)| *size == 4));
+        after = page.last().map(|(d, _)| *d);
+        seen.extend(page.into_iter().map(|(d, _)| d));
+    }
+    assert_eq!(seen, digests);
+    assert_eq!(engine.namespaces().await.unwrap(), [ns("n")]);
+
+    let freed = engine.delete_many(&ns("n"), &digests).await.unwrap();
+    assert!(freed.iter().all(|f| *f == Some(4)));
+    assert!(engine.namespaces().await.unwrap().is_empty());
+    let again = engine.delete_many(&ns("n"), &digests[..2]).await.unwrap();
+    assert_eq!(again, [None, None]);
+}
+
+#[tokio::test]
+async fn read_range_slices_the_content() {
+    let engine = MemEngine::new();
+    let key = key_of("a", b"0123456789");
+    engine
+        .put(&key, Bytes::from_static(b"0123456789"))
+        .await
+        .unwrap();
+    let mut blob = engine.read_range(&key, 2..5).await.unwrap().unwrap();
+    let mut out = Vec::new();
+    blob.reader.read_to_end(&mut out).await.unwrap();
+    assert_eq!((blob.len, out.as_slice()), (3, &b"234"[..]));
+    assert!(engine
+        .read_range(&key_of("a", b"none"), 0..0)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn corrupt_one_byte_changes_the_content() {
+    let engine = MemEngine::new();
+    for data in [&b"abc"[..], &b""[..]] {
+        let key = key_of("a", data);
+        engine
+            .put(&key, Bytes::copy_from_slice(data))
+            .await
+            .unwrap();
+        engine.corrupt_one_byte(&key).unwrap();
+        let stored = read_all(&engine, &key).await.unwrap();
+        assert_ne!(Digest::of(&stored), key.digest);
+    }
+    assert_eq!(
+        engine.corrupt_one_byte(&key_of("a", b"absent")),
+        Err(store_types::Error::Missing)
+    );
+}

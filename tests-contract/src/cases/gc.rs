@@ -1,0 +1,555 @@
+//! The GC protocol on one node (issue 3): aborts, exact-count scenarios,
+//! direct-delete refusals, restart durability and concurrency.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use store_core::{Error, GcAbortCause, Key, Mode, Pin, SweepOptions, SweepReport};
+use store_types::{Digest, Namespace, ProtectReason};
+use tokio::sync::Notify;
+
+use crate::data::content;
+use crate::harness::{ns, Harness, Opts, Spec, THRESHOLD};
+use crate::support::{LiveSet, Protector};
+
+async fn sweep(h: &Harness) -> SweepReport {
+    h.store.sweep(SweepOptions::default()).await.expect("sweep")
+}
+
+/// Size of a scenario blob: "big" blobs go to the large tier where the
+/// mode has one.
+fn size_of(h: &Harness, big: bool) -> usize {
+    match (big, h.spec.mode()) {
+        (true, Mode::DualTier { .. } | Mode::MemOnly) => THRESHOLD as usize * 2 + 7,
+        (true, Mode::KvOnly { .. }) => THRESHOLD as usize,
+        (false, _) => 321,
+    }
+}
+
+/// Zero registered sources: the sweep aborts and deletes nothing, even
+/// due candidates.
+pub async fn sweep_without_sources_aborts(spec: Spec) {
+    let h = Harness::open_with(
+        spec,
+        Opts {
+            window: Duration::ZERO,
+        },
+    )
+    .await;
+    let r = h
+        .store
+        .put(&ns(), &b"orphan"[..], None, None)
+        .await
+        .unwrap();
+    let key = r.key().clone();
+    drop(r);
+    let live = LiveSet::new();
+    let id = h.store.register_liveness_source(ns(), Arc::new(live));
+    assert_eq!(sweep(&h).await.total.staged, 1);
+    assert!(h.store.deregister_liveness_source(id));
+    assert!(!h.store.deregister_liveness_source(id));
+    let rep = sweep(&h).await;
+    assert_eq!(rep.aborted, Some(GcAbortCause::NoLivenessSources));
+    assert_eq!(rep.total, Default::default());
+    assert!(h.store.has(&key).await.unwrap());
+}
+
+/// A namespace without a source is never swept, while others are.
+pub async fn namespace_without_source_never_swept(spec: Spec) {
+    let h = Harness::open_with(
+        spec,
+        Opts {
+            window: Duration::ZERO,
+        },
+    )
+    .await;
+    let other = Namespace::new("unwatched").unwrap();
+    let a = h
+        .store
+        .put(&ns(), &b"watched"[..], None, None)
+        .await
+        .unwrap();
+    let b = h
+        .store
+        .put(&other, &b"unwatched"[..], None, None)
+        .await
+        .unwrap();
+    let (ka, kb) = (a.key().clone(), b.key().clone());
+    drop((a, b));
+    h.store
+        .register_liveness_source(ns(), Arc::new(LiveSet::new()));
+    let r1 = sweep(&h).await;
+    let r2 = sweep(&h).await;
+    assert_eq!(r1.unswept_namespaces, vec![other.clone()]);
+    assert_eq!((r1.total.staged, r2.total.deleted), (1, 1));
+    assert!(!r1.namespaces.contains_key(&other));
+    assert!(!h.store.has(&ka).await.unwrap());
+    assert!(
+        h.store.has(&kb).await.unwrap(),
+        "unwatched namespace untouched"
+    );
+}
+
+/// A failing protect callback aborts the sweep before anything is deleted.
+pub async fn protect_failure_aborts(spec: Spec) {
+    let h = Harness::open_with(
+        spec,
+        Opts {
+            window: Duration::ZERO,
+        },
+    )
+    .await;
+    let r = h.store.put(&ns(), &b"x"[..], None, None).await.unwrap();
+    let key = r.key().clone();
+    drop(r);
+    h.store
+        .register_liveness_source(ns(), Arc::new(LiveSet::new()));
+    let protector = Protector::default();
+    h.store.set_protect(Arc::new(protector.clone()));
+    assert_eq!(sweep(&h).await.total.staged, 1);
+    protector.fail(true);
+    let rep = sweep(&h).await;
+    assert_eq!(rep.aborted, Some(GcAbortCause::ProtectFailed));
+    assert_eq!(rep.total.deleted, 0);
+    assert!(h.store.has(&key).await.unwrap());
+    assert_eq!(h.store.window().staged_count().await.unwrap(), 1);
+    // Direct deletes are refused with an error too.
+    assert!(matches!(h.store.delete(&key).await, Err(Error::Backend(_))));
+    protector.fail(false);
+    assert_eq!(sweep(&h).await.total.deleted, 1);
+}
+
+/// A second sweep while one runs reports SweeperLock.
+pub async fn concurrent_sweep_reports_lock(spec: Spec) {
+    let h = Arc::new(Harness::open(spec).await);
+    let r = h.store.put(&ns(), &b"held"[..], None, None).await.unwrap();
+    drop(r);
+    let gate = Arc::new((Notify::new(), Notify::new()));
+    h.store
+        .register_liveness_source(ns(), Arc::new(LiveSet::gated(gate.clone())));
+    let first = {
+        let h = h.clone();
+        tokio::spawn(async move { sweep(&h).await })
+    };
+    gate.0.notified().await; // the first sweep is inside its probe
+    let second = sweep(&h).await;
+    assert_eq!(second.aborted, Some(GcAbortCause::SweeperLock));
+    assert_eq!(second.total, Default::default());
+    gate.1.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(first.aborted, None);
+    assert_eq!(first.total.staged, 1);
+}
+
+/// Direct delete refuses pinned, live and protect-named keys, naming the
+/// reason, and deletes nothing.
+pub async fn direct_delete_refusals(spec: Spec) {
+    let h = Harness::open(spec).await;
+    let live = LiveSet::new();
+    let protector = Protector::default();
+    h.store
+        .register_liveness_source(ns(), Arc::new(live.clone()));
+    h.store.set_protect(Arc::new(protector.clone()));
+    for big in [false, true] {
+        let data = content(if big { 21 } else { 20 }, size_of(&h, big));
+        let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+        let key = r.key().clone();
+        let refuse = |res: Result<(), Error>, want: ProtectReason| match res {
+            Err(Error::GcRefuse { key: k, reason }) => {
+                assert_eq!((k, reason), (key.clone(), want))
+            }
+            other => panic!("expected refusal ({want}), got {other:?}"),
+        };
+        refuse(h.store.delete(&key).await, ProtectReason::Pinned);
+        drop(r);
+        live.set(&key, true);
+        refuse(h.store.delete(&key).await, ProtectReason::Live);
+        live.set(&key, false);
+        protector.set(&key, true);
+        refuse(h.store.delete(&key).await, ProtectReason::ProtectCallback);
+        assert!(h.store.has(&key).await.unwrap());
+        protector.set(&key, false);
+        h.store.delete(&key).await.unwrap();
+        assert!(!h.store.has(&key).await.unwrap());
+    }
+}
+
+/// One step of an exact-count scenario.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// Put blob `name` (big → large tier where there is one); keep its pin.
+    Put(&'static str, bool),
+    /// Drop every pin held on `name`.
+    Unpin(&'static str),
+    /// Mark `name` referenced or not.
+    Live(&'static str, bool),
+    /// Name `name` in the protect callback or not.
+    Protect(&'static str, bool),
+    /// Move the GC clock forward.
+    Advance(u64),
+    /// Sweep and compare the report.
+    Sweep(Expect),
+    /// Assert presence.
+    Present(&'static str, bool),
+}
+
+/// Expected report fields (totals; the scenario uses one namespace).
+#[derive(Clone, Debug, Default)]
+pub struct Expect {
+    /// `scanned`.
+    pub scanned: u64,
+    /// `protected.pinned`.
+    pub pinned: u64,
+    /// `protected.live`.
+    pub live: u64,
+    /// `protected.protect_callback`.
+    pub protect: u64,
+    /// `staged`.
+    pub staged: u64,
+    /// Names deleted (count and bytes freed are derived).
+    pub deleted: &'static [&'static str],
+    /// `rescued`.
+    pub rescued: u64,
+}
+
+/// Runs a scenario table with the given window.
+pub async fn run_scenario(spec: Spec, window: Duration, steps: &[Step]) {
+    let h = Harness::open_with(spec, Opts { window }).await;
+    let live = LiveSet::new();
+    let protector = Protector::default();
+    h.store
+        .register_liveness_source(ns(), Arc::new(live.clone()));
+    h.store.set_protect(Arc::new(protector.clone()));
+    let mut pins: HashMap<&str, Vec<Pin>> = HashMap::new();
+    let mut keys: HashMap<&str, (Key, u64)> = HashMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        let at = format!("step {i} {step:?}");
+        match step {
+            Step::Put(name, big) => {
+                let seed = blake3::hash(name.as_bytes()).as_bytes()[0] as u64 + 1000;
+                let data = content(seed, size_of(&h, *big));
+                let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+                keys.insert(name, (r.key().clone(), r.size));
+                pins.entry(name).or_default().push(r.pin);
+            }
+            Step::Unpin(name) => drop(pins.remove(name)),
+            Step::Live(name, on) => live.set(&keys[name].0, *on),
+            Step::Protect(name, on) => protector.set(&keys[name].0, *on),
+            Step::Advance(secs) => h.clock.advance(Duration::from_secs(*secs)),
+            Step::Present(name, want) => {
+                assert_eq!(h.store.has(&keys[name].0).await.unwrap(), *want, "{at}");
+            }
+            Step::Sweep(e) => {
+                let rep = sweep(&h).await;
+                let t = rep.total;
+                assert_eq!(rep.aborted, None, "{at}");
+                let freed: u64 = e.deleted.iter().map(|n| keys[n].1).sum();
+                assert_eq!(
+                    (
+                        t.scanned,
+                        t.protected.pinned,
+                        t.protected.live,
+                        t.protected.protect_callback,
+                        t.staged,
+                        t.deleted,
+                        t.bytes_freed,
+                        t.rescued,
+                        t.vanished
+                    ),
+                    (
+                        e.scanned,
+                        e.pinned,
+                        e.live,
+                        e.protect,
+                        e.staged,
+                        e.deleted.len() as u64,
+                        freed,
+                        e.rescued,
+                        0
+                    ),
+                    "{at}: (scanned, pinned, live, protect, staged, deleted, freed, rescued, vanished)"
+                );
+                assert_eq!(rep.namespaces.get(&ns()).copied().unwrap_or_default(), t);
+                for name in e.deleted {
+                    assert!(
+                        !h.store.has(&keys[name].0).await.unwrap(),
+                        "{at}: {name} deleted"
+                    );
+                }
+            }
+        }
+    }
+}
+
+use Step::*;
+
+/// Scenario: staging, the window, deletion after it, and protection by
+/// every reason.
+pub async fn scenario_window_lifecycle(spec: Spec) {
+    run_scenario(
+        spec,
+        Duration::from_secs(60),
+        &[
+            Put("a", false),
+            Put("b", true),
+            Put("c", true),
+            Put("d", false),
+            Put("e", false),
+            Unpin("b"),
+            Unpin("c"),
+            Unpin("d"),
+            Unpin("e"),
+            Live("b", true),
+            Protect("e", true),
+            Sweep(Expect {
+                scanned: 5,
+                pinned: 1,
+                live: 1,
+                protect: 1,
+                staged: 2,
+                ..Default::default()
+            }),
+            Advance(30),
+            Sweep(Expect {
+                scanned: 3,
+                pinned: 1,
+                live: 1,
+                protect: 1,
+                ..Default::default()
+            }),
+            Present("c", true),
+            Advance(31),
+            Sweep(Expect {
+                scanned: 3,
+                pinned: 1,
+                live: 1,
+                protect: 1,
+                deleted: &["c", "d"],
+                ..Default::default()
+            }),
+            Present("c", false),
+            Present("d", false),
+            Present("a", true),
+        ],
+    )
+    .await
+}
+
+/// Scenario: a staged candidate that becomes live, pinned by a dedup put,
+/// or protected before it is due is rescued, then collected once garbage.
+pub async fn scenario_rescues(spec: Spec) {
+    run_scenario(
+        spec,
+        Duration::from_secs(60),
+        &[
+            Put("a", false),
+            Put("b", true),
+            Put("c", false),
+            Unpin("a"),
+            Unpin("b"),
+            Unpin("c"),
+            Sweep(Expect {
+                scanned: 3,
+                staged: 3,
+                ..Default::default()
+            }),
+            Live("a", true),
+            Put("b", true), // dedup onto a staged candidate pins it
+            Protect("c", true),
+            Advance(61),
+            Sweep(Expect {
+                scanned: 3,
+                pinned: 1,
+                live: 1,
+                protect: 1,
+                rescued: 3,
+                ..Default::default()
+            }),
+            Live("a", false),
+            Unpin("b"),
+            Protect("c", false),
+            Sweep(Expect {
+                scanned: 3,
+                staged: 3,
+                ..Default::default()
+            }),
+            Advance(61),
+            Sweep(Expect {
+                deleted: &["a", "b", "c"],
+                ..Default::default()
+            }),
+        ],
+    )
+    .await
+}
+
+/// Scenario: with a zero window, garbage is gone by the second sweep.
+pub async fn scenario_zero_window(spec: Spec) {
+    run_scenario(
+        spec,
+        Duration::ZERO,
+        &[
+            Put("a", false),
+            Put("b", true),
+            Unpin("a"),
+            Sweep(Expect {
+                scanned: 2,
+                pinned: 1,
+                staged: 1,
+                ..Default::default()
+            }),
+            Present("a", true),
+            Sweep(Expect {
+                scanned: 1,
+                pinned: 1,
+                deleted: &["a"],
+                ..Default::default()
+            }),
+            Unpin("b"),
+            Sweep(Expect {
+                scanned: 1,
+                staged: 1,
+                ..Default::default()
+            }),
+            Sweep(Expect {
+                deleted: &["b"],
+                ..Default::default()
+            }),
+        ],
+    )
+    .await
+}
+
+/// Staged candidates survive a restart on a durable window host and are
+/// re-arbitrated exactly as without it; an in-process window forgets them
+/// and re-marks.
+pub async fn window_survives_restart(spec: Spec) {
+    let window = Duration::from_secs(60);
+    let h = Harness::open_with(spec, Opts { window }).await;
+    let live = LiveSet::new();
+    h.store
+        .register_liveness_source(ns(), Arc::new(live.clone()));
+    let mut keys = Vec::new();
+    for (i, big) in [false, true, false].into_iter().enumerate() {
+        let data = content(40 + i as u64, size_of(&h, big));
+        keys.push(
+            h.store
+                .put(&ns(), &data[..], None, None)
+                .await
+                .unwrap()
+                .key()
+                .clone(),
+        );
+    }
+    assert_eq!(sweep(&h).await.total.staged, 3);
+    live.set(&keys[1], true);
+    let h = h.reopen().await;
+    h.store
+        .register_liveness_source(ns(), Arc::new(live.clone()));
+    let staged = h.store.window().staged_count().await.unwrap();
+    h.clock.advance(Duration::from_secs(61));
+    let rep = sweep(&h).await.total;
+    if h.spec.durable_window() {
+        assert_eq!(staged, 3, "the durable window keeps staged rows");
+        assert_eq!((rep.deleted, rep.rescued), (2, 1));
+        assert_eq!((rep.scanned, rep.protected.live, rep.staged), (1, 1, 0));
+        assert!(!h.store.has(&keys[0]).await.unwrap());
+        assert!(!h.store.has(&keys[2]).await.unwrap());
+    } else {
+        assert_eq!(staged, 0, "an in-process window starts empty");
+        assert_eq!((rep.deleted, rep.rescued), (0, 0));
+        assert_eq!((rep.scanned, rep.protected.live, rep.staged), (3, 1, 2));
+    }
+    assert!(h.store.has(&keys[1]).await.unwrap());
+}
+
+/// Puts that dedup onto staged candidates while sweeps run on a
+/// multi-threaded runtime: a pinned or referenced entry is never lost.
+pub async fn concurrent_puts_and_sweeps(spec: Spec) {
+    let h = Arc::new(
+        Harness::open_with(
+            spec,
+            Opts {
+                window: Duration::ZERO,
+            },
+        )
+        .await,
+    );
+    let live = LiveSet::new();
+    h.store
+        .register_liveness_source(ns(), Arc::new(live.clone()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sweeper = {
+        let (h, stop) = (h.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut deleted = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                deleted += sweep(&h).await.total.deleted;
+                tokio::task::yield_now().await;
+            }
+            deleted
+        })
+    };
+    let pool: Arc<Vec<Vec<u8>>> = Arc::new(
+        (0..8)
+            .map(|i| {
+                content(
+                    500 + i,
+                    if i % 3 == 0 {
+                        size_of(&h, true)
+                    } else {
+                        64 + i as usize
+                    },
+                )
+            })
+            .collect(),
+    );
+    let workers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let (h, pool, live) = (h.clone(), pool.clone(), live.clone());
+            tokio::spawn(async move {
+                let mut state = w.wrapping_mul(0x9E37_79B9) + 1;
+                for _ in 0..60 {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let data = &pool[(state % pool.len() as u64) as usize];
+                    let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+                    // While pinned, the entry must stay whole.
+                    tokio::task::yield_now().await;
+                    let got = h.store.get(r.key()).await.unwrap();
+                    let got = got.unwrap_or_else(|| panic!("pinned entry {} lost", r.key()));
+                    assert_eq!(got.bytes().await.unwrap(), &data[..]);
+                    if state % 4 == 0 {
+                        live.set(r.key(), true); // reference recorded before unpinning
+                    }
+                    drop(r);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let deleted = sweeper.await.unwrap();
+    for data in pool.iter() {
+        let key = Key::new(ns(), Digest::of(data));
+        if live.contains(&key) {
+            assert!(h.store.has(&key).await.unwrap(), "referenced {key} lost");
+        }
+    }
+    // Everything unreferenced goes within two sweeps.
+    sweep(&h).await;
+    sweep(&h).await;
+    for data in pool.iter() {
+        let key = Key::new(ns(), Digest::of(data));
+        assert_eq!(
+            h.store.has(&key).await.unwrap(),
+            live.contains(&key),
+            "{key}"
+        );
+    }
+    let _ = deleted;
+}

@@ -1,0 +1,6 @@
+//! The contract cases: plain async functions taking a [`Spec`](crate::Spec).
+
+pub mod basic;
+pub mod gc;
+pub mod model;
+pub mod seam;

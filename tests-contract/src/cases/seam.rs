@@ -1,0 +1,197 @@
+//! The engine-state seam applicability table (ADR-012 §5) as tests: each
+//! engine of a composite × each clause family. Applicable cells test
+//! behaviour; non-applicable cells assert absence.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use store_types::{
+    Digest, Engine, GcSeam, Key, Namespace, StagedCandidate, Timestamp, WindowClauses,
+};
+
+use crate::harness::{Harness, Spec};
+
+/// One row of the table: which families an engine kind has, and the
+/// tables its `ensure_gc_schema` creates.
+struct Row {
+    window: bool,
+    pins: bool,
+    lock: bool,
+    tables: &'static [&'static str],
+}
+
+fn row(kind: &str) -> Option<Row> {
+    match kind {
+        "postgres" => Some(Row {
+            window: true,
+            pins: true,
+            lock: true,
+            tables: &["gc_pins", "gc_window"],
+        }),
+        "sqlite" => Some(Row {
+            window: true,
+            pins: false,
+            lock: false,
+            tables: &["gc_window"],
+        }),
+        "pg-lo" => Some(Row {
+            window: true,
+            pins: false,
+            lock: false,
+            tables: &["gc_window"],
+        }),
+        "mem" | "local" => None,
+        other => panic!("engine kind {other} has no row in the applicability table"),
+    }
+}
+
+fn engines(h: &Harness) -> Vec<Arc<dyn Engine>> {
+    std::iter::once(h.kv_engine())
+        .chain(h.large_engine())
+        .collect()
+}
+
+/// The one-window-host rule: a built instance has exactly one window
+/// table when any engine is SQL-backed, none otherwise.
+pub async fn one_window_host(spec: Spec) {
+    let h = Harness::open(spec).await;
+    let mut window_tables = 0;
+    for e in engines(&h) {
+        if let Some(seam) = e.gc_seam() {
+            window_tables += seam
+                .schema
+                .gc_tables()
+                .await
+                .unwrap()
+                .iter()
+                .filter(|t| *t == "gc_window")
+                .count();
+        }
+    }
+    assert_eq!(window_tables, usize::from(h.spec.durable_window()));
+}
+
+/// Each engine's capability answer matches its row, and `ensure_gc_schema`
+/// creates exactly the row's tables (idempotently).
+pub async fn seam_applicability(spec: Spec) {
+    let h = Harness::open(spec).await;
+    for e in engines(&h) {
+        let kind = e.descriptor().kind;
+        let seam = e.gc_seam();
+        let Some(want) = row(kind) else {
+            assert!(seam.is_none(), "{kind} is not a seam member");
+            continue;
+        };
+        let seam: GcSeam = seam.unwrap_or_else(|| panic!("{kind} must be a seam member"));
+        assert_eq!(seam.window.is_some(), want.window, "{kind} window clauses");
+        assert_eq!(seam.pins.is_some(), want.pins, "{kind} pin clauses");
+        assert_eq!(
+            seam.sweep_lock.is_some(),
+            want.lock,
+            "{kind} sweep-lock clause"
+        );
+        for _ in 0..2 {
+            seam.schema.ensure_gc_schema().await.unwrap();
+            assert_eq!(
+                seam.schema.gc_tables().await.unwrap(),
+                want.tables,
+                "{kind} tables"
+            );
+        }
+        if let Some(w) = &seam.window {
+            window_clauses(w.as_ref()).await;
+        }
+        if let Some(p) = &seam.pins {
+            pin_clauses(p.as_ref()).await;
+        }
+        if let Some(l) = &seam.sweep_lock {
+            let held = l.try_lock().await.unwrap().expect("free lock");
+            assert!(
+                l.try_lock().await.unwrap().is_none(),
+                "{kind} lock is exclusive"
+            );
+            drop(held);
+            let mut again = None;
+            for _ in 0..100 {
+                again = l.try_lock().await.unwrap();
+                if again.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(again.is_some(), "{kind} lock is released on drop");
+        }
+    }
+}
+
+async fn window_clauses(w: &dyn WindowClauses) {
+    let ns = Namespace::new("seam-window").unwrap();
+    let keys: Vec<Key> = (0..5u8)
+        .map(|i| Key::new(ns.clone(), Digest::of(&[i])))
+        .collect();
+    let base = w.staged_count().await.unwrap();
+    let t = Timestamp(10_000);
+    let cands: Vec<StagedCandidate> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| StagedCandidate {
+            key: k.clone(),
+            size: i as u64,
+            visible_after: Timestamp(t.0 + i as i64),
+        })
+        .collect();
+    w.stage(&cands[..3]).await.unwrap();
+    // Re-staging keeps the earliest row.
+    let mut later = cands[0].clone();
+    later.visible_after = Timestamp(99_999);
+    w.stage(&[later]).await.unwrap();
+    assert_eq!(w.staged_count().await.unwrap(), base + 3);
+    let digests: Vec<Digest> = keys.iter().map(|k| k.digest).collect();
+    assert_eq!(
+        w.staged_many(&ns, &digests).await.unwrap(),
+        vec![true, true, true, false, false]
+    );
+    let due = w.take_due(Timestamp(t.0 + 1), None, 100).await.unwrap();
+    let mut want: Vec<StagedCandidate> = cands[..2].to_vec();
+    want.sort_by(|a, b| a.key.cmp(&b.key));
+    let due: Vec<StagedCandidate> = due.into_iter().filter(|c| c.key.namespace == ns).collect();
+    assert_eq!(due, want, "due rows, ordered by key");
+    let first = w.take_due(Timestamp(t.0 + 1), None, 1).await.unwrap();
+    let rest = w
+        .take_due(Timestamp(t.0 + 1), Some(&first[0].key), 100)
+        .await
+        .unwrap();
+    assert!(rest.iter().all(|c| c.key > first[0].key));
+    w.unstage(&keys).await.unwrap();
+    assert_eq!(w.staged_count().await.unwrap(), base);
+}
+
+async fn pin_clauses(p: &dyn store_types::PinClauses) {
+    let key = Key::new(Namespace::new("seam-pins").unwrap(), Digest::of(b"pinned"));
+    let other = Key::new(Namespace::new("seam-pins").unwrap(), Digest::of(b"free"));
+    let t0 = Timestamp(1_000_000);
+    let ttl = Duration::from_secs(10);
+    p.pin_commit(&key, "node-a", t0, ttl).await.unwrap();
+    assert_eq!(
+        p.pin_check(&[key.clone(), other.clone()], t0)
+            .await
+            .unwrap(),
+        vec![true, false]
+    );
+    // Renewal before expiry extends the row.
+    assert!(p
+        .pin_renew(&key, "node-a", t0.plus(Duration::from_secs(9)), ttl)
+        .await
+        .unwrap());
+    let t15 = t0.plus(Duration::from_secs(15));
+    assert_eq!(p.pin_check(&[key.clone()], t15).await.unwrap(), vec![true]);
+    // A foreign owner has no row to renew.
+    assert!(!p.pin_renew(&key, "node-b", t15, ttl).await.unwrap());
+    // After expiry: not protected, not revived, reaped.
+    let t30 = t0.plus(Duration::from_secs(30));
+    assert_eq!(p.pin_check(&[key.clone()], t30).await.unwrap(), vec![false]);
+    assert!(!p.pin_renew(&key, "node-a", t30, ttl).await.unwrap());
+    assert_eq!(p.pin_check(&[key.clone()], t30).await.unwrap(), vec![false]);
+    assert_eq!(p.reap_expired(t30).await.unwrap(), 1);
+    assert_eq!(p.reap_expired(t30).await.unwrap(), 0);
+}

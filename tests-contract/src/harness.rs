@@ -1,0 +1,300 @@
+//! Composites (engine combinations) and the harness that opens them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use store_core::{ManualClock, Mode, Namespace, Store};
+use store_local::{LocalEngine, LocalOptions};
+use store_mem::MemEngine;
+use store_pglo::PgLoEngine;
+use store_postgres::PostgresEngine;
+use store_sqlite::{SqliteEngine, SqliteOptions};
+use store_types::{Engine, Key, Timestamp};
+
+/// The threshold every tiered composite runs the suite with: small, so the
+/// boundary cases are cheap, and far below any engine's limits.
+pub const THRESHOLD: u64 = 4096;
+
+/// A kv engine choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvSpec {
+    /// `store-mem`.
+    Mem,
+    /// `store-sqlite` in a temp dir.
+    Sqlite,
+    /// `store-postgres` in a fresh schema.
+    Postgres,
+}
+
+/// A large engine choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LargeSpec {
+    /// `store-mem`.
+    Mem,
+    /// `store-local` in a temp dir.
+    Local,
+    /// `store-pglo` in a fresh schema.
+    PgLo,
+}
+
+/// One composite of the contract matrix.
+#[derive(Clone, Copy, Debug)]
+pub struct Spec {
+    /// Display name.
+    pub name: &'static str,
+    /// The kv engine.
+    pub kv: KvSpec,
+    /// The large engine (dual-tier) or none.
+    pub large: Option<LargeSpec>,
+    /// `mem-only` mode instead of kv-only.
+    pub mem_only: bool,
+}
+
+impl Spec {
+    /// The store mode this composite runs in.
+    pub fn mode(&self) -> Mode {
+        if self.mem_only {
+            Mode::MemOnly
+        } else if self.large.is_some() {
+            Mode::DualTier {
+                threshold: THRESHOLD,
+            }
+        } else {
+            Mode::KvOnly {
+                threshold: THRESHOLD,
+            }
+        }
+    }
+
+    /// Whether the instance's window host is durable (a SQL engine).
+    pub fn durable_window(&self) -> bool {
+        matches!(self.kv, KvSpec::Sqlite | KvSpec::Postgres) || self.large == Some(LargeSpec::PgLo)
+    }
+
+    /// Whether any engine needs PostgreSQL.
+    pub fn uses_postgres(&self) -> bool {
+        self.kv == KvSpec::Postgres || self.large == Some(LargeSpec::PgLo)
+    }
+}
+
+/// Per-harness knobs.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    /// Delete-window length.
+    pub window: Duration,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+pub(crate) enum Kv {
+    Mem(MemEngine),
+    Sqlite(Arc<SqliteEngine>),
+    Pg(Arc<PostgresEngine>),
+}
+
+pub(crate) enum Large {
+    Mem(MemEngine),
+    Local(Arc<LocalEngine>),
+    PgLo(Arc<PgLoEngine>),
+}
+
+/// Storage that outlives a store instance (so tests can reopen).
+pub struct Env {
+    dir: tempfile::TempDir,
+    pg: Option<crate::pg::PgSchemas>,
+}
+
+/// An opened composite.
+pub struct Harness {
+    /// The store under test.
+    pub store: Store,
+    /// The injected GC clock.
+    pub clock: ManualClock,
+    /// Which composite this is.
+    pub spec: Spec,
+    /// The options it was opened with.
+    pub opts: Opts,
+    env: Arc<Env>,
+    kv: Kv,
+    large: Option<Large>,
+}
+
+/// The namespace most cases use.
+pub fn ns() -> Namespace {
+    Namespace::new("contract").expect("valid")
+}
+
+impl Harness {
+    /// Opens `spec` with default options.
+    pub async fn open(spec: Spec) -> Harness {
+        Self::open_with(spec, Opts::default()).await
+    }
+
+    /// Opens `spec` on fresh storage.
+    pub async fn open_with(spec: Spec, opts: Opts) -> Harness {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pg = if spec.uses_postgres() {
+            Some(crate::pg::PgSchemas::create().await)
+        } else {
+            None
+        };
+        let env = Arc::new(Env { dir, pg });
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        Self::build(spec, opts, env, clock, None, None).await
+    }
+
+    async fn build(
+        spec: Spec,
+        opts: Opts,
+        env: Arc<Env>,
+        clock: ManualClock,
+        mem_kv: Option<MemEngine>,
+        mem_large: Option<MemEngine>,
+    ) -> Harness {
+        let kv = match spec.kv {
+            KvSpec::Mem => Kv::Mem(mem_kv.unwrap_or_default()),
+            KvSpec::Sqlite => Kv::Sqlite(Arc::new(
+                SqliteEngine::open(env.dir.path().join("kv.sqlite"), SqliteOptions::default())
+                    .await
+                    .expect("open sqlite"),
+            )),
+            KvSpec::Postgres => {
+                let pg = env.pg.as_ref().expect("postgres env");
+                Kv::Pg(Arc::new(
+                    PostgresEngine::connect(&pg.url, &pg.kv_schema)
+                        .await
+                        .expect("open postgres"),
+                ))
+            }
+        };
+        let large = match spec.large {
+            None => None,
+            Some(LargeSpec::Mem) => Some(Large::Mem(mem_large.unwrap_or_default())),
+            Some(LargeSpec::Local) => Some(Large::Local(Arc::new(
+                LocalEngine::open(env.dir.path().join("large"), LocalOptions::default())
+                    .await
+                    .expect("open local"),
+            ))),
+            Some(LargeSpec::PgLo) => {
+                let pg = env.pg.as_ref().expect("postgres env");
+                Some(Large::PgLo(Arc::new(
+                    PgLoEngine::connect(&pg.url, &pg.lo_schema)
+                        .await
+                        .expect("open pg-lo"),
+                )))
+            }
+        };
+        let mut b = Store::builder()
+            .mode(spec.mode())
+            .window(opts.window)
+            .clock(Arc::new(clock.clone()));
+        b = match &kv {
+            Kv::Mem(e) => b.kv(e.clone()),
+            Kv::Sqlite(e) => b.kv_shared(e.clone()),
+            Kv::Pg(e) => b.kv_shared(e.clone()),
+        };
+        b = match &large {
+            None => b,
+            Some(Large::Mem(e)) => b.large(e.clone()),
+            Some(Large::Local(e)) => b.large_shared(e.clone()),
+            Some(Large::PgLo(e)) => b.large_shared(e.clone()),
+        };
+        let store = b.build().await.expect("build store");
+        Harness {
+            store,
+            clock,
+            spec,
+            opts,
+            env,
+            kv,
+            large,
+        }
+    }
+
+    /// Drops the store and its engines and opens them again over the same
+    /// storage (in-memory engines keep their data; in-process GC state —
+    /// pins, in-process window — is lost, as in a restart).
+    pub async fn reopen(self) -> Harness {
+        let Harness {
+            store,
+            clock,
+            spec,
+            opts,
+            env,
+            kv,
+            large,
+        } = self;
+        drop(store);
+        let mem_kv = match kv {
+            Kv::Mem(e) => Some(e),
+            _ => None,
+        };
+        let mem_large = match large {
+            Some(Large::Mem(e)) => Some(e),
+            _ => None,
+        };
+        Self::build(spec, opts, env, clock, mem_kv, mem_large).await
+    }
+
+    /// The kv engine as a plain engine.
+    pub fn kv_engine(&self) -> Arc<dyn Engine> {
+        match &self.kv {
+            Kv::Mem(e) => Arc::new(e.clone()),
+            Kv::Sqlite(e) => e.clone(),
+            Kv::Pg(e) => e.clone(),
+        }
+    }
+
+    /// The large engine as a plain engine.
+    pub fn large_engine(&self) -> Option<Arc<dyn Engine>> {
+        self.large.as_ref().map(|l| -> Arc<dyn Engine> {
+            match l {
+                Large::Mem(e) => Arc::new(e.clone()),
+                Large::Local(e) => e.clone(),
+                Large::PgLo(e) => e.clone(),
+            }
+        })
+    }
+
+    /// Flips a stored byte of `key`, in whichever tier holds it.
+    pub async fn corrupt(&self, key: &Key) {
+        let stat = self
+            .store
+            .stat(key)
+            .await
+            .unwrap()
+            .expect("entry to corrupt");
+        match (stat.tier, &self.kv, &self.large) {
+            (store_types::Tier::Kv, Kv::Mem(e), _) => e.corrupt_one_byte(key).unwrap(),
+            (store_types::Tier::Kv, Kv::Sqlite(e), _) => e.corrupt_one_byte(key).await.unwrap(),
+            (store_types::Tier::Kv, Kv::Pg(e), _) => e.corrupt_one_byte(key).await.unwrap(),
+            (store_types::Tier::Large, _, Some(Large::Mem(e))) => e.corrupt_one_byte(key).unwrap(),
+            (store_types::Tier::Large, _, Some(Large::Local(e))) => {
+                e.corrupt_one_byte(key).await.unwrap()
+            }
+            (store_types::Tier::Large, _, Some(Large::PgLo(e))) => {
+                e.corrupt_one_byte(key).await.unwrap()
+            }
+            (tier, _, None) => panic!("{tier} entry in a store without a large tier"),
+        }
+    }
+
+    /// Stage files left in the large tier (0 for engines without files).
+    pub fn stage_files(&self) -> usize {
+        match &self.large {
+            Some(Large::Local(e)) => e.stage_file_count().expect("count stage files"),
+            _ => 0,
+        }
+    }
+
+    /// The PostgreSQL connection details, if any engine uses PostgreSQL.
+    pub fn pg(&self) -> Option<&crate::pg::PgSchemas> {
+        self.env.pg.as_ref()
+    }
+}

@@ -1,0 +1,157 @@
+//! Blobpool's contract suite: cases written once, run against every engine
+//! and composite.
+//!
+//! Each case is a plain async function taking a [`Spec`] (which engines, in
+//! which mode). [`contract_suite!`] turns the whole list into separately
+//! named tests for one composite, so adding an engine or composite is one
+//! line in `tests/contract.rs`:
+//!
+//! ```ignore
+//! mod sqlite_local { tests_contract::contract_suite!(tests_contract::SQLITE_LOCAL); }
+//! ```
+//!
+//! Cases never skip: where a mode changes the expected behaviour (kv-only
+//! rejects what dual-tier stores), the case asserts the behaviour that mode
+//! must show.
+
+pub mod cases;
+pub mod data;
+mod harness;
+pub mod pg;
+pub mod support;
+
+pub use harness::{ns, Harness, KvSpec, LargeSpec, Opts, Spec, THRESHOLD};
+
+/// mem-only: kv=mem, no large tier, any size.
+pub const MEM_ONLY: Spec = Spec {
+    name: "mem-only",
+    kv: KvSpec::Mem,
+    large: None,
+    mem_only: true,
+};
+/// kv-only on mem.
+pub const KV_MEM: Spec = Spec {
+    name: "kv-only mem",
+    kv: KvSpec::Mem,
+    large: None,
+    mem_only: false,
+};
+/// kv-only on sqlite.
+pub const KV_SQLITE: Spec = Spec {
+    name: "kv-only sqlite",
+    kv: KvSpec::Sqlite,
+    large: None,
+    mem_only: false,
+};
+/// dual-tier sqlite + local.
+pub const SQLITE_LOCAL: Spec = Spec {
+    name: "sqlite+local",
+    kv: KvSpec::Sqlite,
+    large: Some(LargeSpec::Local),
+    mem_only: false,
+};
+/// dual-tier mem + local (ADR-012 §6.3).
+pub const MEM_LOCAL: Spec = Spec {
+    name: "mem+local",
+    kv: KvSpec::Mem,
+    large: Some(LargeSpec::Local),
+    mem_only: false,
+};
+/// dual-tier mem + mem.
+pub const MEM_MEM: Spec = Spec {
+    name: "mem+mem",
+    kv: KvSpec::Mem,
+    large: Some(LargeSpec::Mem),
+    mem_only: false,
+};
+/// kv-only on postgres.
+pub const KV_POSTGRES: Spec = Spec {
+    name: "kv-only postgres",
+    kv: KvSpec::Postgres,
+    large: None,
+    mem_only: false,
+};
+/// dual-tier postgres + pg-lo on the same instance.
+pub const POSTGRES_PGLO: Spec = Spec {
+    name: "postgres+pg-lo",
+    kv: KvSpec::Postgres,
+    large: Some(LargeSpec::PgLo),
+    mem_only: false,
+};
+/// dual-tier postgres + local.
+pub const POSTGRES_LOCAL: Spec = Spec {
+    name: "postgres+local",
+    kv: KvSpec::Postgres,
+    large: Some(LargeSpec::Local),
+    mem_only: false,
+};
+/// dual-tier sqlite + pg-lo (dual SQL: the window lives on sqlite only).
+pub const SQLITE_PGLO: Spec = Spec {
+    name: "sqlite+pg-lo",
+    kv: KvSpec::Sqlite,
+    large: Some(LargeSpec::PgLo),
+    mem_only: false,
+};
+/// dual-tier mem + pg-lo (the window lives on pg-lo).
+pub const MEM_PGLO: Spec = Spec {
+    name: "mem+pg-lo",
+    kv: KvSpec::Mem,
+    large: Some(LargeSpec::PgLo),
+    mem_only: false,
+};
+
+/// Generates every contract case as a separately named test for one
+/// composite.
+#[macro_export]
+macro_rules! contract_suite {
+    ($spec:expr) => {
+        $crate::__async_cases!($spec;
+            basic::put_get_round_trip,
+            basic::threshold_boundaries,
+            basic::over_threshold_known_length_rejected_at_once,
+            basic::empty_blob,
+            basic::dedup,
+            basic::namespaces_are_independent,
+            basic::missing_entries,
+            basic::has_many_index_aligned,
+            basic::read_ranges,
+            basic::delete_semantics,
+            basic::expected_digest,
+            basic::lying_lengths,
+            basic::corruption_detected,
+            basic::failing_reader_leaves_nothing,
+            basic::large_streamed_blob,
+            basic::concurrent_identical_puts,
+            basic::malformed_keys,
+            gc::sweep_without_sources_aborts,
+            gc::namespace_without_source_never_swept,
+            gc::protect_failure_aborts,
+            gc::concurrent_sweep_reports_lock,
+            gc::direct_delete_refusals,
+            gc::scenario_window_lifecycle,
+            gc::scenario_rescues,
+            gc::scenario_zero_window,
+            gc::window_survives_restart,
+            gc::concurrent_puts_and_sweeps,
+            seam::one_window_host,
+            seam::seam_applicability,
+        );
+        #[test]
+        fn gc_model() {
+            $crate::cases::model::gc_model($spec)
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __async_cases {
+    ($spec:expr; $($module:ident :: $case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::cases::$module::$case($spec).await
+            }
+        )*
+    };
+}

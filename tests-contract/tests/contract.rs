@@ -1,0 +1,36 @@
+//! The contract suite instantiated for every engine and composite.
+//! Adding a composite is one line.
+
+mod mem_only {
+    tests_contract::contract_suite!(tests_contract::MEM_ONLY);
+}
+mod kv_mem {
+    tests_contract::contract_suite!(tests_contract::KV_MEM);
+}
+mod kv_sqlite {
+    tests_contract::contract_suite!(tests_contract::KV_SQLITE);
+}
+mod sqlite_local {
+    tests_contract::contract_suite!(tests_contract::SQLITE_LOCAL);
+}
+mod mem_local {
+    tests_contract::contract_suite!(tests_contract::MEM_LOCAL);
+}
+mod mem_mem {
+    tests_contract::contract_suite!(tests_contract::MEM_MEM);
+}
+mod kv_postgres {
+    tests_contract::contract_suite!(tests_contract::KV_POSTGRES);
+}
+mod postgres_pglo {
+    tests_contract::contract_suite!(tests_contract::POSTGRES_PGLO);
+}
+mod postgres_local {
+    tests_contract::contract_suite!(tests_contract::POSTGRES_LOCAL);
+}
+mod sqlite_pglo {
+    tests_contract::contract_suite!(tests_contract::SQLITE_PGLO);
+}
+mod mem_pglo {
+    tests_contract::contract_suite!(tests_contract::MEM_PGLO);
+}
