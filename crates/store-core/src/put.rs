@@ -4,8 +4,7 @@
 use bytes::{Bytes, BytesMut};
 use store_gc::Pin;
 use store_types::{
-    Digest, Error, Key, LargeEngine, Namespace, PublishOutcome, Result, StagedWrite, Tier,
-    CHUNK_SIZE,
+    Digest, Error, Key, Namespace, PublishOutcome, Result, StagedWrite, Tier, CHUNK_SIZE,
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -159,8 +158,7 @@ impl Store {
                     let _ = stage.abort().await;
                     return Err(e);
                 }
-                self.publish_large(large.as_ref(), stage, ns, digest, size)
-                    .await
+                self.publish_large(stage, ns, digest, size).await
             }
             Err(e) => {
                 let _ = stage.abort().await;
@@ -171,7 +169,6 @@ impl Store {
 
     async fn publish_large(
         &self,
-        large: &dyn LargeEngine,
         stage: Box<dyn StagedWrite>,
         ns: &Namespace,
         digest: Digest,
@@ -180,13 +177,11 @@ impl Store {
         let key = Key::new(ns.clone(), digest);
         // Pin before looking: a sweep deleting this key finishes first (the
         // pin waits on its gate), and no sweep can start deleting it after.
+        // The engine's publish finds an existing entry itself (before any
+        // fsync) and discards the stage: no extra round trip, and no second
+        // connection while the stage holds one (pg-lo).
         let pin = self.inner.gc.pins().pin(key.clone()).await;
-        let deduplicated = if large.meta(&key).await?.is_some() {
-            stage.abort().await?;
-            true
-        } else {
-            stage.publish(&key).await? == PublishOutcome::AlreadyPresent
-        };
+        let deduplicated = stage.publish(&key).await? == PublishOutcome::AlreadyPresent;
         Ok(PutReceipt {
             digest,
             size,

@@ -1,0 +1,429 @@
+//! [`PgLoEngine`]: the `Engine` + `LargeEngine` implementation.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::{self, Stream};
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::PgPool;
+use sqlx::Row;
+use store_postgres::plumbing::{
+    connect_pool, db_err, digest_col, digest_params, instance_identity, migrate, namespace_col,
+    size_col, sql, to_i64, validate_schema, PgWindow,
+};
+use store_postgres::PgGcSchema;
+use store_types::{
+    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, GcSeam, Instance, Key, LargeEngine,
+    Namespace, Result, Sharing, StagedWrite, Timestamp, CHUNK_SIZE,
+};
+
+use crate::stage::PgLoStage;
+
+/// Migration component of the companion table.
+pub const PGLO_COMPONENT: &str = "pglo";
+
+/// Migration steps of the companion table.
+///
+/// - v1: `lo_entries`.
+/// - v2: a unique index on `oid` (one entry per large object; makes
+///   "is this large object referenced?" an index probe).
+pub const PGLO_STEPS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {schema}.lo_entries (
+        ns text COLLATE \"C\" NOT NULL,
+        digest bytea NOT NULL CHECK (octet_length(digest) = 32),
+        oid oid NOT NULL,
+        size bigint NOT NULL,
+        created_at bigint NOT NULL,
+        PRIMARY KEY (ns, digest)
+    )",
+    "CREATE UNIQUE INDEX IF NOT EXISTS lo_entries_oid ON {schema}.lo_entries (oid)",
+];
+
+/// The PostgreSQL large-object engine: each entry is a large object plus a
+/// row of `<schema>.lo_entries` naming it.
+///
+/// Cloning is cheap and shares the pool.
+#[derive(Clone)]
+pub struct PgLoEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    schema: String,
+    instance: Instance,
+}
+
+impl std::fmt::Debug for PgLoEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLoEngine")
+            .field("instance", &self.inner.instance)
+            .finish()
+    }
+}
+
+impl PgLoEngine {
+    /// Connects to `url`, creates `schema` if missing and migrates it.
+    ///
+    /// `schema` must match `[a-z_][a-z0-9_]{0,62}` ([`Error::Config`](store_types::Error::Config)
+    /// otherwise).
+    pub async fn connect(url: &str, schema: &str) -> Result<Self> {
+        validate_schema(schema)?;
+        let pool = connect_pool(url).await?;
+        Self::from_pool(pool, schema).await
+    }
+
+    /// Builds the engine over an existing pool (for custom pool settings;
+    /// every open stage holds one connection until it finishes), creating
+    /// and migrating `schema` like [`PgLoEngine::connect`].
+    pub async fn from_pool(pool: PgPool, schema: &str) -> Result<Self> {
+        validate_schema(schema)?;
+        migrate(&pool, schema, PGLO_COMPONENT, PGLO_STEPS).await?;
+        let instance = instance_identity(&pool, schema).await?;
+        Ok(PgLoEngine {
+            inner: Arc::new(Inner {
+                pool,
+                schema: schema.to_string(),
+                instance,
+            }),
+        })
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The schema holding the engine's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// Opens a typed stage ([`LargeEngine::stage`] boxes this).
+    pub async fn open_stage(&self, ns: &Namespace) -> Result<PgLoStage> {
+        PgLoStage::open(self.pool(), self.schema(), ns).await
+    }
+
+    fn sql(&self, template: &str) -> sqlx::SqlStr {
+        sql(&self.inner.schema, template)
+    }
+
+    async fn locate(&self, key: &Key) -> Result<Option<(Oid, u64)>> {
+        let row = sqlx::query(
+            self.sql("SELECT oid, size FROM {schema}.lo_entries WHERE ns = $1 AND digest = $2"),
+        )
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        row.map(|r| Ok((r.try_get(0).map_err(db_err)?, size_col(&r, 1)?)))
+            .transpose()
+    }
+
+    /// A reader over `range` of the large object `oid`, fetched in
+    /// [`CHUNK_SIZE`] pieces with `lo_get`. Each piece is read through the
+    /// entry's row, so a reader whose entry was deleted mid-stream fails
+    /// instead of reading a recycled OID.
+    fn reader(&self, key: &Key, oid: Oid, range: Range<u64>) -> BlobReader {
+        let len = range.end.saturating_sub(range.start);
+        let stream = chunks(
+            self.pool().clone(),
+            self.sql(
+                "SELECT lo_get(e.oid, $4, $5) FROM {schema}.lo_entries e
+                 WHERE e.ns = $1 AND e.digest = $2 AND e.oid = $3",
+            ),
+            key.clone(),
+            oid,
+            range,
+        );
+        BlobReader {
+            len,
+            reader: Box::pin(tokio_util::io::StreamReader::new(Box::pin(stream))),
+        }
+    }
+
+    /// Flips the first byte of the entry's large object (writes one byte,
+    /// and bumps `size`, for an empty one) so verification must catch it.
+    #[cfg(feature = "testing")]
+    pub async fn corrupt_one_byte(&self, key: &Key) -> Result<()> {
+        let n = sqlx::query(self.sql(
+            "WITH e AS (
+                 UPDATE {schema}.lo_entries SET size = greatest(size, 1)
+                 WHERE ns = $1 AND digest = $2 RETURNING oid, size
+             )
+             SELECT lo_put(e.oid, 0, CASE WHEN octet_length(lo_get(e.oid, 0, 1)) = 0
+                 THEN '\\x00'::bytea
+                 ELSE set_byte(lo_get(e.oid, 0, 1), 0, get_byte(lo_get(e.oid, 0, 1), 0) # 255)
+                 END)
+             FROM e",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .execute(self.pool())
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+        if n == 0 {
+            return Err(store_types::Error::Missing);
+        }
+        Ok(())
+    }
+
+    /// Every large-object OID referenced by this engine's `lo_entries`.
+    #[cfg(feature = "testing")]
+    pub async fn referenced_oids(&self) -> Result<Vec<u32>> {
+        let oids: Vec<Oid> =
+            sqlx::query_scalar(self.sql("SELECT oid FROM {schema}.lo_entries ORDER BY oid"))
+                .fetch_all(self.pool())
+                .await
+                .map_err(db_err)?;
+        Ok(oids.into_iter().map(|o| o.0).collect())
+    }
+
+    /// Whether each OID exists as a (committed) large object, index-aligned.
+    #[cfg(feature = "testing")]
+    pub async fn large_objects_exist(&self, oids: &[u32]) -> Result<Vec<bool>> {
+        let params: Vec<Oid> = oids.iter().map(|o| Oid(*o)).collect();
+        let found: Vec<Oid> =
+            sqlx::query_scalar("SELECT oid FROM pg_largeobject_metadata WHERE oid = ANY($1)")
+                .bind(params)
+                .fetch_all(self.pool())
+                .await
+                .map_err(db_err)?;
+        let found: HashSet<u32> = found.into_iter().map(|o| o.0).collect();
+        Ok(oids.iter().map(|o| found.contains(o)).collect())
+    }
+
+    /// Of `candidates` (OIDs a test saw this engine create), those that
+    /// exist as large objects but no `lo_entries` row references: leaks.
+    ///
+    /// Large objects are database-wide and other tests' schemas create
+    /// their own concurrently, so a leak check must be scoped to OIDs the
+    /// test knows came from this engine; a database-wide count would not
+    /// be correct under parallel tests.
+    #[cfg(feature = "testing")]
+    pub async fn orphan_large_objects(&self, candidates: &[u32]) -> Result<Vec<u32>> {
+        let params: Vec<Oid> = candidates.iter().map(|o| Oid(*o)).collect();
+        let orphans: Vec<Oid> = sqlx::query_scalar(self.sql(
+            "SELECT m.oid FROM pg_largeobject_metadata m
+             WHERE m.oid = ANY($1)
+               AND NOT EXISTS (SELECT 1 FROM {schema}.lo_entries e WHERE e.oid = m.oid)
+             ORDER BY m.oid",
+        ))
+        .bind(params)
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(orphans.into_iter().map(|o| o.0).collect())
+    }
+}
+
+fn chunks(
+    pool: PgPool,
+    query: sqlx::SqlStr,
+    key: Key,
+    oid: Oid,
+    range: Range<u64>,
+) -> impl Stream<Item = std::io::Result<Bytes>> + Send {
+    stream::try_unfold(range.start, move |pos| {
+        let (pool, query, key) = (pool.clone(), query.clone(), key.clone());
+        let end = range.end;
+        async move {
+            if pos >= end {
+                return Ok(None);
+            }
+            let want = (end - pos).min(CHUNK_SIZE as u64) as i32;
+            let got: Option<Vec<u8>> = sqlx::query_scalar(query)
+                .bind(key.namespace.as_str())
+                .bind(&key.digest.as_bytes()[..])
+                .bind(oid)
+                .bind(to_i64(pos)?)
+                .bind(want)
+                .fetch_optional(&pool)
+                .await
+                .map_err(db_err)?;
+            match got {
+                None => Err(std::io::Error::other(format!(
+                    "{key} was deleted while being read"
+                ))),
+                Some(b) if b.is_empty() => Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("large object of {key} is shorter than its recorded size"),
+                )),
+                Some(b) => {
+                    let next = pos + b.len() as u64;
+                    Ok(Some((Bytes::from(b), next)))
+                }
+            }
+        }
+    })
+}
+
+#[async_trait]
+impl Engine for PgLoEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        EngineDescriptor {
+            kind: "pg-lo",
+            instance: self.inner.instance.clone(),
+            sharing: Sharing::DatabaseServer,
+            durable: true,
+        }
+    }
+
+    async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
+        let row =
+            sqlx::query(self.sql(
+                "SELECT size, created_at FROM {schema}.lo_entries WHERE ns = $1 AND digest = $2",
+            ))
+            .bind(key.namespace.as_str())
+            .bind(&key.digest.as_bytes()[..])
+            .fetch_optional(self.pool())
+            .await
+            .map_err(db_err)?;
+        row.map(|r| {
+            Ok(EntryMeta {
+                size: size_col(&r, 0)?,
+                created_at: Timestamp(r.try_get(1).map_err(db_err)?),
+            })
+        })
+        .transpose()
+    }
+
+    async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            self.sql("SELECT digest FROM {schema}.lo_entries WHERE ns = $1 AND digest = ANY($2)"),
+        )
+        .bind(ns.as_str())
+        .bind(digest_params(digests))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?;
+        let found = rows
+            .iter()
+            .map(|r| digest_col(r, 0))
+            .collect::<Result<HashSet<_>>>()?;
+        Ok(digests.iter().map(|d| found.contains(d)).collect())
+    }
+
+    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        Ok(self
+            .locate(key)
+            .await?
+            .map(|(oid, size)| self.reader(key, oid, 0..size)))
+    }
+
+    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        Ok(self
+            .locate(key)
+            .await?
+            .map(|(oid, _)| self.reader(key, oid, range)))
+    }
+
+    async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        let rows = sqlx::query(self.sql(
+            "DELETE FROM {schema}.lo_entries WHERE ns = $1 AND digest = ANY($2)
+             RETURNING digest, oid, size",
+        ))
+        .bind(ns.as_str())
+        .bind(digest_params(digests))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        let mut freed = HashMap::with_capacity(rows.len());
+        let mut oids: Vec<Oid> = Vec::with_capacity(rows.len());
+        for r in &rows {
+            freed.insert(digest_col(r, 0)?, size_col(r, 2)?);
+            oids.push(r.try_get(1).map_err(db_err)?);
+        }
+        if !oids.is_empty() {
+            sqlx::query("SELECT count(lo_unlink(o)) FROM UNNEST($1::oid[]) AS t(o)")
+                .bind(oids)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        // A digest listed twice is freed once: the first occurrence.
+        Ok(digests.iter().map(|d| freed.remove(d)).collect())
+    }
+
+    async fn namespaces(&self) -> Result<Vec<Namespace>> {
+        let rows = sqlx::query(self.sql(
+            "WITH RECURSIVE n(ns) AS (
+                 SELECT min(ns) FROM {schema}.lo_entries
+                 UNION ALL
+                 SELECT (SELECT min(e.ns) FROM {schema}.lo_entries e WHERE e.ns > n.ns)
+                 FROM n WHERE n.ns IS NOT NULL
+             )
+             SELECT ns FROM n WHERE ns IS NOT NULL",
+        ))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?;
+        rows.iter().map(|r| namespace_col(r, 0)).collect()
+    }
+
+    async fn scan(
+        &self,
+        ns: &Namespace,
+        after: Option<Digest>,
+        limit: usize,
+    ) -> Result<Vec<(Digest, u64)>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match after {
+            None => {
+                sqlx::query(self.sql(
+                    "SELECT digest, size FROM {schema}.lo_entries WHERE ns = $1
+                     ORDER BY digest LIMIT $2",
+                ))
+                .bind(ns.as_str())
+                .bind(limit)
+                .fetch_all(self.pool())
+                .await
+            }
+            Some(a) => {
+                sqlx::query(self.sql(
+                    "SELECT digest, size FROM {schema}.lo_entries WHERE ns = $1 AND digest > $2
+                     ORDER BY digest LIMIT $3",
+                ))
+                .bind(ns.as_str())
+                .bind(a.as_bytes().to_vec())
+                .bind(limit)
+                .fetch_all(self.pool())
+                .await
+            }
+        }
+        .map_err(db_err)?;
+        rows.iter()
+            .map(|r| Ok((digest_col(r, 0)?, size_col(r, 1)?)))
+            .collect()
+    }
+
+    fn gc_seam(&self) -> Option<GcSeam> {
+        let (pool, schema) = (self.inner.pool.clone(), self.inner.schema.clone());
+        Some(GcSeam {
+            schema: Arc::new(PgGcSchema::window_only(pool.clone(), schema.clone())),
+            window: Some(Arc::new(PgWindow::new(pool, schema))),
+            pins: None,
+            sweep_lock: None,
+        })
+    }
+}
+
+#[async_trait]
+impl LargeEngine for PgLoEngine {
+    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
+        Ok(Box::new(self.open_stage(ns).await?))
+    }
+}

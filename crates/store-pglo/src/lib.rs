@@ -1,0 +1,56 @@
+//! PostgreSQL large-object engine for Blobpool.
+//!
+//! [`PgLoEngine`] keeps each entry's bytes in a PostgreSQL large object and
+//! names it from a companion row. It shares pool, schema, identity and
+//! migration plumbing (and the `gc_window` clauses) with the `postgres`
+//! engine through [`store_postgres::plumbing`]; a `postgres` and a `pg-lo`
+//! engine may share one schema (their entry tables differ, `gc_window` is
+//! one table).
+//!
+//! # Layout
+//!
+//! | object | columns | key |
+//! |---|---|---|
+//! | `<schema>.lo_entries` | `ns text, digest bytea(32), oid oid, size bigint, created_at bigint` (unix ms) | `(ns, digest)`, unique `oid` |
+//! | `<schema>.gc_window` | as in `store-postgres` (created by `ensure_gc_schema`) | `(ns, digest)` |
+//! | large objects | database-wide, one per entry | OID |
+//!
+//! Versions live in `<schema>.schema_version` (component `pglo`).
+//!
+//! # Transactions
+//!
+//! - A put is one transaction on a dedicated pooled connection:
+//!   [`LargeEngine::stage`](store_types::LargeEngine::stage) begins it, `lo_create` + `lo_open(INV_WRITE)`;
+//!   each chunk is one server-side `lowrite` (the blob is never whole in
+//!   memory); publish inserts the `lo_entries` row `ON CONFLICT DO NOTHING`
+//!   and commits (`Inserted`), or — when the key already exists — rolls
+//!   back, which discards the new large object (`AlreadyPresent`). Two
+//!   concurrent identical puts: the second insert waits for the first
+//!   commit, then finds the row. Abort, drop, a lost connection or a crash
+//!   roll the transaction back, so a failed put leaves neither a row nor a
+//!   large object, and there are no orphaned stages to clean at open.
+//! - `delete_many` deletes the rows (`RETURNING oid, size`) and
+//!   `lo_unlink`s their large objects in one transaction.
+//! - Reads resolve the OID once, then stream [`store_types::CHUNK_SIZE`]
+//!   pieces with `lo_get(oid, offset, len)`, each joined to the entry's row
+//!   (autocommit, no connection held between pieces): a read racing a
+//!   delete fails with an I/O error rather than returning other bytes.
+//!
+//! # Durability
+//!
+//! An acknowledged publish is a committed transaction (large object and
+//! row together), durable under the server's `synchronous_commit`.
+//!
+//! # Limits
+//!
+//! Each open stage holds a pool connection until it publishes or aborts;
+//! size the pool ([`PgLoEngine::from_pool`]) for the concurrent large puts
+//! expected.
+
+#![warn(missing_docs)]
+
+mod engine;
+mod stage;
+
+pub use engine::{PgLoEngine, PGLO_COMPONENT, PGLO_STEPS};
+pub use stage::PgLoStage;

@@ -1,0 +1,313 @@
+//! [`PostgresEngine`]: the `Engine` + `KvEngine` implementation.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sqlx::postgres::PgPool;
+use sqlx::Row;
+use store_types::{
+    BlobReader, Digest, EngineDescriptor, EntryMeta, GcSeam, Instance, Key, Namespace,
+    PublishOutcome, Result, Sharing, Timestamp,
+};
+use store_types::{Engine, KvEngine};
+
+use crate::batch::{GroupCommit, PutStats};
+use crate::plumbing::{
+    aligned, connect_pool, db_err, digest_col, digest_params, instance_identity, migrate,
+    namespace_col, now_ms, size_col, sql, to_i64, validate_schema,
+};
+use crate::seam::{PgGcSchema, PgPins, PgSweepLock};
+use crate::window::PgWindow;
+
+/// Migration component of the kv tables.
+pub const KV_COMPONENT: &str = "kv";
+
+/// Migration steps of the kv tables (see the crate docs for the layout).
+///
+/// - v1: `entries`.
+/// - v2: `content` stored out of line uncompressed (`STORAGE EXTERNAL`):
+///   content is mostly incompressible, and uncompressed TOAST lets
+///   `substring` fetch only the chunks a range read needs.
+pub const KV_STEPS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {schema}.entries (
+        ns text COLLATE \"C\" NOT NULL,
+        digest bytea NOT NULL CHECK (octet_length(digest) = 32),
+        size bigint NOT NULL,
+        created_at bigint NOT NULL,
+        content bytea NOT NULL,
+        PRIMARY KEY (ns, digest)
+    )",
+    "ALTER TABLE {schema}.entries ALTER COLUMN content SET STORAGE EXTERNAL",
+];
+
+/// The PostgreSQL kv engine: entries are rows of `<schema>.entries`.
+///
+/// Cloning is cheap and shares the pool and the group-commit writers.
+#[derive(Clone)]
+pub struct PostgresEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    schema: String,
+    instance: Instance,
+    writer: GroupCommit,
+}
+
+impl std::fmt::Debug for PostgresEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresEngine")
+            .field("instance", &self.inner.instance)
+            .finish()
+    }
+}
+
+impl PostgresEngine {
+    /// Connects to `url`, creates `schema` if missing and migrates it.
+    ///
+    /// `schema` must match `[a-z_][a-z0-9_]{0,62}` ([`Error::Config`](store_types::Error::Config)
+    /// otherwise).
+    pub async fn connect(url: &str, schema: &str) -> Result<Self> {
+        validate_schema(schema)?;
+        let pool = connect_pool(url).await?;
+        Self::from_pool(pool, schema).await
+    }
+
+    /// Builds the engine over an existing pool (for custom pool settings);
+    /// creates and migrates `schema` like [`PostgresEngine::connect`].
+    /// Must run inside a Tokio runtime: it spawns the group-commit writers,
+    /// which live as long as the engine.
+    pub async fn from_pool(pool: PgPool, schema: &str) -> Result<Self> {
+        validate_schema(schema)?;
+        migrate(&pool, schema, KV_COMPONENT, KV_STEPS).await?;
+        let instance = instance_identity(&pool, schema).await?;
+        let writer = GroupCommit::spawn(pool.clone(), schema);
+        Ok(PostgresEngine {
+            inner: Arc::new(Inner {
+                pool,
+                schema: schema.to_string(),
+                instance,
+                writer,
+            }),
+        })
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The schema holding the engine's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// Group-commit counters.
+    pub fn stats(&self) -> PutStats {
+        self.inner.writer.stats()
+    }
+
+    /// Flips one stored content byte (appends one, and bumps `size`, for
+    /// empty content) so the facade's verification must catch it.
+    #[cfg(feature = "testing")]
+    pub async fn corrupt_one_byte(&self, key: &Key) -> Result<()> {
+        let n = sqlx::query(self.sql(
+            "UPDATE {schema}.entries SET
+                content = CASE WHEN octet_length(content) = 0 THEN '\\x00'::bytea
+                          ELSE set_byte(content, 0, get_byte(content, 0) # 255) END,
+                size = greatest(size, 1)
+             WHERE ns = $1 AND digest = $2",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .execute(self.pool())
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+        if n == 0 {
+            return Err(store_types::Error::Missing);
+        }
+        Ok(())
+    }
+
+    fn sql(&self, template: &str) -> sqlx::SqlStr {
+        sql(&self.inner.schema, template)
+    }
+}
+
+#[async_trait]
+impl Engine for PostgresEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        EngineDescriptor {
+            kind: "postgres",
+            instance: self.inner.instance.clone(),
+            sharing: Sharing::DatabaseServer,
+            durable: true,
+        }
+    }
+
+    async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
+        let row = sqlx::query(
+            self.sql("SELECT size, created_at FROM {schema}.entries WHERE ns = $1 AND digest = $2"),
+        )
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        row.map(|r| {
+            Ok(EntryMeta {
+                size: size_col(&r, 0)?,
+                created_at: Timestamp(r.try_get(1).map_err(db_err)?),
+            })
+        })
+        .transpose()
+    }
+
+    async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            self.sql("SELECT digest FROM {schema}.entries WHERE ns = $1 AND digest = ANY($2)"),
+        )
+        .bind(ns.as_str())
+        .bind(digest_params(digests))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?;
+        let found = rows
+            .iter()
+            .map(|r| digest_col(r, 0))
+            .collect::<Result<HashSet<_>>>()?;
+        Ok(aligned(digests, &found))
+    }
+
+    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let content: Option<Vec<u8>> = sqlx::query_scalar(
+            self.sql("SELECT content FROM {schema}.entries WHERE ns = $1 AND digest = $2"),
+        )
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(content.map(|c| BlobReader::from_bytes(Bytes::from(c))))
+    }
+
+    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        let len = range.end.saturating_sub(range.start);
+        let content: Option<Vec<u8>> = sqlx::query_scalar(self.sql(
+            "SELECT substring(content FROM $3::int4 FOR $4::int4) FROM {schema}.entries
+             WHERE ns = $1 AND digest = $2",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(to_i64(range.start)?.saturating_add(1))
+        .bind(to_i64(len)?)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(content.map(|c| BlobReader::from_bytes(Bytes::from(c))))
+    }
+
+    async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(self.sql(
+            "DELETE FROM {schema}.entries WHERE ns = $1 AND digest = ANY($2)
+             RETURNING digest, size",
+        ))
+        .bind(ns.as_str())
+        .bind(digest_params(digests))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?;
+        let mut freed = std::collections::HashMap::with_capacity(rows.len());
+        for r in &rows {
+            freed.insert(digest_col(r, 0)?, size_col(r, 1)?);
+        }
+        // A digest listed twice is freed once: the first occurrence.
+        Ok(digests.iter().map(|d| freed.remove(d)).collect())
+    }
+
+    async fn namespaces(&self) -> Result<Vec<Namespace>> {
+        // A loose index scan: one index probe per namespace, not per row.
+        let rows = sqlx::query(self.sql(
+            "WITH RECURSIVE n(ns) AS (
+                 SELECT min(ns) FROM {schema}.entries
+                 UNION ALL
+                 SELECT (SELECT min(e.ns) FROM {schema}.entries e WHERE e.ns > n.ns)
+                 FROM n WHERE n.ns IS NOT NULL
+             )
+             SELECT ns FROM n WHERE ns IS NOT NULL",
+        ))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?;
+        rows.iter().map(|r| namespace_col(r, 0)).collect()
+    }
+
+    async fn scan(
+        &self,
+        ns: &Namespace,
+        after: Option<Digest>,
+        limit: usize,
+    ) -> Result<Vec<(Digest, u64)>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match after {
+            None => {
+                sqlx::query(self.sql(
+                    "SELECT digest, size FROM {schema}.entries WHERE ns = $1
+                     ORDER BY digest LIMIT $2",
+                ))
+                .bind(ns.as_str())
+                .bind(limit)
+                .fetch_all(self.pool())
+                .await
+            }
+            Some(a) => {
+                sqlx::query(self.sql(
+                    "SELECT digest, size FROM {schema}.entries WHERE ns = $1 AND digest > $2
+                     ORDER BY digest LIMIT $3",
+                ))
+                .bind(ns.as_str())
+                .bind(a.as_bytes().to_vec())
+                .bind(limit)
+                .fetch_all(self.pool())
+                .await
+            }
+        }
+        .map_err(db_err)?;
+        rows.iter()
+            .map(|r| Ok((digest_col(r, 0)?, size_col(r, 1)?)))
+            .collect()
+    }
+
+    fn gc_seam(&self) -> Option<GcSeam> {
+        let pool = self.inner.pool.clone();
+        let schema = self.inner.schema.clone();
+        let database = match &self.inner.instance {
+            Instance::Postgres { database, .. } => database.clone(),
+            _ => String::new(),
+        };
+        Some(GcSeam {
+            schema: Arc::new(PgGcSchema::new(pool.clone(), schema.clone())),
+            window: Some(Arc::new(PgWindow::new(pool.clone(), schema.clone()))),
+            pins: Some(Arc::new(PgPins::new(pool.clone(), schema.clone()))),
+            sweep_lock: Some(Arc::new(PgSweepLock::new(pool, &database, &schema))),
+        })
+    }
+}
+
+#[async_trait]
+impl KvEngine for PostgresEngine {
+    async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome> {
+        self.inner.writer.put(key, bytes, now_ms()).await
+    }
+}

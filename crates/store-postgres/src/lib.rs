@@ -1,0 +1,64 @@
+//! PostgreSQL kv engine for Blobpool (sqlx).
+//!
+//! [`PostgresEngine`] stores each entry as one row; it is the fleet host of
+//! ADR-012 §4 (`gc_pins`, `gc_window` and the advisory sweep lock live
+//! here). The [`plumbing`] module is shared with the `pg-lo` engine.
+//!
+//! # Layout
+//!
+//! Everything lives in one schema (validated `[a-z_][a-z0-9_]{0,62}`,
+//! always quoted, every table name schema-qualified — `search_path` is per
+//! connection and not trusted across a pool):
+//!
+//! | table | columns | key |
+//! |---|---|---|
+//! | `schema_version` | `component text, version integer` | `component` |
+//! | `entries` | `ns text, digest bytea(32), size bigint, created_at bigint` (unix ms)`, content bytea` | `(ns, digest)` |
+//! | `gc_window` | `ns, digest, size bigint, visible_after bigint` | `(ns, digest)` |
+//! | `gc_pins` | `ns, digest, owner text, expires_at bigint` | `(ns, digest, owner)` |
+//!
+//! `ns` columns use `COLLATE "C"`, so SQL ordering equals [`store_types::Key`]
+//! ordering. `entries.content` is `STORAGE EXTERNAL` (out of line,
+//! uncompressed): random content does not compress, and uncompressed TOAST
+//! lets a range read fetch only the chunks it needs. The GC tables are
+//! created by `GcSchema::ensure_gc_schema`, not at connect.
+//!
+//! # Migrations
+//!
+//! [`plumbing::migrate`] keeps one version per component (`kv`,
+//! `gc_window`, `gc_pins`, `pglo`) in `schema_version` and applies each
+//! missing step in its own transaction under a per-schema advisory lock, so
+//! reconnecting is idempotent, concurrent connects are safe and an older
+//! schema is upgraded in place (data kept).
+//!
+//! # Transactions and durability
+//!
+//! - `put` goes through **group commit** ([`PutStats`]): concurrent puts are
+//!   written by one multi-row `INSERT … ON CONFLICT DO NOTHING RETURNING`
+//!   statement (one atomic transaction, one WAL flush), and each put is
+//!   answered only after that statement committed. A lone put is sent at
+//!   once, with no batching delay. A concurrent put of the same key yields
+//!   one row and one `Inserted`.
+//! - Every other operation is one statement (`has_many`, `delete_many` and
+//!   every window/pin clause included), so each is atomic on its own.
+//! - Durability is PostgreSQL's: an acknowledged put is committed, which
+//!   survives a crash under the server's default `synchronous_commit`.
+//!
+//! # Runtime
+//!
+//! Constructors spawn the group-commit writers on the current Tokio
+//! runtime; use the engine on that runtime (sqlx connections are bound to it
+//! as well).
+
+#![warn(missing_docs)]
+
+mod batch;
+mod engine;
+pub mod plumbing;
+mod seam;
+mod window;
+
+pub use batch::{PutStats, MAX_BATCH, MAX_BATCH_BYTES, WRITERS};
+pub use engine::{PostgresEngine, KV_COMPONENT, KV_STEPS};
+pub use seam::{PgGcSchema, PgPins, PgSweepLock, GC_PINS_COMPONENT, GC_PINS_STEPS};
+pub use window::PgWindow;

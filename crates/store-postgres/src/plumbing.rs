@@ -1,0 +1,326 @@
+//! Shared PostgreSQL plumbing for the `postgres` and `pg-lo` engines:
+//! pool creation, schema-name validation, instance identity, the
+//! migration runner, the shared `gc_window` clauses and small helpers.
+//!
+//! Everything here is schema-qualified: the engines never rely on
+//! `search_path`, which is per connection and not reliable across a pool.
+
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Row, SqlStr};
+use store_types::{Digest, Error, Instance, Namespace, Result, Timestamp};
+
+pub use crate::window::PgWindow;
+
+/// Default pool size of [`connect_pool`].
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+
+/// Name of the per-schema migration bookkeeping table.
+pub const SCHEMA_VERSION_TABLE: &str = "schema_version";
+
+/// Migration component of the shared `gc_window` table.
+pub const GC_WINDOW_COMPONENT: &str = "gc_window";
+
+/// Migration steps of the shared `gc_window` table (`{schema}` is replaced
+/// by the quoted schema name). Both engines use exactly these steps, so a
+/// schema shared by a `postgres` and a `pg-lo` engine holds one table.
+pub const GC_WINDOW_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_window (
+        ns text COLLATE \"C\" NOT NULL,
+        digest bytea NOT NULL CHECK (octet_length(digest) = 32),
+        size bigint NOT NULL,
+        visible_after bigint NOT NULL,
+        PRIMARY KEY (ns, digest)
+    );
+    CREATE INDEX IF NOT EXISTS gc_window_due ON {schema}.gc_window (visible_after)"];
+
+/// Opens a connection pool (at most [`DEFAULT_MAX_CONNECTIONS`]).
+///
+/// Use the engines' `from_pool` constructors for other pool settings.
+pub async fn connect_pool(url: &str) -> Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(DEFAULT_MAX_CONNECTIONS)
+        .connect(url)
+        .await
+        .map_err(|e| Error::Backend(format!("cannot connect to PostgreSQL: {e}")))
+}
+
+/// Checks a schema name against `[a-z_][a-z0-9_]{0,62}` (and rejects the
+/// reserved `pg_` prefix); anything else is [`Error::Config`].
+pub fn validate_schema(schema: &str) -> Result<()> {
+    let b = schema.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 63
+        && (b[0].is_ascii_lowercase() || b[0] == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_');
+    if !ok {
+        return Err(Error::Config(format!(
+            "invalid PostgreSQL schema name {schema:?}: expected [a-z_][a-z0-9_]{{0,62}}"
+        )));
+    }
+    if schema.starts_with("pg_") {
+        return Err(Error::Config(format!(
+            "invalid PostgreSQL schema name {schema:?}: the pg_ prefix is reserved"
+        )));
+    }
+    Ok(())
+}
+
+/// The schema name as a quoted identifier (call [`validate_schema`] first).
+pub fn quote_schema(schema: &str) -> String {
+    format!("\"{schema}\"")
+}
+
+/// Builds a statement from `template`, replacing `{schema}` by the quoted
+/// schema name. The schema is validated, so the result is injection-free.
+pub fn sql(schema: &str, template: &str) -> SqlStr {
+    use sqlx::SqlSafeStr;
+    let text: std::sync::Arc<str> = template.replace("{schema}", &quote_schema(schema)).into();
+    AssertSqlSafe(text).into_sql_str()
+}
+
+/// Maps a sqlx error onto [`Error::Backend`].
+pub fn db_err(e: sqlx::Error) -> Error {
+    Error::Backend(format!("postgres: {e}"))
+}
+
+/// Whether `e` is a database error with SQLSTATE `code`.
+pub fn has_sqlstate(e: &sqlx::Error, code: &str) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == code)
+}
+
+/// A stable 64-bit key (for advisory locks) from text parts: the first
+/// eight bytes of the BLAKE3 hash of the NUL-joined parts. Stable across
+/// processes, platforms and releases.
+pub fn stable_key(parts: &[&str]) -> i64 {
+    let joined = parts.join("\0");
+    let d = Digest::of(joined.as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d.as_bytes()[..8]);
+    i64::from_le_bytes(b)
+}
+
+/// The engine's [`Instance`]: the cluster's `system_identifier`, the
+/// database and the schema.
+///
+/// When `pg_control_system()` is not permitted for the role, the cluster is
+/// identified by `inet_server_addr():inet_server_port()` instead (`local:`
+/// and the port for Unix-socket connections). That fallback identifies the
+/// server by the address the client reached it on, so two clients reaching
+/// one server through different addresses see different identities (a
+/// false "different instance", never a false "same instance" on one host).
+pub async fn instance_identity(pool: &PgPool, schema: &str) -> Result<Instance> {
+    let database: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(pool)
+        .await
+        .map_err(db_err)?;
+    let sysid: std::result::Result<String, sqlx::Error> =
+        sqlx::query_scalar("SELECT system_identifier::text FROM pg_control_system()")
+            .fetch_one(pool)
+            .await;
+    let system_identifier = match sysid {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::debug!("pg_control_system() unavailable ({e}); using the server address");
+            sqlx::query_scalar(
+                "SELECT coalesce(host(inet_server_addr()), 'local') || ':' \
+                 || coalesce(inet_server_port()::text, current_setting('port'))",
+            )
+            .fetch_one(pool)
+            .await
+            .map_err(db_err)?
+        }
+    };
+    Ok(Instance::Postgres {
+        system_identifier,
+        database,
+        schema: schema.to_string(),
+    })
+}
+
+/// Creates the schema if missing (serialised by an advisory lock, so
+/// concurrent engines do not race on the catalog).
+pub async fn create_schema(pool: &PgPool, schema: &str) -> Result<()> {
+    validate_schema(schema)?;
+    let mut tx = pool.begin().await.map_err(db_err)?;
+    lock_migrations(&mut tx, schema).await?;
+    sqlx::raw_sql(sql(
+        schema,
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.schema_version (
+             component text PRIMARY KEY,
+             version integer NOT NULL
+         )",
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(db_err)?;
+    tx.commit().await.map_err(db_err)
+}
+
+async fn lock_migrations(tx: &mut sqlx::PgConnection, schema: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(stable_key(&["blobpool/migrate", schema]))
+        .execute(tx)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// The applied version of `component` in `schema` (0 when never migrated).
+pub async fn schema_version(pool: &PgPool, schema: &str, component: &str) -> Result<u32> {
+    let v: Option<i32> = sqlx::query_scalar(sql(
+        schema,
+        "SELECT version FROM {schema}.schema_version WHERE component = $1",
+    ))
+    .bind(component)
+    .fetch_optional(pool)
+    .await
+    .map_err(db_err)?;
+    Ok(v.unwrap_or(0).max(0) as u32)
+}
+
+/// Brings `component` in `schema` to version `steps.len()`.
+///
+/// Creates the schema and its `schema_version(component text primary key,
+/// version integer)` table if missing. Step `i` (0-based) takes the
+/// component from version `i` to `i + 1`; each step is one transaction
+/// holding a per-schema advisory lock, re-reads the version under the lock
+/// and is skipped when already applied, so concurrent runners and reruns
+/// are harmless. Steps may hold several statements (`;`-separated) and use
+/// `{schema}` for the quoted schema name. A component at a version newer
+/// than `steps.len()` is [`Error::Config`]. Returns the final version.
+pub async fn migrate(pool: &PgPool, schema: &str, component: &str, steps: &[&str]) -> Result<u32> {
+    create_schema(pool, schema).await?;
+    let target = steps.len() as u32;
+    let current = schema_version(pool, schema, component).await?;
+    if current > target {
+        return Err(Error::Config(format!(
+            "schema {schema} has {component} at version {current}, newer than this build's {target}"
+        )));
+    }
+    for (i, step) in steps.iter().enumerate().skip(current as usize) {
+        let version = i as u32 + 1;
+        let mut tx = pool.begin().await.map_err(db_err)?;
+        lock_migrations(&mut tx, schema).await?;
+        let now: Option<i32> = sqlx::query_scalar(sql(
+            schema,
+            "SELECT version FROM {schema}.schema_version WHERE component = $1 FOR UPDATE",
+        ))
+        .bind(component)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        if now.unwrap_or(0) as u32 >= version {
+            tx.commit().await.map_err(db_err)?;
+            continue;
+        }
+        sqlx::raw_sql(sql(schema, step))
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        sqlx::query(sql(
+            schema,
+            "INSERT INTO {schema}.schema_version (component, version) VALUES ($1, $2)
+             ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
+        ))
+        .bind(component)
+        .bind(version as i32)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        tracing::debug!(schema, component, version, "applied migration step");
+    }
+    Ok(target)
+}
+
+/// Names of the `gc_*` tables in `schema`, sorted.
+pub async fn gc_tables(pool: &PgPool, schema: &str) -> Result<Vec<String>> {
+    let mut names: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname LIKE 'gc\\_%'",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    names.sort();
+    Ok(names)
+}
+
+/// The wall clock in unix milliseconds.
+pub fn now_ms() -> i64 {
+    Timestamp::now().0
+}
+
+/// Decodes a 32-byte `bytea` digest column.
+pub fn digest_col(row: &PgRow, idx: usize) -> Result<Digest> {
+    let raw: Vec<u8> = row.try_get(idx).map_err(db_err)?;
+    let bytes: [u8; 32] = raw
+        .try_into()
+        .map_err(|v: Vec<u8>| Error::Backend(format!("stored digest has {} bytes", v.len())))?;
+    Ok(Digest::from_bytes(bytes))
+}
+
+/// Decodes a namespace column.
+pub fn namespace_col(row: &PgRow, idx: usize) -> Result<Namespace> {
+    let raw: String = row.try_get(idx).map_err(db_err)?;
+    Namespace::new(raw).map_err(|e| Error::Backend(format!("stored namespace invalid: {e}")))
+}
+
+/// Decodes a non-negative `bigint` size column.
+pub fn size_col(row: &PgRow, idx: usize) -> Result<u64> {
+    let raw: i64 = row.try_get(idx).map_err(db_err)?;
+    u64::try_from(raw).map_err(|_| Error::Backend(format!("stored size {raw} is negative")))
+}
+
+/// Converts a size or offset to `bigint`.
+pub fn to_i64(v: u64) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::Backend(format!("{v} does not fit a bigint")))
+}
+
+/// Digests as `bytea[]` parameter values.
+pub fn digest_params(digests: &[Digest]) -> Vec<&[u8]> {
+    digests.iter().map(|d| &d.as_bytes()[..]).collect()
+}
+
+/// The index of the first occurrence of each digest, for answering
+/// index-aligned batch calls from a set of matched digests.
+pub fn aligned(digests: &[Digest], matched: &std::collections::HashSet<Digest>) -> Vec<bool> {
+    digests.iter().map(|d| matched.contains(d)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names() {
+        for ok in ["a", "_", "blob_pool_1", &"x".repeat(63)] {
+            validate_schema(ok).unwrap();
+        }
+        for bad in ["", "A", "1a", "a-b", "a b", "a\"b", "pg_x", &"x".repeat(64)] {
+            assert!(
+                matches!(validate_schema(bad), Err(Error::Config(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn stable_keys_are_stable() {
+        assert_eq!(stable_key(&["a", "b"]), stable_key(&["a", "b"]));
+        assert_ne!(stable_key(&["a", "b"]), stable_key(&["ab"]));
+        // Pinned: the key must never change between releases.
+        let d = Digest::of(b"blobpool/sweep-lock\0db\0s");
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&d.as_bytes()[..8]);
+        assert_eq!(
+            stable_key(&["blobpool/sweep-lock", "db", "s"]),
+            i64::from_le_bytes(b)
+        );
+    }
+}

@@ -1,0 +1,269 @@
+//! The GC seam clauses of ADR-012 §5's postgres row: schema management,
+//! fleet pin rows (`gc_pins`) and the advisory sweep lock. The window
+//! clauses live in [`crate::window`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::Connection;
+use store_types::{GcSchema, Key, PinClauses, Result, SweepLockClause, SweepLockGuard, Timestamp};
+
+use crate::plumbing::{
+    db_err, gc_tables, migrate, sql, stable_key, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS,
+};
+
+/// Migration component of `gc_pins`.
+pub const GC_PINS_COMPONENT: &str = "gc_pins";
+
+/// Migration steps of `gc_pins`.
+pub const GC_PINS_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_pins (
+        ns text COLLATE \"C\" NOT NULL,
+        digest bytea NOT NULL CHECK (octet_length(digest) = 32),
+        owner text NOT NULL,
+        expires_at bigint NOT NULL,
+        PRIMARY KEY (ns, digest, owner)
+    );
+    CREATE INDEX IF NOT EXISTS gc_pins_expiry ON {schema}.gc_pins (expires_at)"];
+
+/// [`GcSchema`] for a PostgreSQL schema: creates `gc_window`, plus
+/// `gc_pins` for the fleet host (the `postgres` engine).
+#[derive(Clone, Debug)]
+pub struct PgGcSchema {
+    pool: PgPool,
+    schema: String,
+    pins: bool,
+}
+
+impl PgGcSchema {
+    /// The `postgres` row: `gc_pins` + `gc_window`.
+    pub fn new(pool: PgPool, schema: impl Into<String>) -> Self {
+        PgGcSchema {
+            pool,
+            schema: schema.into(),
+            pins: true,
+        }
+    }
+
+    /// The `pg-lo` row: `gc_window` only.
+    pub fn window_only(pool: PgPool, schema: impl Into<String>) -> Self {
+        PgGcSchema {
+            pool,
+            schema: schema.into(),
+            pins: false,
+        }
+    }
+}
+
+#[async_trait]
+impl GcSchema for PgGcSchema {
+    async fn ensure_gc_schema(&self) -> Result<()> {
+        migrate(
+            &self.pool,
+            &self.schema,
+            GC_WINDOW_COMPONENT,
+            GC_WINDOW_STEPS,
+        )
+        .await?;
+        if self.pins {
+            migrate(&self.pool, &self.schema, GC_PINS_COMPONENT, GC_PINS_STEPS).await?;
+        }
+        Ok(())
+    }
+
+    async fn gc_tables(&self) -> Result<Vec<String>> {
+        gc_tables(&self.pool, &self.schema).await
+    }
+}
+
+/// [`PinClauses`] over `<schema>.gc_pins`. A row is live while
+/// `expires_at > now`.
+#[derive(Clone, Debug)]
+pub struct PgPins {
+    pool: PgPool,
+    schema: String,
+}
+
+impl PgPins {
+    /// Pin clauses over `schema` (already validated).
+    pub fn new(pool: PgPool, schema: impl Into<String>) -> Self {
+        PgPins {
+            pool,
+            schema: schema.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl PinClauses for PgPins {
+    async fn pin_commit(
+        &self,
+        key: &Key,
+        owner: &str,
+        now: Timestamp,
+        ttl: Duration,
+    ) -> Result<()> {
+        sqlx::query(sql(
+            &self.schema,
+            "INSERT INTO {schema}.gc_pins (ns, digest, owner, expires_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (ns, digest, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(owner)
+        .bind(now.plus(ttl).0)
+        .execute(&self.pool)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn pin_renew(
+        &self,
+        key: &Key,
+        owner: &str,
+        now: Timestamp,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let n = sqlx::query(sql(
+            &self.schema,
+            "UPDATE {schema}.gc_pins SET expires_at = $4
+             WHERE ns = $1 AND digest = $2 AND owner = $3 AND expires_at > $5",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(owner)
+        .bind(now.plus(ttl).0)
+        .bind(now.0)
+        .execute(&self.pool)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn pin_check(&self, keys: &[Key], now: Timestamp) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ns: Vec<&str> = keys.iter().map(|k| k.namespace.as_str()).collect();
+        let digests: Vec<&[u8]> = keys.iter().map(|k| &k.digest.as_bytes()[..]).collect();
+        let hits: Vec<i64> = sqlx::query_scalar(sql(
+            &self.schema,
+            "SELECT k.i FROM UNNEST($1::text[], $2::bytea[]) WITH ORDINALITY AS k(ns, digest, i)
+             WHERE EXISTS (SELECT 1 FROM {schema}.gc_pins p
+                           WHERE p.ns = k.ns AND p.digest = k.digest AND p.expires_at > $3)",
+        ))
+        .bind(ns)
+        .bind(digests)
+        .bind(now.0)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        let mut out = vec![false; keys.len()];
+        for i in hits {
+            if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| out.get_mut(i)) {
+                *slot = true;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn reap_expired(&self, now: Timestamp) -> Result<u64> {
+        let n = sqlx::query(sql(
+            &self.schema,
+            "DELETE FROM {schema}.gc_pins WHERE expires_at <= $1",
+        ))
+        .bind(now.0)
+        .execute(&self.pool)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+        Ok(n)
+    }
+}
+
+/// The fleet sweep lock: a session-level `pg_try_advisory_lock` whose key
+/// is a stable hash of (database, schema), so every engine on one schema
+/// contends for the same lock, whatever process it runs in.
+#[derive(Clone, Debug)]
+pub struct PgSweepLock {
+    pool: PgPool,
+    key: i64,
+}
+
+impl PgSweepLock {
+    /// The sweep lock of `schema` in `database`.
+    pub fn new(pool: PgPool, database: &str, schema: &str) -> Self {
+        PgSweepLock {
+            pool,
+            key: Self::lock_key(database, schema),
+        }
+    }
+
+    /// The advisory-lock key of (database, schema).
+    pub fn lock_key(database: &str, schema: &str) -> i64 {
+        stable_key(&["blobpool/sweep-lock", database, schema])
+    }
+}
+
+#[async_trait]
+impl SweepLockClause for PgSweepLock {
+    async fn try_lock(&self) -> Result<Option<Box<dyn SweepLockGuard>>> {
+        // Detach first: the session lock then lives on a connection that
+        // never returns to the pool. If this future is cancelled after the
+        // server granted the lock, dropping the connection closes its
+        // session, which releases the lock.
+        let mut conn: PgConnection = self.pool.acquire().await.map_err(db_err)?.detach();
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(self.key)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(db_err)?;
+        if !got {
+            let _ = conn.close().await;
+            return Ok(None);
+        }
+        Ok(Some(Box::new(PgSweepGuard {
+            conn: Some(conn),
+            key: self.key,
+        })))
+    }
+}
+
+/// Holds the advisory lock on a dedicated (detached) connection.
+///
+/// Dropping it unlocks and closes that connection on a spawned task; with
+/// no runtime available it drops the connection, whose session end
+/// releases the lock server-side. Either way the connection never goes
+/// back to a pool still holding the lock.
+struct PgSweepGuard {
+    conn: Option<PgConnection>,
+    key: i64,
+}
+
+impl SweepLockGuard for PgSweepGuard {}
+
+impl Drop for PgSweepGuard {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        let key = self.key;
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+                        .bind(key)
+                        .execute(&mut conn)
+                        .await;
+                    if let Err(e) = unlocked {
+                        tracing::warn!("sweep-lock unlock failed ({e}); closing the session");
+                    }
+                    let _ = conn.close().await;
+                });
+            }
+            Err(_) => drop(conn),
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The [`Engine`] and [`KvEngine`] implementations: reads on the reader
+//! pool, writes as jobs of the group-committing writer thread.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rusqlite::{ErrorCode, OptionalExtension};
+use store_types::{
+    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, GcSeam, Instance, Key,
+    KvEngine, Namespace, PublishOutcome, Result, Sharing, Timestamp,
+};
+
+use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64, SqlResultExt};
+use crate::window::SqliteGcSeam;
+use crate::{SqliteEngine, MAX_BLOB_LEN};
+
+const META: &str = "SELECT size, created_at FROM entries WHERE ns = ?1 AND digest = ?2";
+const READ: &str = "SELECT content FROM entries WHERE ns = ?1 AND digest = ?2";
+/// `substr` of a zero-length blob is NULL in SQLite; `ifnull` keeps it a blob.
+const READ_RANGE: &str =
+    "SELECT ifnull(substr(content, ?3, ?4), x'') FROM entries WHERE ns = ?1 AND digest = ?2";
+/// Keyset pagination; `?2` is `x''` (below every digest) for the first page.
+const SCAN: &str = "SELECT digest, size FROM entries
+                    WHERE ns = ?1 AND digest > ?2 ORDER BY digest LIMIT ?3";
+/// A skip scan over the primary key: one b-tree descent per namespace
+/// instead of a walk over every entry.
+const NAMESPACES: &str = "
+WITH RECURSIVE n(ns) AS (
+    SELECT min(ns) FROM entries
+    UNION ALL
+    SELECT (SELECT min(ns) FROM entries WHERE ns > n.ns) FROM n WHERE n.ns IS NOT NULL
+)
+SELECT ns FROM n WHERE ns IS NOT NULL";
+const PUT: &str = "INSERT INTO entries (ns, digest, size, created_at, content)
+                   VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING";
+const DELETE: &str = "DELETE FROM entries WHERE ns = ?1 AND digest = ?2 RETURNING size";
+
+fn blob(bytes: Vec<u8>) -> BlobReader {
+    BlobReader::from_bytes(Bytes::from(bytes))
+}
+
+#[async_trait]
+impl Engine for SqliteEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        EngineDescriptor {
+            kind: "sqlite",
+            instance: Instance::Path(self.inner.path.clone()),
+            sharing: Sharing::EmbeddedFile,
+            durable: true,
+        }
+    }
+
+    async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
+        let key = key.clone();
+        self.inner
+            .readers
+            .run(move |conn| {
+                let mut stmt = conn.prepare_cached(META).sql()?;
+                let row = stmt
+                    .query_row((key.namespace.as_str(), &key.digest.as_bytes()[..]), |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+                    })
+                    .optional()
+                    .sql()?;
+                row.map(|(size, created)| {
+                    Ok(EntryMeta {
+                        size: to_u64(size)?,
+                        created_at: Timestamp(created),
+                    })
+                })
+                .transpose()
+            })
+            .await
+    }
+
+    async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ns = ns.clone();
+        let digests = digests.to_vec();
+        self.inner
+            .readers
+            .run(move |conn| sql::present_in(conn, "entries", ns.as_str(), &digests))
+            .await
+    }
+
+    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let key = key.clone();
+        self.inner
+            .readers
+            .run(move |conn| {
+                let mut stmt = conn.prepare_cached(READ).sql()?;
+                let content = stmt
+                    .query_row((key.namespace.as_str(), &key.digest.as_bytes()[..]), |r| {
+                        r.get::<_, Vec<u8>>(0)
+                    })
+                    .optional()
+                    .sql()?;
+                Ok(content.map(blob))
+            })
+            .await
+    }
+
+    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        let key = key.clone();
+        let start = to_i64(range.start).saturating_add(1);
+        let len = to_i64(range.end.saturating_sub(range.start));
+        self.inner
+            .readers
+            .run(move |conn| {
+                let mut stmt = conn.prepare_cached(READ_RANGE).sql()?;
+                let content = stmt
+                    .query_row(
+                        (
+                            key.namespace.as_str(),
+                            &key.digest.as_bytes()[..],
+                            start,
+                            len,
+                        ),
+                        |r| r.get::<_, Vec<u8>>(0),
+                    )
+                    .optional()
+                    .sql()?;
+                Ok(content.map(blob))
+            })
+            .await
+    }
+
+    async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ns = ns.clone();
+        let digests = digests.to_vec();
+        let cost = digests.len() * 64;
+        self.inner
+            .writer
+            .submit(cost, true, move |conn, _now| {
+                let mut stmt = conn.prepare_cached(DELETE).sql()?;
+                digests
+                    .iter()
+                    .map(|d| {
+                        let freed = stmt
+                            .query_row((ns.as_str(), &d.as_bytes()[..]), |r| r.get::<_, i64>(0))
+                            .optional()
+                            .sql()?;
+                        freed.map(to_u64).transpose()
+                    })
+                    .collect()
+            })
+            .await
+    }
+
+    async fn namespaces(&self) -> Result<Vec<Namespace>> {
+        self.inner
+            .readers
+            .run(|conn| {
+                let mut stmt = conn.prepare_cached(NAMESPACES).sql()?;
+                let mut rows = stmt.query([]).sql()?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next().sql()? {
+                    out.push(namespace_at(row, 0)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn scan(
+        &self,
+        ns: &Namespace,
+        after: Option<Digest>,
+        limit: usize,
+    ) -> Result<Vec<(Digest, u64)>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let ns = ns.clone();
+        self.inner
+            .readers
+            .run(move |conn| {
+                let after: &[u8] = after.as_ref().map_or(&[], |d| &d.as_bytes()[..]);
+                let mut stmt = conn.prepare_cached(SCAN).sql()?;
+                let mut rows = stmt.query((ns.as_str(), after, to_i64(limit))).sql()?;
+                let mut out = Vec::with_capacity(limit.min(4096));
+                while let Some(row) = rows.next().sql()? {
+                    out.push((digest_at(row, 0)?, to_u64(row.get(1).sql()?)?));
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    fn gc_seam(&self) -> Option<GcSeam> {
+        let seam = Arc::new(SqliteGcSeam::new(self.clone()));
+        Some(GcSeam {
+            schema: seam.clone(),
+            window: Some(seam),
+            pins: None,
+            sweep_lock: None,
+        })
+    }
+}
+
+#[async_trait]
+impl KvEngine for SqliteEngine {
+    /// Publishes with `INSERT ... ON CONFLICT DO NOTHING` in the writer's
+    /// next group commit; answers after that commit. Two puts of one key in
+    /// the same batch run in order, so the first is `Inserted` and the
+    /// second `AlreadyPresent`.
+    async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome> {
+        let size = bytes.len() as u64;
+        if size > MAX_BLOB_LEN {
+            return Err(Error::TooLarge {
+                limit: MAX_BLOB_LEN,
+                got: size,
+            });
+        }
+        let key = key.clone();
+        self.inner
+            .writer
+            .submit(bytes.len(), false, move |conn, now| {
+                let mut stmt = conn.prepare_cached(PUT).sql()?;
+                let changed = stmt
+                    .execute((
+                        key.namespace.as_str(),
+                        &key.digest.as_bytes()[..],
+                        to_i64(size),
+                        now.0,
+                        &bytes[..],
+                    ))
+                    .map_err(|e| match e.sqlite_error_code() {
+                        Some(ErrorCode::TooBig) => Error::TooLarge {
+                            limit: MAX_BLOB_LEN,
+                            got: size,
+                        },
+                        _ => sql::sql_err(e),
+                    })?;
+                Ok(if changed == 1 {
+                    PublishOutcome::Inserted
+                } else {
+                    PublishOutcome::AlreadyPresent
+                })
+            })
+            .await
+    }
+}

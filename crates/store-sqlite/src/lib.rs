@@ -1,0 +1,245 @@
+//! SQLite kv engine for Blobpool (rusqlite, WAL).
+//!
+//! [`SqliteEngine`] stores whole small blobs as rows of one embedded SQLite
+//! file and implements [`store_types::Engine`] and [`store_types::KvEngine`].
+//! It is also a member of the GC state seam (ADR-012 §5, row "sqlite"): it
+//! hosts the durable delete window `gc_window` and nothing else — no pin
+//! clauses, no sweep lock.
+//!
+//! # Layout
+//!
+//! ```sql
+//! CREATE TABLE schema_version (version INTEGER NOT NULL PRIMARY KEY,
+//!                              applied_at INTEGER NOT NULL);      -- unix ms
+//! -- v1
+//! CREATE TABLE entries (
+//!     ns         TEXT    NOT NULL,
+//!     digest     BLOB    NOT NULL CHECK (length(digest) = 32),
+//!     size       INTEGER NOT NULL,
+//!     created_at INTEGER NOT NULL,                               -- unix ms
+//!     content    BLOB    NOT NULL,
+//!     PRIMARY KEY (ns, digest)
+//! ) WITHOUT ROWID;
+//! -- created by GcSchema::ensure_gc_schema only
+//! CREATE TABLE gc_window (ns TEXT NOT NULL, digest BLOB NOT NULL,
+//!     size INTEGER NOT NULL, visible_after INTEGER NOT NULL,      -- unix ms
+//!     PRIMARY KEY (ns, digest)) WITHOUT ROWID;
+//! ```
+//!
+//! `WITHOUT ROWID` makes `(ns, digest)` the clustering key: a lookup is one
+//! b-tree descent, `scan` is a range walk returning rows already in digest
+//! order, and there is no second (rowid) tree to maintain per put. `content`
+//! is the last column so metadata reads stop before the content's overflow
+//! pages. Migrations are numbered; [`SqliteEngine::open`] applies the
+//! missing ones under `BEGIN IMMEDIATE`, so opening a file twice (or from
+//! two processes at once) is harmless, and a file newer than the build is
+//! refused.
+//!
+//! # Threading
+//!
+//! The engine never blocks the async runtime:
+//!
+//! - **Writes** (`put`, `delete_many`, window `stage`/`unstage`, schema
+//!   changes) go over a channel to one dedicated writer thread owning the
+//!   only write connection. It **group-commits**: it drains every queued
+//!   write (up to 1000, or 64 MiB of payload) into one transaction, commits,
+//!   and only then answers each waiter. (When the previous batch was larger
+//!   than what is queued now, it first waits up to 200 µs for the writers it
+//!   just answered; a lone writer never waits.) Each job that may run several
+//!   statements gets its own savepoint, so one failing job does not fail its
+//!   batch neighbours (details in the `writer` module).
+//! - **Reads** (`meta`, `read`, `has_many`, `scan`, window queries) run on
+//!   tokio's blocking pool with one of [`SqliteOptions::readers`]
+//!   connections. In WAL mode they never wait for the writer, and since a
+//!   write is acknowledged only after its commit, every read that starts
+//!   after an acknowledged write sees it.
+//!
+//! # Durability
+//!
+//! WAL journal. [`Durability::Full`] (default) is `synchronous=FULL`: a
+//! commit fsyncs the WAL, so an acknowledged write survives power loss.
+//! [`Durability::Normal`] is `synchronous=NORMAL`: an acknowledged write
+//! survives a process crash but the last commits may be lost on power loss
+//! or an OS crash. Either way the engine describes itself as `durable` (the
+//! descriptor's definition is "survives a process crash").
+
+#![warn(missing_docs)]
+
+mod engine;
+mod readers;
+mod schema;
+mod sql;
+#[cfg(feature = "testing")]
+mod testing;
+mod window;
+mod writer;
+
+#[cfg(test)]
+mod writer_tests;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use store_types::{Error, Result};
+
+use crate::readers::Readers;
+use crate::writer::Writer;
+
+pub use crate::schema::SCHEMA_VERSION;
+
+/// Largest blob a put accepts: SQLite's default `SQLITE_MAX_LENGTH`.
+pub const MAX_BLOB_LEN: u64 = 1_000_000_000;
+
+/// How hard a commit works to survive a crash.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=FULL`: every commit is fsynced; survives power loss.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: survives a process crash; the WAL is fsynced
+    /// only at checkpoints, so power loss may lose the last commits.
+    Normal,
+}
+
+/// How to open a [`SqliteEngine`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Commit durability. Default [`Durability::Full`].
+    pub durability: Durability,
+    /// Number of read connections (0 is treated as 1). Default 4.
+    pub readers: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            durability: Durability::Full,
+            readers: 4,
+        }
+    }
+}
+
+/// Counters of the writer thread, for tests and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SqliteStats {
+    /// Write commands handed to the writer thread.
+    pub writes_submitted: u64,
+    /// Write transactions committed.
+    pub commits: u64,
+    /// Write commands (puts, deletes, window ops, ...) acknowledged as
+    /// committed.
+    pub writes_committed: u64,
+    /// Write commands answered with an error.
+    pub writes_failed: u64,
+    /// Most commands committed by one transaction so far.
+    pub largest_batch: u64,
+    /// Transactions SQLite rolled back as a whole after an error (their
+    /// surviving commands were re-run in a new transaction).
+    pub lost_transactions: u64,
+}
+
+/// The SQLite kv engine. Cheap to clone: clones share the writer thread and
+/// the read connections. The writer thread stops when the last clone is
+/// dropped (after finishing the batch in hand).
+#[derive(Clone)]
+pub struct SqliteEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Canonical path of the database file.
+    path: PathBuf,
+    durability: Durability,
+    writer: Writer,
+    readers: Arc<Readers>,
+}
+
+impl std::fmt::Debug for SqliteEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteEngine")
+            .field("path", &self.inner.path)
+            .field("durability", &self.inner.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteEngine {
+    /// Opens (creating if needed) the database file at `path`.
+    ///
+    /// Creates missing parent directories, switches the file to WAL, applies
+    /// the durability setting, runs the pending migrations, opens the read
+    /// connections and starts the writer thread. The blocking work runs on
+    /// the blocking pool.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for `:memory:` or an empty path (every connection
+    /// must see the same file), a file that cannot use WAL, or a schema newer
+    /// than this build; [`Error::Io`] / [`Error::Backend`] when the file
+    /// cannot be created or read.
+    pub async fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open_blocking(&path, options))
+            .await
+            .map_err(|e| Error::Backend(format!("sqlite: open task failed: {e}")))?
+    }
+
+    fn open_blocking(path: &Path, options: SqliteOptions) -> Result<Self> {
+        if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {
+            return Err(Error::Config(
+                "sqlite: the engine needs a database file path (not :memory: or empty)".into(),
+            ));
+        }
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                Error::Io(format!("sqlite: cannot create {}: {e}", parent.display()))
+            })?;
+        }
+        let writer_conn = schema::open_writer(path, options.durability)?;
+        let canonical = std::fs::canonicalize(path)
+            .map_err(|e| Error::Io(format!("sqlite: cannot resolve {}: {e}", path.display())))?;
+        let readers = (0..options.readers.max(1))
+            .map(|_| schema::open_reader(&canonical))
+            .collect::<Result<Vec<_>>>()?;
+        let writer = Writer::spawn(writer_conn)?;
+        tracing::debug!(path = %canonical.display(), ?options, "sqlite engine opened");
+        Ok(SqliteEngine {
+            inner: Arc::new(Inner {
+                path: canonical,
+                durability: options.durability,
+                writer,
+                readers: Readers::new(readers),
+            }),
+        })
+    }
+
+    /// The canonical path of the database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The durability the engine was opened with.
+    pub fn durability(&self) -> Durability {
+        self.inner.durability
+    }
+
+    /// The schema version recorded in the file (equals [`SCHEMA_VERSION`]
+    /// once opened).
+    pub async fn schema_version(&self) -> Result<i64> {
+        self.inner.readers.run(schema::schema_version).await
+    }
+
+    /// A snapshot of the writer thread's counters.
+    pub fn stats(&self) -> SqliteStats {
+        let c = self.inner.writer.counters();
+        SqliteStats {
+            writes_submitted: c.submitted.load(Ordering::Relaxed),
+            commits: c.commits.load(Ordering::Relaxed),
+            writes_committed: c.jobs_committed.load(Ordering::Relaxed),
+            writes_failed: c.jobs_failed.load(Ordering::Relaxed),
+            largest_batch: c.largest_batch.load(Ordering::Relaxed),
+            lost_transactions: c.lost_transactions.load(Ordering::Relaxed),
+        }
+    }
+}

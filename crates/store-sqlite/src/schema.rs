@@ -1,0 +1,171 @@
+//! Connections, pragmas and the schema: the versioned migrations of the
+//! entries table and the GC window table created on demand.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+use store_types::{Error, Result, Timestamp};
+
+use crate::sql::SqlResultExt;
+use crate::Durability;
+
+/// How long a connection waits for another connection's lock (another
+/// process holding the write lock, a concurrent migration) before failing.
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Prepared statements each connection keeps compiled.
+const STATEMENT_CACHE: usize = 64;
+
+/// Version 1: the entries table.
+///
+/// `WITHOUT ROWID` clusters rows by `(ns, digest)`, so a point lookup is one
+/// b-tree descent and `scan` is a range walk of the same tree. `content` is
+/// the last column: `meta`, `scan` and `has_many` read only the row's local
+/// prefix and never touch the overflow pages of large contents.
+const V1_ENTRIES: &str = "
+CREATE TABLE entries (
+    ns         TEXT    NOT NULL,
+    digest     BLOB    NOT NULL CHECK (length(digest) = 32),
+    size       INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    content    BLOB    NOT NULL,
+    PRIMARY KEY (ns, digest)
+) WITHOUT ROWID;
+";
+
+/// The migrations, in order. Each runs once, in the same transaction as the
+/// `schema_version` row recording it.
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1_ENTRIES)];
+
+/// The schema version this build creates and understands.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// The GC delete window (ADR-012 §5: the only GC table sqlite hosts).
+pub(crate) const GC_WINDOW_DDL: &str = "
+CREATE TABLE IF NOT EXISTS gc_window (
+    ns            TEXT    NOT NULL,
+    digest        BLOB    NOT NULL,
+    size          INTEGER NOT NULL,
+    visible_after INTEGER NOT NULL,
+    PRIMARY KEY (ns, digest)
+) WITHOUT ROWID;
+";
+
+/// Opens one connection to `path` with the common settings. No URI
+/// interpretation: the path is a file name.
+fn open_connection(path: &Path, flags: OpenFlags) -> Result<Connection> {
+    let conn = Connection::open_with_flags(path, flags).sql()?;
+    conn.busy_timeout(BUSY_TIMEOUT).sql()?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    conn.pragma_update(None, "temp_store", "MEMORY").sql()?;
+    Ok(conn)
+}
+
+/// Opens the writer connection: creates the file, switches it to WAL,
+/// applies the durability setting and runs the migrations.
+pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = open_connection(path, flags)?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .sql()?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Config(format!(
+            "sqlite: {} cannot use WAL mode (journal_mode is {mode})",
+            path.display()
+        )));
+    }
+    let sync = match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync).sql()?;
+    // Keep the WAL file from staying huge after a burst of large puts.
+    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
+        .sql()?;
+    conn.pragma_update(None, "cache_size", -16 * 1024).sql()?;
+    migrate(&mut conn)?;
+    Ok(conn)
+}
+
+/// Opens a read connection (`query_only`, so a bug cannot write through it).
+pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = open_connection(path, flags)?;
+    conn.pragma_update(None, "query_only", true).sql()?;
+    conn.pragma_update(None, "cache_size", -8 * 1024).sql()?;
+    Ok(conn)
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`]; returns the version found
+/// before migrating (0 for a new file).
+///
+/// Idempotent and safe against concurrent openers: everything, including
+/// creating `schema_version`, runs under `BEGIN IMMEDIATE`, so a second
+/// process waits for the first and then finds nothing to do. A file whose
+/// version is newer than this build is refused with [`Error::Config`]
+/// rather than guessed at.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<i64> {
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .sql()?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version (
+             version    INTEGER NOT NULL PRIMARY KEY,
+             applied_at INTEGER NOT NULL
+         );",
+    )
+    .sql()?;
+    let found: i64 = tx
+        .query_row(
+            "SELECT coalesce(max(version), 0) FROM schema_version",
+            [],
+            |r| r.get(0),
+        )
+        .sql()?;
+    if found > SCHEMA_VERSION {
+        return Err(Error::Config(format!(
+            "sqlite: database schema version {found} is newer than this build supports \
+             ({SCHEMA_VERSION})"
+        )));
+    }
+    for &(version, ddl) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+        tx.execute_batch(ddl).sql()?;
+        tx.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
+            (version, Timestamp::now().0),
+        )
+        .sql()?;
+        tracing::info!(version, "sqlite: applied schema migration");
+    }
+    tx.commit().sql()?;
+    Ok(found)
+}
+
+/// The schema version recorded in the file.
+pub(crate) fn schema_version(conn: &Connection) -> Result<i64> {
+    conn.prepare_cached("SELECT coalesce(max(version), 0) FROM schema_version")
+        .sql()?
+        .query_row([], |r| r.get(0))
+        .sql()
+}
+
+/// Names of the existing tables whose name starts with `gc_`, sorted.
+pub(crate) fn gc_tables(conn: &Connection) -> Result<Vec<String>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT name FROM sqlite_schema
+             WHERE type = 'table' AND substr(name, 1, 3) = 'gc_'
+             ORDER BY name",
+        )
+        .sql()?;
+    let names = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .sql()?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .sql()?;
+    Ok(names)
+}
