@@ -20,7 +20,7 @@ pub fn content(seed: u64, len: usize) -> Vec<u8> {
 fn fill_pattern(seed: u64, offset: u64, buf: &mut [u8]) {
     let mut pos = 0usize;
     // Unaligned head, byte by byte.
-    while pos < buf.len() && (offset + pos as u64) % 8 != 0 {
+    while pos < buf.len() && !(offset + pos as u64).is_multiple_of(8) {
         let at = offset + pos as u64;
         buf[pos] = mix(seed, at / 8).to_le_bytes()[(at % 8) as usize];
         pos += 1;

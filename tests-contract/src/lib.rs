@@ -6,7 +6,7 @@
 //! named tests for one composite, so adding an engine or composite is one
 //! line in `tests/contract.rs`:
 //!
-//! ```ignore
+//! ```text
 //! mod sqlite_local { tests_contract::contract_suite!(tests_contract::SQLITE_LOCAL); }
 //! ```
 //!
@@ -16,6 +16,7 @@
 
 pub mod cases;
 pub mod data;
+pub mod fleet;
 mod harness;
 pub mod pg;
 pub mod support;

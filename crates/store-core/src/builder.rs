@@ -190,6 +190,11 @@ impl StoreBuilder {
         }
         let kv_seam = kv.gc_seam();
         let large_seam = self.large.as_ref().and_then(|l| l.gc_seam());
+        if self.fleet && self.pin_ttl.is_zero() {
+            return Err(Error::Config(
+                "fleet pin_ttl must be greater than zero".into(),
+            ));
+        }
         let fleet_state = if self.fleet {
             Some(fleet::validate(
                 mode,
@@ -224,9 +229,10 @@ impl StoreBuilder {
             tiers,
             GcConfig {
                 window: self.window,
-                clock: self.clock,
+                clock: self.clock.clone(),
                 window_host,
                 shared_lock: fleet_state.as_ref().map(|f| f.lock.clone()),
+                fleet_pins: fleet_state.as_ref().map(|f| f.pins.clone()),
             },
         );
         Ok(Store::from_inner(Inner {
@@ -235,6 +241,7 @@ impl StoreBuilder {
             mode,
             gc,
             fleet: fleet_state,
+            clock: self.clock,
             owner: self.owner.unwrap_or_else(fleet::random_owner),
         }))
     }

@@ -11,10 +11,8 @@ use crate::Mode;
 /// What a valid fleet configuration hands the store: the one GC-state host.
 #[derive(Clone)]
 pub(crate) struct FleetState {
-    #[allow(dead_code)] // consumed by the fleet put path
     pub pins: Arc<dyn PinClauses>,
     pub lock: Arc<dyn SweepLockClause>,
-    #[allow(dead_code)]
     pub ttl: Duration,
 }
 

@@ -33,10 +33,12 @@ mod store;
 pub use blob::Blob;
 pub use builder::{Mode, StoreBuilder, DEFAULT_THRESHOLD, MAX_THRESHOLD};
 pub use put::PutReceipt;
-pub use store::Store;
+pub use store::{Liveness, Store};
 
 pub use store_gc::{
     Clock, GcAbortCause, LivenessSource, ManualClock, NamespaceCounts, Pin, ProtectCallback,
     ProtectedCounts, SourceId, SweepOptions, SweepReport, SystemClock,
 };
-pub use store_types::{Digest, Error, Key, Namespace, Result, Stat, Tier, Timestamp};
+pub use store_types::{
+    Digest, Error, Key, LivenessTable, Namespace, Result, Stat, Tier, Timestamp,
+};

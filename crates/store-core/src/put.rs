@@ -125,7 +125,11 @@ impl Store {
         check_expect(expect, digest)?;
         let key = Key::new(ns.clone(), digest);
         let pin = self.inner.gc.pins().pin(key.clone()).await;
-        let outcome = self.inner.kv.put(&key, buf.freeze()).await?;
+        let outcome = match self.pin_intent() {
+            // Fleet: entry and pin row in one transaction on the GC host.
+            Some((intent, fleet)) => fleet.pins.put_pinned(&key, buf.freeze(), &intent).await?,
+            None => self.inner.kv.put(&key, buf.freeze()).await?,
+        };
         Ok(PutReceipt {
             digest,
             size: got,
@@ -158,7 +162,8 @@ impl Store {
                     let _ = stage.abort().await;
                     return Err(e);
                 }
-                self.publish_large(stage, ns, digest, size).await
+                self.publish_large(stage, large.joint_pin_publish(), ns, digest, size)
+                    .await
             }
             Err(e) => {
                 let _ = stage.abort().await;
@@ -170,6 +175,7 @@ impl Store {
     async fn publish_large(
         &self,
         stage: Box<dyn StagedWrite>,
+        joint: bool,
         ns: &Namespace,
         digest: Digest,
         size: u64,
@@ -181,7 +187,22 @@ impl Store {
         // fsync) and discards the stage: no extra round trip, and no second
         // connection while the stage holds one (pg-lo).
         let pin = self.inner.gc.pins().pin(key.clone()).await;
-        let deduplicated = stage.publish(&key).await? == PublishOutcome::AlreadyPresent;
+        let outcome = match self.pin_intent() {
+            None => stage.publish(&key).await?,
+            // Fleet, transactional large tier: LO + companion row + pin row
+            // in one transaction.
+            Some((intent, _)) if joint => stage.publish_pinned(&key, &intent).await?,
+            // Fleet, shared media: pin row first, then the publishing
+            // rename — never the reverse (ADR-012 §4).
+            Some((intent, fleet)) => {
+                if let Err(e) = fleet.pins.pin_first(&key, &intent).await {
+                    let _ = stage.abort().await;
+                    return Err(e);
+                }
+                stage.publish(&key).await?
+            }
+        };
+        let deduplicated = outcome == PublishOutcome::AlreadyPresent;
         Ok(PutReceipt {
             digest,
             size,

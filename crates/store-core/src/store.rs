@@ -3,10 +3,11 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use store_gc::{
-    Collector, LivenessSource, Pin, ProtectCallback, SourceId, SweepOptions, SweepReport,
+    Clock, Collector, LivenessSource, Pin, ProtectCallback, SourceId, SweepOptions, SweepReport,
 };
 use store_types::{
-    Digest, Engine, Error, KvEngine, LargeEngine, Namespace, Result, Stat, Tier, WindowClauses,
+    Digest, Engine, Error, KvEngine, LargeEngine, LivenessTable, Namespace, PinIntent, Result,
+    Stat, Tier, WindowClauses,
 };
 
 use crate::blob::Blob;
@@ -19,9 +20,47 @@ pub(crate) struct Inner {
     pub large: Option<Arc<dyn LargeEngine>>,
     pub mode: Mode,
     pub gc: Collector,
-    #[allow(dead_code)] // read by the fleet put path
     pub fleet: Option<FleetState>,
+    pub clock: Arc<dyn Clock>,
     pub owner: String,
+}
+
+/// A liveness source: an in-process callback (non-fleet) or a named table
+/// in the shared database (fleet, ADR-012 §6.6). Both register through
+/// [`Store::register_liveness_source`].
+#[derive(Clone)]
+pub enum Liveness {
+    /// A batched in-process probe.
+    Callback(Arc<dyn LivenessSource>),
+    /// A table reference in the fleet's PostgreSQL database.
+    Table(LivenessTable),
+}
+
+impl fmt::Debug for Liveness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Liveness::Callback(_) => f.write_str("Liveness::Callback(..)"),
+            Liveness::Table(t) => write!(f, "Liveness::Table({t:?})"),
+        }
+    }
+}
+
+impl From<Arc<dyn LivenessSource>> for Liveness {
+    fn from(s: Arc<dyn LivenessSource>) -> Self {
+        Liveness::Callback(s)
+    }
+}
+
+impl<T: LivenessSource> From<Arc<T>> for Liveness {
+    fn from(s: Arc<T>) -> Self {
+        Liveness::Callback(s)
+    }
+}
+
+impl From<LivenessTable> for Liveness {
+    fn from(t: LivenessTable) -> Self {
+        Liveness::Table(t)
+    }
 }
 
 /// A content-addressed blob store over one kv engine and, in dual-tier
@@ -174,14 +213,63 @@ impl Store {
         })
     }
 
-    /// Registers an in-process liveness source for `ns`. A namespace with
-    /// no source is never swept.
-    pub fn register_liveness_source(
+    /// Registers a liveness source for `ns`; a namespace with no source is
+    /// never swept.
+    ///
+    /// - Non-fleet stores take in-process callbacks
+    ///   ([`Liveness::Callback`], or any `Arc<impl LivenessSource>`).
+    /// - Fleet stores take table references ([`Liveness::Table`]): the table
+    ///   must exist in the shared database (checked here; the store never
+    ///   creates or alters it). In-process callbacks are refused in fleet
+    ///   mode: another node's sweep could not consult them (ADR-016).
+    pub async fn register_liveness_source(
         &self,
         ns: Namespace,
-        source: Arc<dyn LivenessSource>,
-    ) -> SourceId {
-        self.inner.gc.register_liveness_source(ns, source)
+        source: impl Into<Liveness>,
+    ) -> Result<SourceId> {
+        match (source.into(), &self.inner.fleet) {
+            (Liveness::Callback(cb), None) => Ok(self.inner.gc.register_liveness_source(ns, cb)),
+            (Liveness::Table(t), Some(f)) => {
+                let bound = f.pins.bind_liveness_table(&ns, &t).await?;
+                Ok(self.inner.gc.register_liveness_table(bound))
+            }
+            (Liveness::Callback(_), Some(_)) => Err(Error::Config(
+                "a fleet store takes liveness tables, not in-process callbacks: another node's sweep could not consult the callback".into(),
+            )),
+            (Liveness::Table(_), None) => Err(Error::Config(
+                "liveness tables are the fleet form; a non-fleet store takes in-process callbacks".into(),
+            )),
+        }
+    }
+
+    /// Renews this instance's pin on `key` (the `blobs/have` renewal form).
+    /// Fleet: extends the unexpired pin row of (key, owner); `false` when
+    /// the row is gone (expired: the putter's backstop is to re-put).
+    /// Non-fleet: in-process pins do not expire; `true` while one is held.
+    pub async fn renew_pin(&self, key: &Key) -> Result<bool> {
+        match &self.inner.fleet {
+            Some(f) => {
+                f.pins
+                    .pin_renew(key, &self.inner.owner, self.inner.clock.now(), f.ttl)
+                    .await
+            }
+            None => Ok(self.pin_count(key) > 0),
+        }
+    }
+
+    /// The pin row a fleet put commits.
+    pub(crate) fn pin_intent(&self) -> Option<(PinIntent, &FleetState)> {
+        self.inner.fleet.as_ref().map(|f| {
+            (
+                PinIntent {
+                    owner: self.inner.owner.clone(),
+                    now: self.inner.clock.now(),
+                    ttl: f.ttl,
+                    host: f.pins.pin_host(),
+                },
+                f,
+            )
+        })
     }
 
     /// Removes a liveness source; `false` if unknown.

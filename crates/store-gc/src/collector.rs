@@ -7,8 +7,8 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use store_types::{
-    Digest, Engine, Error, Key, Namespace, ProtectReason, Result, StagedCandidate, SweepLockClause,
-    WindowClauses,
+    BoundLivenessTable, Digest, Engine, Error, Key, Namespace, PinClauses, ProtectReason, Result,
+    StagedCandidate, SweepLockClause, Timestamp, WindowClauses,
 };
 
 use crate::pins::GateState;
@@ -29,6 +29,9 @@ pub struct GcConfig {
     /// An extra sweep lock shared between instances (fleet), taken after
     /// the in-process one.
     pub shared_lock: Option<Arc<dyn SweepLockClause>>,
+    /// Fleet mode: the GC host's pin clauses. Arbitration then happens in
+    /// SQL (pin rows, liveness tables) under per-key locks.
+    pub fleet_pins: Option<Arc<dyn PinClauses>>,
 }
 
 impl fmt::Debug for GcConfig {
@@ -36,6 +39,7 @@ impl fmt::Debug for GcConfig {
         f.debug_struct("GcConfig")
             .field("window", &self.window)
             .field("shared_lock", &self.shared_lock.is_some())
+            .field("fleet", &self.fleet_pins.is_some())
             .finish()
     }
 }
@@ -54,6 +58,23 @@ impl Default for SweepOptions {
 }
 
 type Sources = BTreeMap<Namespace, Vec<(SourceId, Arc<dyn LivenessSource>)>>;
+type Tables = Vec<(SourceId, BoundLivenessTable)>;
+
+/// What a sweep reads once, at its start.
+struct Snapshot {
+    sources: Sources,
+    tables: Vec<BoundLivenessTable>,
+}
+
+impl Snapshot {
+    fn has_source(&self, ns: &Namespace) -> bool {
+        self.sources.contains_key(ns) || self.tables.iter().any(|t| &t.namespace == ns)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sources.is_empty() && self.tables.is_empty()
+    }
+}
 
 /// Runs sweeps and arbitrates direct deletes over an instance's tiers.
 ///
@@ -63,6 +84,7 @@ pub struct Collector {
     tiers: Vec<Arc<dyn Engine>>,
     pins: PinRegistry,
     sources: RwLock<Sources>,
+    tables: RwLock<Tables>,
     protect: RwLock<Option<Arc<dyn ProtectCallback>>>,
     next_id: AtomicU64,
     sweep_lock: tokio::sync::Mutex<()>,
@@ -79,11 +101,6 @@ impl fmt::Debug for Collector {
     }
 }
 
-/// Protection found for a batch of keys of one namespace.
-struct Arbitration {
-    reasons: Vec<Option<ProtectReason>>,
-}
-
 impl Collector {
     /// A collector over `tiers` (kv first).
     pub fn new(tiers: Vec<Arc<dyn Engine>>, cfg: GcConfig) -> Self {
@@ -91,6 +108,7 @@ impl Collector {
             tiers,
             pins: PinRegistry::new(),
             sources: RwLock::new(BTreeMap::new()),
+            tables: RwLock::new(Vec::new()),
             protect: RwLock::new(None),
             next_id: AtomicU64::new(1),
             sweep_lock: tokio::sync::Mutex::new(()),
@@ -124,8 +142,31 @@ impl Collector {
         id
     }
 
+    /// Registers a fleet liveness table (already validated and bound).
+    pub fn register_liveness_table(&self, table: BoundLivenessTable) -> SourceId {
+        let id = SourceId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        self.tables
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, table));
+        id
+    }
+
+    /// Whether this collector arbitrates in SQL (fleet mode).
+    pub fn is_fleet(&self) -> bool {
+        self.cfg.fleet_pins.is_some()
+    }
+
     /// Removes a registration; `false` if it was not registered.
     pub fn deregister_liveness_source(&self, id: SourceId) -> bool {
+        {
+            let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+            let before = tables.len();
+            tables.retain(|(i, _)| *i != id);
+            if tables.len() != before {
+                return true;
+            }
+        }
         let mut sources = self.sources_mut();
         let mut found = false;
         sources.retain(|_, v| {
@@ -146,11 +187,21 @@ impl Collector {
         self.sources.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn sources_snapshot(&self) -> Sources {
-        self.sources
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            sources: self
+                .sources
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            tables: self
+                .tables
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(_, t)| t.clone())
+                .collect(),
+        }
     }
 
     fn protect_cb(&self) -> Option<Arc<dyn ProtectCallback>> {
@@ -168,7 +219,7 @@ impl Collector {
         }
     }
 
-    /// OR over every source of `ns`; `false` everywhere when it has none.
+    /// OR over every in-process source of `ns`; `false` when it has none.
     async fn probe(&self, sources: &Sources, ns: &Namespace, keys: &[Key]) -> Result<Vec<bool>> {
         let mut live = vec![false; keys.len()];
         if keys.is_empty() {
@@ -193,23 +244,23 @@ impl Collector {
         Ok(live)
     }
 
-    /// Arbitrates keys of one namespace that are known unpinned.
-    async fn arbitrate(
+    /// In-process arbitration of keys of one namespace (`pinned` known).
+    async fn arbitrate_local(
         &self,
-        sources: &Sources,
+        snap: &Snapshot,
         ns: &Namespace,
         keys: &[Key],
         pinned: &[bool],
         protected: &HashSet<Key>,
-    ) -> Result<Arbitration> {
+    ) -> Result<Vec<Option<ProtectReason>>> {
         let unpinned: Vec<Key> = keys
             .iter()
             .zip(pinned)
             .filter(|(_, p)| !**p)
             .map(|(k, _)| k.clone())
             .collect();
-        let mut live = self.probe(sources, ns, &unpinned).await?.into_iter();
-        let reasons = keys
+        let mut live = self.probe(&snap.sources, ns, &unpinned).await?.into_iter();
+        Ok(keys
             .iter()
             .zip(pinned)
             .map(|(k, p)| {
@@ -223,15 +274,43 @@ impl Collector {
                     None
                 }
             })
-            .collect();
-        Ok(Arbitration { reasons })
+            .collect())
     }
 
-    /// Deletes `digests` of `ns` across the tiers in order; returns the freed
+    /// Merges SQL arbitration with this node's pins and protect set.
+    fn merge(
+        &self,
+        keys: &[Key],
+        sql: Vec<Option<ProtectReason>>,
+        protected: &HashSet<Key>,
+    ) -> Vec<Option<ProtectReason>> {
+        let local = self.pins.pinned_many(keys);
+        keys.iter()
+            .zip(sql)
+            .zip(local)
+            .map(|((k, r), p)| {
+                if p {
+                    Some(ProtectReason::Pinned)
+                } else if r.is_some() {
+                    r
+                } else if protected.contains(k) {
+                    Some(ProtectReason::ProtectCallback)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Deletes `digests` of `ns` across `tiers` in order; returns the freed
     /// size of each (`None` when no tier held it).
-    async fn delete_through(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
-        let mut freed: Vec<Option<u64>> = vec![None; digests.len()];
-        for tier in &self.tiers {
+    async fn delete_through(
+        tiers: &[Arc<dyn Engine>],
+        ns: &Namespace,
+        digests: &[Digest],
+        freed: &mut [Option<u64>],
+    ) -> Result<()> {
+        for tier in tiers {
             let pending: Vec<usize> = (0..digests.len()).filter(|i| freed[*i].is_none()).collect();
             if pending.is_empty() {
                 break;
@@ -242,7 +321,7 @@ impl Collector {
                 freed[i] = r;
             }
         }
-        Ok(freed)
+        Ok(())
     }
 
     /// A direct delete: refuses protected keys with [`Error::GcRefuse`],
@@ -250,43 +329,55 @@ impl Collector {
     /// the freed size otherwise.
     pub async fn delete(&self, key: &Key) -> Result<u64> {
         let keys = [key.clone()];
+        let snap = self.snapshot();
+        let protected = self
+            .protected_set()
+            .await
+            .map_err(|e| Error::Backend(format!("protect callback failed: {e}")))?;
+        let refuse = |reason| Error::GcRefuse {
+            key: key.clone(),
+            reason,
+        };
+        let mut freed = [None];
+        if let Some(pins) = &self.cfg.fleet_pins {
+            let mut batch = pins.begin_batch(&keys).await?;
+            let sql = batch
+                .protected(&keys, &snap.tables, self.cfg.clock.now())
+                .await?;
+            if let Some(reason) = self.merge(&keys, sql, &protected)[0] {
+                return Err(refuse(reason));
+            }
+            freed = [batch.delete_entries(&key.namespace, &[key.digest]).await?[0]];
+            Self::delete_through(&self.tiers[1..], &key.namespace, &[key.digest], &mut freed)
+                .await?;
+            batch.unstage(&keys).await?;
+            batch.commit().await?;
+            return freed[0].ok_or(Error::Missing);
+        }
         let gate = loop {
             let (gate, states) = self.pins.gate(&keys);
             match states[0] {
-                GateState::Pinned => {
-                    return Err(Error::GcRefuse {
-                        key: key.clone(),
-                        reason: ProtectReason::Pinned,
-                    })
-                }
+                GateState::Pinned => return Err(refuse(ProtectReason::Pinned)),
                 GateState::Gated => break gate,
                 // Another delete of the same key is deciding; let it finish.
                 GateState::Busy => tokio::time::sleep(Duration::from_millis(1)).await,
             }
         };
-        let sources = self.sources_snapshot();
-        let protected = self
-            .protected_set()
-            .await
-            .map_err(|e| Error::Backend(format!("protect callback failed: {e}")))?;
-        let arb = self
-            .arbitrate(&sources, &key.namespace, &keys, &[false], &protected)
+        let reasons = self
+            .arbitrate_local(&snap, &key.namespace, &keys, &[false], &protected)
             .await?;
-        if let Some(reason) = arb.reasons[0] {
-            return Err(Error::GcRefuse {
-                key: key.clone(),
-                reason,
-            });
+        if let Some(reason) = reasons[0] {
+            return Err(refuse(reason));
         }
-        let freed = self.delete_through(&key.namespace, &[key.digest]).await?;
+        Self::delete_through(&self.tiers, &key.namespace, &[key.digest], &mut freed).await?;
         self.cfg.window_host.unstage(&keys).await?;
         drop(gate);
         freed[0].ok_or(Error::Missing)
     }
 
     /// One GC pass (ADR-012 §1, §5, §6.7): lock, abort checks, execute the
-    /// due window, mark new garbage, report. `Err` only for operational
-    /// failure; deliberate no-ops are `Ok` with `aborted` set.
+    /// due window, mark new garbage, maintenance, report. `Err` only for
+    /// operational failure; deliberate no-ops are `Ok` with `aborted` set.
     pub async fn sweep(&self, opts: &SweepOptions) -> Result<SweepReport> {
         let started = Instant::now();
         let batch = opts.batch.max(1);
@@ -296,7 +387,7 @@ impl Collector {
                 started.elapsed(),
             ));
         };
-        let _shared = match &self.cfg.shared_lock {
+        let shared = match &self.cfg.shared_lock {
             Some(lock) => match lock.try_lock().await? {
                 Some(guard) => Some(guard),
                 None => {
@@ -308,8 +399,18 @@ impl Collector {
             },
             None => None,
         };
-        let sources = self.sources_snapshot();
-        if sources.is_empty() {
+        let result = self.sweep_locked(started, batch).await;
+        // Release explicitly so the next sweeper (on any node) finds the
+        // lock free as soon as this call returns.
+        if let Some(guard) = shared {
+            guard.release().await?;
+        }
+        result
+    }
+
+    async fn sweep_locked(&self, started: Instant, batch: usize) -> Result<SweepReport> {
+        let snap = self.snapshot();
+        if snap.is_empty() {
             return Ok(SweepReport::aborted(
                 GcAbortCause::NoLivenessSources,
                 started.elapsed(),
@@ -323,19 +424,22 @@ impl Collector {
         };
         let now = self.cfg.clock.now();
         let mut report = SweepReport::default();
-        self.execute_due(&sources, &protected, now, batch, &mut report)
+        self.execute_due(&snap, &protected, now, batch, &mut report)
             .await?;
-        self.mark(&sources, &protected, now, batch, &mut report)
+        self.mark(&snap, &protected, now, batch, &mut report)
             .await?;
+        if let Some(pins) = &self.cfg.fleet_pins {
+            report.reaped_pins = pins.reap_expired(now).await?;
+        }
         report.finish(started.elapsed());
         Ok(report)
     }
 
     async fn execute_due(
         &self,
-        sources: &Sources,
+        snap: &Snapshot,
         protected: &HashSet<Key>,
-        now: store_types::Timestamp,
+        now: Timestamp,
         batch: usize,
         report: &mut SweepReport,
     ) -> Result<()> {
@@ -346,65 +450,119 @@ impl Collector {
             let Some(last) = due.last() else { break };
             after = Some(last.key.clone());
             let keys: Vec<Key> = due.iter().map(|c| c.key.clone()).collect();
-            let (gate, states) = self.pins.gate(&keys);
-            let mut done: Vec<Key> = Vec::with_capacity(keys.len());
-            // Group gated keys by namespace (take_due orders by key, so
-            // namespaces come in runs).
-            let mut by_ns: BTreeMap<Namespace, Vec<Key>> = BTreeMap::new();
-            for (k, st) in keys.iter().zip(&states) {
-                match st {
-                    GateState::Pinned => {
-                        report.ns(&k.namespace).rescued += 1;
-                        done.push(k.clone());
-                    }
-                    GateState::Busy => {}
-                    GateState::Gated if !sources.contains_key(&k.namespace) => {
-                        report.ns(&k.namespace).rescued += 1;
-                        done.push(k.clone());
-                    }
-                    GateState::Gated => by_ns
-                        .entry(k.namespace.clone())
-                        .or_default()
-                        .push(k.clone()),
+            match &self.cfg.fleet_pins {
+                Some(pins) => {
+                    self.execute_fleet(pins.as_ref(), snap, protected, now, keys, report)
+                        .await?
                 }
+                None => self.execute_local(snap, protected, keys, report).await?,
             }
-            for (ns, ks) in by_ns {
-                let pinned = vec![false; ks.len()];
-                let arb = self
-                    .arbitrate(sources, &ns, &ks, &pinned, protected)
-                    .await?;
-                let mut doomed = Vec::new();
-                for (k, r) in ks.iter().zip(&arb.reasons) {
-                    if r.is_some() {
-                        report.ns(&ns).rescued += 1;
-                    } else {
-                        doomed.push(k.digest);
-                    }
-                    done.push(k.clone());
-                }
-                let freed = self.delete_through(&ns, &doomed).await?;
-                let counts = report.ns(&ns);
-                for f in freed {
-                    match f {
-                        Some(size) => {
-                            counts.deleted += 1;
-                            counts.bytes_freed += size;
-                        }
-                        None => counts.vanished += 1,
-                    }
-                }
-            }
-            window.unstage(&done).await?;
-            drop(gate);
         }
         Ok(())
     }
 
+    /// Records the outcome of one namespace's doomed and rescued keys.
+    fn tally(report: &mut SweepReport, ns: &Namespace, rescued: u64, freed: &[Option<u64>]) {
+        let counts = report.ns(ns);
+        counts.rescued += rescued;
+        for f in freed {
+            match f {
+                Some(size) => {
+                    counts.deleted += 1;
+                    counts.bytes_freed += size;
+                }
+                None => counts.vanished += 1,
+            }
+        }
+    }
+
+    async fn execute_local(
+        &self,
+        snap: &Snapshot,
+        protected: &HashSet<Key>,
+        keys: Vec<Key>,
+        report: &mut SweepReport,
+    ) -> Result<()> {
+        let (gate, states) = self.pins.gate(&keys);
+        let mut done: Vec<Key> = Vec::with_capacity(keys.len());
+        // take_due orders by key, so namespaces come in runs.
+        let mut by_ns: BTreeMap<Namespace, Vec<Key>> = BTreeMap::new();
+        for (k, st) in keys.iter().zip(&states) {
+            match st {
+                GateState::Pinned => {
+                    report.ns(&k.namespace).rescued += 1;
+                    done.push(k.clone());
+                }
+                GateState::Busy => {}
+                GateState::Gated if !snap.has_source(&k.namespace) => {
+                    report.ns(&k.namespace).rescued += 1;
+                    done.push(k.clone());
+                }
+                GateState::Gated => by_ns
+                    .entry(k.namespace.clone())
+                    .or_default()
+                    .push(k.clone()),
+            }
+        }
+        for (ns, ks) in by_ns {
+            let pinned = vec![false; ks.len()];
+            let reasons = self
+                .arbitrate_local(snap, &ns, &ks, &pinned, protected)
+                .await?;
+            let doomed: Vec<Digest> = ks
+                .iter()
+                .zip(&reasons)
+                .filter(|(_, r)| r.is_none())
+                .map(|(k, _)| k.digest)
+                .collect();
+            let mut freed = vec![None; doomed.len()];
+            Self::delete_through(&self.tiers, &ns, &doomed, &mut freed).await?;
+            Self::tally(report, &ns, (ks.len() - doomed.len()) as u64, &freed);
+            done.extend(ks);
+        }
+        window_unstage(self.cfg.window_host.as_ref(), &done).await?;
+        drop(gate);
+        Ok(())
+    }
+
+    /// The fleet execute step for one batch: lock every key on the GC host,
+    /// re-arbitrate in SQL under the locks, delete (kv rows inside the
+    /// locked transaction, large entries while it holds), unstage, commit.
+    async fn execute_fleet(
+        &self,
+        pins: &dyn PinClauses,
+        snap: &Snapshot,
+        protected: &HashSet<Key>,
+        now: Timestamp,
+        keys: Vec<Key>,
+        report: &mut SweepReport,
+    ) -> Result<()> {
+        let mut tx = pins.begin_batch(&keys).await?;
+        let sql = tx.protected(&keys, &snap.tables, now).await?;
+        let reasons = self.merge(&keys, sql, protected);
+        let mut by_ns: BTreeMap<Namespace, (u64, Vec<Digest>)> = BTreeMap::new();
+        for (k, r) in keys.iter().zip(&reasons) {
+            let slot = by_ns.entry(k.namespace.clone()).or_default();
+            if r.is_some() || !snap.has_source(&k.namespace) {
+                slot.0 += 1;
+            } else {
+                slot.1.push(k.digest);
+            }
+        }
+        for (ns, (rescued, doomed)) in by_ns {
+            let mut freed = tx.delete_entries(&ns, &doomed).await?;
+            Self::delete_through(&self.tiers[1..], &ns, &doomed, &mut freed).await?;
+            Self::tally(report, &ns, rescued, &freed);
+        }
+        tx.unstage(&keys).await?;
+        tx.commit().await
+    }
+
     async fn mark(
         &self,
-        sources: &Sources,
+        snap: &Snapshot,
         protected: &HashSet<Key>,
-        now: store_types::Timestamp,
+        now: Timestamp,
         batch: usize,
         report: &mut SweepReport,
     ) -> Result<()> {
@@ -414,7 +572,7 @@ impl Collector {
         }
         let visible_after = now.plus(self.cfg.window);
         for ns in namespaces {
-            if !sources.contains_key(&ns) {
+            if !snap.has_source(&ns) {
                 report.unswept_namespaces.push(ns);
                 continue;
             }
@@ -436,14 +594,21 @@ impl Collector {
                         continue;
                     }
                     let keys: Vec<Key> = fresh.iter().map(|(k, _)| k.clone()).collect();
-                    let pinned = self.pins.pinned_many(&keys);
-                    let arb = self
-                        .arbitrate(sources, &ns, &keys, &pinned, protected)
-                        .await?;
+                    let reasons = match &self.cfg.fleet_pins {
+                        Some(pins) => {
+                            let sql = pins.arbitrate(&keys, &snap.tables, now).await?;
+                            self.merge(&keys, sql, protected)
+                        }
+                        None => {
+                            let pinned = self.pins.pinned_many(&keys);
+                            self.arbitrate_local(snap, &ns, &keys, &pinned, protected)
+                                .await?
+                        }
+                    };
                     let mut candidates = Vec::new();
                     let counts = report.ns(&ns);
                     counts.scanned += keys.len() as u64;
-                    for ((key, size), reason) in fresh.into_iter().zip(arb.reasons) {
+                    for ((key, size), reason) in fresh.into_iter().zip(reasons) {
                         match reason {
                             Some(ProtectReason::Pinned) => counts.protected.pinned += 1,
                             Some(ProtectReason::Live) => counts.protected.live += 1,
@@ -464,4 +629,11 @@ impl Collector {
         }
         Ok(())
     }
+}
+
+async fn window_unstage(window: &dyn WindowClauses, keys: &[Key]) -> Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    window.unstage(keys).await
 }

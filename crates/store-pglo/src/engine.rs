@@ -104,7 +104,7 @@ impl PgLoEngine {
 
     /// Opens a typed stage ([`LargeEngine::stage`] boxes this).
     pub async fn open_stage(&self, ns: &Namespace) -> Result<PgLoStage> {
-        PgLoStage::open(self.pool(), self.schema(), ns).await
+        PgLoStage::open(self.pool(), self.schema(), &self.inner.instance, ns).await
     }
 
     fn sql(&self, template: &str) -> sqlx::SqlStr {
@@ -425,5 +425,11 @@ impl Engine for PgLoEngine {
 impl LargeEngine for PgLoEngine {
     async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
         Ok(Box::new(self.open_stage(ns).await?))
+    }
+
+    /// Stages commit the pin row with the publish
+    /// ([`PgLoStage`]'s `publish_pinned`), given a GC host on this database.
+    fn joint_pin_publish(&self) -> bool {
+        true
     }
 }

@@ -29,6 +29,16 @@
 //!   commit, then finds the row. Abort, drop, a lost connection or a crash
 //!   roll the transaction back, so a failed put leaves neither a row nor a
 //!   large object, and there are no orphaned stages to clean at open.
+//! - Fleet mode ([`LargeEngine::joint_pin_publish`](store_types::LargeEngine::joint_pin_publish)
+//!   is true): `publish_pinned` checks that the pin's GC host is a schema
+//!   of this engine's database (else `Error::Config`), then, in the same
+//!   staging transaction, takes the key's shared fleet lock
+//!   (`pg_advisory_xact_lock_shared(store_postgres::plumbing::key_lock(host_schema, key))`),
+//!   inserts the companion row `ON CONFLICT DO NOTHING` — on a dedup hit
+//!   `lo_unlink`s the stage's large object instead of rolling back —
+//!   upserts the pin row into `<host_schema>.gc_pins` and commits: large
+//!   object, companion row and pin row are durable together, and a dedup
+//!   hit still pins without leaving an orphan large object.
 //! - `delete_many` deletes the rows (`RETURNING oid, size`) and
 //!   `lo_unlink`s their large objects in one transaction.
 //! - Reads resolve the OID once, then stream [`store_types::CHUNK_SIZE`]

@@ -5,8 +5,12 @@ use bytes::Bytes;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Row, Transaction};
-use store_postgres::plumbing::{db_err, now_ms, sql, to_i64};
-use store_types::{Error, Key, Namespace, PublishOutcome, Result, StagedWrite};
+use store_postgres::plumbing::{
+    db_err, lock_key_shared, now_ms, sql, to_i64, upsert_pin, validate_schema,
+};
+use store_types::{
+    Error, Instance, Key, Namespace, PinIntent, PublishOutcome, Result, StagedWrite,
+};
 
 /// `INV_WRITE` for `lo_open`.
 const INV_WRITE: i32 = 0x20000;
@@ -22,9 +26,14 @@ const MAX_WRITE: usize = 1024 * 1024;
 /// [`StagedWrite::publish`] commits the large object together with its
 /// `lo_entries` row; dropping or aborting the stage rolls the transaction
 /// back, which discards the large object with it.
+///
+/// [`StagedWrite::publish_pinned`] (fleet mode) commits the pin row in the
+/// same transaction: the GC host's `gc_pins` must live in the same
+/// database (ADR-012 §4).
 pub struct PgLoStage {
     tx: Option<Transaction<'static, Postgres>>,
     schema: String,
+    instance: Instance,
     ns: Namespace,
     oid: Oid,
     fd: i32,
@@ -45,7 +54,12 @@ impl std::fmt::Debug for PgLoStage {
 
 impl PgLoStage {
     /// Begins the transaction and creates the large object.
-    pub(crate) async fn open(pool: &PgPool, schema: &str, ns: &Namespace) -> Result<Self> {
+    pub(crate) async fn open(
+        pool: &PgPool,
+        schema: &str,
+        instance: &Instance,
+        ns: &Namespace,
+    ) -> Result<Self> {
         let mut tx = pool.begin().await.map_err(db_err)?;
         let row =
             sqlx::query("SELECT o, lo_open(o, $1), pg_backend_pid() FROM lo_create(0) AS t(o)")
@@ -59,6 +73,7 @@ impl PgLoStage {
             backend_pid: row.try_get(2).map_err(db_err)?,
             tx: Some(tx),
             schema: schema.to_string(),
+            instance: instance.clone(),
             ns: ns.clone(),
             size: 0,
         })
@@ -79,6 +94,60 @@ impl PgLoStage {
     #[cfg(feature = "testing")]
     pub fn backend_pid(&self) -> i32 {
         self.backend_pid
+    }
+
+    fn check_namespace(&self, key: &Key) -> Result<()> {
+        if key.namespace != self.ns {
+            return Err(Error::KeyInvalid(format!(
+                "stage opened for namespace {} published as {key}",
+                self.ns
+            )));
+        }
+        Ok(())
+    }
+
+    /// The schema of the pin's GC host, which must be a schema of this
+    /// engine's database.
+    fn host_schema<'p>(&self, pin: &'p PinIntent) -> Result<&'p str> {
+        match &pin.host {
+            Instance::Postgres { schema, .. } if pin.host.same_database(&self.instance) => {
+                validate_schema(schema)?;
+                Ok(schema)
+            }
+            other => Err(Error::Config(format!(
+                "pg-lo on {:?} cannot commit a pin row on {other:?}: the GC host must be \
+                 the same PostgreSQL database",
+                self.instance
+            ))),
+        }
+    }
+
+    /// Inserts the companion row; `false` when the key already exists.
+    async fn insert_row(&mut self, key: &Key) -> Result<bool> {
+        let (oid, size, schema) = (self.oid, to_i64(self.size)?, self.schema.clone());
+        let tx = self.tx()?;
+        let inserted = sqlx::query(sql(
+            &schema,
+            "INSERT INTO {schema}.lo_entries (ns, digest, oid, size, created_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (ns, digest) DO NOTHING",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(oid)
+        .bind(size)
+        .bind(now_ms())
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+        Ok(inserted > 0)
+    }
+
+    fn take_tx(&mut self) -> Result<Transaction<'static, Postgres>> {
+        self.tx
+            .take()
+            .ok_or_else(|| Error::Backend("pg-lo stage already finished".into()))
     }
 
     fn tx(&mut self) -> Result<&mut Transaction<'static, Postgres>> {
@@ -112,38 +181,56 @@ impl StagedWrite for PgLoStage {
     }
 
     async fn publish(mut self: Box<Self>, key: &Key) -> Result<PublishOutcome> {
-        if key.namespace != self.ns {
-            return Err(Error::KeyInvalid(format!(
-                "stage opened for namespace {} published as {key}",
-                self.ns
-            )));
-        }
-        let mut tx = self
-            .tx
-            .take()
-            .ok_or_else(|| Error::Backend("pg-lo stage already finished".into()))?;
-        let inserted = sqlx::query(sql(
-            &self.schema,
-            "INSERT INTO {schema}.lo_entries (ns, digest, oid, size, created_at)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (ns, digest) DO NOTHING",
-        ))
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .bind(self.oid)
-        .bind(to_i64(self.size)?)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?
-        .rows_affected();
-        if inserted == 0 {
+        self.check_namespace(key)?;
+        let inserted = self.insert_row(key).await?;
+        let tx = self.take_tx()?;
+        if !inserted {
             // The key exists: rolling back discards our large object.
             tx.rollback().await.map_err(db_err)?;
             return Ok(PublishOutcome::AlreadyPresent);
         }
         tx.commit().await.map_err(db_err)?;
         Ok(PublishOutcome::Inserted)
+    }
+
+    /// The joint fleet publish: in the staging transaction, takes the
+    /// key's shared fleet lock on the GC host, inserts the companion row
+    /// (or, on a dedup hit, unlinks this stage's large object), upserts
+    /// the pin row into `<host schema>.gc_pins` and commits — large object,
+    /// companion row and pin row become durable together. A dedup hit
+    /// still commits the pin and leaves no orphan large object.
+    ///
+    /// `pin.host` must be on this engine's database ([`Error::Config`]
+    /// otherwise; the stage is rolled back). Any error rolls the whole
+    /// transaction back.
+    async fn publish_pinned(
+        mut self: Box<Self>,
+        key: &Key,
+        pin: &PinIntent,
+    ) -> Result<PublishOutcome> {
+        self.check_namespace(key)?;
+        let host_schema = self.host_schema(pin)?;
+        lock_key_shared(self.tx()?, host_schema, key).await?;
+        let inserted = self.insert_row(key).await?;
+        let oid = self.oid;
+        let mut tx = self.take_tx()?;
+        if !inserted {
+            // The key exists: drop our large object but keep the
+            // transaction, so the pin still commits with it. (`lo_unlink`
+            // also closes this transaction's descriptor on it.)
+            sqlx::query("SELECT lo_unlink($1)")
+                .bind(oid)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        upsert_pin(&mut tx, host_schema, key, pin).await?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(if inserted {
+            PublishOutcome::Inserted
+        } else {
+            PublishOutcome::AlreadyPresent
+        })
     }
 
     async fn abort(mut self: Box<Self>) -> Result<()> {

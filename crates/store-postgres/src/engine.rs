@@ -299,7 +299,11 @@ impl Engine for PostgresEngine {
         Some(GcSeam {
             schema: Arc::new(PgGcSchema::new(pool.clone(), schema.clone())),
             window: Some(Arc::new(PgWindow::new(pool.clone(), schema.clone()))),
-            pins: Some(Arc::new(PgPins::new(pool.clone(), schema.clone()))),
+            pins: Some(Arc::new(PgPins::new(
+                pool.clone(),
+                schema.clone(),
+                self.inner.instance.clone(),
+            ))),
             sweep_lock: Some(Arc::new(PgSweepLock::new(pool, &database, &schema))),
         })
     }

@@ -40,9 +40,29 @@
 //!   once, with no batching delay. A concurrent put of the same key yields
 //!   one row and one `Inserted`.
 //! - Every other operation is one statement (`has_many`, `delete_many` and
-//!   every window/pin clause included), so each is atomic on its own.
+//!   every window/pin clause included), so each is atomic on its own —
+//!   except the fleet clauses, which are explicit transactions under the
+//!   per-key advisory-lock protocol (`PinClauses::put_pinned`, `pin_first`,
+//!   `begin_batch`; see [`plumbing::key_lock`]): a fleet put is one
+//!   transaction of its own (shared key lock, entry insert, pin upsert),
+//!   not batched through group commit.
 //! - Durability is PostgreSQL's: an acknowledged put is committed, which
 //!   survives a crash under the server's default `synchronous_commit`.
+//!
+//! # Fleet mode (ADR-012 §3, §4)
+//!
+//! GC safety across a fleet rests on one advisory lock per key in this
+//! database, id [`plumbing::key_lock`]`(schema, key)`. Fleet puts
+//! (`PinClauses::put_pinned`, `pin_first`, pg-lo's `publish_pinned`) take
+//! it shared in the transaction that commits their pin row; a sweep's
+//! execute batch (`PinClauses::begin_batch`) takes it exclusive for every
+//! candidate (ascending id order, one statement, first in its
+//! `READ COMMITTED` transaction) and re-arbitrates in a later statement,
+//! so it sees every pin committed before it locked, and no pin can commit
+//! on its keys until it ends. Arbitration (`arbitrate`, and the batch's
+//! `protected`) is one statement per call: an unexpired `gc_pins` row is
+//! `Pinned`; else a row in a liveness table bound to the key's namespace
+//! (`bind_liveness_table`; read, never created or altered) is `Live`.
 //!
 //! # Runtime
 //!
@@ -54,6 +74,7 @@
 
 mod batch;
 mod engine;
+mod fleet;
 pub mod plumbing;
 mod seam;
 mod window;

@@ -5,9 +5,9 @@
 //! Everything here is schema-qualified: the engines never rely on
 //! `search_path`, which is per connection and not reliable across a pool.
 
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row, SqlStr};
-use store_types::{Digest, Error, Instance, Namespace, Result, Timestamp};
+use store_types::{Digest, Error, Instance, Key, Namespace, PinIntent, Result, Timestamp};
 
 pub use crate::window::PgWindow;
 
@@ -99,6 +99,60 @@ pub fn stable_key(parts: &[&str]) -> i64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&d.as_bytes()[..8]);
     i64::from_le_bytes(b)
+}
+
+/// The fleet per-key lock id of `key` in the GC host `host_schema`
+/// (ADR-012 §4): `stable_key(["blobpool/key", host_schema, ns, digest_hex])`.
+///
+/// Every fleet put takes it shared (`pg_advisory_xact_lock_shared`) in the
+/// transaction that commits its pin row; a fleet sweep's execute batch
+/// takes it exclusive before re-arbitrating and deleting. Advisory locks
+/// are per database, so the id only needs to be unique within the host
+/// database; a hash collision between two keys only adds contention.
+pub fn key_lock(host_schema: &str, key: &Key) -> i64 {
+    stable_key(&[
+        "blobpool/key",
+        host_schema,
+        key.namespace.as_str(),
+        &key.digest.to_hex(),
+    ])
+}
+
+/// Takes `key`'s fleet lock shared for the rest of the transaction on
+/// `conn` (see [`key_lock`]).
+pub async fn lock_key_shared(conn: &mut PgConnection, host_schema: &str, key: &Key) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+        .bind(key_lock(host_schema, key))
+        .execute(conn)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Upserts the pin row of `pin` for `key` into `<host_schema>.gc_pins` on
+/// `conn`; an existing row of the same owner keeps the later expiry.
+pub async fn upsert_pin(
+    conn: &mut PgConnection,
+    host_schema: &str,
+    key: &Key,
+    pin: &PinIntent,
+) -> Result<()> {
+    validate_schema(host_schema)?;
+    sqlx::query(sql(
+        host_schema,
+        "INSERT INTO {schema}.gc_pins AS p (ns, digest, owner, expires_at)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (ns, digest, owner)
+         DO UPDATE SET expires_at = GREATEST(p.expires_at, EXCLUDED.expires_at)",
+    ))
+    .bind(key.namespace.as_str())
+    .bind(&key.digest.as_bytes()[..])
+    .bind(&pin.owner)
+    .bind(pin.expires_at().0)
+    .execute(conn)
+    .await
+    .map_err(db_err)?;
+    Ok(())
 }
 
 /// The engine's [`Instance`]: the cluster's `system_identifier`, the
@@ -322,5 +376,18 @@ mod tests {
             stable_key(&["blobpool/sweep-lock", "db", "s"]),
             i64::from_le_bytes(b)
         );
+    }
+
+    #[test]
+    fn key_locks_are_per_host_and_key() {
+        let k = Key::new(Namespace::new("a").unwrap(), Digest::of(b"x"));
+        let hex = k.digest.to_hex();
+        assert_eq!(
+            key_lock("s", &k),
+            stable_key(&["blobpool/key", "s", "a", &hex])
+        );
+        assert_ne!(key_lock("s", &k), key_lock("t", &k));
+        let other = Key::new(Namespace::new("b").unwrap(), k.digest);
+        assert_ne!(key_lock("s", &k), key_lock("s", &other));
     }
 }

@@ -5,9 +5,15 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Connection;
-use store_types::{GcSchema, Key, PinClauses, Result, SweepLockClause, SweepLockGuard, Timestamp};
+use store_types::{
+    BoundLivenessTable, FleetBatch, GcSchema, Instance, Key, LivenessTable, Namespace, PinClauses,
+    PinIntent, ProtectReason, PublishOutcome, Result, SweepLockClause, SweepLockGuard, Timestamp,
+};
+
+use crate::fleet;
 
 use crate::plumbing::{
     db_err, gc_tables, migrate, sql, stable_key, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS,
@@ -78,18 +84,28 @@ impl GcSchema for PgGcSchema {
 
 /// [`PinClauses`] over `<schema>.gc_pins`. A row is live while
 /// `expires_at > now`.
+///
+/// The fleet clauses (`put_pinned`, `pin_first`, `arbitrate`,
+/// `begin_batch`; the lock protocol is described at [`crate::plumbing::key_lock`])
+/// also use the engine's `<schema>.entries` and `<schema>.gc_window`.
+/// `put_pinned` is one transaction of its own per put, not batched through
+/// the engine's group commit.
 #[derive(Clone, Debug)]
 pub struct PgPins {
     pool: PgPool,
     schema: String,
+    host: Instance,
 }
 
 impl PgPins {
-    /// Pin clauses over `schema` (already validated).
-    pub fn new(pool: PgPool, schema: impl Into<String>) -> Self {
+    /// Pin clauses over `schema` (already validated); `host` is the
+    /// engine's identity (`Instance::Postgres` of that schema), answered by
+    /// [`PinClauses::pin_host`].
+    pub fn new(pool: PgPool, schema: impl Into<String>, host: Instance) -> Self {
         PgPins {
             pool,
             schema: schema.into(),
+            host,
         }
     }
 }
@@ -181,6 +197,45 @@ impl PinClauses for PgPins {
         .rows_affected();
         Ok(n)
     }
+
+    fn pin_host(&self) -> Instance {
+        self.host.clone()
+    }
+
+    async fn put_pinned(&self, key: &Key, bytes: Bytes, pin: &PinIntent) -> Result<PublishOutcome> {
+        fleet::check_host(&self.host, pin)?;
+        fleet::put_pinned(&self.pool, &self.schema, key, bytes, pin).await
+    }
+
+    async fn pin_first(&self, key: &Key, pin: &PinIntent) -> Result<()> {
+        fleet::check_host(&self.host, pin)?;
+        fleet::pin_first(&self.pool, &self.schema, key, pin).await
+    }
+
+    async fn bind_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+    ) -> Result<BoundLivenessTable> {
+        fleet::bind_liveness_table(&self.pool, ns, table).await
+    }
+
+    async fn arbitrate(
+        &self,
+        keys: &[Key],
+        tables: &[BoundLivenessTable],
+        now: Timestamp,
+    ) -> Result<Vec<Option<ProtectReason>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.pool.acquire().await.map_err(db_err)?;
+        fleet::arbitrate_on(&mut conn, &self.schema, keys, tables, now).await
+    }
+
+    async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>> {
+        fleet::begin_batch(&self.pool, &self.schema, keys).await
+    }
 }
 
 /// The fleet sweep lock: a session-level `pg_try_advisory_lock` whose key
@@ -242,7 +297,21 @@ struct PgSweepGuard {
     key: i64,
 }
 
-impl SweepLockGuard for PgSweepGuard {}
+#[async_trait]
+impl SweepLockGuard for PgSweepGuard {
+    async fn release(mut self: Box<Self>) -> Result<()> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(self.key)
+            .execute(&mut conn)
+            .await;
+        // Closing the session releases the lock even if the unlock failed.
+        let _ = conn.close().await;
+        unlocked.map(|_| ()).map_err(db_err)
+    }
+}
 
 impl Drop for PgSweepGuard {
     fn drop(&mut self) {

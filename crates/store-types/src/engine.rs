@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::io::AsyncRead;
 
-use crate::{Digest, GcSeam, Key, Namespace, Result};
+use crate::{Digest, GcSeam, Key, Namespace, PinIntent, Result};
 
 /// Milliseconds since the Unix epoch. Engines stamp `created_at` with it;
 /// the GC window compares `visible_after` against an injectable clock in it.
@@ -265,6 +265,13 @@ pub trait KvEngine: Engine {
 pub trait LargeEngine: Engine {
     /// Opens a stage for a new entry in `ns`.
     async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>>;
+
+    /// Whether this engine's stages can commit a fleet pin row in their
+    /// publishing transaction ([`StagedWrite::publish_pinned`]): true only
+    /// for engines living in a database that can also hold `gc_pins`.
+    fn joint_pin_publish(&self) -> bool {
+        false
+    }
 }
 
 /// An in-progress large write.
@@ -279,4 +286,16 @@ pub trait StagedWrite: Send {
 
     /// Discards the stage.
     async fn abort(self: Box<Self>) -> Result<()>;
+
+    /// Like [`StagedWrite::publish`], committing the pin row of `pin` (and
+    /// taking the key's shared fleet lock) in the same transaction; a dedup
+    /// hit still commits the pin. Only called on engines whose
+    /// [`LargeEngine::joint_pin_publish`] is true; others refuse.
+    async fn publish_pinned(self: Box<Self>, key: &Key, pin: &PinIntent) -> Result<PublishOutcome> {
+        let _ = (key, pin);
+        self.abort().await?;
+        Err(crate::Error::Config(
+            "this large engine cannot commit a pin row with its publish".into(),
+        ))
+    }
 }

@@ -17,6 +17,7 @@
 mod digest;
 mod engine;
 mod error;
+mod fleet;
 mod key;
 mod seam;
 
@@ -26,6 +27,7 @@ pub use engine::{
     PublishOutcome, Sharing, StagedWrite, Stat, Tier, Timestamp,
 };
 pub use error::{Error, ProtectReason, Result};
+pub use fleet::{BoundLivenessTable, FleetBatch, LivenessTable, PinIntent};
 pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};
 pub use seam::{
     GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,

@@ -19,7 +19,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Digest, Key, Namespace, Result, Timestamp};
+use bytes::Bytes;
+
+use crate::{
+    BoundLivenessTable, Digest, FleetBatch, Instance, Key, LivenessTable, Namespace, PinIntent,
+    ProtectReason, PublishOutcome, Result, Timestamp,
+};
 
 /// A seam member's capability answer.
 #[derive(Clone)]
@@ -117,10 +122,56 @@ pub trait PinClauses: Send + Sync {
     async fn pin_check(&self, keys: &[Key], now: Timestamp) -> Result<Vec<bool>>;
     /// Deletes expired rows; returns how many.
     async fn reap_expired(&self, now: Timestamp) -> Result<u64>;
+
+    /// Where `gc_pins` lives (database and schema), for engines that
+    /// commit pin rows in their own transaction (pg-lo's joint publish).
+    fn pin_host(&self) -> Instance;
+
+    /// The fleet put of a kv entry: takes the key's shared lock, inserts
+    /// the entry (if absent) and upserts the pin row of `pin` in **one
+    /// transaction**. A dedup hit still commits the pin.
+    async fn put_pinned(&self, key: &Key, bytes: Bytes, pin: &PinIntent) -> Result<PublishOutcome>;
+
+    /// The pin-first step of a put whose publish is not transactional
+    /// (a rename on shared media): takes the key's shared lock and commits
+    /// the pin row, before the caller publishes.
+    async fn pin_first(&self, key: &Key, pin: &PinIntent) -> Result<()>;
+
+    /// Checks that a fleet liveness table exists and has the named columns;
+    /// returns it bound to `ns` (with the digest column's encoding).
+    async fn bind_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+    ) -> Result<BoundLivenessTable>;
+
+    /// The mark phase's arbitration, unlocked: protection of each key by an
+    /// unexpired pin row or a row in `tables`.
+    async fn arbitrate(
+        &self,
+        keys: &[Key],
+        tables: &[BoundLivenessTable],
+        now: Timestamp,
+    ) -> Result<Vec<Option<ProtectReason>>>;
+
+    /// Opens an execute-phase batch over `keys`: a transaction holding each
+    /// key's exclusive lock (taken in key order).
+    async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>>;
 }
 
-/// Held while a sweep runs; released on drop.
-pub trait SweepLockGuard: Send {}
+/// Held while a sweep runs.
+///
+/// # Contract
+///
+/// `release` returns once the lock is free for other sweepers; dropping a
+/// guard without `release` must still free it (possibly asynchronously).
+#[async_trait]
+pub trait SweepLockGuard: Send {
+    /// Releases the lock and waits until it is free.
+    async fn release(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
 
 /// The fleet sweep lock (a PostgreSQL advisory lock).
 #[async_trait]

@@ -45,7 +45,11 @@ pub async fn sweep_without_sources_aborts(spec: Spec) {
     let key = r.key().clone();
     drop(r);
     let live = LiveSet::new();
-    let id = h.store.register_liveness_source(ns(), Arc::new(live));
+    let id = h
+        .store
+        .register_liveness_source(ns(), Arc::new(live))
+        .await
+        .unwrap();
     assert_eq!(sweep(&h).await.total.staged, 1);
     assert!(h.store.deregister_liveness_source(id));
     assert!(!h.store.deregister_liveness_source(id));
@@ -78,7 +82,9 @@ pub async fn namespace_without_source_never_swept(spec: Spec) {
     let (ka, kb) = (a.key().clone(), b.key().clone());
     drop((a, b));
     h.store
-        .register_liveness_source(ns(), Arc::new(LiveSet::new()));
+        .register_liveness_source(ns(), Arc::new(LiveSet::new()))
+        .await
+        .unwrap();
     let r1 = sweep(&h).await;
     let r2 = sweep(&h).await;
     assert_eq!(r1.unswept_namespaces, vec![other.clone()]);
@@ -104,7 +110,9 @@ pub async fn protect_failure_aborts(spec: Spec) {
     let key = r.key().clone();
     drop(r);
     h.store
-        .register_liveness_source(ns(), Arc::new(LiveSet::new()));
+        .register_liveness_source(ns(), Arc::new(LiveSet::new()))
+        .await
+        .unwrap();
     let protector = Protector::default();
     h.store.set_protect(Arc::new(protector.clone()));
     assert_eq!(sweep(&h).await.total.staged, 1);
@@ -127,7 +135,9 @@ pub async fn concurrent_sweep_reports_lock(spec: Spec) {
     drop(r);
     let gate = Arc::new((Notify::new(), Notify::new()));
     h.store
-        .register_liveness_source(ns(), Arc::new(LiveSet::gated(gate.clone())));
+        .register_liveness_source(ns(), Arc::new(LiveSet::gated(gate.clone())))
+        .await
+        .unwrap();
     let first = {
         let h = h.clone();
         tokio::spawn(async move { sweep(&h).await })
@@ -149,7 +159,9 @@ pub async fn direct_delete_refusals(spec: Spec) {
     let live = LiveSet::new();
     let protector = Protector::default();
     h.store
-        .register_liveness_source(ns(), Arc::new(live.clone()));
+        .register_liveness_source(ns(), Arc::new(live.clone()))
+        .await
+        .unwrap();
     h.store.set_protect(Arc::new(protector.clone()));
     for big in [false, true] {
         let data = content(if big { 21 } else { 20 }, size_of(&h, big));
@@ -219,7 +231,9 @@ pub async fn run_scenario(spec: Spec, window: Duration, steps: &[Step]) {
     let live = LiveSet::new();
     let protector = Protector::default();
     h.store
-        .register_liveness_source(ns(), Arc::new(live.clone()));
+        .register_liveness_source(ns(), Arc::new(live.clone()))
+        .await
+        .unwrap();
     h.store.set_protect(Arc::new(protector.clone()));
     let mut pins: HashMap<&str, Vec<Pin>> = HashMap::new();
     let mut keys: HashMap<&str, (Key, u64)> = HashMap::new();
@@ -429,7 +443,9 @@ pub async fn window_survives_restart(spec: Spec) {
     let h = Harness::open_with(spec, Opts { window }).await;
     let live = LiveSet::new();
     h.store
-        .register_liveness_source(ns(), Arc::new(live.clone()));
+        .register_liveness_source(ns(), Arc::new(live.clone()))
+        .await
+        .unwrap();
     let mut keys = Vec::new();
     for (i, big) in [false, true, false].into_iter().enumerate() {
         let data = content(40 + i as u64, size_of(&h, big));
@@ -446,7 +462,9 @@ pub async fn window_survives_restart(spec: Spec) {
     live.set(&keys[1], true);
     let h = h.reopen().await;
     h.store
-        .register_liveness_source(ns(), Arc::new(live.clone()));
+        .register_liveness_source(ns(), Arc::new(live.clone()))
+        .await
+        .unwrap();
     let staged = h.store.window().staged_count().await.unwrap();
     h.clock.advance(Duration::from_secs(61));
     let rep = sweep(&h).await.total;
@@ -478,7 +496,9 @@ pub async fn concurrent_puts_and_sweeps(spec: Spec) {
     );
     let live = LiveSet::new();
     h.store
-        .register_liveness_source(ns(), Arc::new(live.clone()));
+        .register_liveness_source(ns(), Arc::new(live.clone()))
+        .await
+        .unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sweeper = {
         let (h, stop) = (h.clone(), stop.clone());

@@ -92,7 +92,9 @@ async fn run(spec: Spec, ops: Vec<Op>) {
     .await;
     let live = LiveSet::new();
     h.store
-        .register_liveness_source(ns(), Arc::new(live.clone()));
+        .register_liveness_source(ns(), Arc::new(live.clone()))
+        .await
+        .unwrap();
     let big = match h.spec.mode() {
         Mode::KvOnly { .. } => THRESHOLD as usize,
         _ => THRESHOLD as usize + 100,
@@ -126,12 +128,7 @@ async fn run(spec: Spec, ops: Vec<Op>) {
             Op::Delete(i) => {
                 let res = h.store.delete(&keys[i]).await;
                 let m = &mut model[i];
-                if m.pins > 0 {
-                    assert!(
-                        matches!(res, Err(Error::GcRefuse { .. })),
-                        "step {step}: {res:?}"
-                    );
-                } else if m.live {
+                if m.protected() {
                     assert!(
                         matches!(res, Err(Error::GcRefuse { .. })),
                         "step {step}: {res:?}"

@@ -184,14 +184,23 @@ async fn pin_clauses(p: &dyn store_types::PinClauses) {
         .await
         .unwrap());
     let t15 = t0.plus(Duration::from_secs(15));
-    assert_eq!(p.pin_check(&[key.clone()], t15).await.unwrap(), vec![true]);
+    assert_eq!(
+        p.pin_check(std::slice::from_ref(&key), t15).await.unwrap(),
+        vec![true]
+    );
     // A foreign owner has no row to renew.
     assert!(!p.pin_renew(&key, "node-b", t15, ttl).await.unwrap());
     // After expiry: not protected, not revived, reaped.
     let t30 = t0.plus(Duration::from_secs(30));
-    assert_eq!(p.pin_check(&[key.clone()], t30).await.unwrap(), vec![false]);
+    assert_eq!(
+        p.pin_check(std::slice::from_ref(&key), t30).await.unwrap(),
+        vec![false]
+    );
     assert!(!p.pin_renew(&key, "node-a", t30, ttl).await.unwrap());
-    assert_eq!(p.pin_check(&[key.clone()], t30).await.unwrap(), vec![false]);
+    assert_eq!(
+        p.pin_check(std::slice::from_ref(&key), t30).await.unwrap(),
+        vec![false]
+    );
     assert_eq!(p.reap_expired(t30).await.unwrap(), 1);
     assert_eq!(p.reap_expired(t30).await.unwrap(), 0);
 }

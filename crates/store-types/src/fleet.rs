@@ -1,0 +1,112 @@
+//! Fleet-mode vocabulary (ADR-012 §3, §4, §6.6): the fleet liveness table
+//! reference, the pin a put commits, and the locked execution batch of a
+//! fleet sweep.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Digest, Instance, Key, Namespace, ProtectReason, Result, Timestamp};
+
+/// A fleet liveness source: a table in the shared database, owned by the
+/// embedder, whose rows name referenced digests. The store reads it and
+/// never creates, alters or owns it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LivenessTable {
+    /// Schema of the table.
+    pub schema: String,
+    /// Table name.
+    pub table: String,
+    /// Column holding the digest: `bytea` (32 bytes) or text (64 hex).
+    pub digest_column: String,
+    /// Column holding the namespace, if the table spans namespaces.
+    pub namespace_column: Option<String>,
+}
+
+impl LivenessTable {
+    /// A table reference without a namespace column.
+    pub fn new(
+        schema: impl Into<String>,
+        table: impl Into<String>,
+        digest_column: impl Into<String>,
+    ) -> Self {
+        LivenessTable {
+            schema: schema.into(),
+            table: table.into(),
+            digest_column: digest_column.into(),
+            namespace_column: None,
+        }
+    }
+
+    /// Adds the namespace column.
+    pub fn with_namespace_column(mut self, column: impl Into<String>) -> Self {
+        self.namespace_column = Some(column.into());
+        self
+    }
+}
+
+/// A registered liveness table, bound to the namespace it speaks for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BoundLivenessTable {
+    /// The namespace whose entries the table protects.
+    pub namespace: Namespace,
+    /// The table.
+    pub table: LivenessTable,
+    /// Whether the digest column is text (hex) rather than bytea.
+    pub digest_is_text: bool,
+}
+
+/// The pin row a fleet put commits: `(key, owner, now + ttl)` on `host`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinIntent {
+    /// The instance writing the row.
+    pub owner: String,
+    /// The put's clock reading.
+    pub now: Timestamp,
+    /// Row lifetime.
+    pub ttl: Duration,
+    /// Where `gc_pins` lives (the kv engine's database and schema).
+    pub host: Instance,
+}
+
+impl PinIntent {
+    /// When the row expires.
+    pub fn expires_at(&self) -> Timestamp {
+        self.now.plus(self.ttl)
+    }
+}
+
+/// One locked batch of a fleet sweep's execute phase: a transaction on the
+/// GC host holding an exclusive per-key lock on every candidate, so no put
+/// can commit a pin on them until it ends.
+///
+/// # Contract
+///
+/// - Every fleet put takes the same per-key lock, shared, in the
+///   transaction that commits its pin row (with the entry, or before the
+///   publishing rename), so `protected` sees every pin committed before the
+///   batch locked, and no pin can commit until the batch ends.
+/// - `protected` runs as a fresh statement after the locks are held.
+/// - Nothing is durable until `commit`; dropping the batch rolls back.
+#[async_trait]
+pub trait FleetBatch: Send {
+    /// Protection of each key: an unexpired pin row, or a row in one of
+    /// `tables` naming it.
+    async fn protected(
+        &mut self,
+        keys: &[Key],
+        tables: &[BoundLivenessTable],
+        now: Timestamp,
+    ) -> Result<Vec<Option<ProtectReason>>>;
+    /// Deletes the host's own kv entries inside the batch transaction;
+    /// freed size per digest (`None` when absent here).
+    async fn delete_entries(
+        &mut self,
+        ns: &Namespace,
+        digests: &[Digest],
+    ) -> Result<Vec<Option<u64>>>;
+    /// Removes window rows inside the batch transaction.
+    async fn unstage(&mut self, keys: &[Key]) -> Result<()>;
+    /// Commits, releasing the locks.
+    async fn commit(self: Box<Self>) -> Result<()>;
+}

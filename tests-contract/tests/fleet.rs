@@ -1,0 +1,382 @@
+//! Fleet mode on real PostgreSQL: the construction matrix, several
+//! instances (and processes) over one schema, crash windows by fault
+//! injection, renewal, and the GC model on a two-instance fleet.
+
+#[path = "fleet_support/faults.rs"]
+mod faults;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use store_core::{Error, GcAbortCause, Key, Mode, Namespace, ProtectCallback, Store, SweepOptions};
+use store_local::{LocalEngine, LocalOptions};
+use store_mem::MemEngine;
+use store_pglo::PgLoEngine;
+use store_sqlite::{SqliteEngine, SqliteOptions};
+use store_types::{Digest, KvEngine};
+use tests_contract::data::content;
+use tests_contract::fleet::{FleetEnv, FleetLarge};
+use tests_contract::THRESHOLD;
+use tokio::sync::Notify;
+
+fn ns() -> Namespace {
+    Namespace::new("fleet").unwrap()
+}
+
+const MIN: Duration = Duration::from_secs(60);
+
+async fn sweep(s: &Store) -> store_core::SweepReport {
+    s.sweep(SweepOptions::default()).await.expect("sweep")
+}
+
+fn config_err(res: Result<Store, Error>, clause: &str) {
+    match res {
+        Err(Error::Config(msg)) => assert!(msg.contains(clause), "{msg:?} should say {clause:?}"),
+        other => panic!("expected Config({clause:?}), got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn construction_matrix() {
+    let env = FleetEnv::new(FleetLarge::None, MIN, MIN).await;
+    let pg = || async { Arc::new(env.kv().await) as Arc<dyn KvEngine> };
+    let shared = LocalOptions {
+        shared_media: true,
+        fsync: true,
+    };
+    let unshared = LocalOptions {
+        shared_media: false,
+        fsync: true,
+    };
+    let dir = tempfile::tempdir().unwrap();
+
+    // Valid: kv-only, same-database pg-lo, declared shared local.
+    env.builder("a", pg().await, None)
+        .build()
+        .await
+        .expect("kv-only postgres fleet");
+    let lo = PgLoEngine::connect(&env.pg.url, &env.pg.lo_schema)
+        .await
+        .unwrap();
+    env.builder("b", pg().await, Some(Arc::new(lo)))
+        .build()
+        .await
+        .expect("postgres + pg-lo");
+    let local = LocalEngine::open(dir.path().join("s"), shared)
+        .await
+        .unwrap();
+    env.builder("c", pg().await, Some(Arc::new(local)))
+        .build()
+        .await
+        .expect("postgres + shared local");
+
+    // Invalid, each with its own clause.
+    let sqlite = SqliteEngine::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
+        .await
+        .unwrap();
+    config_err(
+        env.builder("d", Arc::new(sqlite), None).build().await,
+        "hosts fleet GC state",
+    );
+    config_err(
+        env.builder("e", Arc::new(MemEngine::new()), None)
+            .build()
+            .await,
+        "in-memory engine `mem` as the kv tier",
+    );
+    config_err(
+        env.builder("f", Arc::new(MemEngine::new()), None)
+            .mode(Mode::MemOnly)
+            .build()
+            .await,
+        "in-memory engine `mem` as the kv tier",
+    );
+    config_err(
+        env.builder("g", pg().await, Some(Arc::new(MemEngine::new())))
+            .build()
+            .await,
+        "in-memory engine `mem` as the large tier",
+    );
+    let local = LocalEngine::open(dir.path().join("u"), unshared)
+        .await
+        .unwrap();
+    config_err(
+        env.builder("h", pg().await, Some(Arc::new(local)))
+            .build()
+            .await,
+        "declared on shared media",
+    );
+    config_err(
+        env.builder("i", pg().await, None)
+            .pin_ttl(Duration::ZERO)
+            .build()
+            .await,
+        "pin_ttl",
+    );
+
+    // pg-lo on another database: invalid with fleet, valid without.
+    let other_db = format!("bp_other_{:016x}", rand::random::<u64>());
+    let mut c = env.conn().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {other_db}")))
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let other_url = match env.pg.url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{other_db}"),
+        None => panic!("DATABASE_URL needs a database name"),
+    };
+    {
+        let lo = Arc::new(PgLoEngine::connect(&other_url, "bp_lo").await.unwrap());
+        config_err(
+            env.builder("j", pg().await, Some(lo.clone())).build().await,
+            "same PostgreSQL instance and database",
+        );
+        env.builder("k", pg().await, Some(lo.clone()))
+            .fleet(false)
+            .build()
+            .await
+            .expect("cross-database pg-lo is valid without fleet");
+        lo.pool().close().await;
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {other_db} WITH (FORCE)"
+    )))
+    .execute(&mut c)
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_registration_forms() {
+    let env = FleetEnv::new(FleetLarge::None, MIN, MIN).await;
+    let node = env.node("a", &ns()).await;
+    struct Never;
+    #[async_trait]
+    impl store_core::LivenessSource for Never {
+        async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+            Ok(vec![false; keys.len()])
+        }
+    }
+    assert!(matches!(
+        node.register_liveness_source(ns(), Arc::new(Never)).await,
+        Err(Error::Config(m)) if m.contains("in-process callbacks")
+    ));
+    let missing = store_core::LivenessTable::new(&env.pg.kv_schema, "no_such_table", "digest");
+    assert!(matches!(
+        node.register_liveness_source(ns(), missing).await,
+        Err(Error::Config(_))
+    ));
+    let bad_col = store_core::LivenessTable::new(&env.pg.kv_schema, "refs", "nope");
+    assert!(matches!(
+        node.register_liveness_source(ns(), bad_col).await,
+        Err(Error::Config(_))
+    ));
+    // The table form is refused by a non-fleet store.
+    let plain = Store::builder().kv(MemEngine::new()).build().await.unwrap();
+    assert!(matches!(
+        plain.register_liveness_source(ns(), env.refs()).await,
+        Err(Error::Config(_))
+    ));
+}
+
+/// A protect callback that parks the sweep holding the lock.
+struct Park(Arc<(Notify, Notify)>);
+
+#[async_trait]
+impl ProtectCallback for Park {
+    async fn protected_keys(&self) -> Result<Vec<Key>, String> {
+        self.0 .0.notify_one();
+        self.0 .1.notified().await;
+        Ok(Vec::new())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sweeps_exactly_one_runs() {
+    let env = FleetEnv::new(FleetLarge::PgLo, Duration::ZERO, MIN).await;
+    let nodes = [
+        env.node("a", &ns()).await,
+        env.node("b", &ns()).await,
+        env.node("c", &ns()).await,
+    ];
+    drop(nodes[0].put(&ns(), &b"x"[..], None, None).await.unwrap());
+    let gate = Arc::new((Notify::new(), Notify::new()));
+    nodes[0].set_protect(Arc::new(Park(gate.clone())));
+    let a = nodes[0].clone();
+    let first = tokio::spawn(async move { a.sweep(SweepOptions::default()).await });
+    gate.0.notified().await; // node a holds the fleet lock
+    for n in &nodes[1..] {
+        let r = sweep(n).await;
+        assert_eq!(r.aborted, Some(GcAbortCause::SweeperLock));
+        assert_eq!(r.total, Default::default());
+    }
+    gate.1.notify_one();
+    let r = first.await.unwrap().unwrap();
+    assert_eq!(r.aborted, None);
+    nodes[0].clear_protect();
+    // The lock is free again for any node.
+    assert_eq!(sweep(&nodes[2]).await.aborted, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_exactly_one_sweeps() {
+    let env = FleetEnv::new(FleetLarge::None, MIN, MIN).await;
+    drop(env.node("setup", &ns()).await); // creates tables
+    let bin = env!("CARGO_BIN_EXE_fleet-sweeper");
+    let spawn = || {
+        std::process::Command::new(bin)
+            .args([&env.pg.url, &env.pg.kv_schema, "3000"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn fleet-sweeper")
+    };
+    let p1 = spawn();
+    let p2 = spawn();
+    let out = |p: std::process::Child| {
+        let o = p.wait_with_output().unwrap();
+        assert!(o.status.success(), "fleet-sweeper failed");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let (o1, o2) = (out(p1), out(p2));
+    let mut results: Vec<&str> = [&o1, &o2]
+        .iter()
+        .map(|o| {
+            o.lines()
+                .find(|l| l.starts_with("aborted="))
+                .expect("result line")
+        })
+        .collect();
+    results.sort();
+    assert_eq!(
+        results,
+        vec!["aborted=SweeperLock", "aborted=none"],
+        "{o1}\n{o2}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_puts_and_sweeps_never_lose_protected_entries() {
+    for large in [FleetLarge::SharedLocal, FleetLarge::PgLo] {
+        let ttl = Duration::from_secs(30);
+        let env = FleetEnv::new(large, Duration::ZERO, ttl).await;
+        let (a, b) = (env.node("a", &ns()).await, env.node("b", &ns()).await);
+        let items: Vec<Vec<u8>> = (0..6)
+            .map(|i| {
+                content(
+                    70 + i,
+                    if i % 2 == 0 {
+                        100
+                    } else {
+                        THRESHOLD as usize * 3
+                    },
+                )
+            })
+            .collect();
+        let keys: Vec<Key> = items
+            .iter()
+            .map(|d| Key::new(ns(), Digest::of(d)))
+            .collect();
+        let mut pinned_until = [0i64; 6];
+        let mut referenced = [false; 6];
+        let mut known_present = [false; 6];
+        let mut rng: u64 = 0x5EED_0001;
+        for step in 0..60 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let i = (rng % 6) as usize;
+            let now = || env.clock_now();
+            match (rng >> 8) % 5 {
+                0 | 1 => {
+                    let node = if rng & 1 == 0 { &a } else { &b };
+                    drop(node.put(&ns(), &items[i][..], None, None).await.unwrap());
+                    pinned_until[i] = now() + ttl.as_millis() as i64;
+                }
+                2 => {
+                    referenced[i] = !referenced[i];
+                    env.set_ref(&keys[i], referenced[i]).await;
+                }
+                3 => env.clock.advance(Duration::from_secs(rng % 20)),
+                _ => {
+                    let sweeper = if rng & 2 == 0 { &b } else { &a };
+                    assert_eq!(sweep(sweeper).await.aborted, None);
+                }
+            }
+            for j in 0..6 {
+                let present = a.has(&keys[j]).await.unwrap();
+                assert_eq!(present, b.has(&keys[j]).await.unwrap(), "nodes agree");
+                if known_present[j] && (pinned_until[j] > now() || referenced[j]) {
+                    assert!(present, "step {step}: protected item {j} lost");
+                }
+                known_present[j] = present;
+            }
+        }
+        // Unreferenced entries go by the second sweep past pin expiry.
+        for (j, k) in keys.iter().enumerate() {
+            if referenced[j] {
+                env.set_ref(k, false).await;
+            }
+        }
+        env.clock.advance(ttl + Duration::from_secs(1));
+        sweep(&b).await;
+        sweep(&a).await;
+        for k in &keys {
+            assert!(!a.has(k).await.unwrap(), "{k} should be collected");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
+    let ttl = Duration::from_secs(60);
+    let env = FleetEnv::new(FleetLarge::SharedLocal, Duration::ZERO, ttl).await;
+    let (a, b) = (env.node("a", &ns()).await, env.node("b", &ns()).await);
+    let data = content(80, THRESHOLD as usize * 2);
+    let r = a.put(&ns(), &data[..], None, None).await.unwrap();
+    let key = r.key().clone();
+    drop(r);
+    env.clock.advance(Duration::from_secs(40));
+    assert!(a.renew_pin(&key).await.unwrap(), "renewal before expiry");
+    assert!(
+        !b.renew_pin(&key).await.unwrap(),
+        "node b owns no row for this key"
+    );
+    env.clock.advance(Duration::from_secs(40)); // 80 s after the put, 40 after renewal
+    sweep(&b).await;
+    sweep(&b).await;
+    assert!(a.has(&key).await.unwrap(), "renewed pin keeps the entry");
+    env.clock.advance(Duration::from_secs(30)); // the renewed row expired
+    assert!(
+        !a.renew_pin(&key).await.unwrap(),
+        "an expired row is not revived"
+    );
+    sweep(&b).await;
+    sweep(&b).await;
+    assert!(!a.has(&key).await.unwrap(), "unpinned, unreferenced: swept");
+    // The backstop: re-put restores it (and pins it again).
+    let again = a.put(&ns(), &data[..], None, None).await.unwrap();
+    assert!(!again.deduplicated);
+    assert!(a.has(&key).await.unwrap());
+    assert_eq!(env.pin_rows(&key).await, 1);
+}
+
+#[test]
+fn fleet_gc_model_two_instances() {
+    faults::run_fleet_model();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_between_pin_commit_and_rename() {
+    faults::crash_between_pin_and_rename().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_between_stage_write_and_pin_commit() {
+    faults::crash_between_stage_and_pin().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_inside_the_joint_transaction() {
+    faults::fault_inside_joint_transaction().await;
+}
