@@ -1,0 +1,588 @@
+//! Configuration: defaults < TOML file < `BLOBPOOL_*` environment < flags.
+//!
+//! ```toml
+//! kv = "sqlite://./blobpool-data/kv.sqlite"   # sqlite://PATH | postgres://…[?schema=S] | mem://
+//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | mem:// | none
+//! mode = "dual-tier"                          # mem-only | kv-only | dual-tier (default: derived)
+//! threshold = 65536                           # bytes; kv/large boundary (kv-only: the size limit)
+//! fleet = false                               # ADR-012 §3 fleet admission
+//! window = 3600                               # delete window, seconds
+//! pin_ttl = 900                               # fleet pin-row lifetime, seconds
+//! schema = "blobpool"                         # PostgreSQL schema when the URL has no ?schema=
+//! shared_media = false                        # file:// large tier is on media shared by the fleet
+//! fsync = true                                # file:// large tier fsyncs publishes
+//! listen = "127.0.0.1:7070"                   # serve: listen address
+//! max_blob_size = 17179869184                 # serve: largest accepted put, bytes
+//! token_ttl = 900                             # serve: pin-token idle lifetime, seconds
+//! max_tokens = 100000                         # serve: cap on live pin tokens
+//!
+//! [gc]
+//! unreferenced_namespaces = ["tmp"]           # namespaces whose entries nothing references
+//! ```
+//!
+//! Every key has an environment override: `BLOBPOOL_KV`, `BLOBPOOL_LARGE`,
+//! `BLOBPOOL_MODE`, … and `BLOBPOOL_GC_UNREFERENCED_NAMESPACES` (comma
+//! separated). Relative paths in `sqlite://` and `file://` URLs are relative
+//! to the working directory.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use store_core::{LivenessSource, Mode, Store, DEFAULT_THRESHOLD};
+use store_types::{Error, Key, KvEngine, LargeEngine, Namespace};
+
+/// Default config file, used when present and no `--config` is given.
+pub const DEFAULT_CONFIG_FILE: &str = "blobpool.toml";
+/// Default kv engine URL.
+pub const DEFAULT_KV: &str = "sqlite://./blobpool-data/kv.sqlite";
+/// Default large engine URL.
+pub const DEFAULT_LARGE: &str = "file://./blobpool-data/large";
+/// Default listen address of `serve`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+/// Default PostgreSQL schema.
+pub const DEFAULT_SCHEMA: &str = "blobpool";
+
+/// The TOML file's shape. Unknown keys are errors (typos must not pass
+/// silently).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    kv: Option<String>,
+    large: Option<String>,
+    mode: Option<String>,
+    threshold: Option<u64>,
+    fleet: Option<bool>,
+    window: Option<u64>,
+    pin_ttl: Option<u64>,
+    schema: Option<String>,
+    shared_media: Option<bool>,
+    fsync: Option<bool>,
+    listen: Option<String>,
+    max_blob_size: Option<u64>,
+    token_ttl: Option<u64>,
+    max_tokens: Option<usize>,
+    gc: Option<GcSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GcSection {
+    unreferenced_namespaces: Option<Vec<String>>,
+}
+
+/// A kv engine choice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvSpec {
+    /// `sqlite://PATH`.
+    Sqlite(PathBuf),
+    /// `postgres://…`: the connection URL (without `schema=`) and schema.
+    Postgres {
+        /// Connection URL handed to the driver.
+        url: String,
+        /// Schema holding the tables.
+        schema: String,
+    },
+    /// `mem://`.
+    Mem,
+}
+
+/// A large engine choice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LargeSpec {
+    /// `file://PATH`.
+    File(PathBuf),
+    /// `pglo://…` or `postgres+lo://…`: the `postgres://` connection URL
+    /// and schema.
+    PgLo {
+        /// Connection URL handed to the driver.
+        url: String,
+        /// Schema holding the tables.
+        schema: String,
+    },
+    /// `mem://`.
+    Mem,
+}
+
+/// The resolved configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The kv engine.
+    pub kv: KvSpec,
+    /// The large engine, if any.
+    pub large: Option<LargeSpec>,
+    /// The dispatch mode.
+    pub mode: Mode,
+    /// Fleet admission.
+    pub fleet: bool,
+    /// Delete-window length.
+    pub window: Duration,
+    /// Fleet pin-row lifetime.
+    pub pin_ttl: Duration,
+    /// `file://` large tier: shared-media declaration.
+    pub shared_media: bool,
+    /// `file://` large tier: fsync publishes.
+    pub fsync: bool,
+    /// `serve` listen address.
+    pub listen: String,
+    /// `serve`: largest accepted put.
+    pub max_blob_size: u64,
+    /// `serve`: pin-token idle lifetime.
+    pub token_ttl: Duration,
+    /// `serve`: cap on live pin tokens.
+    pub max_tokens: usize,
+    /// Namespaces registered with a liveness source that reports nothing
+    /// live (ADR-017): their unpinned entries are garbage.
+    pub unreferenced_namespaces: Vec<Namespace>,
+}
+
+fn env_parse<T: std::str::FromStr>(
+    env: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    match env(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<T>()
+            .map(Some)
+            .map_err(|e| format!("{name}={v:?}: {e}")),
+    }
+}
+
+fn env_bool(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<bool>, String> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(Some(true)),
+            "0" | "false" | "no" | "off" => Ok(Some(false)),
+            _ => Err(format!("{name}={v:?}: expected true or false")),
+        },
+    }
+}
+
+/// Splits `schema=` out of a PostgreSQL URL's query string.
+fn split_schema(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut schema = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|p| {
+            if let Some(v) = p.strip_prefix("schema=") {
+                schema = Some(v.to_string());
+                false
+            } else {
+                !p.is_empty()
+            }
+        })
+        .collect();
+    let url = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, schema)
+}
+
+fn path_of(url: &str, scheme: &str) -> Result<PathBuf, String> {
+    let p = &url[scheme.len()..];
+    if p.is_empty() {
+        return Err(format!("{url:?}: missing path after {scheme}"));
+    }
+    Ok(PathBuf::from(p))
+}
+
+/// Parses a kv engine URL.
+pub fn parse_kv(url: &str, default_schema: &str) -> Result<KvSpec, String> {
+    let url = url.trim();
+    if url.starts_with("sqlite://") {
+        return Ok(KvSpec::Sqlite(path_of(url, "sqlite://")?));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let (url, schema) = split_schema(url);
+        return Ok(KvSpec::Postgres {
+            url,
+            schema: schema.unwrap_or_else(|| default_schema.to_string()),
+        });
+    }
+    if url == "mem://" || url == "mem:" || url == "mem" {
+        return Ok(KvSpec::Mem);
+    }
+    Err(format!(
+        "unsupported kv URL {url:?}: expected sqlite://PATH, postgres://…, or mem://"
+    ))
+}
+
+/// Parses a large engine URL (`None` for `none` or an empty string).
+pub fn parse_large(url: &str, default_schema: &str) -> Result<Option<LargeSpec>, String> {
+    let url = url.trim();
+    if url.is_empty() || url == "none" {
+        return Ok(None);
+    }
+    if url.starts_with("file://") {
+        return Ok(Some(LargeSpec::File(path_of(url, "file://")?)));
+    }
+    for scheme in ["pglo://", "postgres+lo://", "postgresql+lo://"] {
+        if let Some(rest) = url.strip_prefix(scheme) {
+            let (url, schema) = split_schema(&format!("postgres://{rest}"));
+            return Ok(Some(LargeSpec::PgLo {
+                url,
+                schema: schema.unwrap_or_else(|| default_schema.to_string()),
+            }));
+        }
+    }
+    if url == "mem://" || url == "mem:" || url == "mem" {
+        return Ok(Some(LargeSpec::Mem));
+    }
+    Err(format!(
+        "unsupported large URL {url:?}: expected file://PATH, pglo://…, postgres+lo://…, mem://, or none"
+    ))
+}
+
+fn parse_mode(s: &str, threshold: u64) -> Result<Mode, String> {
+    match s.trim() {
+        "mem-only" => Ok(Mode::MemOnly),
+        "kv-only" => Ok(Mode::KvOnly { threshold }),
+        "dual-tier" => Ok(Mode::DualTier { threshold }),
+        other => Err(format!(
+            "unknown mode {other:?}: expected mem-only, kv-only or dual-tier"
+        )),
+    }
+}
+
+impl Config {
+    /// Loads the configuration: `file` (or `./blobpool.toml` when present),
+    /// then the environment through `env`.
+    pub fn load(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, String> {
+        let fc = match file {
+            Some(p) => Self::read_file(p)?,
+            None if Path::new(DEFAULT_CONFIG_FILE).is_file() => {
+                Self::read_file(Path::new(DEFAULT_CONFIG_FILE))?
+            }
+            None => FileConfig::default(),
+        };
+        Self::resolve(fc, env)
+    }
+
+    /// Parses a TOML text (no file, no environment), for tests and tools.
+    #[cfg(test)]
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        let fc: FileConfig = toml::from_str(text).map_err(|e| format!("config: {e}"))?;
+        Self::resolve(fc, &|_| None)
+    }
+
+    fn read_file(p: &Path) -> Result<FileConfig, String> {
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| format!("cannot read config file {}: {e}", p.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", p.display()))
+    }
+
+    fn resolve(fc: FileConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let schema = env("BLOBPOOL_SCHEMA")
+            .or(fc.schema)
+            .unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
+        let kv_url = env("BLOBPOOL_KV").or(fc.kv);
+        let large_url = env("BLOBPOOL_LARGE").or(fc.large);
+        // The embedded default applies only when neither tier is chosen.
+        let (kv_url, large_url) = match (kv_url, large_url) {
+            (None, None) => (DEFAULT_KV.to_string(), Some(DEFAULT_LARGE.to_string())),
+            (None, large) => (DEFAULT_KV.to_string(), large),
+            (Some(kv), large) => (kv, large),
+        };
+        let kv = parse_kv(&kv_url, &schema)?;
+        let large = match large_url {
+            Some(u) => parse_large(&u, &schema)?,
+            None => None,
+        };
+        let threshold = env_parse::<u64>(env, "BLOBPOOL_THRESHOLD")?
+            .or(fc.threshold)
+            .unwrap_or(DEFAULT_THRESHOLD);
+        let mode = match env("BLOBPOOL_MODE").or(fc.mode) {
+            Some(m) => parse_mode(&m, threshold)?,
+            None => match (&kv, &large) {
+                (KvSpec::Mem, None) => Mode::MemOnly,
+                (_, None) => Mode::KvOnly { threshold },
+                (_, Some(_)) => Mode::DualTier { threshold },
+            },
+        };
+        let secs = |env_name: &str, v: Option<u64>, d: u64| -> Result<Duration, String> {
+            Ok(Duration::from_secs(
+                env_parse::<u64>(env, env_name)?.or(v).unwrap_or(d),
+            ))
+        };
+        let unreferenced = match env("BLOBPOOL_GC_UNREFERENCED_NAMESPACES") {
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+            None => fc
+                .gc
+                .and_then(|g| g.unreferenced_namespaces)
+                .unwrap_or_default(),
+        };
+        let unreferenced_namespaces = unreferenced
+            .into_iter()
+            .map(|n| {
+                Namespace::new(n.clone())
+                    .map_err(|e| format!("gc.unreferenced_namespaces: {n:?}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Config {
+            kv,
+            large,
+            mode,
+            fleet: env_bool(env, "BLOBPOOL_FLEET")?
+                .or(fc.fleet)
+                .unwrap_or(false),
+            window: secs("BLOBPOOL_WINDOW", fc.window, 3600)?,
+            pin_ttl: secs("BLOBPOOL_PIN_TTL", fc.pin_ttl, 900)?,
+            shared_media: env_bool(env, "BLOBPOOL_SHARED_MEDIA")?
+                .or(fc.shared_media)
+                .unwrap_or(false),
+            fsync: env_bool(env, "BLOBPOOL_FSYNC")?
+                .or(fc.fsync)
+                .unwrap_or(true),
+            listen: env("BLOBPOOL_LISTEN")
+                .or(fc.listen)
+                .unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
+            max_blob_size: env_parse::<u64>(env, "BLOBPOOL_MAX_BLOB_SIZE")?
+                .or(fc.max_blob_size)
+                .unwrap_or(store_ops::DEFAULT_MAX_BLOB_SIZE),
+            token_ttl: secs(
+                "BLOBPOOL_TOKEN_TTL",
+                fc.token_ttl,
+                store_ops::DEFAULT_TOKEN_TTL.as_secs(),
+            )?,
+            max_tokens: env_parse::<usize>(env, "BLOBPOOL_MAX_TOKENS")?
+                .or(fc.max_tokens)
+                .unwrap_or(store_ops::DEFAULT_MAX_TOKENS),
+            unreferenced_namespaces,
+        })
+    }
+
+    /// The ops-layer limits of `serve`.
+    ///
+    /// In fleet mode a token cannot outlive the pin row it renews, so its
+    /// idle lifetime is at most `pin_ttl` (ADR-018).
+    pub fn ops_config(&self) -> store_ops::OpsConfig {
+        let token_ttl = if self.fleet {
+            self.token_ttl.min(self.pin_ttl)
+        } else {
+            self.token_ttl
+        };
+        store_ops::OpsConfig {
+            max_blob_size: self.max_blob_size,
+            token_ttl,
+            max_tokens: self.max_tokens,
+            ..Default::default()
+        }
+    }
+
+    /// Opens the engines and builds the store, registering the
+    /// `gc.unreferenced_namespaces` sources.
+    pub async fn open_store(&self) -> Result<Store, Error> {
+        let kv: Arc<dyn KvEngine> = match &self.kv {
+            KvSpec::Sqlite(path) => Arc::new(
+                store_sqlite::SqliteEngine::open(path, store_sqlite::SqliteOptions::default())
+                    .await?,
+            ),
+            KvSpec::Postgres { url, schema } => {
+                Arc::new(store_postgres::PostgresEngine::connect(url, schema).await?)
+            }
+            KvSpec::Mem => Arc::new(store_mem::MemEngine::new()),
+        };
+        let large: Option<Arc<dyn LargeEngine>> = match &self.large {
+            None => None,
+            Some(LargeSpec::File(root)) => Some(Arc::new(
+                store_local::LocalEngine::open(
+                    root,
+                    store_local::LocalOptions {
+                        shared_media: self.shared_media,
+                        fsync: self.fsync,
+                    },
+                )
+                .await?,
+            )),
+            Some(LargeSpec::PgLo { url, schema }) => Some(Arc::new(
+                store_pglo::PgLoEngine::connect(url, schema).await?,
+            )),
+            Some(LargeSpec::Mem) => Some(Arc::new(store_mem::MemEngine::new())),
+        };
+        let mut b = Store::builder()
+            .kv_shared(kv)
+            .mode(self.mode)
+            .fleet(self.fleet)
+            .window(self.window)
+            .pin_ttl(self.pin_ttl);
+        if let Some(l) = large {
+            b = b.large_shared(l);
+        }
+        let store = b.build().await?;
+        for ns in &self.unreferenced_namespaces {
+            store
+                .register_liveness_source(ns.clone(), Arc::new(NothingReferenced))
+                .await
+                .map_err(|e| match e {
+                    Error::Config(m) => {
+                        Error::Config(format!("gc.unreferenced_namespaces ({ns}): {m}"))
+                    }
+                    other => other,
+                })?;
+        }
+        Ok(store)
+    }
+}
+
+/// The liveness source of a `gc.unreferenced_namespaces` namespace: nothing
+/// there is referenced, so only pins (pin tokens, in-flight puts) protect
+/// its entries.
+struct NothingReferenced;
+
+#[async_trait::async_trait]
+impl LivenessSource for NothingReferenced {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+        Ok(vec![false; keys.len()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_default_is_sqlite_plus_local_files() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.kv, KvSpec::Sqlite("./blobpool-data/kv.sqlite".into()));
+        assert_eq!(
+            c.large,
+            Some(LargeSpec::File("./blobpool-data/large".into()))
+        );
+        assert_eq!(
+            c.mode,
+            Mode::DualTier {
+                threshold: DEFAULT_THRESHOLD
+            }
+        );
+        assert_eq!(c.listen, DEFAULT_LISTEN);
+        assert!(!c.fleet);
+        assert!(c.unreferenced_namespaces.is_empty());
+    }
+
+    #[test]
+    fn postgres_urls_carry_their_schema() {
+        let c = Config::from_toml(
+            r#"
+            kv = "postgres://u:p@db:5432/pool?sslmode=disable&schema=tenant_a"
+            large = "pglo://u:p@db:5432/pool"
+            schema = "fallback"
+            fleet = true
+            pin_ttl = 60
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.kv,
+            KvSpec::Postgres {
+                url: "postgres://u:p@db:5432/pool?sslmode=disable".into(),
+                schema: "tenant_a".into()
+            }
+        );
+        assert_eq!(
+            c.large,
+            Some(LargeSpec::PgLo {
+                url: "postgres://u:p@db:5432/pool".into(),
+                schema: "fallback".into()
+            })
+        );
+        assert!(c.fleet);
+        assert_eq!(c.pin_ttl, Duration::from_secs(60));
+        assert_eq!(
+            parse_large("postgres+lo://h/db?schema=s", "x").unwrap(),
+            Some(LargeSpec::PgLo {
+                url: "postgres://h/db".into(),
+                schema: "s".into()
+            })
+        );
+    }
+
+    #[test]
+    fn modes_are_derived_from_the_tiers() {
+        let c = Config::from_toml("kv = \"mem://\"").unwrap();
+        assert_eq!((c.kv, c.large, c.mode), (KvSpec::Mem, None, Mode::MemOnly));
+        let c = Config::from_toml("kv = \"sqlite://x.db\"\nthreshold = 10").unwrap();
+        assert_eq!(c.mode, Mode::KvOnly { threshold: 10 });
+        let c = Config::from_toml("kv = \"mem://\"\nlarge = \"file:///tmp/l\"").unwrap();
+        assert_eq!(
+            c.mode,
+            Mode::DualTier {
+                threshold: DEFAULT_THRESHOLD
+            }
+        );
+        let c = Config::from_toml("large = \"none\"").unwrap();
+        assert_eq!(c.large, None);
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let fc: FileConfig =
+            toml::from_str("kv = \"mem://\"\nwindow = 5\n[gc]\nunreferenced_namespaces = [\"a\"]")
+                .unwrap();
+        let env = env_of(&[
+            ("BLOBPOOL_KV", "sqlite:///var/kv.db"),
+            ("BLOBPOOL_LARGE", "file:///var/large"),
+            ("BLOBPOOL_WINDOW", "0"),
+            ("BLOBPOOL_FLEET", "false"),
+            ("BLOBPOOL_GC_UNREFERENCED_NAMESPACES", "tmp, scratch"),
+            ("BLOBPOOL_MODE", "dual-tier"),
+            ("BLOBPOOL_THRESHOLD", "1024"),
+        ]);
+        let c = Config::resolve(fc, &env).unwrap();
+        assert_eq!(c.kv, KvSpec::Sqlite("/var/kv.db".into()));
+        assert_eq!(c.large, Some(LargeSpec::File("/var/large".into())));
+        assert_eq!(c.window, Duration::ZERO);
+        assert_eq!(c.mode, Mode::DualTier { threshold: 1024 });
+        let names: Vec<&str> = c
+            .unreferenced_namespaces
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(names, ["tmp", "scratch"]);
+    }
+
+    #[test]
+    fn bad_values_are_reported() {
+        for bad in [
+            "kv = \"redis://x\"",
+            "large = \"s3://bucket\"",
+            "mode = \"fast\"",
+            "typo_key = 1",
+            "threshold = \"big\"",
+            "[gc]\nunreferenced_namespaces = [\"../x\"]",
+            "kv = \"sqlite://\"",
+        ] {
+            assert!(Config::from_toml(bad).is_err(), "{bad:?} must be rejected");
+        }
+        let env = env_of(&[("BLOBPOOL_FLEET", "maybe")]);
+        assert!(Config::resolve(FileConfig::default(), &env).is_err());
+    }
+}

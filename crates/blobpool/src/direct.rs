@@ -1,0 +1,114 @@
+//! Commands run directly on a store opened from the configuration.
+
+use store_core::{Store, SweepOptions, SweepReport};
+use store_ops::StatResponse;
+use store_types::{Digest, Key, Namespace};
+use tokio::io::{AsyncWriteExt, BufReader};
+
+use crate::output::{missing, CliError, GetResult, HasResult, PutResult};
+use crate::progress::{bar, ProgressRead};
+use crate::transfer::{Sink, Source};
+
+/// A store opened in this process.
+pub struct Direct {
+    store: Store,
+    progress: bool,
+}
+
+impl Direct {
+    /// Wraps an opened store.
+    pub fn new(store: Store, progress: bool) -> Self {
+        Direct { store, progress }
+    }
+
+    /// Stores `src` in `ns`. The put's pin ends with this process: in a
+    /// namespace that a liveness source governs, the entry is garbage for
+    /// the next sweeps unless something references it.
+    pub async fn put(
+        &self,
+        ns: &Namespace,
+        src: &Source,
+        expect: Option<Digest>,
+    ) -> Result<PutResult, CliError> {
+        let (reader, len) = src.open().await?;
+        let pb = bar(self.progress, len, "put");
+        let reader = ProgressRead::new(reader, pb.clone());
+        let r = self.store.put(ns, reader, len, expect).await;
+        pb.finish_and_clear();
+        let receipt = r?;
+        Ok(PutResult {
+            namespace: ns.to_string(),
+            digest: receipt.digest.to_hex(),
+            size: Some(receipt.size),
+            tier: Some(receipt.tier),
+            deduplicated: Some(receipt.deduplicated),
+            token: None,
+        })
+    }
+
+    /// Writes the verified content of `key` to `sink`.
+    pub async fn get(&self, key: &Key, mut sink: Sink) -> Result<GetResult, CliError> {
+        let Some(blob) = self.store.get(key).await? else {
+            sink.abort().await;
+            return Err(missing(key));
+        };
+        let len = blob.len();
+        let pb = bar(self.progress, Some(len), "get");
+        let mut reader = BufReader::with_capacity(256 * 1024, ProgressRead::new(blob, pb.clone()));
+        let copied = async {
+            let n = tokio::io::copy_buf(&mut reader, sink.writer()).await?;
+            sink.writer().flush().await?;
+            Ok::<u64, std::io::Error>(n)
+        }
+        .await;
+        pb.finish_and_clear();
+        match copied {
+            Ok(n) => {
+                let path = sink.path().map(|p| p.display().to_string());
+                sink.commit().await?;
+                Ok(GetResult {
+                    namespace: key.namespace.to_string(),
+                    digest: key.digest.to_hex(),
+                    size: n,
+                    path,
+                })
+            }
+            Err(e) => {
+                sink.abort().await;
+                Err(store_types::Error::from(e).into())
+            }
+        }
+    }
+
+    /// Size, tier and creation time.
+    pub async fn stat(&self, key: &Key) -> Result<StatResponse, CliError> {
+        let s = self.store.stat(key).await?.ok_or_else(|| missing(key))?;
+        Ok(StatResponse {
+            namespace: key.namespace.to_string(),
+            digest: key.digest.to_hex(),
+            size: s.size,
+            tier: s.tier,
+            created_at: s.created_at.0,
+        })
+    }
+
+    /// Presence of each digest.
+    pub async fn has(&self, ns: &Namespace, digests: &[Digest]) -> Result<HasResult, CliError> {
+        let present = self.store.has_many(ns, digests).await?;
+        Ok(HasResult {
+            namespace: ns.to_string(),
+            digests: digests.iter().map(Digest::to_hex).collect(),
+            present,
+        })
+    }
+
+    /// Direct delete (refused while protected).
+    pub async fn rm(&self, key: &Key) -> Result<(), CliError> {
+        Ok(self.store.delete(key).await?)
+    }
+
+    /// One sweep.
+    pub async fn sweep(&self) -> Result<SweepReport, CliError> {
+        Ok(self.store.sweep(SweepOptions::default()).await?)
+    }
+}

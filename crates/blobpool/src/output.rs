@@ -1,0 +1,178 @@
+//! Command results, their text and JSON renderings, and the CLI error.
+
+use std::fmt;
+
+use serde::Serialize;
+use store_ops::{ErrorCode, OpsError, StatResponse};
+use store_types::Tier;
+
+/// A failed command: a stable code (the server's error codes, plus `usage`,
+/// `config` and `http`) and a one-line message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CliError {
+    /// Stable code.
+    pub code: String,
+    /// One-line message.
+    pub message: String,
+}
+
+impl CliError {
+    /// An error with `code`.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        CliError {
+            code: code.into(),
+            message: one_line(&message.into()),
+        }
+    }
+
+    /// A configuration error.
+    pub fn config(message: impl Into<String>) -> Self {
+        CliError::new("config", message)
+    }
+
+    /// A local I/O failure.
+    pub fn io(what: &str, e: std::io::Error) -> Self {
+        CliError::new("io", format!("{what}: {e}"))
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl From<OpsError> for CliError {
+    fn from(e: OpsError) -> Self {
+        CliError::new(e.code.as_str(), e.message)
+    }
+}
+
+impl From<store_types::Error> for CliError {
+    fn from(e: store_types::Error) -> Self {
+        if let store_types::Error::Config(m) = &e {
+            return CliError::config(m.clone());
+        }
+        OpsError::from(e).into()
+    }
+}
+
+/// The code of an absent entry.
+pub fn missing(what: impl fmt::Display) -> CliError {
+    CliError::new(
+        ErrorCode::Missing.as_str(),
+        format!("no such entry: {what}"),
+    )
+}
+
+/// `put`'s result.
+#[derive(Debug, Serialize)]
+pub struct PutResult {
+    /// Namespace.
+    pub namespace: String,
+    /// Canonical digest.
+    pub digest: String,
+    /// Size (direct mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// Tier (direct mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<Tier>,
+    /// Whether the entry existed (direct mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deduplicated: Option<bool>,
+    /// The server's pin token (server mode, unless released).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// `get`'s result (printed only with `-o`).
+#[derive(Debug, Serialize)]
+pub struct GetResult {
+    /// Namespace.
+    pub namespace: String,
+    /// Digest.
+    pub digest: String,
+    /// Bytes written.
+    pub size: u64,
+    /// Output path (absent for stdout).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// `has`'s result.
+#[derive(Debug, Serialize)]
+pub struct HasResult {
+    /// Namespace.
+    pub namespace: String,
+    /// The digests asked about.
+    pub digests: Vec<String>,
+    /// Index-aligned presence.
+    pub present: Vec<bool>,
+}
+
+/// `rm`'s result.
+#[derive(Debug, Serialize)]
+pub struct RmResult {
+    /// Namespace.
+    pub namespace: String,
+    /// Digest.
+    pub digest: String,
+    /// Always `true` (failures are errors).
+    pub deleted: bool,
+}
+
+/// Prints a result as JSON or with `text`.
+pub fn emit<T: Serialize>(json: bool, value: &T, text: impl FnOnce(&T) -> String) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(value).expect("results serialize")
+        );
+    } else {
+        let t = text(value);
+        if !t.is_empty() {
+            println!("{t}");
+        }
+    }
+}
+
+/// `stat`'s text form.
+pub fn stat_text(s: &StatResponse) -> String {
+    format!(
+        "namespace\t{}\ndigest\t{}\nsize\t{}\ntier\t{}\ncreated_at\t{}",
+        s.namespace, s.digest, s.size, s.tier, s.created_at
+    )
+}
+
+/// `sweep`'s text form.
+pub fn sweep_text(r: &store_core::SweepReport) -> String {
+    let mut out = String::new();
+    if let Some(cause) = r.aborted {
+        let cause = serde_json::to_value(cause)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{cause:?}"));
+        out.push_str(&format!("aborted\t{cause}\n"));
+    }
+    let t = &r.total;
+    out.push_str(&format!(
+        "scanned\t{}\nprotected\t{}\nstaged\t{}\ndeleted\t{}\nrescued\t{}\nvanished\t{}\nbytes_freed\t{}",
+        t.scanned,
+        t.protected.total(),
+        t.staged,
+        t.deleted,
+        t.rescued,
+        t.vanished,
+        t.bytes_freed
+    ));
+    if !r.unswept_namespaces.is_empty() {
+        let names: Vec<&str> = r.unswept_namespaces.iter().map(|n| n.as_str()).collect();
+        out.push_str(&format!("\nunswept\t{}", names.join(",")));
+    }
+    out
+}

@@ -1,0 +1,323 @@
+//! A real HTTP server on an ephemeral loopback port over sqlite + local
+//! engines in a temporary directory, plus helpers.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use store_core::{LivenessSource, Mode, Store};
+use store_local::{LocalEngine, LocalOptions};
+use store_ops::{Ops, OpsConfig};
+use store_sqlite::{SqliteEngine, SqliteOptions};
+use store_types::{Key, Namespace};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Server settings for a test.
+pub struct Opts {
+    pub threshold: u64,
+    pub window: Duration,
+    pub token_ttl: Duration,
+    pub max_tokens: usize,
+    pub max_blob_size: u64,
+    pub unreferenced: Vec<&'static str>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            threshold: 1024,
+            window: Duration::from_secs(3600),
+            token_ttl: Duration::from_secs(600),
+            max_tokens: 10_000,
+            max_blob_size: store_ops::DEFAULT_MAX_BLOB_SIZE,
+            unreferenced: vec![],
+        }
+    }
+}
+
+pub struct Server {
+    pub base: String,
+    pub addr: std::net::SocketAddr,
+    pub ops: Ops,
+    pub kv: SqliteEngine,
+    pub large: LocalEngine,
+    pub http: reqwest::Client,
+    pub dir: tempfile::TempDir,
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+struct NothingReferenced;
+
+#[async_trait::async_trait]
+impl LivenessSource for NothingReferenced {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+        Ok(vec![false; keys.len()])
+    }
+}
+
+pub async fn start(opts: Opts) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = SqliteEngine::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
+        .await
+        .unwrap();
+    let large = LocalEngine::open(
+        dir.path().join("large"),
+        LocalOptions {
+            shared_media: false,
+            fsync: false,
+        },
+    )
+    .await
+    .unwrap();
+    let store = Store::builder()
+        .kv(kv.clone())
+        .large(large.clone())
+        .mode(Mode::DualTier {
+            threshold: opts.threshold,
+        })
+        .window(opts.window)
+        .build()
+        .await
+        .unwrap();
+    for ns in &opts.unreferenced {
+        store
+            .register_liveness_source(Namespace::new(*ns).unwrap(), Arc::new(NothingReferenced))
+            .await
+            .unwrap();
+    }
+    let ops = Ops::new(
+        store,
+        OpsConfig {
+            max_blob_size: opts.max_blob_size,
+            token_ttl: opts.token_ttl,
+            max_tokens: opts.max_tokens,
+            ..Default::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(store_ops::http::serve(listener, ops.clone(), async move {
+        let _ = rx.await;
+    }));
+    Server {
+        base: format!("http://{addr}"),
+        addr,
+        ops,
+        kv,
+        large,
+        http: reqwest::Client::new(),
+        dir,
+        shutdown: Some(tx),
+        handle: Some(handle),
+    }
+}
+
+impl Server {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn store(&self) -> &Store {
+        self.ops.store()
+    }
+
+    /// Triggers graceful shutdown; returns the serve task.
+    pub fn begin_shutdown(&mut self) -> JoinHandle<std::io::Result<()>> {
+        let _ = self.shutdown.take().unwrap().send(());
+        self.handle.take().unwrap()
+    }
+
+    /// `PUT /v1/blobs/{ns}` with an in-memory body (Content-Length known).
+    pub async fn put(&self, ns: &str, body: impl Into<Bytes>) -> reqwest::Response {
+        self.http
+            .put(self.url(&format!("/v1/blobs/{ns}")))
+            .body(body.into())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Puts and returns (token, digest), asserting success.
+    pub async fn put_ok(&self, ns: &str, body: impl Into<Bytes>) -> (String, String) {
+        let resp = self.put(ns, body).await;
+        assert!(resp.status().is_success(), "put failed: {}", resp.status());
+        let v: serde_json::Value = resp.json().await.unwrap();
+        (
+            v["token"].as_str().unwrap().to_string(),
+            v["digest"].as_str().unwrap().to_string(),
+        )
+    }
+
+    pub async fn post_json(&self, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn have(&self, body: serde_json::Value) -> reqwest::Response {
+        self.post_json("/v1/have", body.to_string()).await
+    }
+
+    /// `POST /v1/have`, expecting 200; the `present` list.
+    pub async fn have_ok(&self, body: serde_json::Value) -> Vec<bool> {
+        let resp = self.have(body).await;
+        assert_eq!(resp.status(), 200);
+        let v: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(keys(&v), set(&["present"]));
+        v["present"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_bool().unwrap())
+            .collect()
+    }
+
+    pub async fn delete(&self, path: &str) -> reqwest::Response {
+        self.http.delete(self.url(path)).send().await.unwrap()
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.http.get(self.url(path)).send().await.unwrap()
+    }
+
+    /// Whether no entry exists in `ns` on either tier.
+    pub async fn ns_is_empty(&self, ns: &str) -> bool {
+        use store_types::Engine;
+        let ns = Namespace::new(ns).unwrap();
+        self.large.scan(&ns, None, 1).await.unwrap().is_empty()
+            && self.kv.scan(&ns, None, 1).await.unwrap().is_empty()
+    }
+
+    /// Whether no entry exists anywhere.
+    pub async fn store_is_empty(&self) -> bool {
+        use store_types::Engine;
+        for ns in self.large.namespaces().await.unwrap() {
+            if !self.large.scan(&ns, None, 1).await.unwrap().is_empty() {
+                return false;
+            }
+        }
+        for ns in self.kv.namespaces().await.unwrap() {
+            if !self.kv.scan(&ns, None, 1).await.unwrap().is_empty() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The key set of a JSON object.
+pub fn keys(v: &serde_json::Value) -> BTreeSet<String> {
+    v.as_object()
+        .expect("a JSON object")
+        .keys()
+        .cloned()
+        .collect()
+}
+
+pub fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// Asserts a structured error answer: status, exact shape, code.
+pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str) -> serde_json::Value {
+    assert_eq!(resp.status().as_u16(), status, "status");
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(ct.as_deref(), Some("application/json"));
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(keys(&v), set(&["error"]), "{v}");
+    let e = &v["error"];
+    let expected = if code == "gc_refuse" {
+        set(&["code", "message", "reason"])
+    } else {
+        set(&["code", "message"])
+    };
+    assert_eq!(keys(e), expected, "{v}");
+    assert_eq!(e["code"], code, "{v}");
+    assert!(!e["message"].as_str().unwrap().is_empty());
+    v
+}
+
+/// Deterministic pseudo-random content, generated in chunks.
+pub fn content(len: u64, seed: u64) -> impl Iterator<Item = Bytes> {
+    const CHUNK: u64 = 1 << 20;
+    let mut off = 0u64;
+    std::iter::from_fn(move || {
+        if off >= len {
+            return None;
+        }
+        let n = CHUNK.min(len - off);
+        let mut v = Vec::with_capacity(n as usize);
+        let mut x = seed ^ off.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.push((x >> 24) as u8);
+        }
+        off += n;
+        Some(Bytes::from(v))
+    })
+}
+
+pub fn digest_of(len: u64, seed: u64) -> String {
+    let mut h = blake3::Hasher::new();
+    for c in content(len, seed) {
+        h.update(&c);
+    }
+    h.finalize().to_hex().to_string()
+}
+
+pub fn bytes_of(len: u64, seed: u64) -> Vec<u8> {
+    content(len, seed).flat_map(|b| b.to_vec()).collect()
+}
+
+/// A streaming request body of generated content.
+pub fn stream_body(len: u64, seed: u64) -> reqwest::Body {
+    reqwest::Body::wrap_stream(futures::stream::iter(
+        content(len, seed).map(Ok::<_, std::io::Error>),
+    ))
+}
+
+/// Hashes a response body as it streams; (digest, length).
+pub async fn hash_body(resp: reqwest::Response) -> Result<(String, u64), reqwest::Error> {
+    use futures::StreamExt;
+    let mut h = blake3::Hasher::new();
+    let mut n = 0u64;
+    let mut s = resp.bytes_stream();
+    while let Some(c) = s.next().await {
+        let c = c?;
+        n += c.len() as u64;
+        h.update(&c);
+    }
+    Ok((h.finalize().to_hex().to_string(), n))
+}
+
+/// Polls `f` until it holds or `secs` pass.
+pub async fn eventually<F, Fut>(secs: u64, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if f().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

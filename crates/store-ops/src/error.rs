@@ -1,0 +1,232 @@
+//! The ops layer's error: a stable machine-readable code plus a message.
+
+use std::fmt;
+
+use store_types::{Error, ProtectReason};
+
+use crate::payload::{ErrorBody, ErrorDetail};
+
+/// A stable error code. The wire spelling ([`ErrorCode::as_str`]) never
+/// changes meaning; new codes may be added (callers must treat unknown
+/// codes like `internal`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// A malformed digest, namespace or key (`400`).
+    KeyInvalid,
+    /// Content does not hash to the expected digest (`422` on put).
+    Verification,
+    /// The blob exceeds the store's or the server's size limit (`413`).
+    TooLarge,
+    /// The declared length disagrees with the body (`400`).
+    LengthMismatch,
+    /// The addressed entry (or token) does not exist (`404`).
+    Missing,
+    /// A direct delete of a protected key (`409`).
+    GcRefuse,
+    /// A byte range outside the entry (`416`).
+    InvalidRange,
+    /// A malformed request: bad JSON, wrong field types, bad headers (`400`).
+    BadRequest,
+    /// A request listing more items than the documented limit (`413`).
+    TooMany,
+    /// The request body ended early or the client went away (`400`).
+    IncompleteBody,
+    /// No such route (`404`).
+    NotFound,
+    /// The route exists but not for this method (`405`).
+    MethodNotAllowed,
+    /// Anything else: media or backend failure, misconfiguration (`500`).
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, for documentation and metrics.
+    pub const ALL: [ErrorCode; 13] = [
+        ErrorCode::KeyInvalid,
+        ErrorCode::Verification,
+        ErrorCode::TooLarge,
+        ErrorCode::LengthMismatch,
+        ErrorCode::Missing,
+        ErrorCode::GcRefuse,
+        ErrorCode::InvalidRange,
+        ErrorCode::BadRequest,
+        ErrorCode::TooMany,
+        ErrorCode::IncompleteBody,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::Internal,
+    ];
+
+    /// The wire spelling (`snake_case`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::KeyInvalid => "key_invalid",
+            ErrorCode::Verification => "verification",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::LengthMismatch => "length_mismatch",
+            ErrorCode::Missing => "missing",
+            ErrorCode::GcRefuse => "gc_refuse",
+            ErrorCode::InvalidRange => "invalid_range",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::TooMany => "too_many",
+            ErrorCode::IncompleteBody => "incomplete_body",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// Parses a wire spelling; unknown spellings are `None`.
+    pub fn parse(s: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// The HTTP status this code maps to.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::KeyInvalid
+            | ErrorCode::LengthMismatch
+            | ErrorCode::BadRequest
+            | ErrorCode::IncompleteBody => 400,
+            ErrorCode::Missing | ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::GcRefuse => 409,
+            ErrorCode::TooLarge | ErrorCode::TooMany => 413,
+            ErrorCode::InvalidRange => 416,
+            ErrorCode::Verification => 422,
+            ErrorCode::Internal => 500,
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        ErrorCode::ALL
+            .iter()
+            .position(|c| *c == self)
+            .expect("ALL lists every code")
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An ops-layer failure: a stable [`ErrorCode`], a human message and, for
+/// some codes, structured detail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpsError {
+    /// The stable code.
+    pub code: ErrorCode,
+    /// A human-readable, one-line message.
+    pub message: String,
+    /// What protects the key (`gc_refuse` only).
+    pub reason: Option<ProtectReason>,
+    /// The entry's size (`invalid_range` only; HTTP puts it in
+    /// `Content-Range: bytes */size`).
+    pub size: Option<u64>,
+}
+
+impl OpsError {
+    /// An error with a code and message and no detail.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        OpsError {
+            code,
+            message: message.into(),
+            reason: None,
+            size: None,
+        }
+    }
+
+    /// A `bad_request` error.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        OpsError::new(ErrorCode::BadRequest, message)
+    }
+
+    /// The wire body `{"error": {"code", "message", "reason"?}}`.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code.as_str().to_string(),
+                message: self.message.clone(),
+                reason: self.reason,
+            },
+        }
+    }
+}
+
+impl fmt::Display for OpsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for OpsError {}
+
+impl From<Error> for OpsError {
+    fn from(e: Error) -> Self {
+        let message = e.to_string();
+        let mut out = OpsError::new(
+            match &e {
+                Error::Missing => ErrorCode::Missing,
+                Error::Verification { .. } => ErrorCode::Verification,
+                Error::KeyInvalid(_) => ErrorCode::KeyInvalid,
+                Error::GcRefuse { .. } => ErrorCode::GcRefuse,
+                Error::TooLarge { .. } => ErrorCode::TooLarge,
+                Error::LengthMismatch { .. } => ErrorCode::LengthMismatch,
+                Error::InvalidRange { .. } => ErrorCode::InvalidRange,
+                _ => ErrorCode::Internal,
+            },
+            message,
+        );
+        match e {
+            Error::GcRefuse { reason, .. } => out.reason = Some(reason),
+            Error::InvalidRange { size, .. } => out.size = Some(size),
+            _ => {}
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use store_types::{Digest, Key, Namespace};
+
+    #[test]
+    fn codes_round_trip_and_map_to_statuses() {
+        for c in ErrorCode::ALL {
+            assert_eq!(ErrorCode::parse(c.as_str()), Some(c));
+            assert!((400..600).contains(&c.http_status()));
+            assert_eq!(ErrorCode::ALL[c.index()], c);
+        }
+        assert_eq!(ErrorCode::parse("nope"), None);
+    }
+
+    #[test]
+    fn store_errors_map_to_stable_codes() {
+        let key = Key::new(Namespace::new("a").unwrap(), Digest::of(b"x"));
+        let refuse = OpsError::from(Error::GcRefuse {
+            key,
+            reason: ProtectReason::Pinned,
+        });
+        assert_eq!(refuse.code, ErrorCode::GcRefuse);
+        assert_eq!(refuse.reason, Some(ProtectReason::Pinned));
+        assert_eq!(refuse.code.http_status(), 409);
+        let range = OpsError::from(Error::InvalidRange {
+            start: 5,
+            end: 9,
+            size: 3,
+        });
+        assert_eq!((range.code, range.size), (ErrorCode::InvalidRange, Some(3)));
+        assert_eq!(
+            OpsError::from(Error::Io("disk".into())).code,
+            ErrorCode::Internal
+        );
+        assert_eq!(
+            OpsError::from(Error::TooLarge { limit: 1, got: 2 }).code,
+            ErrorCode::TooLarge
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! Request and response body adapters: streaming uploads into the store,
+//! bounded JSON bodies, and blob responses that fail visibly.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt, TryStreamExt};
+use store_core::{Blob, Error};
+use tokio_util::io::{ReaderStream, StreamReader};
+
+use crate::error::{ErrorCode, OpsError};
+use crate::Ops;
+
+/// Chunk size of blob response bodies.
+const RESPONSE_CHUNK: usize = 256 * 1024;
+
+/// How much of an oversized `/v1/have` body is read and discarded before
+/// answering `too_many`, so that ordinary clients (which write the whole
+/// body before reading the answer) see the error instead of a reset
+/// connection. Beyond it the connection is closed after the answer.
+const HAVE_DRAIN_CAP: u64 = 256 << 20;
+
+/// Largest `/v1/have` body accepted for `max_digests` digests: 80 bytes per
+/// digest (a quoted 64-hex string, a comma, some whitespace) plus 4 KiB for
+/// the rest.
+pub fn have_body_limit(max_digests: usize) -> usize {
+    4096usize.saturating_add(max_digests.saturating_mul(80))
+}
+
+/// The request body as an `AsyncRead`, plus a flag set when the body
+/// failed (client gone, body shorter than `Content-Length`, ...).
+pub(crate) fn body_reader(
+    body: Body,
+) -> (
+    StreamReader<impl Stream<Item = io::Result<Bytes>> + Send + Unpin, Bytes>,
+    Arc<AtomicBool>,
+) {
+    let failed = Arc::new(AtomicBool::new(false));
+    let flag = failed.clone();
+    let stream = body.into_data_stream().map_err(move |e| {
+        flag.store(true, Ordering::SeqCst);
+        io::Error::other(format!("request body: {e}"))
+    });
+    (StreamReader::new(stream), failed)
+}
+
+/// Reads a small body whole, failing with `too_many` past `limit` bytes.
+pub(crate) async fn read_limited(
+    body: Body,
+    limit: usize,
+    max_digests: usize,
+) -> Result<Bytes, OpsError> {
+    let mut stream = body.into_data_stream();
+    let mut buf = BytesMut::new();
+    let mut total: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| OpsError::new(ErrorCode::IncompleteBody, format!("request body: {e}")))?;
+        total += chunk.len() as u64;
+        if total > limit as u64 {
+            if total > HAVE_DRAIN_CAP {
+                break;
+            }
+            continue;
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    if total > limit as u64 {
+        return Err(OpsError::new(
+            ErrorCode::TooMany,
+            format!(
+                "request body exceeds {limit} bytes; a have request lists at most {max_digests} digests"
+            ),
+        ));
+    }
+    Ok(buf.freeze())
+}
+
+/// A blob response body.
+///
+/// It holds each chunk back until the next read succeeds, so a failure at
+/// EOF — a verified read whose bytes do not hash to the digest — withholds
+/// the last chunk and aborts the response: a client framing by
+/// `Content-Length` sees a short body and a closed connection, never a
+/// complete response with bad bytes.
+pub(crate) fn blob_body(blob: Blob, ops: Ops) -> Body {
+    let reader = ReaderStream::with_capacity(blob, RESPONSE_CHUNK);
+    type State<R> = Option<(R, Option<Bytes>, Ops)>;
+    let init: State<_> = Some((reader, None, ops));
+    let stream = futures::stream::unfold(init, |state| async move {
+        let (mut reader, mut pending, ops) = state?;
+        loop {
+            match reader.next().await {
+                Some(Ok(chunk)) => {
+                    if chunk.is_empty() {
+                        continue;
+                    }
+                    if let Some(prev) = pending.replace(chunk) {
+                        ops.metrics().get_bytes(prev.len() as u64);
+                        return Some((Ok(prev), Some((reader, pending, ops))));
+                    }
+                }
+                Some(Err(e)) => {
+                    let err = Error::from(e);
+                    let code = OpsError::from(err.clone()).code;
+                    ops.metrics().error(code);
+                    tracing::warn!("aborting a blob response: {err}");
+                    return Some((Err(io::Error::from(err)), None));
+                }
+                None => {
+                    let prev = pending.take()?;
+                    ops.metrics().get_bytes(prev.len() as u64);
+                    return Some((Ok(prev), None));
+                }
+            }
+        }
+    });
+    Body::from_stream(stream)
+}

@@ -1,0 +1,308 @@
+//! The axum handlers: HTTP in, [`Ops`] call, HTTP out.
+
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::header::{
+    ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, LOCATION,
+    RANGE,
+};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::body::{blob_body, body_reader, have_body_limit, read_limited};
+use super::{
+    HEADER_CREATED_AT, HEADER_DEDUPLICATED, HEADER_DIGEST, HEADER_EXPECT_DIGEST, HEADER_TIER,
+};
+use crate::error::{ErrorCode, OpsError};
+use crate::payload::{HaveRequest, StatResponse};
+use crate::range::parse_range_header;
+use crate::Ops;
+
+/// The JSON error answer; counts the error.
+fn fail(ops: &Ops, e: OpsError) -> Response {
+    ops.metrics().error(e.code);
+    let status =
+        StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if status.is_server_error() {
+        tracing::warn!("{e}");
+    } else {
+        tracing::debug!("{e}");
+    }
+    let mut resp = (status, Json(e.body())).into_response();
+    if let (ErrorCode::InvalidRange, Some(size)) = (e.code, e.size) {
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+            resp.headers_mut().insert(CONTENT_RANGE, v);
+        }
+    }
+    resp
+}
+
+fn path_error(e: PathRejection) -> OpsError {
+    OpsError::bad_request(format!("invalid path: {e}"))
+}
+
+fn header(name: &'static str) -> HeaderName {
+    HeaderName::from_static(name)
+}
+
+fn value(s: impl AsRef<str>) -> HeaderValue {
+    HeaderValue::from_str(s.as_ref()).expect("header values built here are visible ASCII")
+}
+
+/// Headers describing an entry (shared by `GET` and `HEAD`).
+fn entry_headers(h: &mut HeaderMap, digest: &str, tier: store_core::Tier) {
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(ETAG, value(format!("\"{digest}\"")));
+    // Content under a digest never changes.
+    h.insert(
+        CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=31536000, immutable"),
+    );
+    h.insert(header(HEADER_DIGEST), value(digest));
+    h.insert(header(HEADER_TIER), value(tier.to_string()));
+}
+
+/// `PUT /v1/blobs/{ns}`.
+pub(super) async fn put_blob(
+    State(ops): State<Ops>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let ns = match path {
+        Ok(Path(ns)) => ns,
+        Err(e) => return fail(&ops, path_error(e)),
+    };
+    let len = match headers.get(CONTENT_LENGTH) {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+            Some(n) => Some(n),
+            None => return fail(&ops, OpsError::bad_request("invalid Content-Length header")),
+        },
+    };
+    let expect = match headers.get(HEADER_EXPECT_DIGEST) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(s) => Some(s.to_string()),
+            Err(_) => {
+                return fail(
+                    &ops,
+                    OpsError::new(
+                        ErrorCode::KeyInvalid,
+                        format!("{HEADER_EXPECT_DIGEST} must be 64 lowercase hex characters"),
+                    ),
+                )
+            }
+        },
+    };
+    let (reader, body_failed) = body_reader(body);
+    match ops.put(&ns, reader, len, expect.as_deref()).await {
+        Ok(out) => {
+            let status = if out.deduplicated {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
+            let mut resp = (status, Json(&out.response)).into_response();
+            let h = resp.headers_mut();
+            h.insert(
+                LOCATION,
+                value(format!("/v1/blobs/{ns}/{}", out.response.digest)),
+            );
+            h.insert(
+                header(HEADER_DEDUPLICATED),
+                value(out.deduplicated.to_string()),
+            );
+            h.insert(header(HEADER_TIER), value(out.tier.to_string()));
+            resp
+        }
+        Err(mut e) => {
+            if body_failed.load(Ordering::SeqCst) && e.code == ErrorCode::Internal {
+                e = OpsError::new(ErrorCode::IncompleteBody, e.message);
+            }
+            fail(&ops, e)
+        }
+    }
+}
+
+/// `GET /v1/blobs/{ns}/{digest}`.
+pub(super) async fn get_blob(
+    State(ops): State<Ops>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let (ns, digest) = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return fail(&ops, path_error(e)),
+    };
+    // An unparsable Range header is ignored (RFC 9110 §14.2).
+    let range = headers
+        .get(RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_range_header);
+    let got = match ops.get(&ns, &digest, range).await {
+        Ok(g) => g,
+        Err(e) => return fail(&ops, e),
+    };
+    let status = if got.range.is_some() {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
+    let len = got.blob.len();
+    let mut h = HeaderMap::new();
+    entry_headers(&mut h, &got.digest.to_hex(), got.tier);
+    h.insert(CONTENT_LENGTH, value(len.to_string()));
+    if let Some(r) = &got.range {
+        h.insert(
+            CONTENT_RANGE,
+            value(format!("bytes {}-{}/{}", r.start, r.end - 1, got.size)),
+        );
+    }
+    let body = blob_body(got.blob, ops);
+    (status, h, body).into_response()
+}
+
+/// `HEAD /v1/blobs/{ns}/{digest}`.
+pub(super) async fn head_blob(
+    State(ops): State<Ops>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    let (ns, digest) = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return fail(&ops, path_error(e)),
+    };
+    match ops.stat(&ns, &digest).await {
+        Ok(StatResponse {
+            digest,
+            size,
+            tier,
+            created_at,
+            ..
+        }) => {
+            let mut h = HeaderMap::new();
+            entry_headers(&mut h, &digest, tier);
+            h.insert(CONTENT_LENGTH, value(size.to_string()));
+            h.insert(header(HEADER_CREATED_AT), value(created_at.to_string()));
+            (StatusCode::OK, h).into_response()
+        }
+        Err(e) => fail(&ops, e),
+    }
+}
+
+/// `DELETE /v1/blobs/{ns}/{digest}`.
+pub(super) async fn delete_blob(
+    State(ops): State<Ops>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    let (ns, digest) = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return fail(&ops, path_error(e)),
+    };
+    match ops.delete(&ns, &digest).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => fail(&ops, e),
+    }
+}
+
+/// `POST /v1/have`.
+pub(super) async fn have(State(ops): State<Ops>, body: Body) -> Response {
+    let max = ops.config().max_have_digests;
+    let bytes = match read_limited(body, have_body_limit(max), max).await {
+        Ok(b) => b,
+        Err(e) => return fail(&ops, e),
+    };
+    let req: HaveRequest = match serde_json::from_slice(&bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                &ops,
+                OpsError::bad_request(format!("invalid have request: {e}")),
+            )
+        }
+    };
+    match ops.have(req).await {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => fail(&ops, e),
+    }
+}
+
+/// `DELETE /v1/tokens/{token}`.
+pub(super) async fn release_token(
+    State(ops): State<Ops>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let token = match path {
+        Ok(Path(t)) => t,
+        Err(e) => return fail(&ops, path_error(e)),
+    };
+    match ops.release_token(&token) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => fail(&ops, e),
+    }
+}
+
+/// `POST /v1/sweep`.
+pub(super) async fn sweep(State(ops): State<Ops>) -> Response {
+    match ops.sweep().await {
+        Ok(report) => Json(report).into_response(),
+        Err(e) => fail(&ops, e),
+    }
+}
+
+/// `GET /health`.
+pub(super) async fn health(State(ops): State<Ops>) -> Response {
+    let h = ops.health().await;
+    let status = if h.status == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(h)).into_response()
+}
+
+/// `GET /metrics`.
+pub(super) async fn metrics(State(ops): State<Ops>) -> Response {
+    (
+        [(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        ops.render_metrics(),
+    )
+        .into_response()
+}
+
+/// Unknown routes.
+pub(super) async fn not_found(State(ops): State<Ops>, method: Method, uri: Uri) -> Response {
+    fail(
+        &ops,
+        OpsError::new(
+            ErrorCode::NotFound,
+            format!("no route for {method} {}", uri.path()),
+        ),
+    )
+}
+
+/// Known routes, wrong method.
+pub(super) async fn method_not_allowed(
+    State(ops): State<Ops>,
+    method: Method,
+    uri: Uri,
+) -> Response {
+    fail(
+        &ops,
+        OpsError::new(
+            ErrorCode::MethodNotAllowed,
+            format!("{method} is not allowed on {}", uri.path()),
+        ),
+    )
+}

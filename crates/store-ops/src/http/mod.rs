@@ -1,0 +1,118 @@
+//! The HTTP binding of the ops layer (axum 0.8). Routes, statuses and
+//! headers are documented in `docs/SERVER.md` and recorded in ADR-017.
+//!
+//! | route | handler |
+//! |---|---|
+//! | `PUT /v1/blobs/{ns}` | [`Ops::put`] — body = blob, streamed |
+//! | `GET /v1/blobs/{ns}/{digest}` | [`Ops::get`] — streamed, `Range` → 206 |
+//! | `HEAD /v1/blobs/{ns}/{digest}` | [`Ops::stat`] as headers |
+//! | `DELETE /v1/blobs/{ns}/{digest}` | [`Ops::delete`] — 204 / 404 / 409 |
+//! | `POST /v1/have` | [`Ops::have`] |
+//! | `DELETE /v1/tokens/{token}` | [`Ops::release_token`] |
+//! | `POST /v1/sweep` | [`Ops::sweep`] — the `SweepReport` as JSON |
+//! | `GET /health` | [`Ops::health`] |
+//! | `GET /metrics` | [`Ops::render_metrics`] |
+//!
+//! Request bodies are never buffered whole (the blob route streams into
+//! the store; `/v1/have` reads at most [`have_body_limit`] bytes), and
+//! blob responses stream out of the store.
+
+mod body;
+mod handlers;
+
+use std::future::Future;
+use std::io;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{delete, get, post, put};
+use axum::Router;
+
+use crate::Ops;
+
+pub use body::have_body_limit;
+
+/// Request header: the digest the uploaded content must hash to.
+pub const HEADER_EXPECT_DIGEST: &str = "x-blobpool-expect-digest";
+/// Response header: the tier holding the entry (`kv` or `large`).
+pub const HEADER_TIER: &str = "x-blobpool-tier";
+/// Response header: the entry's publication time, Unix milliseconds.
+pub const HEADER_CREATED_AT: &str = "x-blobpool-created-at";
+/// Response header: the entry's digest.
+pub const HEADER_DIGEST: &str = "x-blobpool-digest";
+/// Response header on puts: `true` when the entry already existed.
+pub const HEADER_DEDUPLICATED: &str = "x-blobpool-deduplicated";
+
+/// The axum router over `ops`.
+pub fn router(ops: Ops) -> Router {
+    Router::new()
+        .route(
+            "/v1/blobs/{ns}",
+            // The handler streams the body itself; no default 2 MB limit.
+            put(handlers::put_blob).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/v1/blobs/{ns}/{digest}",
+            get(handlers::get_blob)
+                .head(handlers::head_blob)
+                .delete(handlers::delete_blob),
+        )
+        .route("/v1/have", post(handlers::have))
+        .route("/v1/tokens/{token}", delete(handlers::release_token))
+        .route("/v1/sweep", post(handlers::sweep))
+        .route("/health", get(handlers::health))
+        .route("/metrics", get(handlers::metrics))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .with_state(ops)
+}
+
+/// How often the server ends expired pin tokens: a quarter of the TTL,
+/// between 50 ms and 30 s.
+fn reap_interval(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30))
+}
+
+/// Serves `ops` on `listener` until `shutdown` resolves, then stops
+/// accepting connections and waits for in-flight requests (puts included)
+/// to finish. Runs the token reaper meanwhile.
+pub async fn serve<F>(listener: tokio::net::TcpListener, ops: Ops, shutdown: F) -> io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let reaper = ops.spawn_token_reaper(reap_interval(ops.config().token_ttl));
+    let result = axum::serve(listener, router(ops))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    reaper.abort();
+    result
+}
+
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+    tracing::info!("shutdown requested: finishing in-flight requests");
+}

@@ -1,0 +1,39 @@
+//! Blobpool's ops layer: transport-neutral handlers over a
+//! [`store_core::Store`] with serde payloads, and their HTTP binding.
+//!
+//! - [`Ops`] is the handler set: `blobs/put`, `blobs/have` (existence probe
+//!   and pin-token renewal), get (whole or ranged), stat, delete, token
+//!   release, sweep, health and metrics. Every handler answers either a
+//!   payload or an [`OpsError`] with a stable [`ErrorCode`].
+//! - [`payload`] holds the wire shapes. The two pinned by ADR-012 §2 are
+//!   [`PutResponse`] (`{"token", "digest"}`) and [`HaveRequest`] /
+//!   [`HaveResponse`] (`{"namespace", "digests", "token"?}` →
+//!   `{"present"}`); the rest are recorded in ADR-017.
+//! - [`TokenRegistry`] maps opaque pin tokens to the pins they hold, with
+//!   the lifetime rules of ADR-018 (idle TTL renewed by probes, an entry
+//!   cap, explicit release).
+//! - [`http`] binds the handlers to HTTP with axum (routes in
+//!   `docs/SERVER.md`).
+//!
+//! Architecture invariant: this crate names no engine. It is handed a built
+//! `Store` and sees engines only through it.
+
+#![warn(missing_docs)]
+
+mod error;
+pub mod http;
+mod metrics;
+mod ops;
+pub mod payload;
+pub mod range;
+mod tokens;
+
+pub use error::{ErrorCode, OpsError};
+pub use metrics::Metrics;
+pub use ops::{
+    GetResponse, Ops, OpsConfig, PutOutcome, DEFAULT_MAX_BLOB_SIZE, DEFAULT_MAX_HAVE_DIGESTS,
+};
+pub use payload::{
+    ErrorBody, ErrorDetail, HaveRequest, HaveResponse, HealthResponse, PutResponse, StatResponse,
+};
+pub use tokens::{TokenRegistry, TokenStats, DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_TTL};

@@ -1,0 +1,247 @@
+//! Process-wide counters and their Prometheus text exposition (format
+//! 0.0.4, hand-written).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use store_core::{GcAbortCause, SweepReport};
+
+use crate::error::ErrorCode;
+use crate::tokens::TokenStats;
+
+/// Counters of one [`crate::Ops`]. All monotonic; cheap to bump from any
+/// task.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    puts: AtomicU64,
+    puts_deduplicated: AtomicU64,
+    put_bytes: AtomicU64,
+    gets: AtomicU64,
+    get_bytes: AtomicU64,
+    stats: AtomicU64,
+    have_requests: AtomicU64,
+    have_digests: AtomicU64,
+    renewal_probes: AtomicU64,
+    deletes: AtomicU64,
+    sweeps: AtomicU64,
+    sweeps_aborted: [AtomicU64; 4],
+    sweep_staged: AtomicU64,
+    sweep_deleted: AtomicU64,
+    sweep_rescued: AtomicU64,
+    sweep_bytes_freed: AtomicU64,
+    errors: [AtomicU64; ErrorCode::ALL.len()],
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+fn abort_label(i: usize) -> &'static str {
+    [
+        "protect_failed",
+        "sweeper_lock",
+        "no_liveness_sources",
+        "other",
+    ][i]
+}
+
+impl Metrics {
+    pub(crate) fn put(&self, bytes: u64, deduplicated: bool) {
+        bump(&self.puts, 1);
+        bump(&self.put_bytes, bytes);
+        if deduplicated {
+            bump(&self.puts_deduplicated, 1);
+        }
+    }
+
+    pub(crate) fn get(&self) {
+        bump(&self.gets, 1);
+    }
+
+    /// Bytes of a get response body actually handed to the transport.
+    pub fn get_bytes(&self, n: u64) {
+        bump(&self.get_bytes, n);
+    }
+
+    pub(crate) fn stat(&self) {
+        bump(&self.stats, 1);
+    }
+
+    pub(crate) fn have(&self, digests: usize, renewal: bool) {
+        bump(&self.have_requests, 1);
+        bump(&self.have_digests, digests as u64);
+        if renewal {
+            bump(&self.renewal_probes, 1);
+        }
+    }
+
+    pub(crate) fn delete(&self) {
+        bump(&self.deletes, 1);
+    }
+
+    pub(crate) fn sweep(&self, r: &SweepReport) {
+        bump(&self.sweeps, 1);
+        if let Some(cause) = r.aborted {
+            let i = match cause {
+                GcAbortCause::ProtectFailed => 0,
+                GcAbortCause::SweeperLock => 1,
+                GcAbortCause::NoLivenessSources => 2,
+                _ => 3,
+            };
+            bump(&self.sweeps_aborted[i], 1);
+        }
+        bump(&self.sweep_staged, r.total.staged);
+        bump(&self.sweep_deleted, r.total.deleted);
+        bump(&self.sweep_rescued, r.total.rescued);
+        bump(&self.sweep_bytes_freed, r.total.bytes_freed);
+    }
+
+    /// Counts one error answered with `code` (including errors raised by a
+    /// transport binding, and failures in the middle of a streamed body).
+    pub fn error(&self, code: ErrorCode) {
+        bump(&self.errors[code.index()], 1);
+    }
+
+    /// Errors answered with `code` so far.
+    pub fn errors(&self, code: ErrorCode) -> u64 {
+        self.errors[code.index()].load(Ordering::Relaxed)
+    }
+
+    /// Renders the text exposition, with the token gauges.
+    pub fn render(&self, tokens: &TokenStats) -> String {
+        let mut out = String::with_capacity(4096);
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {v}");
+        };
+        counter("blobpool_puts_total", "Successful puts.", load(&self.puts));
+        counter(
+            "blobpool_puts_deduplicated_total",
+            "Successful puts that found the entry already stored.",
+            load(&self.puts_deduplicated),
+        );
+        counter(
+            "blobpool_put_bytes_total",
+            "Bytes accepted by successful puts.",
+            load(&self.put_bytes),
+        );
+        counter(
+            "blobpool_gets_total",
+            "Get requests answered with content (whole or ranged).",
+            load(&self.gets),
+        );
+        counter(
+            "blobpool_get_bytes_total",
+            "Content bytes handed to clients by gets.",
+            load(&self.get_bytes),
+        );
+        counter(
+            "blobpool_stats_total",
+            "Stat (HEAD) requests answered.",
+            load(&self.stats),
+        );
+        counter(
+            "blobpool_have_requests_total",
+            "Have requests answered (probes and renewals).",
+            load(&self.have_requests),
+        );
+        counter(
+            "blobpool_have_digests_total",
+            "Digests asked about by have requests.",
+            load(&self.have_digests),
+        );
+        counter(
+            "blobpool_token_renewal_probes_total",
+            "Have requests carrying a token.",
+            load(&self.renewal_probes),
+        );
+        counter(
+            "blobpool_deletes_total",
+            "Successful direct deletes.",
+            load(&self.deletes),
+        );
+        counter(
+            "blobpool_sweeps_total",
+            "Sweeps run (aborted ones included).",
+            load(&self.sweeps),
+        );
+        counter(
+            "blobpool_sweep_staged_total",
+            "Candidates staged into the delete window by sweeps.",
+            load(&self.sweep_staged),
+        );
+        counter(
+            "blobpool_sweep_deleted_total",
+            "Entries deleted by sweeps.",
+            load(&self.sweep_deleted),
+        );
+        counter(
+            "blobpool_sweep_rescued_total",
+            "Staged candidates rescued by sweeps.",
+            load(&self.sweep_rescued),
+        );
+        counter(
+            "blobpool_sweep_bytes_freed_total",
+            "Bytes freed by sweeps.",
+            load(&self.sweep_bytes_freed),
+        );
+        counter(
+            "blobpool_tokens_minted_total",
+            "Pin tokens minted.",
+            tokens.minted,
+        );
+        counter(
+            "blobpool_tokens_renewed_total",
+            "Pin tokens renewed.",
+            tokens.renewed,
+        );
+        counter(
+            "blobpool_tokens_released_total",
+            "Pin tokens released.",
+            tokens.released,
+        );
+        counter(
+            "blobpool_tokens_expired_total",
+            "Pin tokens expired.",
+            tokens.expired,
+        );
+        counter(
+            "blobpool_tokens_evicted_total",
+            "Pin tokens evicted by the cap.",
+            tokens.evicted,
+        );
+
+        let _ = writeln!(
+            out,
+            "# HELP blobpool_sweeps_aborted_total Sweeps that deliberately did nothing, by cause."
+        );
+        let _ = writeln!(out, "# TYPE blobpool_sweeps_aborted_total counter");
+        for (i, c) in self.sweeps_aborted.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "blobpool_sweeps_aborted_total{{cause=\"{}\"}} {}",
+                abort_label(i),
+                load(c)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP blobpool_errors_total Error answers, by stable code."
+        );
+        let _ = writeln!(out, "# TYPE blobpool_errors_total counter");
+        for code in ErrorCode::ALL {
+            let _ = writeln!(
+                out,
+                "blobpool_errors_total{{code=\"{}\"}} {}",
+                code.as_str(),
+                self.errors(code)
+            );
+        }
+        let _ = writeln!(out, "# HELP blobpool_tokens Live pin tokens.");
+        let _ = writeln!(out, "# TYPE blobpool_tokens gauge");
+        let _ = writeln!(out, "blobpool_tokens {}", tokens.live);
+        out
+    }
+}
