@@ -11,8 +11,8 @@ use sqlx::postgres::types::Oid;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
 use store_postgres::plumbing::{
-    connect_pool, db_err, digest_col, digest_params, instance_identity, migrate, namespace_col,
-    size_col, sql, to_i64, validate_schema, PgWindow,
+    connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces, migrate,
+    scan_entries, size_col, sql, to_i64, validate_schema, PgWindow,
 };
 use store_postgres::PgGcSchema;
 use store_types::{
@@ -359,19 +359,7 @@ impl Engine for PgLoEngine {
     }
 
     async fn namespaces(&self) -> Result<Vec<Namespace>> {
-        let rows = sqlx::query(self.sql(
-            "WITH RECURSIVE n(ns) AS (
-                 SELECT min(ns) FROM {schema}.lo_entries
-                 UNION ALL
-                 SELECT (SELECT min(e.ns) FROM {schema}.lo_entries e WHERE e.ns > n.ns)
-                 FROM n WHERE n.ns IS NOT NULL
-             )
-             SELECT ns FROM n WHERE ns IS NOT NULL",
-        ))
-        .fetch_all(self.pool())
-        .await
-        .map_err(db_err)?;
-        rows.iter().map(|r| namespace_col(r, 0)).collect()
+        list_namespaces(self.pool(), &self.inner.schema, "lo_entries").await
     }
 
     async fn scan(
@@ -380,34 +368,15 @@ impl Engine for PgLoEngine {
         after: Option<Digest>,
         limit: usize,
     ) -> Result<Vec<(Digest, u64)>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = match after {
-            None => {
-                sqlx::query(self.sql(
-                    "SELECT digest, size FROM {schema}.lo_entries WHERE ns = $1
-                     ORDER BY digest LIMIT $2",
-                ))
-                .bind(ns.as_str())
-                .bind(limit)
-                .fetch_all(self.pool())
-                .await
-            }
-            Some(a) => {
-                sqlx::query(self.sql(
-                    "SELECT digest, size FROM {schema}.lo_entries WHERE ns = $1 AND digest > $2
-                     ORDER BY digest LIMIT $3",
-                ))
-                .bind(ns.as_str())
-                .bind(a.as_bytes().to_vec())
-                .bind(limit)
-                .fetch_all(self.pool())
-                .await
-            }
-        }
-        .map_err(db_err)?;
-        rows.iter()
-            .map(|r| Ok((digest_col(r, 0)?, size_col(r, 1)?)))
-            .collect()
+        scan_entries(
+            self.pool(),
+            &self.inner.schema,
+            "lo_entries",
+            ns,
+            after,
+            limit,
+        )
+        .await
     }
 
     fn gc_seam(&self) -> Option<GcSeam> {

@@ -16,8 +16,8 @@ use store_types::{Engine, KvEngine};
 
 use crate::batch::{GroupCommit, PutStats};
 use crate::plumbing::{
-    aligned, connect_pool, db_err, digest_col, digest_params, instance_identity, migrate,
-    namespace_col, now_ms, size_col, sql, to_i64, validate_schema,
+    aligned, connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces,
+    migrate, now_ms, scan_entries, size_col, sql, to_i64, validate_schema,
 };
 use crate::seam::{PgGcSchema, PgPins, PgSweepLock};
 use crate::window::PgWindow;
@@ -237,20 +237,7 @@ impl Engine for PostgresEngine {
     }
 
     async fn namespaces(&self) -> Result<Vec<Namespace>> {
-        // A loose index scan: one index probe per namespace, not per row.
-        let rows = sqlx::query(self.sql(
-            "WITH RECURSIVE n(ns) AS (
-                 SELECT min(ns) FROM {schema}.entries
-                 UNION ALL
-                 SELECT (SELECT min(e.ns) FROM {schema}.entries e WHERE e.ns > n.ns)
-                 FROM n WHERE n.ns IS NOT NULL
-             )
-             SELECT ns FROM n WHERE ns IS NOT NULL",
-        ))
-        .fetch_all(self.pool())
-        .await
-        .map_err(db_err)?;
-        rows.iter().map(|r| namespace_col(r, 0)).collect()
+        list_namespaces(self.pool(), &self.inner.schema, "entries").await
     }
 
     async fn scan(
@@ -259,34 +246,7 @@ impl Engine for PostgresEngine {
         after: Option<Digest>,
         limit: usize,
     ) -> Result<Vec<(Digest, u64)>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = match after {
-            None => {
-                sqlx::query(self.sql(
-                    "SELECT digest, size FROM {schema}.entries WHERE ns = $1
-                     ORDER BY digest LIMIT $2",
-                ))
-                .bind(ns.as_str())
-                .bind(limit)
-                .fetch_all(self.pool())
-                .await
-            }
-            Some(a) => {
-                sqlx::query(self.sql(
-                    "SELECT digest, size FROM {schema}.entries WHERE ns = $1 AND digest > $2
-                     ORDER BY digest LIMIT $3",
-                ))
-                .bind(ns.as_str())
-                .bind(a.as_bytes().to_vec())
-                .bind(limit)
-                .fetch_all(self.pool())
-                .await
-            }
-        }
-        .map_err(db_err)?;
-        rows.iter()
-            .map(|r| Ok((digest_col(r, 0)?, size_col(r, 1)?)))
-            .collect()
+        scan_entries(self.pool(), &self.inner.schema, "entries", ns, after, limit).await
     }
 
     fn gc_seam(&self) -> Option<GcSeam> {

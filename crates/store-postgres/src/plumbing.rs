@@ -347,6 +347,52 @@ pub fn aligned(digests: &[Digest], matched: &std::collections::HashSet<Digest>) 
     digests.iter().map(|d| matched.contains(d)).collect()
 }
 
+/// The namespaces holding rows in `<schema>.<table>` (a table with an
+/// `ns` column): a loose index scan, one index probe per namespace.
+pub async fn list_namespaces(pool: &PgPool, schema: &str, table: &str) -> Result<Vec<Namespace>> {
+    let template = "WITH RECURSIVE n(ns) AS (
+             SELECT min(ns) FROM {schema}.{table}
+             UNION ALL
+             SELECT (SELECT min(e.ns) FROM {schema}.{table} e WHERE e.ns > n.ns)
+             FROM n WHERE n.ns IS NOT NULL
+         )
+         SELECT ns FROM n WHERE ns IS NOT NULL"
+        .replace("{table}", table);
+    let rows = sqlx::query(sql(schema, &template))
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
+    rows.iter().map(|r| namespace_col(r, 0)).collect()
+}
+
+/// Keyset pagination over `<schema>.<table>` (columns `ns`, `digest`,
+/// `size`): up to `limit` digests of `ns` after `after`, ascending.
+pub async fn scan_entries(
+    pool: &PgPool,
+    schema: &str,
+    table: &str,
+    ns: &Namespace,
+    after: Option<Digest>,
+    limit: usize,
+) -> Result<Vec<(Digest, u64)>> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    // x'' sorts below every digest, so one statement serves the first page.
+    let after = after.map(|a| a.as_bytes().to_vec()).unwrap_or_default();
+    let template = "SELECT digest, size FROM {schema}.{table} WHERE ns = $1 AND digest > $2
+         ORDER BY digest LIMIT $3"
+        .replace("{table}", table);
+    let rows = sqlx::query(sql(schema, &template))
+        .bind(ns.as_str())
+        .bind(after)
+        .bind(limit)
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
+    rows.iter()
+        .map(|r| Ok((digest_col(r, 0)?, size_col(r, 1)?)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
