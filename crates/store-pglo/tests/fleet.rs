@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{blob, key_of, put, read_all, TestSchema};
+use common::{blob, key_of, put, read_all, OpenEngine, TestSchema};
 use sqlx::AssertSqlSafe;
 use store_pglo::PgLoEngine;
 use store_postgres::PostgresEngine;

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{blob, key_of, ns, put, read_all, TestSchema};
+use common::{blob, key_of, ns, put, read_all, OpenEngine, TestSchema};
 use store_pglo::PgLoEngine;
 use store_types::{
     Digest, Engine, Error, Instance, Key, LargeEngine, PublishOutcome, Sharing, StagedWrite,

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{blob, key_of, put, read_all, TestSchema};
+use common::{blob, key_of, put, read_all, OpenEngine, TestSchema};
 use store_pglo::{PGLO_COMPONENT, PGLO_STEPS};
 use store_postgres::plumbing::schema_version;
 use store_types::{Engine, PublishOutcome, StagedCandidate, Timestamp};

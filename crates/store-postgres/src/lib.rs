@@ -77,6 +77,8 @@ mod engine;
 mod fleet;
 pub mod plumbing;
 mod seam;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod window;
 
 pub use batch::{PutStats, MAX_BATCH, MAX_BATCH_BYTES, WRITERS};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{blob, key_of, ns, read_all, TestSchema};
+use common::{blob, key_of, ns, read_all, OpenEngine, TestSchema};
 use sqlx::AssertSqlSafe;
 use store_postgres::plumbing::key_lock;
 use store_postgres::PostgresEngine;

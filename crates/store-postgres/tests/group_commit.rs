@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{blob, key_of, TestSchema};
+use common::{blob, key_of, OpenEngine, TestSchema};
 use store_types::{Engine, KvEngine, PublishOutcome};
 
 const PUTTERS: usize = 16;

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{blob, key_of, ns, read_all, TestSchema};
+use common::{blob, key_of, ns, read_all, OpenEngine, TestSchema};
 use store_postgres::PostgresEngine;
 use store_types::{Digest, Engine, Error, Instance, Key, KvEngine, PublishOutcome, Sharing};
 
@@ -190,7 +190,7 @@ async fn descriptor_names_the_cluster_database_and_schema() {
 
 #[tokio::test]
 async fn invalid_schema_names_are_config_errors() {
-    let url = common::database_url();
+    let url = store_postgres::testing::database_url();
     for bad in [
         "",
         "Bad",

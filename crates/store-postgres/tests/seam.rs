@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{key_of, ns, TestSchema};
+use common::{key_of, ns, OpenEngine, TestSchema};
 use store_types::{Digest, Engine, Key, StagedCandidate, Timestamp};
 
 fn cand(key: &Key, size: u64, at: i64) -> StagedCandidate {

@@ -1,0 +1,105 @@
+//! Test support shared by every crate whose tests need PostgreSQL (feature
+//! `testing`): a uniquely named schema per test, removed when the guard
+//! drops — also when the test panics — with its large objects unlinked
+//! first (they are database-wide and would otherwise leak).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sqlx::Connection;
+use store_types::Digest;
+
+/// The server tests use when `DATABASE_URL` is unset.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// `DATABASE_URL`, or [`DEFAULT_DATABASE_URL`].
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string())
+}
+
+/// The panic message of a test that cannot reach its server: tests never
+/// pass by skipping.
+pub fn unreachable_msg(url: &str, e: &dyn std::fmt::Display) -> String {
+    format!(
+        "cannot use PostgreSQL at DATABASE_URL={url} ({e}); set DATABASE_URL to a reachable \
+         server (tests never skip)"
+    )
+}
+
+/// A fresh schema name (not yet created), dropped with everything in it
+/// when the guard drops.
+pub struct TestSchema {
+    /// The database URL.
+    pub url: String,
+    /// The schema name (`t_` + 24 hex).
+    pub name: String,
+}
+
+impl Default for TestSchema {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestSchema {
+    /// A new unique name on `DATABASE_URL`.
+    pub fn new() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let seed = format!(
+            "{nanos}/{}/{}/{:?}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            std::thread::current().id()
+        );
+        TestSchema {
+            url: database_url(),
+            name: format!("t_{}", &Digest::of(seed.as_bytes()).to_hex()[..24]),
+        }
+    }
+
+    /// A pool to the test database; panics naming `DATABASE_URL` when the
+    /// server is unreachable.
+    pub async fn pool(&self) -> sqlx::PgPool {
+        sqlx::PgPool::connect(&self.url)
+            .await
+            .unwrap_or_else(|e| panic!("{}", unreachable_msg(&self.url, &e)))
+    }
+}
+
+impl Drop for TestSchema {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let q = format!("\"{}\"", self.name);
+        let stmt = format!(
+            "DO $$ BEGIN
+                IF to_regclass('{q}.lo_entries') IS NOT NULL THEN
+                    PERFORM lo_unlink(m.oid) FROM pg_largeobject_metadata m
+                    WHERE m.oid IN (SELECT oid FROM {q}.lo_entries);
+                END IF;
+             END $$;
+             DROP SCHEMA IF EXISTS {q} CASCADE"
+        );
+        // Drop may run inside or outside a runtime: use a private one on a
+        // thread of its own.
+        let joined = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(sqlx::Error::Io)?;
+            rt.block_on(async move {
+                let mut conn = sqlx::PgConnection::connect(&url).await?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
+                    .execute(&mut conn)
+                    .await?;
+                conn.close().await
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = joined {
+            eprintln!("could not drop test schema {}: {e}", self.name);
+        }
+    }
+}
