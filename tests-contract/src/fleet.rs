@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::Connection;
 use store_core::{ManualClock, Mode, Store, StoreBuilder};
 use store_local::{LocalEngine, LocalOptions};
+use store_object::s3_testing::TestBucket;
 use store_pglo::PgLoEngine;
 use store_postgres::PostgresEngine;
 use store_types::{Digest, Key, KvEngine, LargeEngine, LivenessTable, Namespace, Timestamp};
@@ -24,6 +25,9 @@ pub enum FleetLarge {
     SharedLocal,
     /// pg-lo in the same database.
     PgLo,
+    /// `store-object` on one S3 bucket (the moto test server) every node
+    /// reaches through its own client.
+    Object,
 }
 
 /// One fleet's storage.
@@ -40,6 +44,8 @@ pub struct FleetEnv {
     pub window: Duration,
     /// Pin TTL of every node.
     pub pin_ttl: Duration,
+    /// The bucket of [`FleetLarge::Object`].
+    pub bucket: Option<TestBucket>,
 }
 
 impl FleetEnv {
@@ -47,7 +53,13 @@ impl FleetEnv {
     /// `<kv schema>.refs (ns text, digest bytea)`.
     pub async fn new(large: FleetLarge, window: Duration, pin_ttl: Duration) -> FleetEnv {
         let pg = PgSchemas::create().await;
+        let bucket = if large == FleetLarge::Object {
+            Some(TestBucket::create().await)
+        } else {
+            None
+        };
         let env = FleetEnv {
+            bucket,
             pg,
             dir: tempfile::tempdir().expect("temp dir"),
             clock: ManualClock::new(Timestamp(5_000_000)),
@@ -107,7 +119,16 @@ impl FleetEnv {
                     .await
                     .expect("open pg-lo"),
             )),
+            FleetLarge::Object => Some(Arc::new(self.object_engine().await)),
         }
+    }
+
+    /// A new node's object engine on the fleet's bucket (its own client).
+    pub async fn object_engine(&self) -> store_object::ObjectEngine {
+        let bucket = self.bucket.as_ref().expect("an object-store fleet");
+        bucket
+            .engine("fleet", crate::ObjectBackend::S3.options())
+            .await
     }
 
     /// A builder for a node with the given engines (fleet on).

@@ -6,6 +6,10 @@ use std::time::Duration;
 use store_core::{ManualClock, Mode, Namespace, Store};
 use store_local::{LocalEngine, LocalOptions};
 use store_mem::MemEngine;
+use store_object::object_store::memory::InMemory;
+use store_object::object_store::ObjectStore;
+use store_object::s3_testing::TestBucket;
+use store_object::{ObjectEngine, ObjectOptions};
 use store_pglo::PgLoEngine;
 use store_postgres::PostgresEngine;
 use store_sqlite::{SqliteEngine, SqliteOptions};
@@ -35,6 +39,36 @@ pub enum LargeSpec {
     Local,
     /// `store-pglo` in a fresh schema.
     PgLo,
+    /// `store-object` over an object_store backend.
+    Object(ObjectBackend),
+}
+
+/// The object_store backend of a [`LargeSpec::Object`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectBackend {
+    /// `InMemory` (kept across reopen).
+    Memory,
+    /// `LocalFileSystem` in a temp dir (`file://`).
+    LocalFs,
+    /// A fresh bucket on the S3-compatible test server
+    /// (`BLOBPOOL_TEST_S3_ENDPOINT`, moto).
+    S3,
+}
+
+impl ObjectBackend {
+    /// Engine options for the contract suite: a low multipart threshold so
+    /// most large-tier blobs go through staging and copy-if-not-exists.
+    pub fn options(self) -> ObjectOptions {
+        ObjectOptions {
+            multipart_threshold: 8 << 10,
+            part_size: if self == ObjectBackend::S3 {
+                5 << 20
+            } else {
+                1 << 20
+            },
+            ..ObjectOptions::default()
+        }
+    }
 }
 
 /// One composite of the contract matrix.
@@ -75,6 +109,11 @@ impl Spec {
     pub fn uses_postgres(&self) -> bool {
         self.kv == KvSpec::Postgres || self.large == Some(LargeSpec::PgLo)
     }
+
+    /// Whether the large tier needs the S3 test server.
+    pub fn uses_s3(&self) -> bool {
+        self.large == Some(LargeSpec::Object(ObjectBackend::S3))
+    }
 }
 
 /// Per-harness knobs.
@@ -102,12 +141,17 @@ pub(crate) enum Large {
     Mem(MemEngine),
     Local(Arc<LocalEngine>),
     PgLo(Arc<PgLoEngine>),
+    Object(Arc<ObjectEngine>),
 }
 
 /// Storage that outlives a store instance (so tests can reopen).
 pub struct Env {
     dir: tempfile::TempDir,
     pg: Option<crate::pg::PgSchemas>,
+    /// The `InMemory` object store of [`ObjectBackend::Memory`].
+    object_mem: Arc<dyn ObjectStore>,
+    /// The bucket of [`ObjectBackend::S3`].
+    bucket: Option<TestBucket>,
 }
 
 /// An opened composite.
@@ -144,7 +188,17 @@ impl Harness {
         } else {
             None
         };
-        let env = Arc::new(Env { dir, pg });
+        let bucket = if spec.uses_s3() {
+            Some(TestBucket::create().await)
+        } else {
+            None
+        };
+        let env = Arc::new(Env {
+            dir,
+            pg,
+            object_mem: Arc::new(InMemory::new()),
+            bucket,
+        });
         let clock = ManualClock::new(Timestamp(1_000_000));
         Self::build(spec, opts, env, clock, None, None).await
     }
@@ -189,6 +243,23 @@ impl Harness {
                         .expect("open pg-lo"),
                 )))
             }
+            Some(LargeSpec::Object(backend)) => {
+                let options = backend.options();
+                let engine = match backend {
+                    ObjectBackend::Memory => {
+                        ObjectEngine::new(env.object_mem.clone(), options).await
+                    }
+                    ObjectBackend::LocalFs => {
+                        let url = format!("file://{}", env.dir.path().join("objects").display());
+                        ObjectEngine::from_url(&url, options).await
+                    }
+                    ObjectBackend::S3 => {
+                        let bucket = env.bucket.as_ref().expect("S3 env");
+                        Ok(bucket.engine("pool", options).await)
+                    }
+                };
+                Some(Large::Object(Arc::new(engine.expect("open object engine"))))
+            }
         };
         let mut b = Store::builder()
             .mode(spec.mode())
@@ -204,6 +275,7 @@ impl Harness {
             Some(Large::Mem(e)) => b.large(e.clone()),
             Some(Large::Local(e)) => b.large_shared(e.clone()),
             Some(Large::PgLo(e)) => b.large_shared(e.clone()),
+            Some(Large::Object(e)) => b.large_shared(e.clone()),
         };
         let store = b.build().await.expect("build store");
         Harness {
@@ -258,6 +330,7 @@ impl Harness {
                 Large::Mem(e) => Arc::new(e.clone()),
                 Large::Local(e) => e.clone(),
                 Large::PgLo(e) => e.clone(),
+                Large::Object(e) => e.clone(),
             }
         })
     }
@@ -281,14 +354,19 @@ impl Harness {
             (store_types::Tier::Large, _, Some(Large::PgLo(e))) => {
                 e.corrupt_one_byte(key).await.unwrap()
             }
+            (store_types::Tier::Large, _, Some(Large::Object(e))) => {
+                e.corrupt_one_byte(key).await.unwrap()
+            }
             (tier, _, None) => panic!("{tier} entry in a store without a large tier"),
         }
     }
 
-    /// Stage files left in the large tier (0 for engines without files).
-    pub fn stage_files(&self) -> usize {
+    /// Stage files (or stage objects) left in the large tier (0 for
+    /// engines without them).
+    pub async fn stage_files(&self) -> usize {
         match &self.large {
             Some(Large::Local(e)) => e.stage_file_count().expect("count stage files"),
+            Some(Large::Object(e)) => e.stage_object_count().await.expect("count stage objects"),
             _ => 0,
         }
     }

@@ -21,7 +21,7 @@ mod harness;
 pub mod pg;
 pub mod support;
 
-pub use harness::{ns, Harness, KvSpec, LargeSpec, Opts, Spec, THRESHOLD};
+pub use harness::{ns, Harness, KvSpec, LargeSpec, ObjectBackend, Opts, Spec, THRESHOLD};
 
 /// mem-only: kv=mem, no large tier, any size.
 pub const MEM_ONLY: Spec = Spec {
@@ -98,6 +98,28 @@ pub const MEM_PGLO: Spec = Spec {
     name: "mem+pg-lo",
     kv: KvSpec::Mem,
     large: Some(LargeSpec::PgLo),
+    mem_only: false,
+};
+
+/// dual-tier sqlite + object store over `InMemory`.
+pub const SQLITE_OBJECT_MEM: Spec = Spec {
+    name: "sqlite+object(memory)",
+    kv: KvSpec::Sqlite,
+    large: Some(LargeSpec::Object(ObjectBackend::Memory)),
+    mem_only: false,
+};
+/// dual-tier mem + object store over `LocalFileSystem` (`file://`).
+pub const MEM_OBJECT_FS: Spec = Spec {
+    name: "mem+object(file)",
+    kv: KvSpec::Mem,
+    large: Some(LargeSpec::Object(ObjectBackend::LocalFs)),
+    mem_only: false,
+};
+/// dual-tier postgres + object store over S3 (the moto test server).
+pub const POSTGRES_OBJECT_S3: Spec = Spec {
+    name: "postgres+object(s3)",
+    kv: KvSpec::Postgres,
+    large: Some(LargeSpec::Object(ObjectBackend::S3)),
     mem_only: false,
 };
 

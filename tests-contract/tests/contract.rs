@@ -34,3 +34,12 @@ mod sqlite_pglo {
 mod mem_pglo {
     tests_contract::contract_suite!(tests_contract::MEM_PGLO);
 }
+mod sqlite_object_mem {
+    tests_contract::contract_suite!(tests_contract::SQLITE_OBJECT_MEM);
+}
+mod mem_object_fs {
+    tests_contract::contract_suite!(tests_contract::MEM_OBJECT_FS);
+}
+mod postgres_object_s3 {
+    tests_contract::contract_suite!(tests_contract::POSTGRES_OBJECT_S3);
+}

@@ -12,12 +12,14 @@ use async_trait::async_trait;
 use store_core::{Error, GcAbortCause, Key, Mode, Namespace, ProtectCallback, Store, SweepOptions};
 use store_local::{LocalEngine, LocalOptions};
 use store_mem::MemEngine;
+use store_object::s3_testing::TestBucket;
+use store_object::{ObjectEngine, ObjectOptions};
 use store_pglo::PgLoEngine;
 use store_sqlite::{SqliteEngine, SqliteOptions};
 use store_types::{Digest, KvEngine};
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
-use tests_contract::THRESHOLD;
+use tests_contract::{ObjectBackend, THRESHOLD};
 use tokio::sync::Notify;
 
 fn ns() -> Namespace {
@@ -70,6 +72,13 @@ async fn construction_matrix() {
         .build()
         .await
         .expect("postgres + shared local");
+    // An object store is shared by nature (ADR-019): valid, no declaration.
+    let bucket = TestBucket::create().await;
+    let object = bucket.engine("matrix", ObjectBackend::S3.options()).await;
+    env.builder("l", pg().await, Some(Arc::new(object)))
+        .build()
+        .await
+        .expect("postgres + object store (S3)");
 
     // Invalid, each with its own clause.
     let sqlite = SqliteEngine::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
@@ -103,6 +112,26 @@ async fn construction_matrix() {
         .unwrap();
     config_err(
         env.builder("h", pg().await, Some(Arc::new(local)))
+            .build()
+            .await,
+        "declared on shared media",
+    );
+    // ... but not an in-process object store, nor an undeclared directory.
+    let in_memory = ObjectEngine::from_url("memory://", ObjectOptions::default())
+        .await
+        .unwrap();
+    config_err(
+        env.builder("m", pg().await, Some(Arc::new(in_memory)))
+            .build()
+            .await,
+        "in-memory engine `object` as the large tier",
+    );
+    let file_url = format!("file://{}", dir.path().join("objects").display());
+    let file = ObjectEngine::from_url(&file_url, ObjectOptions::default())
+        .await
+        .unwrap();
+    config_err(
+        env.builder("n", pg().await, Some(Arc::new(file)))
             .build()
             .await,
         "declared on shared media",
@@ -258,72 +287,118 @@ async fn two_processes_exactly_one_sweeps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interleaved_puts_and_sweeps_never_lose_protected_entries() {
     for large in [FleetLarge::SharedLocal, FleetLarge::PgLo] {
-        let ttl = Duration::from_secs(30);
-        let env = FleetEnv::new(large, Duration::ZERO, ttl).await;
-        let (a, b) = (env.node("a", &ns()).await, env.node("b", &ns()).await);
-        let items: Vec<Vec<u8>> = (0..6)
-            .map(|i| {
-                content(
-                    70 + i,
-                    if i % 2 == 0 {
-                        100
-                    } else {
-                        THRESHOLD as usize * 3
-                    },
-                )
-            })
-            .collect();
-        let keys: Vec<Key> = items
-            .iter()
-            .map(|d| Key::new(ns(), Digest::of(d)))
-            .collect();
-        let mut pinned_until = [0i64; 6];
-        let mut referenced = [false; 6];
-        let mut known_present = [false; 6];
-        let mut rng: u64 = 0x5EED_0001;
-        for step in 0..60 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let i = (rng % 6) as usize;
-            let now = || env.clock_now();
-            match (rng >> 8) % 5 {
-                0 | 1 => {
-                    let node = if rng & 1 == 0 { &a } else { &b };
-                    drop(node.put(&ns(), &items[i][..], None, None).await.unwrap());
-                    pinned_until[i] = now() + ttl.as_millis() as i64;
-                }
-                2 => {
-                    referenced[i] = !referenced[i];
-                    env.set_ref(&keys[i], referenced[i]).await;
-                }
-                3 => env.clock.advance(Duration::from_secs(rng % 20)),
-                _ => {
-                    let sweeper = if rng & 2 == 0 { &b } else { &a };
-                    assert_eq!(sweep(sweeper).await.aborted, None);
-                }
+        interleaved_puts_and_sweeps(large).await;
+    }
+}
+
+/// Two nodes over postgres (kv, pins, sweep lock) + one S3 bucket (large
+/// tier, pin row first, then the publishing copy): the invariant holds
+/// under interleaved puts and sweeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_store_fleet_interleaved_puts_and_sweeps() {
+    interleaved_puts_and_sweeps(FleetLarge::Object).await;
+}
+
+/// Two nodes putting one large blob at once through the shared bucket:
+/// all puts succeed, one entry with the right bytes, a pin row per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_store_fleet_racing_puts_of_one_blob() {
+    let env = FleetEnv::new(FleetLarge::Object, MIN, MIN).await;
+    let (a, b) = (env.node("a", &ns()).await, env.node("b", &ns()).await);
+    for round in 0..4u64 {
+        let data = Arc::new(content(200 + round, THRESHOLD as usize * 5));
+        let puts = [a.clone(), b.clone(), a.clone(), b.clone()].map(|n| {
+            let data = data.clone();
+            tokio::spawn(async move { n.put(&ns(), &data[..], None, None).await })
+        });
+        let mut fresh = 0;
+        let mut key = None;
+        for p in puts {
+            let r = p.await.unwrap().unwrap();
+            fresh += usize::from(!r.deduplicated);
+            key = Some(r.key().clone());
+        }
+        let key = key.unwrap();
+        // At most one write per node (each serialises its publishes of a
+        // key); across nodes the server's conditional write decides — one
+        // on S3, occasionally two on moto, whose If-None-Match check on
+        // CompleteMultipartUpload is not atomic. Every put succeeds and
+        // there is one entry either way.
+        assert!((1..=2).contains(&fresh), "round {round}: {fresh} writes");
+        assert_eq!(env.pin_rows(&key).await, 2, "one pin row per node");
+        let got = b.get(&key).await.unwrap().unwrap().bytes().await.unwrap();
+        assert_eq!(got, &data[..]);
+    }
+    let engine = env.object_engine().await;
+    assert_eq!(engine.stage_object_count().await.unwrap(), 0);
+}
+
+async fn interleaved_puts_and_sweeps(large: FleetLarge) {
+    let ttl = Duration::from_secs(30);
+    let env = FleetEnv::new(large, Duration::ZERO, ttl).await;
+    let (a, b) = (env.node("a", &ns()).await, env.node("b", &ns()).await);
+    let items: Vec<Vec<u8>> = (0..6)
+        .map(|i| {
+            content(
+                70 + i,
+                if i % 2 == 0 {
+                    100
+                } else {
+                    THRESHOLD as usize * 3
+                },
+            )
+        })
+        .collect();
+    let keys: Vec<Key> = items
+        .iter()
+        .map(|d| Key::new(ns(), Digest::of(d)))
+        .collect();
+    let mut pinned_until = [0i64; 6];
+    let mut referenced = [false; 6];
+    let mut known_present = [false; 6];
+    let mut rng: u64 = 0x5EED_0001;
+    for step in 0..60 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let i = (rng % 6) as usize;
+        let now = || env.clock_now();
+        match (rng >> 8) % 5 {
+            0 | 1 => {
+                let node = if rng & 1 == 0 { &a } else { &b };
+                drop(node.put(&ns(), &items[i][..], None, None).await.unwrap());
+                pinned_until[i] = now() + ttl.as_millis() as i64;
             }
-            for j in 0..6 {
-                let present = a.has(&keys[j]).await.unwrap();
-                assert_eq!(present, b.has(&keys[j]).await.unwrap(), "nodes agree");
-                if known_present[j] && (pinned_until[j] > now() || referenced[j]) {
-                    assert!(present, "step {step}: protected item {j} lost");
-                }
-                known_present[j] = present;
+            2 => {
+                referenced[i] = !referenced[i];
+                env.set_ref(&keys[i], referenced[i]).await;
+            }
+            3 => env.clock.advance(Duration::from_secs(rng % 20)),
+            _ => {
+                let sweeper = if rng & 2 == 0 { &b } else { &a };
+                assert_eq!(sweep(sweeper).await.aborted, None);
             }
         }
-        // Unreferenced entries go by the second sweep past pin expiry.
-        for (j, k) in keys.iter().enumerate() {
-            if referenced[j] {
-                env.set_ref(k, false).await;
+        for j in 0..6 {
+            let present = a.has(&keys[j]).await.unwrap();
+            assert_eq!(present, b.has(&keys[j]).await.unwrap(), "nodes agree");
+            if known_present[j] && (pinned_until[j] > now() || referenced[j]) {
+                assert!(present, "step {step}: protected item {j} lost");
             }
+            known_present[j] = present;
         }
-        env.clock.advance(ttl + Duration::from_secs(1));
-        sweep(&b).await;
-        sweep(&a).await;
-        for k in &keys {
-            assert!(!a.has(k).await.unwrap(), "{k} should be collected");
+    }
+    // Unreferenced entries go by the second sweep past pin expiry.
+    for (j, k) in keys.iter().enumerate() {
+        if referenced[j] {
+            env.set_ref(k, false).await;
         }
+    }
+    env.clock.advance(ttl + Duration::from_secs(1));
+    sweep(&b).await;
+    sweep(&a).await;
+    for k in &keys {
+        assert!(!a.has(k).await.unwrap(), "{k} should be collected");
     }
 }
 

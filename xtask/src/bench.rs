@@ -1,5 +1,64 @@
-//! `cargo xtask bench`: see docs/BENCHMARKS.md.
+//! `cargo xtask bench [--quick] [--write] [--only a,b]`: builds the `bench`
+//! crate's binaries in release mode and runs `bench-table`, which measures
+//! the suite — every figure together with the machine's limits and the
+//! `cacache` peer, interleaved in the same run — and prints one Markdown
+//! table. `--write` also writes `docs/BENCHMARKS.md`. See that file.
+//!
+//! `--quick` keeps the run to a few minutes; the full run takes longer.
+//! Detailed criterion figures: `cargo bench -p bench`.
 
-pub(crate) fn run(_args: &[String]) -> Result<(), String> {
-    Err("the benchmark suite is not built yet".into())
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let mut pass: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => pass.push(a.clone()),
+            "--write" => {
+                pass.push(a.clone());
+                pass.push(
+                    workspace_root()
+                        .join("docs")
+                        .join("BENCHMARKS.md")
+                        .display()
+                        .to_string(),
+                );
+            }
+            "--only" => {
+                let list = it.next().ok_or("--only needs a comma-separated list")?;
+                pass.push(a.clone());
+                pass.push(list.clone());
+            }
+            other => {
+                return Err(format!(
+                    "unknown bench argument {other:?}; usage: cargo xtask bench [--quick] [--write] [--only mem,local,sqlite,composite,postgres,pglo,sweep,cross,memory]"
+                ))
+            }
+        }
+    }
+    crate::cargo(&["build", "--release", "-p", "bench", "--bins"])?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let exe = target.join("release").join("bench-table");
+    eprintln!("$ {} {}", exe.display(), pass.join(" "));
+    let status = Command::new(&exe)
+        .args(&pass)
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("bench-table failed ({status})"))
+    }
 }

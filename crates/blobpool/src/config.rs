@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! kv = "sqlite://./blobpool-data/kv.sqlite"   # sqlite://PATH | postgres://…[?schema=S] | mem://
-//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | mem:// | none
+//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | s3://BUCKET/PREFIX | object+file:///PATH | mem:// | none
 //! mode = "dual-tier"                          # mem-only | kv-only | dual-tier (default: derived)
 //! threshold = 65536                           # bytes; kv/large boundary (kv-only: the size limit)
 //! fleet = false                               # ADR-012 §3 fleet admission
@@ -101,6 +101,10 @@ pub enum LargeSpec {
         /// Schema holding the tables.
         schema: String,
     },
+    /// `s3://bucket/prefix` (settings from `AWS_*` variables),
+    /// `object+file:///abs/path` or `object+memory://`: an object-store
+    /// large tier (`store-object`), with the URL it takes.
+    Object(String),
     /// `mem://`.
     Mem,
 }
@@ -240,8 +244,16 @@ pub fn parse_large(url: &str, default_schema: &str) -> Result<Option<LargeSpec>,
     if url == "mem://" || url == "mem:" || url == "mem" {
         return Ok(Some(LargeSpec::Mem));
     }
+    if url.starts_with("s3://") {
+        return Ok(Some(LargeSpec::Object(url.to_string())));
+    }
+    if let Some(rest) = url.strip_prefix("object+") {
+        if rest.starts_with("file://") || rest.starts_with("memory://") {
+            return Ok(Some(LargeSpec::Object(rest.to_string())));
+        }
+    }
     Err(format!(
-        "unsupported large URL {url:?}: expected file://PATH, pglo://…, postgres+lo://…, mem://, or none"
+        "unsupported large URL {url:?}: expected file://PATH, pglo://…, postgres+lo://…, s3://BUCKET/PREFIX, object+file:///PATH, object+memory://, mem://, or none"
     ))
 }
 
@@ -417,6 +429,10 @@ impl Config {
             Some(LargeSpec::PgLo { url, schema }) => Some(Arc::new(
                 store_pglo::PgLoEngine::connect(url, schema).await?,
             )),
+            Some(LargeSpec::Object(url)) => Some(Arc::new(
+                store_object::ObjectEngine::from_url(url, store_object::ObjectOptions::default())
+                    .await?,
+            )),
             Some(LargeSpec::Mem) => Some(Arc::new(store_mem::MemEngine::new())),
         };
         let mut b = Store::builder()
@@ -486,6 +502,46 @@ mod tests {
         assert_eq!(c.listen, DEFAULT_LISTEN);
         assert!(!c.fleet);
         assert!(c.unreferenced_namespaces.is_empty());
+    }
+
+    #[test]
+    fn object_store_urls_select_the_object_engine() {
+        for (url, want) in [
+            ("s3://bucket/pool", "s3://bucket/pool"),
+            ("object+file:///srv/pool", "file:///srv/pool"),
+            ("object+memory://", "memory://"),
+        ] {
+            assert_eq!(
+                parse_large(url, "s").unwrap(),
+                Some(LargeSpec::Object(want.into())),
+                "{url}"
+            );
+        }
+        assert!(parse_large("object+ftp://x", "s").is_err());
+    }
+
+    #[tokio::test]
+    async fn an_object_store_large_tier_opens_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::from_toml(&format!(
+            "kv = \"mem://\"\nlarge = \"object+file://{}\"\nthreshold = 16",
+            dir.path().display()
+        ))
+        .unwrap();
+        let store = c.open_store().await.unwrap();
+        let ns = store_types::Namespace::new("t").unwrap();
+        let body = vec![7u8; 1000];
+        let r = store.put(&ns, &body[..], None, None).await.unwrap();
+        assert_eq!(r.tier, store_types::Tier::Large);
+        let got = store
+            .get(r.key())
+            .await
+            .unwrap()
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(&got[..], &body[..]);
     }
 
     #[test]

@@ -154,6 +154,7 @@ async fn sweep_report_json() {
         "namespaces",
         "unswept_namespaces",
         "reaped_pins",
+        "reaped_stages",
         "duration",
     ]);
     // Pinned by the token: protected, nothing staged.

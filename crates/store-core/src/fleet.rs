@@ -52,7 +52,7 @@ pub(crate) fn validate(
     };
     if let Some(l) = large {
         match l.sharing {
-            Sharing::DeclaredMedia { shared_media: true } => {}
+            Sharing::DeclaredMedia { shared_media: true } | Sharing::SharedService => {}
             Sharing::DatabaseServer if l.instance.same_database(&kv.instance) => {}
             Sharing::DeclaredMedia { shared_media: false } => {
                 return Err(Error::Config(format!(

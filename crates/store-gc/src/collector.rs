@@ -431,6 +431,9 @@ impl Collector {
         if let Some(pins) = &self.cfg.fleet_pins {
             report.reaped_pins = pins.reap_expired(now).await?;
         }
+        for tier in &self.tiers {
+            report.reaped_stages += tier.maintain(now).await?;
+        }
         report.finish(started.elapsed());
         Ok(report)
     }

@@ -95,6 +95,9 @@ pub struct SweepReport {
     pub unswept_namespaces: Vec<Namespace>,
     /// Expired fleet pin rows removed by maintenance.
     pub reaped_pins: u64,
+    /// Leftovers of interrupted puts (stage files or objects) removed by
+    /// the engines' maintenance step.
+    pub reaped_stages: u64,
     /// Wall time of the sweep.
     #[serde(with = "duration_ms")]
     pub duration: Duration,

@@ -16,6 +16,16 @@ use crate::LocalEngine;
 
 #[async_trait]
 impl Engine for LocalEngine {
+    /// Removes stage files no live put holds (their `flock` is free):
+    /// leftovers of puts interrupted since the engine opened.
+    async fn maintain(&self, _now: store_types::Timestamp) -> Result<u64> {
+        let dir = self.inner.stage_dir.clone();
+        let removed = tokio::task::spawn_blocking(move || crate::fsio::remove_orphan_stages(&dir))
+            .await
+            .map_err(|e| store_types::Error::Io(format!("stage cleanup task failed: {e}")))??;
+        Ok(removed as u64)
+    }
+
     fn descriptor(&self) -> EngineDescriptor {
         EngineDescriptor {
             kind: "local",

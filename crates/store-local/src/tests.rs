@@ -161,6 +161,38 @@ async fn orphan_stage_files_are_removed_at_open_but_live_stages_are_kept() {
 }
 
 #[tokio::test]
+async fn maintenance_reaps_orphans_but_not_live_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(CHUNK_SIZE, 4);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let mut live = engine.stage(&key.namespace).await.unwrap();
+    live.write(Bytes::from(data.clone())).await.unwrap();
+    // A put interrupted after the engine opened (its writer is gone).
+    fs::write(dir.path().join(".stage").join("dead.stage"), b"partial").unwrap();
+    assert_eq!(
+        engine
+            .maintain(store_types::Timestamp::now())
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        engine.stage_file_count().unwrap(),
+        1,
+        "the live stage stays"
+    );
+    assert_eq!(live.publish(&key).await.unwrap(), PublishOutcome::Inserted);
+    assert_eq!(
+        engine
+            .maintain(store_types::Timestamp::now())
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+#[tokio::test]
 async fn abort_and_drop_remove_the_stage_file() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path()).await;

@@ -164,6 +164,10 @@ pub enum Sharing {
     DatabaseServer,
     /// A single-node embedded database file (`sqlite`).
     EmbeddedFile,
+    /// A service every node reaches by the same address and sees the same
+    /// way (an object store: S3, GCS, Azure): shared by nature, no
+    /// declaration needed (ADR-019).
+    SharedService,
 }
 
 /// An engine's self-description. The facade judges configurations from
@@ -238,6 +242,15 @@ pub trait Engine: Send + Sync + 'static {
     /// `mem` and `local` answer `None`.
     fn gc_seam(&self) -> Option<GcSeam> {
         None
+    }
+
+    /// The sweep's maintenance step: removes leftovers of interrupted puts
+    /// that no live put still owns (stage files, stage objects past their
+    /// grace period). Returns how many were removed. Must never touch a
+    /// stage a live put is writing.
+    async fn maintain(&self, now: Timestamp) -> Result<u64> {
+        let _ = now;
+        Ok(0)
     }
 }
 

@@ -30,7 +30,7 @@ async fn assert_absent(h: &Harness, key: &Key) {
     );
     assert!(h.store.get(key).await.unwrap().is_none());
     assert!(h.store.stat(key).await.unwrap().is_none());
-    assert_eq!(h.stage_files(), 0, "no stage file may be left behind");
+    assert_eq!(h.stage_files().await, 0, "no stage file may be left behind");
 }
 
 /// Small put, get, stat round trip.
@@ -115,7 +115,7 @@ pub async fn over_threshold_known_length_rejected_at_once(spec: Spec) {
                 matches!(res, Err(Error::LengthMismatch { declared, .. }) if declared == THRESHOLD + 1),
                 "{res:?}"
             );
-            assert_eq!(h.stage_files(), 0);
+            assert_eq!(h.stage_files().await, 0);
         }
     }
 }
@@ -470,7 +470,7 @@ pub async fn concurrent_identical_puts(spec: Spec) {
         assert_eq!(h.store.pin_count(receipts[0].key()), 16);
         let got = h.store.get(receipts[0].key()).await.unwrap().unwrap();
         assert_eq!(got.bytes().await.unwrap(), &data[..]);
-        assert_eq!(h.stage_files(), 0);
+        assert_eq!(h.stage_files().await, 0);
     }
 }
 

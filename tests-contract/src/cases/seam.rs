@@ -40,7 +40,7 @@ fn row(kind: &str) -> Option<Row> {
             lock: false,
             tables: &["gc_window"],
         }),
-        "mem" | "local" => None,
+        "mem" | "local" | "object" => None,
         other => panic!("engine kind {other} has no row in the applicability table"),
     }
 }

@@ -1,0 +1,270 @@
+//! Stores under test, each in a scratch directory or a fresh PostgreSQL
+//! schema that is dropped afterwards.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use store_core::{Mode, Namespace, Store, MAX_THRESHOLD};
+use store_local::{LocalEngine, LocalOptions};
+use store_mem::MemEngine;
+use store_pglo::PgLoEngine;
+use store_postgres::plumbing::sql;
+use store_postgres::PostgresEngine;
+use store_sqlite::{Durability, SqliteEngine, SqliteOptions};
+
+/// Errors of the bench harness, as text.
+pub type BenchResult<T> = Result<T, String>;
+
+/// Converts any displayable error.
+pub fn err<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// The PostgreSQL the suite uses: `BLOBPOOL_BENCH_PG`, else `DATABASE_URL`,
+/// else the local test server.
+pub fn pg_url() -> String {
+    std::env::var("BLOBPOOL_BENCH_PG")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// The namespace every benchmark writes into.
+pub fn ns() -> Namespace {
+    Namespace::new("bench").expect("valid namespace")
+}
+
+/// A store with only the in-memory engine (`MemOnly`).
+pub async fn mem_store() -> BenchResult<Store> {
+    Store::builder()
+        .kv(MemEngine::new())
+        .mode(Mode::MemOnly)
+        .build()
+        .await
+        .map_err(err)
+}
+
+/// A kv-only store over SQLite at `dir/kv.sqlite` (any size up to
+/// [`MAX_THRESHOLD`] goes to SQLite). Returns the engine for its stats.
+pub async fn sqlite_store(
+    dir: &Path,
+    durability: Durability,
+) -> BenchResult<(Store, SqliteEngine)> {
+    let engine = SqliteEngine::open(
+        dir.join("kv.sqlite"),
+        SqliteOptions {
+            durability,
+            ..SqliteOptions::default()
+        },
+    )
+    .await
+    .map_err(err)?;
+    let store = Store::builder()
+        .kv(engine.clone())
+        .mode(Mode::KvOnly {
+            threshold: MAX_THRESHOLD,
+        })
+        .build()
+        .await
+        .map_err(err)?;
+    Ok((store, engine))
+}
+
+/// A store whose every non-empty entry goes to the local engine at
+/// `dir/large` (dual-tier with threshold 0; the kv tier is an in-memory
+/// engine that only ever holds the empty entry).
+pub async fn local_store(dir: &Path, fsync: bool) -> BenchResult<Store> {
+    let large = LocalEngine::open(
+        dir.join("large"),
+        LocalOptions {
+            shared_media: false,
+            fsync,
+        },
+    )
+    .await
+    .map_err(err)?;
+    Store::builder()
+        .kv(MemEngine::new())
+        .large(large)
+        .mode(Mode::DualTier { threshold: 0 })
+        .build()
+        .await
+        .map_err(err)
+}
+
+/// The default composite: SQLite (`synchronous=FULL`) for entries up to the
+/// default 64 KiB threshold, durable local files above it.
+pub async fn composite_store(dir: &Path) -> BenchResult<Store> {
+    let kv = SqliteEngine::open(dir.join("kv.sqlite"), SqliteOptions::default())
+        .await
+        .map_err(err)?;
+    let large = LocalEngine::open(dir.join("large"), LocalOptions::default())
+        .await
+        .map_err(err)?;
+    Store::builder()
+        .kv(kv)
+        .large(large)
+        .build()
+        .await
+        .map_err(err)
+}
+
+/// A kv-only store over the PostgreSQL engine in `pg`'s schema.
+pub async fn postgres_store(pg: &PgScope) -> BenchResult<(Store, PostgresEngine)> {
+    let engine = PostgresEngine::connect(&pg.url, &pg.schema)
+        .await
+        .map_err(err)?;
+    let store = Store::builder()
+        .kv(engine.clone())
+        .mode(Mode::KvOnly {
+            threshold: MAX_THRESHOLD,
+        })
+        .build()
+        .await
+        .map_err(err)?;
+    Ok((store, engine))
+}
+
+/// A store whose every non-empty entry goes to the pg-lo engine in `pg`'s
+/// schema (dual-tier, threshold 0, in-memory kv).
+pub async fn pglo_store(pg: &PgScope) -> BenchResult<Store> {
+    let large = PgLoEngine::connect(&pg.url, &pg.schema)
+        .await
+        .map_err(err)?;
+    Store::builder()
+        .kv(MemEngine::new())
+        .large(large)
+        .mode(Mode::DualTier { threshold: 0 })
+        .build()
+        .await
+        .map_err(err)
+}
+
+/// Removes every regular file below `dir` (directories stay), ignoring
+/// errors. Put workloads that write files call it between timed batches
+/// (untimed): see `docs/BENCHMARKS.md` on page-cache growth in this VM.
+pub fn wipe_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => wipe_files(&e.path()),
+            Ok(_) => {
+                let _ = std::fs::remove_file(e.path());
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Prefix of the schemas this suite creates.
+const SCHEMA_PREFIX: &str = "blobpool_bench_";
+
+/// A fresh PostgreSQL schema for one run, with its own raw-ceiling tables.
+/// [`PgScope::cleanup`] unlinks every large object the run created and drops
+/// the schema.
+pub struct PgScope {
+    /// Server URL.
+    pub url: String,
+    /// The schema (`blobpool_bench_<pid>_<n>`).
+    pub schema: String,
+    /// A pool for the raw ceilings and the cleanup.
+    pub pool: PgPool,
+    raw_oids: Mutex<Vec<u32>>,
+}
+
+impl PgScope {
+    /// Connects, removes schemas left by crashed earlier runs (whose process
+    /// is gone) and names a fresh schema (created by the engines).
+    pub async fn new() -> BenchResult<Self> {
+        let url = pg_url();
+        let pool = PgPoolOptions::new()
+            .max_connections(20)
+            .connect(&url)
+            .await
+            .map_err(|e| format!("cannot connect to PostgreSQL at {url}: {e}"))?;
+        let stale: Vec<String> = sqlx::query_scalar(
+            "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'blobpool\\_bench\\_%'",
+        )
+        .fetch_all(&pool)
+        .await
+        .map_err(err)?;
+        for schema in stale {
+            let pid = schema[SCHEMA_PREFIX.len()..]
+                .split('_')
+                .next()
+                .and_then(|p| p.parse::<u32>().ok());
+            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if !alive {
+                drop_schema(&pool, &schema).await?;
+            }
+        }
+        let schema = format!(
+            "{SCHEMA_PREFIX}{}_{}",
+            std::process::id(),
+            crate::data::unique()
+        );
+        store_postgres::plumbing::create_schema(&pool, &schema)
+            .await
+            .map_err(err)?;
+        Ok(PgScope {
+            url,
+            schema,
+            pool,
+            raw_oids: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Records a large object created by a raw ceiling, for cleanup.
+    pub fn record_oid(&self, oid: u32) {
+        self.raw_oids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(oid);
+    }
+
+    /// Unlinks the run's large objects and drops the schema.
+    pub async fn cleanup(&self) -> BenchResult<()> {
+        let oids = std::mem::take(&mut *self.raw_oids.lock().unwrap_or_else(|p| p.into_inner()));
+        for chunk in oids.chunks(1000) {
+            let chunk: Vec<sqlx::postgres::types::Oid> = chunk
+                .iter()
+                .map(|o| sqlx::postgres::types::Oid(*o))
+                .collect();
+            sqlx::query("SELECT lo_unlink(o) FROM unnest($1::oid[]) AS o WHERE EXISTS (SELECT 1 FROM pg_largeobject_metadata m WHERE m.oid = o)")
+                .bind(&chunk)
+                .execute(&self.pool)
+                .await
+                .map_err(err)?;
+        }
+        drop_schema(&self.pool, &self.schema).await
+    }
+}
+
+/// Unlinks the large objects named in `<schema>.lo_entries` (if any), then
+/// drops the schema.
+async fn drop_schema(pool: &PgPool, schema: &str) -> BenchResult<()> {
+    let has_lo: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'lo_entries')",
+    )
+    .bind(schema)
+    .fetch_one(pool)
+    .await
+    .map_err(err)?;
+    if has_lo {
+        sqlx::query(sql(
+            schema,
+            "SELECT lo_unlink(e.oid) FROM {schema}.lo_entries e
+             WHERE EXISTS (SELECT 1 FROM pg_largeobject_metadata m WHERE m.oid = e.oid)",
+        ))
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    }
+    sqlx::query(sql(schema, "DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    Ok(())
+}

@@ -1,0 +1,317 @@
+//! The ratio table: one row per figure, each with its ratios to the limits
+//! and the peer measured in the same run.
+
+use std::fmt::Write as _;
+
+/// What one timed operation moves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unit {
+    /// A put or get of this many bytes.
+    Bytes(u64),
+    /// `concurrency` putters, each op of `size` bytes (ops/s is the total).
+    Concurrent {
+        /// Bytes per put.
+        size: u64,
+        /// Concurrent putters.
+        putters: u64,
+    },
+    /// One `has_many` call over this many digests.
+    Digests(u64),
+    /// One sweep arbitrating this many entries.
+    Entries(u64),
+    /// A ranged read of this many bytes.
+    Range(u64),
+    /// Not a timing: peak bytes (memory rows).
+    PeakBytes,
+}
+
+/// A reference figure in the same run: what it is and its seconds per op.
+#[derive(Clone, Debug)]
+pub struct Ref {
+    /// What the reference does (e.g. `write+fsync+rename`).
+    pub name: String,
+    /// Its median seconds per operation (or bytes, for memory rows).
+    pub value: f64,
+}
+
+/// A goal a row is judged against.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// At least `k` × the slower of BLAKE3 and the raw ceiling.
+    MinOfLimits(f64),
+    /// At least `k` × the raw ceiling.
+    Raw(f64),
+    /// Faster than the peer.
+    AheadOfPeer,
+    /// At least this many units (entries, ops) per second.
+    Rate(f64),
+    /// The peak (the figure) at most the reference value.
+    PeakAtMostRef,
+    /// One statement per tier: at least 0.1× the rate of one raw statement
+    /// doing the same lookup (1000 point statements would be ~0.01×).
+    OneStatement,
+}
+
+/// One row of the table.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// Engine or configuration (`local (fsync)`, `sqlite FULL`, ...).
+    pub engine: String,
+    /// Operation (`put 64 MiB`, ...).
+    pub op: String,
+    /// Unit of one operation.
+    pub unit: Unit,
+    /// The Blobpool figure: median seconds per op (bytes for memory rows).
+    pub figure: f64,
+    /// BLAKE3 of the same bytes, seconds per op.
+    pub blake3: Option<f64>,
+    /// The raw ceiling of the backend.
+    pub raw: Option<Ref>,
+    /// The peer (cacache), seconds per op.
+    pub peer: Option<f64>,
+    /// The goals the issue sets for this figure.
+    pub targets: Vec<Target>,
+    /// Spread of the rounds, (max - min) / median.
+    pub spread: f64,
+}
+
+impl Row {
+    /// A timing row with no references yet.
+    pub fn new(engine: impl Into<String>, op: impl Into<String>, unit: Unit, secs: f64) -> Self {
+        Row {
+            engine: engine.into(),
+            op: op.into(),
+            unit,
+            figure: secs,
+            blake3: None,
+            raw: None,
+            peer: None,
+            targets: Vec::new(),
+            spread: 0.0,
+        }
+    }
+
+    /// Speed ratio to a reference measured in seconds per op (>1: faster).
+    fn speed_ratio(&self, reference_secs: f64) -> f64 {
+        reference_secs / self.figure
+    }
+
+    /// Ratio to the raw ceiling (for memory rows: figure / reference).
+    pub fn raw_ratio(&self) -> Option<f64> {
+        let r = self.raw.as_ref()?;
+        Some(match self.unit {
+            Unit::PeakBytes => self.figure / r.value,
+            _ => self.speed_ratio(r.value),
+        })
+    }
+
+    /// Ratio to BLAKE3.
+    pub fn blake3_ratio(&self) -> Option<f64> {
+        self.blake3.map(|b| self.speed_ratio(b))
+    }
+
+    /// Ratio to the peer.
+    pub fn peer_ratio(&self) -> Option<f64> {
+        self.peer.map(|p| self.speed_ratio(p))
+    }
+
+    /// Whether each target is met, and the ratio it was judged on.
+    pub fn verdicts(&self) -> Vec<(&Target, Option<(bool, f64)>)> {
+        self.targets.iter().map(|t| (t, self.verdict(t))).collect()
+    }
+
+    /// Whether `t` is met, and the ratio it was judged on.
+    pub fn verdict(&self, t: &Target) -> Option<(bool, f64)> {
+        Some(match t {
+            Target::MinOfLimits(k) => {
+                let slowest = self
+                    .blake3
+                    .into_iter()
+                    .chain(self.raw.as_ref().map(|r| r.value))
+                    .fold(0.0, f64::max);
+                let r = self.speed_ratio(slowest);
+                (r >= *k, r)
+            }
+            Target::Raw(k) => {
+                let r = self.raw_ratio()?;
+                (r >= *k, r)
+            }
+            Target::AheadOfPeer => {
+                let r = self.peer_ratio()?;
+                (r > 1.0, r)
+            }
+            Target::Rate(min) => {
+                let rate = self.units_per_sec();
+                (rate >= *min, rate / min)
+            }
+            Target::PeakAtMostRef => {
+                let r = self.raw_ratio()?;
+                (r <= 1.0, r)
+            }
+            Target::OneStatement => {
+                let r = self.raw_ratio()?;
+                (r >= 0.1, r)
+            }
+        })
+    }
+
+    /// Units per second: ops, or entries for sweeps.
+    pub fn units_per_sec(&self) -> f64 {
+        match self.unit {
+            Unit::Entries(n) => n as f64 / self.figure,
+            Unit::Concurrent { .. } | Unit::Bytes(_) | Unit::Range(_) | Unit::Digests(_) => {
+                1.0 / self.figure
+            }
+            Unit::PeakBytes => self.figure,
+        }
+    }
+
+    fn target_text(&self) -> String {
+        self.targets
+            .iter()
+            .map(|t| self.one_target_text(t))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    fn one_target_text(&self, t: &Target) -> String {
+        let what = match t {
+            Target::MinOfLimits(k) => format!("≥ {k}× min(BLAKE3, raw)"),
+            Target::Raw(k) => format!("≥ {k}× raw"),
+            Target::AheadOfPeer => "ahead of cacache".to_string(),
+            Target::Rate(min) => format!("≥ {}/s", count(*min)),
+            Target::PeakAtMostRef => "≤ limit".to_string(),
+            Target::OneStatement => "one statement per tier (≥ 0.1× one raw statement)".to_string(),
+        };
+        match self.verdict(t) {
+            Some((true, r)) => format!("{what}: **met** ({r:.2}×)"),
+            Some((false, r)) => format!("{what}: **missed** ({r:.2}×)"),
+            None => what,
+        }
+    }
+}
+
+/// `12.3k`, `1.23M`, `812`.
+pub fn count(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e4 {
+        format!("{:.1}k", v / 1e3)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// `812 KiB/s`, `1.23 GiB/s`.
+pub fn rate(bytes_per_sec: f64) -> String {
+    const K: f64 = 1024.0;
+    if bytes_per_sec >= K * K * K {
+        format!("{:.2} GiB/s", bytes_per_sec / (K * K * K))
+    } else if bytes_per_sec >= K * K {
+        format!("{:.1} MiB/s", bytes_per_sec / (K * K))
+    } else {
+        format!("{:.0} KiB/s", bytes_per_sec / K)
+    }
+}
+
+/// `3.2 MiB` etc.
+pub fn bytes(v: f64) -> String {
+    const K: f64 = 1024.0;
+    if v.abs() >= K * K * K {
+        format!("{:.2} GiB", v / (K * K * K))
+    } else if v.abs() >= K * K {
+        format!("{:.2} MiB", v / (K * K))
+    } else {
+        format!("{:.0} KiB", v / K)
+    }
+}
+
+/// A figure given in seconds per op of `unit`, as text.
+pub fn speed(unit: Unit, secs: f64) -> String {
+    let ops = 1.0 / secs;
+    match unit {
+        Unit::Bytes(n) | Unit::Range(n) => {
+            format!("{} ops/s · {}", count(ops), rate(ops * n as f64))
+        }
+        Unit::Concurrent { size, .. } => {
+            format!("{} ops/s · {}", count(ops), rate(ops * size as f64))
+        }
+        Unit::Digests(n) => format!(
+            "{} calls/s · {} digests/s",
+            count(ops),
+            count(ops * n as f64)
+        ),
+        Unit::Entries(n) => format!("{} entries/s", count(ops * n as f64)),
+        Unit::PeakBytes => bytes(secs),
+    }
+}
+
+fn ratio(r: Option<f64>) -> String {
+    match r {
+        Some(r) if r >= 10.0 => format!("{r:.0}×"),
+        Some(r) if r >= 0.095 => format!("{r:.2}×"),
+        Some(r) if r >= 0.00095 => format!("{r:.3}×"),
+        Some(r) => format!("{r:.1e}×"),
+        None => "—".to_string(),
+    }
+}
+
+/// The Markdown table of `rows`.
+pub fn markdown(rows: &[Row]) -> String {
+    let mut s = String::new();
+    s.push_str("| Engine | Operation | Blobpool | × BLAKE3 | Raw ceiling (same run) | × raw | cacache | × cacache | Target |\n");
+    s.push_str("|---|---|---|---:|---|---:|---|---:|---|\n");
+    for r in rows {
+        let raw = match &r.raw {
+            Some(x) => format!("{}: {}", x.name, speed(r.unit, x.value)),
+            None => "—".to_string(),
+        };
+        let peer = match r.peer {
+            Some(p) => speed(r.unit, p),
+            None => "—".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.engine,
+            r.op,
+            speed(r.unit, r.figure),
+            ratio(r.blake3_ratio()),
+            raw,
+            ratio(r.raw_ratio()),
+            peer,
+            ratio(r.peer_ratio()),
+            r.target_text(),
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_and_verdicts() {
+        let mut r = Row::new("local", "put 64 MiB", Unit::Bytes(64 << 20), 0.2);
+        r.blake3 = Some(0.025);
+        r.raw = Some(Ref {
+            name: "write+fsync+rename".into(),
+            value: 0.18,
+        });
+        r.peer = Some(0.3);
+        r.targets = vec![Target::MinOfLimits(0.8), Target::AheadOfPeer];
+        let (met, ratio) = r.verdict(&r.targets[0]).expect("judged");
+        assert!(met && (ratio - 0.9).abs() < 1e-9);
+        assert!((r.peer_ratio().unwrap() - 1.5).abs() < 1e-9);
+        let md = markdown(&[r]);
+        assert!(md.contains("**met** (0.90×)"), "{md}");
+        let mut sweep = Row::new("mem", "sweep", Unit::Entries(100_000), 0.5);
+        sweep.targets = vec![Target::Rate(100_000.0)];
+        assert_eq!(sweep.verdict(&sweep.targets[0]), Some((true, 2.0)));
+    }
+}

@@ -1,0 +1,285 @@
+//! The operations the suite times, as [`Workload`]s shared by the ratio
+//! table and the criterion benches. Every put writes fresh content (a
+//! stamped [`Payload`]); every read checks its length.
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::rc::Rc;
+
+use store_core::{Digest, Key, Store};
+
+use crate::data::{unique_body, Payload, KIB, MIB};
+use crate::fixtures::{err, ns, wipe_files, BenchResult};
+use crate::measure::{op, Workload};
+use crate::peer::Cacache;
+use crate::raw::{self, fresh_key, RawFs, RawPg, RawSqlite};
+
+/// Bytes of the ranged read.
+pub const RANGE_LEN: usize = 4 * KIB;
+/// The blob the ranged read is taken from.
+pub const RANGE_BLOB: usize = 64 * MIB;
+
+/// `n` puts of fresh `size`-byte content into a local-engine root, whose
+/// content files are removed between batches (untimed).
+pub fn local_put_op(store: Store, size: usize, root: &Path) -> impl Workload {
+    let ns_dir = root.join(ns().as_str());
+    op(put_fn(store, size, None)).with_reset(async move || wipe_files(&ns_dir))
+}
+
+/// `n` puts of fresh `size`-byte content. The store keeps what they wrote.
+pub fn put_op(store: Store, size: usize) -> impl Workload {
+    op(put_fn(store, size, None))
+}
+
+/// `n` puts of fresh `size`-byte content; the entries are deleted through
+/// the store between batches (untimed), so the store does not grow.
+pub fn churn_put_op(store: Store, size: usize) -> impl Workload {
+    let keys: Rc<RefCell<Vec<Key>>> = Rc::default();
+    let written = keys.clone();
+    op(put_fn(store.clone(), size, Some(written))).with_reset(async move || {
+        let doomed = std::mem::take(&mut *keys.borrow_mut());
+        for k in doomed {
+            store.delete(&k).await.expect("delete");
+        }
+    })
+}
+
+fn put_fn(
+    store: Store,
+    size: usize,
+    record: Option<Rc<RefCell<Vec<Key>>>>,
+) -> impl AsyncFnMut(u64) {
+    let mut p = Payload::new(size);
+    let ns = ns();
+    async move |n: u64| {
+        for _ in 0..n {
+            let len = p.len() as u64;
+            let r = store
+                .put(&ns, p.fresh(), Some(len), None)
+                .await
+                .expect("put");
+            assert!(!r.deduplicated, "bench puts must be fresh");
+            if let Some(keys) = &record {
+                keys.borrow_mut().push(r.key().clone());
+            }
+        }
+    }
+}
+
+/// Puts one fresh `size`-byte entry and returns its key.
+pub async fn put_one(store: &Store, size: usize) -> BenchResult<Key> {
+    let body = unique_body(size);
+    let r = store
+        .put(&ns(), &body[..], Some(size as u64), None)
+        .await
+        .map_err(err)?;
+    Ok(r.key().clone())
+}
+
+/// `n` verified gets of `key`, read whole into memory.
+pub fn get_op(store: Store, key: Key, size: usize) -> impl Workload {
+    op(async move |n: u64| {
+        for _ in 0..n {
+            let blob = store.get(&key).await.expect("get").expect("present");
+            let bytes = blob.bytes().await.expect("verified read");
+            assert_eq!(bytes.len(), size);
+        }
+    })
+}
+
+/// `n` 4 KiB `read_range`s at spread-out offsets of a 64 MiB entry.
+pub fn range_op(store: Store, key: Key) -> impl Workload {
+    let mut i = 0u64;
+    op(async move |n: u64| {
+        for _ in 0..n {
+            let start = range_offset(i);
+            i += 1;
+            let blob = store
+                .read_range(&key, start..start + RANGE_LEN as u64)
+                .await
+                .expect("read_range");
+            let bytes = blob.bytes().await.expect("range read");
+            assert_eq!(bytes.len(), RANGE_LEN);
+        }
+    })
+}
+
+/// Spread-out 4 KiB-aligned offsets inside the 64 MiB blob.
+pub fn range_offset(i: u64) -> u64 {
+    let slots = (RANGE_BLOB / RANGE_LEN) as u64;
+    ((i * 7919) % slots) * RANGE_LEN as u64
+}
+
+/// `n` BLAKE3 hashes of `size` bytes (the hashing limit).
+pub fn blake3_op(size: usize) -> impl Workload {
+    let p = Payload::new(size);
+    op(async move |n: u64| {
+        for _ in 0..n {
+            std::hint::black_box(raw::blake3(std::hint::black_box(p.current())));
+        }
+    })
+}
+
+/// `n` fresh puts of `size` bytes spread over `putters` tasks (at least
+/// 8 per task per timed batch).
+pub fn concurrent_put_op(store: Store, size: usize, putters: u64) -> impl Workload {
+    op(async move |n: u64| {
+        let mut tasks = Vec::with_capacity(putters as usize);
+        for t in 0..putters {
+            let count = n / putters + u64::from(t < n % putters);
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let ns = ns();
+                for _ in 0..count {
+                    let body = unique_body(size);
+                    store
+                        .put(&ns, &body[..], Some(size as u64), None)
+                        .await
+                        .expect("put");
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("putter");
+        }
+    })
+    .with_min_batch(putters * 8)
+}
+
+/// `n` `has_many` calls over `digests`, of which `present` exist.
+pub fn has_many_op(store: Store, digests: Vec<Digest>, present: usize) -> impl Workload {
+    let ns = ns();
+    op(async move |n: u64| {
+        for _ in 0..n {
+            let found = store.has_many(&ns, &digests).await.expect("has_many");
+            assert_eq!(found.iter().filter(|b| **b).count(), present);
+        }
+    })
+}
+
+/// `present` stored digests (1 KiB entries) interleaved with as many absent
+/// ones.
+pub async fn has_many_set(store: &Store, present: usize) -> BenchResult<Vec<Digest>> {
+    let mut out = Vec::with_capacity(present * 2);
+    for _ in 0..present {
+        out.push(put_one(store, KIB).await?.digest);
+        out.push(Digest::from_bytes(fresh_key()));
+    }
+    Ok(out)
+}
+
+/// `n` cacache `write_hash`es of fresh content; the cache's files are
+/// removed between batches.
+pub fn cacache_put_op(c: &Cacache, size: usize) -> impl Workload + '_ {
+    let mut p = Payload::new(size);
+    let dir = c.dir().to_path_buf();
+    op(async move |n: u64| {
+        for _ in 0..n {
+            c.put(p.fresh()).await.expect("cacache put");
+        }
+    })
+    .with_reset(async move || wipe_files(&dir))
+}
+
+/// `n` verified cacache `read_hash`es of one entry.
+pub async fn cacache_get_op(c: &Cacache, size: usize) -> BenchResult<impl Workload + '_> {
+    let sri = c.put(&unique_body(size)).await?;
+    Ok(op(async move |n: u64| {
+        for _ in 0..n {
+            let v = c.get(&sri).await.expect("cacache get");
+            assert_eq!(v.len(), size);
+        }
+    }))
+}
+
+/// `n` raw write (+ fsync) + rename of fresh names; the files are removed
+/// between batches.
+pub fn fs_put_op(fs: &RawFs, size: usize, fsync: bool) -> impl Workload + '_ {
+    let mut p = Payload::new(size);
+    let dir = fs.dir().to_path_buf();
+    op(async move |n: u64| {
+        for _ in 0..n {
+            fs.put(p.fresh(), fsync).expect("raw put");
+        }
+    })
+    .with_reset(async move || wipe_files(&dir))
+}
+
+/// `n` raw reads of one file.
+pub fn fs_get_op(fs: &RawFs, size: usize) -> BenchResult<impl Workload> {
+    let path = fs.put(&unique_body(size), false).map_err(err)?;
+    Ok(op(async move |n: u64| {
+        for _ in 0..n {
+            let v = RawFs::get(&path).expect("raw read");
+            assert_eq!(v.len(), size);
+        }
+    }))
+}
+
+/// `n` raw rusqlite inserts, one transaction each.
+pub fn sqlite_put_op(db: &RawSqlite, size: usize) -> impl Workload + '_ {
+    let mut p = Payload::new(size);
+    op(async move |n: u64| {
+        for _ in 0..n {
+            db.insert("bench", &fresh_key(), p.fresh())
+                .expect("raw insert");
+        }
+    })
+}
+
+/// `n` raw rusqlite point selects of one row.
+pub fn sqlite_get_op(db: &RawSqlite, size: usize) -> BenchResult<impl Workload + '_> {
+    let key = fresh_key();
+    db.insert("bench", &key, &unique_body(size))?;
+    Ok(op(async move |n: u64| {
+        for _ in 0..n {
+            let v = db.select("bench", &key).expect("raw select");
+            assert_eq!(v.len(), size);
+        }
+    }))
+}
+
+/// `n` raw bytea inserts, one transaction each.
+pub fn pg_put_op<'a>(pg: &'a RawPg<'a>, size: usize) -> impl Workload + 'a {
+    let mut p = Payload::new(size);
+    op(async move |n: u64| {
+        for _ in 0..n {
+            pg.insert("bench", &fresh_key(), p.fresh())
+                .await
+                .expect("raw insert");
+        }
+    })
+}
+
+/// `n` raw bytea point selects of one row.
+pub async fn pg_get_op<'a>(pg: &'a RawPg<'a>, size: usize) -> BenchResult<impl Workload + 'a> {
+    let key = fresh_key();
+    pg.insert("bench", &key, &unique_body(size)).await?;
+    Ok(op(async move |n: u64| {
+        for _ in 0..n {
+            let v = pg.select("bench", &key).await.expect("raw select");
+            assert_eq!(v.len(), size);
+        }
+    }))
+}
+
+/// `n` `lo_from_bytea` calls.
+pub fn lo_put_op<'a>(pg: &'a RawPg<'a>, size: usize) -> impl Workload + 'a {
+    let mut p = Payload::new(size);
+    op(async move |n: u64| {
+        for _ in 0..n {
+            pg.lo_put(p.fresh()).await.expect("lo_from_bytea");
+        }
+    })
+}
+
+/// `n` whole-object `lo_get`s of one large object.
+pub async fn lo_get_op<'a>(pg: &'a RawPg<'a>, size: usize) -> BenchResult<impl Workload + 'a> {
+    let oid = pg.lo_put(&unique_body(size)).await?;
+    Ok(op(async move |n: u64| {
+        for _ in 0..n {
+            let v = pg.lo_get(oid).await.expect("lo_get");
+            assert_eq!(v.len(), size);
+        }
+    }))
+}
