@@ -22,6 +22,10 @@ use bench::table::{self, Ref, Row, Target, Unit};
 use bench::workloads::*;
 use store_sqlite::Durability;
 
+/// Everything from this line on in `docs/BENCHMARKS.md` is hand-written and
+/// kept when `--write` regenerates the file.
+const KEEP_MARKER: &str = "<!-- hand-written below: kept by `bench-table --write` -->";
+
 /// Concurrent putters of the group-commit rows.
 const PUTTERS: u64 = 16;
 /// Digests per `has_many` call.
@@ -1203,7 +1207,7 @@ fn main() -> ExitCode {
     }
     eprintln!("bench-table: done in {secs:.0} s");
     if let Some(path) = opts.write {
-        let doc = document(
+        let mut doc = document(
             &machine,
             opts.quick,
             &table,
@@ -1211,6 +1215,14 @@ fn main() -> ExitCode {
             secs,
             (load0, loadavg()),
         );
+        // A hand-written tail (analysis of a run) survives regeneration.
+        if let Some(tail) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|old| old.find(KEEP_MARKER).map(|i| old[i..].to_string()))
+        {
+            doc.push('\n');
+            doc.push_str(&tail);
+        }
         if let Err(e) = std::fs::write(&path, doc) {
             eprintln!("bench-table: cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;
