@@ -75,7 +75,9 @@ impl Blob {
 
     /// Reads everything into memory (verifying when [`Blob::is_verified`]).
     pub async fn bytes(mut self) -> Result<Bytes> {
-        let mut buf = BytesMut::with_capacity(self.len.min(64 << 20) as usize);
+        // One byte of headroom: the final read that observes EOF (and runs
+        // the verification) must not force the buffer to grow and copy.
+        let mut buf = BytesMut::with_capacity((self.len.min(64 << 20) as usize).saturating_add(1));
         loop {
             let n = self.read_buf(&mut buf).await.map_err(Error::from)?;
             if n == 0 {
