@@ -1,7 +1,9 @@
 //! 64 MiB put/get over the S3 test server (moto at
 //! `BLOBPOOL_TEST_S3_ENDPOINT`): the `object` engine through the facade
-//! (hashing, multipart staging, copy-if-not-exists, verified reads) and the
-//! engine alone, against object_store's raw put/get of the same bytes.
+//! (hashing, multipart staging, copy-if-not-exists, verified reads; and,
+//! with the expected digest supplied, the direct upload to the final name)
+//! and the engine alone, against object_store's raw put/get of the same
+//! bytes.
 //!
 //! `cargo run --release -p tests-contract --example object_s3_throughput`
 
@@ -127,6 +129,24 @@ async fn main() {
         t.entry("engine put (no hashing)")
             .or_default()
             .push(s.elapsed());
+        // The engine alone, digest known up front: straight to the final
+        // name, no copy.
+        let mut direct_body = body.to_vec();
+        direct_body[1] ^= 0xff;
+        let direct_body = Bytes::from(direct_body);
+        let direct_key = Key::new(ns.clone(), Digest::of(&direct_body));
+        let s = Instant::now();
+        let mut stage = engine
+            .stage_expecting(&ns, &direct_key.digest)
+            .await
+            .unwrap();
+        for c in direct_body.chunks(256 << 10) {
+            stage.write(direct_body.slice_ref(c)).await.unwrap();
+        }
+        stage.publish(&direct_key).await.unwrap();
+        t.entry("engine put, expected (direct)")
+            .or_default()
+            .push(s.elapsed());
         let s = Instant::now();
         let mut stage = buffering.stage(&ns).await.unwrap();
         for c in engine_body.chunks(256 << 10) {
@@ -159,6 +179,22 @@ async fn main() {
             .await
             .unwrap();
         t.entry("facade put").or_default().push(s.elapsed());
+        assert!(!receipt.deduplicated);
+        // Through the facade with the expected digest: hashing while
+        // streaming straight to the final name, no copy.
+        let mut expected_body = body.to_vec();
+        expected_body[2] ^= 0xff;
+        let expected = Digest::of(&expected_body);
+        let s = Instant::now();
+        let expected_receipt = store
+            .put(&ns, &expected_body[..], Some(LEN as u64), Some(expected))
+            .await
+            .unwrap();
+        t.entry("facade put, expected digest")
+            .or_default()
+            .push(s.elapsed());
+        assert!(!expected_receipt.deduplicated);
+        drop(expected_receipt);
         let s = Instant::now();
         let mut blob = store.get(receipt.key()).await.unwrap().unwrap();
         let mut n = 0;
@@ -178,7 +214,7 @@ async fn main() {
     println!("64 MiB over {} (best of {ROUNDS}):", bucket.endpoint);
     for (name, v) in &t {
         println!(
-            "  {name:<26} {:>7.1} MiB/s  ({:?})",
+            "  {name:<30} {:>7.1} MiB/s  ({:?})",
             mib_s(best(v)),
             best(v)
         );
@@ -186,11 +222,18 @@ async fn main() {
     let r = |a: &str, b: &str| best(&t[b]).as_secs_f64() / best(&t[a]).as_secs_f64();
     println!(
         "ratios (throughput vs raw multipart put / raw get): facade put {:.2}, engine put {:.2}, \
+         facade put with expected digest {:.2}, engine direct put {:.2}, \
          facade get {:.2}, engine get {:.2}; raw single PUT vs raw multipart {:.2}",
         r("facade put", "raw put (multipart)"),
         r("engine put (no hashing)", "raw put (multipart)"),
+        r("facade put, expected digest", "raw put (multipart)"),
+        r("engine put, expected (direct)", "raw put (multipart)"),
         r("facade get (verified)", "raw get"),
         r("engine get (no hashing)", "raw get"),
         r("raw put (single PUT)", "raw put (multipart)"),
+    );
+    println!(
+        "expected-digest put vs plain put (facade): {:.2}x",
+        r("facade put, expected digest", "facade put"),
     );
 }

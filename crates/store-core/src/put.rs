@@ -155,7 +155,13 @@ impl Store {
             .large
             .as_ref()
             .expect("dual-tier stores always have a large engine");
-        let mut stage = large.stage(ns).await?;
+        // With an expected digest the engine may write straight to the
+        // entry's final location: the stage is published under that key
+        // only, and only once the bytes are verified to hash to it.
+        let mut stage = match &expect {
+            Some(d) => large.stage_expecting(ns, d).await?,
+            None => large.stage(ns).await?,
+        };
         match stream_into(&mut stage, body, prefix, len).await {
             Ok((digest, size)) => {
                 if let Err(e) = check_expect(expect, digest) {

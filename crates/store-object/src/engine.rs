@@ -195,6 +195,28 @@ impl LargeEngine for ObjectEngine {
     async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
         Ok(Box::new(ObjectStage::new(self.inner.clone(), ns.clone())))
     }
+
+    /// Like [`LargeEngine::stage`], but a body beyond the multipart
+    /// threshold streams into a multipart upload straight to `digest`'s
+    /// final name: `publish` looks (an existing entry aborts the upload,
+    /// `AlreadyPresent`) and completes the upload — no stage object, no
+    /// publishing copy. An upload in progress is not an object on any
+    /// object_store backend (S3 and S3-compatibles, GCS, Azure: parts are
+    /// invisible until completion; `LocalFileSystem`: a `<name>#<n>` file
+    /// it never lists or reads, renamed into place at completion;
+    /// `InMemory`: parts held by the upload), so nothing is visible before
+    /// `publish`. Off with [`crate::ObjectOptions::direct_expected_puts`].
+    async fn stage_expecting(
+        &self,
+        ns: &Namespace,
+        digest: &Digest,
+    ) -> Result<Box<dyn StagedWrite>> {
+        Ok(Box::new(ObjectStage::expecting(
+            self.inner.clone(),
+            ns.clone(),
+            *digest,
+        )))
+    }
 }
 
 impl Inner {

@@ -25,7 +25,7 @@
 //! # Puts
 //!
 //! Content addressing needs the digest before the final name, and the
-//! facade only tells a stage its key at
+//! facade usually tells a stage its key only at
 //! [`store_types::StagedWrite::publish`]. So:
 //!
 //! - **Small bodies** (at most [`ObjectOptions::multipart_threshold`]
@@ -40,6 +40,21 @@
 //!   the upload, copies the stage to the final name with a server-side
 //!   **copy-if-not-exists** (`AlreadyExists` → `AlreadyPresent`), then
 //!   deletes the stage object.
+//! - **Larger bodies with an expected digest**
+//!   ([`store_types::LargeEngine::stage_expecting`]: the caller supplied
+//!   the digest, and publishes only under it after verifying the bytes)
+//!   stream into a multipart upload straight to the final name. Publishing
+//!   looks first (one HEAD: an existing entry aborts the upload and means
+//!   `AlreadyPresent`), then completes the upload, which makes the object
+//!   appear; a verification failure aborts the upload. No stage object, no
+//!   copy: about twice the put throughput where the copy costs as much as
+//!   the upload. object_store 0.14 cannot complete a multipart upload
+//!   conditionally, so across instances two racing publishers may both
+//!   complete (both `Inserted`, one entry with the same bytes). An upload
+//!   in progress is never an object: S3 (and GCS, Azure) show nothing
+//!   until completion, `LocalFileSystem` writes a `<name>#<n>` file it
+//!   never lists and renames into place, `InMemory` keeps the parts in the
+//!   upload. [`ObjectOptions::direct_expected_puts`] turns this off.
 //!
 //! Either way the final name appears atomically and complete, or not at
 //! all; two concurrent publishes of one key (in this process or on two
@@ -66,9 +81,11 @@
 //! opens: stage objects older than [`ObjectOptions::staging_grace`] belong
 //! to crashed or failed puts (a live stage object exists only between the
 //! upload's completion and the end of its publishing copy). Multipart
-//! uploads interrupted by a crash are not objects and are invisible to
-//! listings: on S3 an `AbortIncompleteMultipartUpload` lifecycle rule
-//! removes them.
+//! uploads interrupted by a crash (staged or direct) are not objects and
+//! are invisible to listings: on S3 an `AbortIncompleteMultipartUpload`
+//! lifecycle rule removes them. A failed completion of a direct upload
+//! deletes nothing: an object it may have created unseen is a complete,
+//! correct entry.
 //!
 //! # Reads
 //!
@@ -176,6 +193,13 @@ pub struct ObjectOptions {
     /// copy-if-not-exists (a few requests under `.stage/`). When `false`,
     /// both are assumed to work. Default `true`.
     pub probe_conditional: bool,
+    /// Large puts whose digest the caller supplies up front
+    /// ([`store_types::LargeEngine::stage_expecting`]) upload straight to
+    /// the final name and complete the upload at publish, instead of
+    /// staging and copying. Turn off only for a store whose multipart
+    /// uploads become visible before completion (none of object_store's
+    /// backends do). Default `true`.
+    pub direct_expected_puts: bool,
 }
 
 impl Default for ObjectOptions {
@@ -194,6 +218,7 @@ impl Default for ObjectOptions {
             list_min_group: 16,
             retry: RetryPolicy::default(),
             probe_conditional: true,
+            direct_expected_puts: true,
         }
     }
 }

@@ -44,8 +44,8 @@ impl TestBucket {
         let tag = crate::random_salt() ^ N.fetch_add(1, Ordering::Relaxed);
         let name = format!("bp-test-{tag:016x}-{}", N.load(Ordering::Relaxed));
         match http(&endpoint, "PUT", &name).await {
-            Ok(200) => {}
-            Ok(status) => panic!(
+            Ok((200, _)) => {}
+            Ok((status, _)) => panic!(
                 "S3 tests: creating bucket {name} at {S3_ENDPOINT_VAR}={endpoint} \
                  answered HTTP {status}"
             ),
@@ -81,6 +81,22 @@ impl TestBucket {
             .expect("open object engine on the test bucket")
     }
 
+    /// Keys of the bucket's multipart uploads in progress (started, neither
+    /// completed nor aborted), from `ListMultipartUploads`.
+    pub async fn incomplete_uploads(&self) -> Vec<String> {
+        let (status, body) = http(&self.endpoint, "GET", &format!("{}?uploads", self.name))
+            .await
+            .expect("listing multipart uploads");
+        assert_eq!(status, 200, "listing multipart uploads: {body}");
+        body.split("<Upload>")
+            .skip(1)
+            .filter_map(|u| {
+                let k = u.split_once("<Key>")?.1;
+                Some(k.split_once("</Key>")?.0.to_string())
+            })
+            .collect()
+    }
+
     /// A plain store client for the bucket.
     pub fn store(&self) -> std::sync::Arc<dyn ObjectStore> {
         crate::backend_from_url(&self.url(""), self.config())
@@ -112,8 +128,8 @@ impl Drop for TestBucket {
 }
 
 /// A bare `METHOD /<bucket>` request (the test server does not check
-/// signatures); returns the status code.
-async fn http(endpoint: &str, method: &str, bucket: &str) -> std::io::Result<u16> {
+/// signatures); returns the status code and the body.
+async fn http(endpoint: &str, method: &str, bucket: &str) -> std::io::Result<(u16, String)> {
     let authority = endpoint
         .strip_prefix("http://")
         .ok_or_else(|| std::io::Error::other("the test endpoint must be http://host:port"))?
@@ -130,9 +146,16 @@ async fn http(endpoint: &str, method: &str, bucket: &str) -> std::io::Result<u16
     tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut resp))
         .await
         .map_err(|_| std::io::Error::other("no answer"))??;
-    let head = String::from_utf8_lossy(&resp[..resp.len().min(64)]).to_string();
-    head.split_whitespace()
+    let resp = String::from_utf8_lossy(&resp).to_string();
+    let head = resp.get(..64).unwrap_or(&resp);
+    let status = head
+        .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {head:?}")))
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {head:?}")))?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Ok((status, body))
 }

@@ -1,5 +1,7 @@
 //! Staged writes: buffered small bodies, multipart uploads for large ones,
-//! and the publish (conditional put, or copy-if-not-exists from the stage).
+//! and the publish (conditional put, copy-if-not-exists from the stage, or
+//! — for a stage that knows its digest — completing a multipart upload
+//! made straight to the final name).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +12,7 @@ use object_store::path::Path;
 use object_store::{
     CopyMode, CopyOptions, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart,
 };
-use store_types::{Error, Key, Namespace, PublishOutcome, Result, StagedWrite};
+use store_types::{Digest, Error, Key, Namespace, PublishOutcome, Result, StagedWrite};
 
 use crate::retry::{backend_err, unsupported};
 use crate::Inner;
@@ -19,9 +21,11 @@ use crate::Inner;
 enum State {
     /// Below the multipart threshold: chunks kept in memory.
     Buffering { chunks: Vec<Bytes>, len: usize },
-    /// Streaming into a multipart upload under `path`.
+    /// Streaming into a multipart upload under `path`: a stage name, or
+    /// (`direct`) the final name of the expected digest.
     Uploading {
         path: Path,
+        direct: bool,
         upload: Box<WriteMultipart>,
     },
     /// A write failed; the upload is already aborted.
@@ -34,14 +38,19 @@ enum State {
 pub(crate) struct ObjectStage {
     inner: Arc<Inner>,
     ns: Namespace,
+    /// The digest the caller promised to publish under
+    /// ([`store_types::LargeEngine::stage_expecting`]).
+    expected: Option<Digest>,
     state: State,
 }
 
 impl ObjectStage {
+    /// A stage that learns its key at publish.
     pub(crate) fn new(inner: Arc<Inner>, ns: Namespace) -> Self {
         ObjectStage {
             inner,
             ns,
+            expected: None,
             state: State::Buffering {
                 chunks: Vec::new(),
                 len: 0,
@@ -49,10 +58,24 @@ impl ObjectStage {
         }
     }
 
+    /// A stage that may only publish under `Key(ns, expected)`: beyond the
+    /// multipart threshold it uploads straight to that key's final name
+    /// (unless [`crate::ObjectOptions::direct_expected_puts`] is off).
+    pub(crate) fn expecting(inner: Arc<Inner>, ns: Namespace, expected: Digest) -> Self {
+        let mut stage = ObjectStage::new(inner, ns);
+        stage.expected = Some(expected);
+        stage
+    }
+
     /// Starts the multipart upload and hands it the buffered chunks.
     async fn start_upload(&mut self, chunks: Vec<Bytes>) -> Result<()> {
         let inner = &self.inner;
-        let path = inner.next_stage_path();
+        let (path, direct) = match self.expected {
+            Some(d) if inner.options.direct_expected_puts => {
+                (inner.digest_path(&self.ns, &d), true)
+            }
+            _ => (inner.next_stage_path(), false),
+        };
         let upload = inner
             .retry("starting a multipart upload", &path, || {
                 inner.store.put_multipart(&path)
@@ -66,7 +89,11 @@ impl ObjectStage {
         for c in chunks {
             upload.put(c);
         }
-        self.state = State::Uploading { path, upload };
+        self.state = State::Uploading {
+            path,
+            direct,
+            upload,
+        };
         Ok(())
     }
 
@@ -81,7 +108,7 @@ impl ObjectStage {
                 }
                 Ok(())
             }
-            State::Uploading { path, upload } => {
+            State::Uploading { path, upload, .. } => {
                 let concurrency = self.inner.options.upload_concurrency;
                 if let Err(e) = upload.wait_for_capacity(concurrency).await {
                     return Err(backend_err("uploading a part of", path, e));
@@ -198,6 +225,51 @@ async fn publish_large(
     outcome
 }
 
+/// Publishes a multipart upload made straight to the final name: look
+/// first (an existing entry means `AlreadyPresent`, and the upload is
+/// aborted), else complete the upload, which is what makes the object
+/// appear — atomically and complete.
+///
+/// object_store 0.14 offers no conditional completion of a multipart
+/// upload (`PutMultipartOptions` has no `PutMode`, although S3 supports
+/// `If-None-Match: *` on `CompleteMultipartUpload`), so the completion is
+/// unconditional. The per-key lock makes the look-then-complete atomic
+/// within this instance; across instances two publishers of one key may
+/// both find it absent and both complete. Both wrote the same verified
+/// bytes (the name is their digest), so the result is one correct entry;
+/// only the outcome differs (both report `Inserted`), as in the
+/// no-conditional-writes fallback.
+async fn publish_direct(
+    inner: &Inner,
+    key: &Key,
+    path: Path,
+    upload: Box<WriteMultipart>,
+) -> Result<PublishOutcome> {
+    debug_assert_eq!(path, inner.content_path(key));
+    let (_guard, _) = inner.publishing.lock(key).await;
+    match inner.exists(&path).await {
+        Ok(false) => {}
+        Ok(true) => {
+            let _ = upload.abort().await;
+            return Ok(PublishOutcome::AlreadyPresent);
+        }
+        Err(e) => {
+            let _ = upload.abort().await;
+            return Err(e);
+        }
+    }
+    // `finish` aborts the upload itself when it fails. Unlike a stage
+    // object, an object the completion may have created unseen is left
+    // alone: it sits at its own digest's name and holds the verified
+    // bytes (or another publisher's identical ones), so it is a complete,
+    // correct entry.
+    upload
+        .finish()
+        .await
+        .map_err(|e| backend_err("completing the upload of", &path, e))?;
+    Ok(PublishOutcome::Inserted)
+}
+
 async fn copy_to_final(inner: &Inner, key: &Key, stage: &Path) -> Result<PublishOutcome> {
     let target = inner.content_path(key);
     let (_guard, waited) = inner.publishing.lock(key).await;
@@ -259,25 +331,41 @@ impl StagedWrite for ObjectStage {
     }
 
     /// Publishes under `key`, whose namespace must be the one the stage
-    /// was opened for ([`Error::KeyInvalid`] otherwise; the stage is
-    /// discarded). Whatever fails, nothing is left visible under `key`
-    /// unless it is complete, and the stage's upload or object is removed.
+    /// was opened for, and whose digest the expected one if the stage was
+    /// opened expecting one ([`Error::KeyInvalid`] otherwise: a breach of
+    /// the caller's contract; the stage is discarded). Whatever fails,
+    /// nothing is left visible under `key` unless it is complete, and the
+    /// stage's upload or object is removed.
     async fn publish(mut self: Box<Self>, key: &Key) -> Result<PublishOutcome> {
         let state = std::mem::replace(&mut self.state, State::Done);
-        if key.namespace != self.ns {
+        let breach = if key.namespace != self.ns {
+            Some(format!(
+                "stage opened for namespace {} cannot publish {key}",
+                self.ns
+            ))
+        } else {
+            self.expected
+                .filter(|d| *d != key.digest)
+                .map(|d| format!("stage opened expecting digest {d} cannot publish {key}"))
+        };
+        if let Some(breach) = breach {
             if let State::Uploading { upload, .. } = state {
                 let _ = upload.abort().await;
             }
-            return Err(Error::KeyInvalid(format!(
-                "stage opened for namespace {} cannot publish {key}",
-                self.ns
-            )));
+            return Err(Error::KeyInvalid(breach));
         }
         match state {
             State::Buffering { chunks, .. } => publish_small(&self.inner, key, chunks).await,
-            State::Uploading { path, upload } => {
-                publish_large(&self.inner, key, path, upload).await
-            }
+            State::Uploading {
+                path,
+                direct: true,
+                upload,
+            } => publish_direct(&self.inner, key, path, upload).await,
+            State::Uploading {
+                path,
+                direct: false,
+                upload,
+            } => publish_large(&self.inner, key, path, upload).await,
             State::Failed(e) => Err(e),
             State::Done => Err(Error::Io("stage already finished".into())),
         }
@@ -295,7 +383,9 @@ impl StagedWrite for ObjectStage {
 impl Drop for ObjectStage {
     /// A stage dropped mid-upload aborts the upload in the background.
     fn drop(&mut self) {
-        if let State::Uploading { upload, path } = std::mem::replace(&mut self.state, State::Done) {
+        if let State::Uploading { upload, path, .. } =
+            std::mem::replace(&mut self.state, State::Done)
+        {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
                     rt.spawn(async move {

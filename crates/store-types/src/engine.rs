@@ -279,6 +279,27 @@ pub trait LargeEngine: Engine {
     /// Opens a stage for a new entry in `ns`.
     async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>>;
 
+    /// Opens a stage for a new entry in `ns` whose digest the caller
+    /// already expects to be `digest`.
+    ///
+    /// The caller promises to publish the stage only under
+    /// `Key(ns, digest)`, and only after verifying that the written bytes
+    /// hash to `digest` (it aborts the stage otherwise). An engine may use
+    /// that to write straight to the entry's final location instead of a
+    /// staging area, as long as the [`LargeEngine`] contract still holds:
+    /// nothing becomes visible before [`StagedWrite::publish`] (for object
+    /// stores, where completing a multipart upload is what publishes, that
+    /// completion happens in `publish`), and an aborted or dropped stage
+    /// leaves nothing behind. The default is [`LargeEngine::stage`].
+    async fn stage_expecting(
+        &self,
+        ns: &Namespace,
+        digest: &Digest,
+    ) -> Result<Box<dyn StagedWrite>> {
+        let _ = digest;
+        self.stage(ns).await
+    }
+
     /// Whether this engine's stages can commit a fleet pin row in their
     /// publishing transaction ([`StagedWrite::publish_pinned`]): true only
     /// for engines living in a database that can also hold `gc_pins`.

@@ -112,6 +112,17 @@ impl FaultStore {
         self.state.lock().unwrap().total
     }
 
+    /// Requests of kind `op` seen since the last `arm`/`disarm`.
+    pub fn count(&self, op: Op) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .per_op
+            .get(&op)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// How many injected failures have fired.
     pub fn fired(&self) -> usize {
         self.state.lock().unwrap().fired

@@ -2,6 +2,7 @@
 //! covered by the workspace contract suite (over InMemory, the local file
 //! system and S3).
 
+mod direct;
 mod fault;
 mod faults;
 #[cfg(feature = "s3")]
@@ -64,6 +65,34 @@ pub(crate) async fn put_with(
             return Err(e);
         }
     }
+    let outcome = stage.publish(&key).await?;
+    Ok((key, outcome))
+}
+
+/// What the facade's put does when the caller supplies `expected`: stage
+/// expecting it, stream `data` in `chunk`-sized writes, hash, abort
+/// on a mismatch ([`Error::Verification`]), else publish under it.
+pub(crate) async fn put_expecting(
+    engine: &ObjectEngine,
+    ns_name: &str,
+    data: &[u8],
+    chunk: usize,
+    expected: Digest,
+) -> store_types::Result<(Key, PublishOutcome)> {
+    let ns = ns(ns_name);
+    let mut stage = engine.stage_expecting(&ns, &expected).await?;
+    for c in data.chunks(chunk.max(1)) {
+        if let Err(e) = stage.write(Bytes::copy_from_slice(c)).await {
+            let _ = stage.abort().await;
+            return Err(e);
+        }
+    }
+    let actual = Digest::of(data);
+    if actual != expected {
+        stage.abort().await?;
+        return Err(Error::Verification { expected, actual });
+    }
+    let key = Key::new(ns, expected);
     let outcome = stage.publish(&key).await?;
     Ok((key, outcome))
 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use object_store::path::Path;
 use object_store::ObjectStore;
-use store_types::{Engine, Instance, PublishOutcome, Sharing};
+use store_types::{Engine, Instance, LargeEngine, PublishOutcome, Sharing};
 
 use super::fault::{FaultStore, Op, Rule};
-use super::{content, ns, put, put_with, read};
+use super::{content, ns, put, put_expecting, put_with, read};
 use crate::s3_testing::TestBucket;
 use crate::{Capabilities, ObjectEngine, ObjectOptions};
 
@@ -205,4 +205,157 @@ async fn s3_has_many_listing_matches_heads() {
             .await;
         assert_eq!(e2.has_many(&ns("ns"), &digests).await.unwrap(), want);
     }
+}
+
+/// Every object under the bucket.
+async fn objects(bucket: &TestBucket) -> Vec<String> {
+    use futures::TryStreamExt;
+    bucket
+        .store()
+        .list(None)
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_direct_puts_round_trip_and_deduplicate() {
+    let bucket = TestBucket::create().await;
+    let e = bucket.engine("pool", s3_options()).await;
+    for (i, len) in [1000usize, 300_000, (11 << 20) + 5].into_iter().enumerate() {
+        let data = content(len, 1100 + i as u64);
+        let d = store_types::Digest::of(&data);
+        let (key, outcome) = put_expecting(&e, "ns", &data, 256 << 10, d).await.unwrap();
+        assert_eq!(outcome, PublishOutcome::Inserted, "len {len}");
+        assert_eq!(read(&e, &key, None).await.unwrap().unwrap(), data);
+        let (s, t) = (len as u64 / 3, len as u64 / 2);
+        assert_eq!(
+            read(&e, &key, Some((s, t))).await.unwrap().unwrap(),
+            &data[s as usize..t as usize]
+        );
+        // Onto the existing entry, direct or staged: AlreadyPresent, and
+        // the direct upload is aborted, not completed.
+        assert_eq!(
+            put_expecting(&e, "ns", &data, 256 << 10, d)
+                .await
+                .unwrap()
+                .1,
+            PublishOutcome::AlreadyPresent,
+            "len {len}"
+        );
+        assert_eq!(
+            put_with(&e, "ns", &data, 256 << 10).await.unwrap().1,
+            PublishOutcome::AlreadyPresent,
+            "len {len}"
+        );
+    }
+    // And a direct put onto an entry a staged put made.
+    let data = content(400_000, 1199);
+    put(&e, "ns", &data).await;
+    assert_eq!(
+        put_expecting(&e, "ns", &data, 256 << 10, store_types::Digest::of(&data))
+            .await
+            .unwrap()
+            .1,
+        PublishOutcome::AlreadyPresent
+    );
+    assert_eq!(e.stage_object_count().await.unwrap(), 0);
+    assert_eq!(objects(&bucket).await.len(), 4, "only the entries");
+    assert_eq!(bucket.incomplete_uploads().await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_mismatch_aborts_the_direct_upload_and_leaves_nothing() {
+    let bucket = TestBucket::create().await;
+    let e = bucket.engine("pool", s3_options()).await;
+    for len in [1000usize, 300_000, (11 << 20) + 5] {
+        let data = content(len, 1200 + len as u64);
+        let wrong = store_types::Digest::of(b"not the content");
+        let r = put_expecting(&e, "ns", &data, 256 << 10, wrong).await;
+        assert!(
+            matches!(r, Err(store_types::Error::Verification { expected, .. }) if expected == wrong),
+            "len {len}: {r:?}"
+        );
+        for d in [wrong, store_types::Digest::of(&data)] {
+            let key = store_types::Key::new(ns("ns"), d);
+            assert!(read(&e, &key, None).await.unwrap().is_none(), "len {len}");
+        }
+        assert_eq!(objects(&bucket).await, Vec::<String>::new(), "len {len}");
+        assert_eq!(
+            bucket.incomplete_uploads().await,
+            Vec::<String>::new(),
+            "len {len}: the upload was aborted"
+        );
+    }
+    assert_eq!(e.stage_object_count().await.unwrap(), 0);
+}
+
+/// While an 11 MiB direct upload is in flight (parts on the server, not
+/// completed), GETs, HEADs and listings see nothing; after publish, the
+/// whole entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s3_readers_never_see_a_direct_upload_in_flight() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let bucket = TestBucket::create().await;
+    let e = bucket.engine("pool", s3_options()).await;
+    let data = Arc::new(content((11 << 20) + 5, 1300));
+    let key = store_types::Key::new(ns("ns"), store_types::Digest::of(&data));
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (e, data, key, stop) = (e.clone(), data.clone(), key.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut absent, mut whole) = (0usize, 0usize);
+            while !stop.load(Ordering::Relaxed) {
+                match e.meta(&key).await.unwrap() {
+                    None => absent += 1,
+                    Some(m) => {
+                        assert_eq!(m.size, data.len() as u64, "a partial object was visible");
+                        whole += 1;
+                    }
+                }
+                let listed = e.scan(&key.namespace, None, 10).await.unwrap();
+                assert!(
+                    listed.is_empty() || listed == vec![(key.digest, data.len() as u64)],
+                    "{listed:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (absent, whole)
+        })
+    };
+    let mut stage = e
+        .stage_expecting(&key.namespace, &key.digest)
+        .await
+        .unwrap();
+    for c in data.chunks(1 << 20) {
+        stage.write(bytes::Bytes::copy_from_slice(c)).await.unwrap();
+    }
+    // Two 5 MiB parts are (being) uploaded; wait until the server has the
+    // upload, then look.
+    let mut waited = 0;
+    while bucket.incomplete_uploads().await.is_empty() {
+        waited += 1;
+        assert!(waited < 100, "the upload never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        bucket.incomplete_uploads().await,
+        vec![e.content_path(&key).to_string()],
+        "uploading straight to the final name"
+    );
+    assert!(read(&e, &key, None).await.unwrap().is_none());
+    assert!(e.meta(&key).await.unwrap().is_none());
+    assert_eq!(objects(&bucket).await, Vec::<String>::new());
+    assert_eq!(stage.publish(&key).await.unwrap(), PublishOutcome::Inserted);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (absent, whole) = poller.await.unwrap();
+    assert!(
+        absent > 0 && whole > 0,
+        "polled {absent} absent, {whole} whole"
+    );
+    assert_eq!(read(&e, &key, None).await.unwrap().unwrap(), *data);
+    assert_eq!(bucket.incomplete_uploads().await, Vec::<String>::new());
+    assert_eq!(e.stage_object_count().await.unwrap(), 0);
 }
