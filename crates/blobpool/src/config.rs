@@ -629,7 +629,7 @@ mod tests {
     fn bad_values_are_reported() {
         for bad in [
             "kv = \"redis://x\"",
-            "large = \"s3://bucket\"",
+            "large = \"ftp://bucket\"",
             "mode = \"fast\"",
             "typo_key = 1",
             "threshold = \"big\"",
