@@ -1,9 +1,11 @@
-//! Reads: a blocking read-ahead task feeding an [`AsyncRead`] adapter.
+//! Reads: one blocking call for a read of at most one chunk, else a
+//! blocking read-ahead task feeding an [`AsyncRead`] adapter.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
-use std::path::PathBuf;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -12,7 +14,7 @@ use store_types::{BlobReader, Error, Result, CHUNK_SIZE};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::fsio::{io_err, is_absent};
+use crate::fsio::{blocking, io_err, is_absent};
 
 /// Chunks read ahead of the consumer.
 const READ_AHEAD_CHUNKS: usize = 2;
@@ -30,13 +32,21 @@ enum Opened {
 
 /// Opens `path` and reads `range` of it (the whole file when `None`).
 ///
-/// One blocking task opens the file, reports, and then keeps reading ahead
-/// in [`CHUNK_SIZE`] chunks until the range is done or the reader is
-/// dropped. Returns `None` when the file is absent.
+/// A range of at most [`CHUNK_SIZE`] bytes is one blocking call (open,
+/// `fstat`, `pread`) returning the bytes. Otherwise one blocking task
+/// opens the file, reports, and — when more than one chunk is wanted —
+/// keeps reading ahead in [`CHUNK_SIZE`] chunks until the range is done or
+/// the reader is dropped; a whole file of at most one chunk is read at once
+/// by that same task. Returns `None` when the file is absent.
 pub(crate) async fn open_reader(
     path: PathBuf,
     range: Option<Range<u64>>,
 ) -> Result<Option<BlobReader>> {
+    let small = |r: &Range<u64>| r.end.saturating_sub(r.start) <= CHUNK_SIZE as u64;
+    if let Some(range) = range.clone().filter(small) {
+        let bytes = blocking(move || read_small_range(&path, range)).await?;
+        return Ok(bytes.map(BlobReader::from_bytes));
+    }
     let (ready_tx, ready_rx) = oneshot::channel();
     let task = tokio::task::spawn_blocking(move || read_task(path, range, ready_tx));
     let opened = match ready_rx.await {
@@ -59,6 +69,18 @@ pub(crate) async fn open_reader(
             }),
         },
     }))
+}
+
+/// The blocking half of a read of at most one chunk: open, `fstat`,
+/// `pread`, nothing else. `None` when there is no such file.
+fn read_small_range(path: &Path, range: Range<u64>) -> Result<Option<Bytes>> {
+    let Some((file, size)) = open_file(path)? else {
+        return Ok(None);
+    };
+    check_range(&range, size)?;
+    pread_exact(&file, range.start, (range.end - range.start) as usize)
+        .map(Some)
+        .map_err(|e| io_err("reading", path, e))
 }
 
 /// The blocking task behind [`open_reader`].
@@ -99,10 +121,10 @@ fn read_task(
     }
 }
 
-/// Opens `path`, positions it at the start of `range`, and returns it with
-/// the number of bytes to read; `None` when there is no such file.
-fn open_range(path: &PathBuf, range: Option<Range<u64>>) -> Result<Option<(File, u64)>> {
-    let mut file = match File::open(path) {
+/// Opens `path` and returns it with its size; `None` when there is no such
+/// file (or the name is not a regular file).
+fn open_file(path: &Path) -> Result<Option<(File, u64)>> {
+    let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if is_absent(&e) => return Ok(None),
         Err(e) => return Err(io_err("opening", path, e)),
@@ -111,10 +133,11 @@ fn open_range(path: &PathBuf, range: Option<Range<u64>>) -> Result<Option<(File,
     if !meta.is_file() {
         return Ok(None);
     }
-    let size = meta.len();
-    let Some(range) = range else {
-        return Ok(Some((file, size)));
-    };
+    Ok(Some((file, meta.len())))
+}
+
+/// [`Error::InvalidRange`] unless `range` lies within `size` bytes.
+fn check_range(range: &Range<u64>, size: u64) -> Result<()> {
     if range.start > range.end || range.end > size {
         return Err(Error::InvalidRange {
             start: range.start,
@@ -122,6 +145,19 @@ fn open_range(path: &PathBuf, range: Option<Range<u64>>) -> Result<Option<(File,
             size,
         });
     }
+    Ok(())
+}
+
+/// Opens `path`, positions it at the start of `range`, and returns it with
+/// the number of bytes to read; `None` when there is no such file.
+fn open_range(path: &Path, range: Option<Range<u64>>) -> Result<Option<(File, u64)>> {
+    let Some((mut file, size)) = open_file(path)? else {
+        return Ok(None);
+    };
+    let Some(range) = range else {
+        return Ok(Some((file, size)));
+    };
+    check_range(&range, size)?;
     if range.start > 0 {
         file.seek(SeekFrom::Start(range.start))
             .map_err(|e| io_err("seeking", path, e))?;
@@ -129,16 +165,27 @@ fn open_range(path: &PathBuf, range: Option<Range<u64>>) -> Result<Option<(File,
     Ok(Some((file, range.end - range.start)))
 }
 
+/// Reads exactly `n` bytes at `offset` (`pread`, no seek); a file that
+/// ends early is an error.
+fn pread_exact(file: &File, offset: u64, n: usize) -> io::Result<Bytes> {
+    let mut buf = vec![0u8; n];
+    file.read_exact_at(&mut buf, offset).map_err(short_file)?;
+    Ok(Bytes::from(buf))
+}
+
+/// Names an early end of file as what it means here.
+fn short_file(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        io::Error::new(e.kind(), "stored file is shorter than its recorded size")
+    } else {
+        e
+    }
+}
+
 /// Reads exactly `n` bytes; a file that ends early is an error.
 fn read_chunk(file: &mut File, n: usize) -> io::Result<Bytes> {
     let mut buf = vec![0u8; n];
-    file.read_exact(&mut buf).map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            io::Error::new(e.kind(), "stored file is shorter than its recorded size")
-        } else {
-            e
-        }
-    })?;
+    file.read_exact(&mut buf).map_err(short_file)?;
     Ok(Bytes::from(buf))
 }
 

@@ -352,6 +352,13 @@ async fn range_reads_return_exactly_the_range() {
         (0, size),
         (size, size),
         (c / 2, 2 * c + 100),
+        // One chunk exactly is read in one blocking call; one byte more
+        // goes through the read-ahead task.
+        (0, c),
+        (size - c, size),
+        (7, c + 7),
+        (7, c + 8),
+        (size - c - 1, size),
     ] {
         let got = read_range(&engine, &key, Some((s, e))).await;
         assert_eq!(got, &data[s as usize..e as usize], "range {s}..{e}");
@@ -362,6 +369,11 @@ async fn range_reads_return_exactly_the_range() {
         engine.read_range(&key, 0..size + 1).await,
         Err(Error::InvalidRange { .. })
     ));
+    assert!(matches!(
+        engine.read_range(&key, size - 1..size + 1).await,
+        Err(Error::InvalidRange { .. })
+    ));
+    assert!(engine.read_range(&absent, 0..10).await.unwrap().is_none());
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! [`PgLoEngine`]: the `Engine` + `LargeEngine` implementation.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use sqlx::postgres::PgPool;
 use sqlx::Row;
 use store_postgres::plumbing::{
     connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces, migrate,
-    scan_entries, size_col, sql, to_i64, validate_schema, PgWindow,
+    present_many, scan_entries, size_col, sql, to_i64, validate_schema, PgWindow,
 };
 use store_postgres::PgGcSchema;
 use store_types::{
@@ -194,7 +194,7 @@ impl PgLoEngine {
                 .fetch_all(self.pool())
                 .await
                 .map_err(db_err)?;
-        let found: HashSet<u32> = found.into_iter().map(|o| o.0).collect();
+        let found: std::collections::HashSet<u32> = found.into_iter().map(|o| o.0).collect();
         Ok(oids.iter().map(|o| found.contains(o)).collect())
     }
 
@@ -263,6 +263,24 @@ fn chunks(
     })
 }
 
+/// A reader over `bytes`, fetched at once, of which `want` were asked for.
+/// A large object shorter than its recorded size yields what it has and
+/// then fails, like the streamed path.
+fn inline_reader(key: &Key, want: u64, bytes: Vec<u8>) -> BlobReader {
+    if bytes.len() as u64 == want {
+        return BlobReader::from_bytes(Bytes::from(bytes));
+    }
+    let short = std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!("large object of {key} is shorter than its recorded size"),
+    );
+    let parts: Vec<std::io::Result<Bytes>> = vec![Ok(Bytes::from(bytes)), Err(short)];
+    BlobReader {
+        len: want,
+        reader: Box::pin(tokio_util::io::StreamReader::new(stream::iter(parts))),
+    }
+}
+
 #[async_trait]
 impl Engine for PgLoEngine {
     fn descriptor(&self) -> EngineDescriptor {
@@ -294,36 +312,60 @@ impl Engine for PgLoEngine {
     }
 
     async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
-        if digests.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = sqlx::query(
-            self.sql("SELECT digest FROM {schema}.lo_entries WHERE ns = $1 AND digest = ANY($2)"),
-        )
-        .bind(ns.as_str())
-        .bind(digest_params(digests))
-        .fetch_all(self.pool())
+        present_many(self.pool(), &self.inner.schema, "lo_entries", ns, digests).await
+    }
+
+    /// One statement for an entry of at most [`CHUNK_SIZE`] bytes (its row
+    /// and its bytes together); a larger one is streamed from the OID this
+    /// statement found.
+    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let row = sqlx::query(self.sql(
+            "SELECT e.oid, e.size,
+                    CASE WHEN e.size <= $3 THEN lo_get(e.oid, 0, e.size::int4) END
+             FROM {schema}.lo_entries e WHERE e.ns = $1 AND e.digest = $2",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(CHUNK_SIZE as i64)
+        .fetch_optional(self.pool())
         .await
         .map_err(db_err)?;
-        let found = rows
-            .iter()
-            .map(|r| digest_col(r, 0))
-            .collect::<Result<HashSet<_>>>()?;
-        Ok(digests.iter().map(|d| found.contains(d)).collect())
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let oid: Oid = row.try_get(0).map_err(db_err)?;
+        let size = size_col(&row, 1)?;
+        let inline: Option<Vec<u8>> = row.try_get(2).map_err(db_err)?;
+        Ok(Some(match inline {
+            Some(bytes) => inline_reader(key, size, bytes),
+            None => self.reader(key, oid, 0..size),
+        }))
     }
 
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        Ok(self
-            .locate(key)
-            .await?
-            .map(|(oid, size)| self.reader(key, oid, 0..size)))
-    }
-
+    /// A range of at most [`CHUNK_SIZE`] bytes is one statement: the entry's
+    /// row joined with `lo_get(oid, offset, len)`, row and bytes read in one
+    /// snapshot, so a read racing a delete finds no row (`None`) rather than
+    /// reading a recycled OID. Larger ranges are streamed.
     async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        Ok(self
-            .locate(key)
-            .await?
-            .map(|(oid, _)| self.reader(key, oid, range)))
+        let len = range.end.saturating_sub(range.start);
+        if len > CHUNK_SIZE as u64 {
+            return Ok(self
+                .locate(key)
+                .await?
+                .map(|(oid, _)| self.reader(key, oid, range)));
+        }
+        let bytes: Option<Vec<u8>> = sqlx::query_scalar(self.sql(
+            "SELECT lo_get(e.oid, $3, $4) FROM {schema}.lo_entries e
+             WHERE e.ns = $1 AND e.digest = $2",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(to_i64(range.start)?)
+        .bind(len as i32)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(bytes.map(|b| inline_reader(key, len, b)))
     }
 
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
@@ -332,8 +374,9 @@ impl Engine for PgLoEngine {
         }
         let mut tx = self.pool().begin().await.map_err(db_err)?;
         let rows = sqlx::query(self.sql(
-            "DELETE FROM {schema}.lo_entries WHERE ns = $1 AND digest = ANY($2)
-             RETURNING digest, oid, size",
+            "DELETE FROM {schema}.lo_entries e USING unnest($2::bytea[]) AS q(d)
+             WHERE e.ns = $1 AND e.digest = q.d
+             RETURNING e.digest, e.oid, e.size",
         ))
         .bind(ns.as_str())
         .bind(digest_params(digests))

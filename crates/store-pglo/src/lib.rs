@@ -41,8 +41,12 @@
 //!   hit still pins without leaving an orphan large object.
 //! - `delete_many` deletes the rows (`RETURNING oid, size`) and
 //!   `lo_unlink`s their large objects in one transaction.
-//! - Reads resolve the OID once, then stream [`store_types::CHUNK_SIZE`]
-//!   pieces with `lo_get(oid, offset, len)`, each joined to the entry's row
+//! - Reads of at most [`store_types::CHUNK_SIZE`] bytes (a whole entry that
+//!   small, or a range) are one statement: the entry's row joined with
+//!   `lo_get(oid, offset, len)`, both read in one snapshot, so a read
+//!   racing a delete finds no row rather than another object's bytes.
+//!   Larger reads resolve the OID once, then stream `CHUNK_SIZE` pieces
+//!   with `lo_get(oid, offset, len)`, each joined to the entry's row
 //!   (autocommit, no connection held between pieces): a read racing a
 //!   delete fails with an I/O error rather than returning other bytes.
 //!

@@ -337,3 +337,61 @@ async fn corrupt_one_byte_changes_the_content() {
         Err(Error::Missing)
     );
 }
+
+#[tokio::test]
+async fn single_chunk_reads_are_one_statement_and_stay_race_safe() {
+    let s = TestSchema::new();
+    let e = s.engine().await;
+    let c = CHUNK_SIZE;
+    // Whole reads at and around the one-statement limit, ranges likewise.
+    for (i, len) in [1usize, 1000, c - 1, c, c + 1].into_iter().enumerate() {
+        let data = blob(200 + i as u64, len);
+        put(&e, "r", &data, 100_000).await;
+        let k = key_of("r", &data);
+        let r = e.read(&k).await.unwrap().unwrap();
+        assert_eq!(r.len, len as u64);
+        assert_eq!(read_all(r).await.unwrap(), data, "whole read of {len}");
+        let n = len as u64;
+        for (a, b) in [(0, n), (n / 2, n), (0, n.min(c as u64)), (n, n)] {
+            let r = e.read_range(&k, a..b).await.unwrap().unwrap();
+            assert_eq!(r.len, b - a);
+            assert_eq!(
+                read_all(r).await.unwrap(),
+                &data[a as usize..b as usize],
+                "{len}: {a}..{b}"
+            );
+        }
+    }
+
+    // A deleted entry is absent to both paths (the facade's `meta` may
+    // have seen it just before): never another object's bytes.
+    let data = blob(300, 5000);
+    put(&e, "r", &data, 5000).await;
+    let k = key_of("r", &data);
+    e.delete_many(&ns("r"), &[k.digest]).await.unwrap();
+    assert!(e.read(&k).await.unwrap().is_none());
+    assert!(e.read_range(&k, 10..20).await.unwrap().is_none());
+
+    // A large object shorter than its recorded size fails the read after
+    // yielding what it has, as the streamed path does.
+    let data = blob(301, 4000);
+    put(&e, "r", &data, 4000).await;
+    let k = key_of("r", &data);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE \"{}\".lo_entries SET size = size + 96 WHERE ns = 'r' AND digest = $1",
+        e.schema()
+    )))
+    .bind(&k.digest.as_bytes()[..])
+    .execute(e.pool())
+    .await
+    .unwrap();
+    let r = e.read(&k).await.unwrap().unwrap();
+    assert_eq!(r.len, 4096);
+    let err = read_all(r).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+    let r = e.read_range(&k, 3000..4096).await.unwrap().unwrap();
+    assert_eq!(r.len, 1096);
+    assert!(read_all(r).await.is_err());
+    let r = e.read_range(&k, 3000..4000).await.unwrap().unwrap();
+    assert_eq!(read_all(r).await.unwrap(), &data[3000..4000]);
+}

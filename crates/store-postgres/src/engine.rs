@@ -1,6 +1,5 @@
 //! [`PostgresEngine`]: the `Engine` + `KvEngine` implementation.
 
-use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -16,8 +15,8 @@ use store_types::{Engine, KvEngine};
 
 use crate::batch::{GroupCommit, PutStats};
 use crate::plumbing::{
-    aligned, connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces,
-    migrate, now_ms, scan_entries, size_col, sql, to_i64, validate_schema,
+    connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces, migrate,
+    now_ms, present_many, scan_entries, size_col, sql, to_i64, validate_schema,
 };
 use crate::seam::{PgGcSchema, PgPins, PgSweepLock};
 use crate::window::PgWindow;
@@ -169,22 +168,7 @@ impl Engine for PostgresEngine {
     }
 
     async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
-        if digests.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = sqlx::query(
-            self.sql("SELECT digest FROM {schema}.entries WHERE ns = $1 AND digest = ANY($2)"),
-        )
-        .bind(ns.as_str())
-        .bind(digest_params(digests))
-        .fetch_all(self.pool())
-        .await
-        .map_err(db_err)?;
-        let found = rows
-            .iter()
-            .map(|r| digest_col(r, 0))
-            .collect::<Result<HashSet<_>>>()?;
-        Ok(aligned(digests, &found))
+        present_many(self.pool(), &self.inner.schema, "entries", ns, digests).await
     }
 
     async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
@@ -220,8 +204,9 @@ impl Engine for PostgresEngine {
             return Ok(Vec::new());
         }
         let rows = sqlx::query(self.sql(
-            "DELETE FROM {schema}.entries WHERE ns = $1 AND digest = ANY($2)
-             RETURNING digest, size",
+            "DELETE FROM {schema}.entries e USING unnest($2::bytea[]) AS q(d)
+             WHERE e.ns = $1 AND e.digest = q.d
+             RETURNING e.digest, e.size",
         ))
         .bind(ns.as_str())
         .bind(digest_params(digests))

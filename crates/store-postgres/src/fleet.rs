@@ -410,8 +410,9 @@ impl FleetBatch for PgFleetBatch {
         }
         let rows = sqlx::query(sql(
             &self.schema,
-            "DELETE FROM {schema}.entries WHERE ns = $1 AND digest = ANY($2)
-             RETURNING digest, size",
+            "DELETE FROM {schema}.entries e USING unnest($2::bytea[]) AS q(d)
+             WHERE e.ns = $1 AND e.digest = q.d
+             RETURNING e.digest, e.size",
         ))
         .bind(ns.as_str())
         .bind(digest_params(digests))

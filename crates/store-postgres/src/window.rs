@@ -1,14 +1,12 @@
 //! The durable delete window (`gc_window`), shared by both PostgreSQL
 //! engines.
 
-use std::collections::HashSet;
-
 use async_trait::async_trait;
 use sqlx::postgres::PgPool;
 use store_types::{Digest, Key, Namespace, Result, StagedCandidate, Timestamp, WindowClauses};
 
 use crate::plumbing::{
-    db_err, digest_col, digest_params, migrate, namespace_col, size_col, sql, to_i64,
+    db_err, digest_col, migrate, namespace_col, present_many, size_col, sql, to_i64,
     GC_WINDOW_COMPONENT, GC_WINDOW_STEPS,
 };
 
@@ -78,23 +76,7 @@ impl WindowClauses for PgWindow {
     }
 
     async fn staged_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
-        if digests.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = sqlx::query(sql(
-            &self.schema,
-            "SELECT digest FROM {schema}.gc_window WHERE ns = $1 AND digest = ANY($2)",
-        ))
-        .bind(ns.as_str())
-        .bind(digest_params(digests))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_err)?;
-        let found = rows
-            .iter()
-            .map(|r| digest_col(r, 0))
-            .collect::<Result<HashSet<_>>>()?;
-        Ok(digests.iter().map(|d| found.contains(d)).collect())
+        present_many(&self.pool, &self.schema, "gc_window", ns, digests).await
     }
 
     async fn take_due(

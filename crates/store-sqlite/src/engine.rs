@@ -24,8 +24,8 @@ const READ_RANGE: &str =
 /// Keyset pagination; `?2` is `x''` (below every digest) for the first page.
 const SCAN: &str = "SELECT digest, size FROM entries
                     WHERE ns = ?1 AND digest > ?2 ORDER BY digest LIMIT ?3";
-/// A skip scan over the primary key: one b-tree descent per namespace
-/// instead of a walk over every entry.
+/// A skip scan over the `(ns, digest)` index: one b-tree descent per
+/// namespace instead of a walk over every entry.
 const NAMESPACES: &str = "
 WITH RECURSIVE n(ns) AS (
     SELECT min(ns) FROM entries
@@ -246,5 +246,45 @@ impl KvEngine for SqliteEngine {
                 })
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    //! The statements' query plans on the current schema: every lookup by
+    //! key goes through the `(ns, digest)` index, never a table scan.
+
+    use super::*;
+    use crate::schema;
+
+    fn plan(conn: &rusqlite::Connection, sql: &str) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        // Parameters stay unbound (NULL): the plan does not depend on them.
+        let mut rows = stmt.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            out.push(row.get::<_, String>(3).unwrap());
+        }
+        out.join(" | ")
+    }
+
+    #[test]
+    fn key_lookups_use_the_unique_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn =
+            schema::open_writer(&dir.path().join("db.sqlite"), crate::Durability::Full).unwrap();
+        let has_many = "SELECT digest FROM entries WHERE ns = ?1 AND digest IN (?2, ?3, ?4)";
+        for sql in [META, READ, READ_RANGE, SCAN, NAMESPACES, DELETE, has_many] {
+            let p = plan(&conn, sql);
+            assert!(p.contains("INDEX"), "{sql}: {p}");
+            assert!(!p.contains("SCAN entries"), "{sql}: {p}");
+            // `scan` pages come out of the index already in digest order.
+            assert!(!p.contains("TEMP B-TREE"), "{sql}: {p}");
+        }
+        let p = plan(&conn, has_many);
+        assert!(
+            p.contains("COVERING INDEX"),
+            "has_many reads the index only: {p}"
+        );
     }
 }

@@ -11,26 +11,37 @@
 //! ```sql
 //! CREATE TABLE schema_version (version INTEGER NOT NULL PRIMARY KEY,
 //!                              applied_at INTEGER NOT NULL);      -- unix ms
-//! -- v1
+//! -- v2 (v1 had the same columns in a WITHOUT ROWID table keyed by
+//! -- (ns, digest); opening a v1 file rebuilds it in place, data kept)
 //! CREATE TABLE entries (
+//!     id         INTEGER PRIMARY KEY,
 //!     ns         TEXT    NOT NULL,
 //!     digest     BLOB    NOT NULL CHECK (length(digest) = 32),
 //!     size       INTEGER NOT NULL,
 //!     created_at INTEGER NOT NULL,                               -- unix ms
 //!     content    BLOB    NOT NULL,
-//!     PRIMARY KEY (ns, digest)
-//! ) WITHOUT ROWID;
+//!     UNIQUE (ns, digest)
+//! );
 //! -- created by GcSchema::ensure_gc_schema only
 //! CREATE TABLE gc_window (ns TEXT NOT NULL, digest BLOB NOT NULL,
 //!     size INTEGER NOT NULL, visible_after INTEGER NOT NULL,      -- unix ms
 //!     PRIMARY KEY (ns, digest)) WITHOUT ROWID;
 //! ```
 //!
-//! `WITHOUT ROWID` makes `(ns, digest)` the clustering key: a lookup is one
-//! b-tree descent, `scan` is a range walk returning rows already in digest
-//! order, and there is no second (rowid) tree to maintain per put. `content`
-//! is the last column so metadata reads stop before the content's overflow
-//! pages. Migrations are numbered; [`SqliteEngine::open`] applies the
+//! `entries` is a rowid table with `(ns, digest)` as a separate unique
+//! index, and `content` is its last column. Rows larger than a page spill
+//! their content onto overflow pages; neither b-tree ever compares against
+//! that content: the index holds only `(ns, digest, rowid)` (so `has_many`
+//! and `namespaces` are answered from it alone and `scan` walks it in
+//! digest order), and the table is searched by rowid. Metadata reads
+//! (`meta`, `scan`'s sizes) stop in a row's local prefix, before the
+//! overflow pages. (Schema v1 was `WITHOUT ROWID` with the content inline:
+//! there every b-tree comparison against a row whose content overflowed
+//! read the whole content, which slowed lookups and inserts by one to two
+//! orders of magnitude on tables holding rows above ~1 KiB.) `gc_window`
+//! rows are small and stay `WITHOUT ROWID`.
+//!
+//! Migrations are numbered; [`SqliteEngine::open`] applies the
 //! missing ones under `BEGIN IMMEDIATE`, so opening a file twice (or from
 //! two processes at once) is harmless, and a file newer than the build is
 //! refused.

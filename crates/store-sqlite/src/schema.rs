@@ -17,12 +17,15 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Prepared statements each connection keeps compiled.
 const STATEMENT_CACHE: usize = 64;
 
-/// Version 1: the entries table.
+/// Version 1: the entries table as first shipped (superseded by v2).
 ///
-/// `WITHOUT ROWID` clusters rows by `(ns, digest)`, so a point lookup is one
-/// b-tree descent and `scan` is a range walk of the same tree. `content` is
-/// the last column: `meta`, `scan` and `has_many` read only the row's local
-/// prefix and never touch the overflow pages of large contents.
+/// `WITHOUT ROWID` clustered the rows by `(ns, digest)` with `content`
+/// inline. That made every b-tree comparison against a row whose content
+/// spills onto overflow pages read the whole content (SQLite compares the
+/// full record of a `WITHOUT ROWID` cell), so lookups and inserts slowed
+/// down by one to two orders of magnitude once rows above ~1 KiB were
+/// stored. Kept as the first step so that every file, new or old, reaches
+/// the current layout through the same migrations.
 const V1_ENTRIES: &str = "
 CREATE TABLE entries (
     ns         TEXT    NOT NULL,
@@ -34,9 +37,43 @@ CREATE TABLE entries (
 ) WITHOUT ROWID;
 ";
 
+/// Version 2: `entries` becomes a rowid table with a separate unique index
+/// on `(ns, digest)`, rebuilt in place (data kept).
+///
+/// The index holds only `(ns, digest, rowid)`: `has_many` and
+/// `namespaces` never leave it, `scan` walks it in digest order, and its
+/// comparisons never meet content. `meta`, `read` and `scan` (for `size`)
+/// follow the rowid into the table, whose interior pages are keyed by the
+/// integer rowid alone, so that descent never reads a row's payload
+/// either. `content` stays the last column, so reading
+/// `size`/`created_at` stops in the row's local prefix and does not read
+/// the overflow pages of a large content. New rows get increasing rowids,
+/// so puts append to the table instead of splitting random leaves.
+///
+/// The migration is SQLite's table-rebuild procedure (create the new
+/// table, copy, drop the old one, rename), which runs inside the
+/// migration transaction like every step: a crash or a failure leaves the
+/// v1 table as it was. Opening a v1 file therefore rewrites every row
+/// once, taking time and temporary WAL space proportional to the file.
+const V2_ENTRIES_ROWID: &str = "
+CREATE TABLE entries_v2 (
+    id         INTEGER PRIMARY KEY,
+    ns         TEXT    NOT NULL,
+    digest     BLOB    NOT NULL CHECK (length(digest) = 32),
+    size       INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    content    BLOB    NOT NULL,
+    CONSTRAINT entries_key UNIQUE (ns, digest)
+);
+INSERT INTO entries_v2 (ns, digest, size, created_at, content)
+    SELECT ns, digest, size, created_at, content FROM entries ORDER BY ns, digest;
+DROP TABLE entries;
+ALTER TABLE entries_v2 RENAME TO entries;
+";
+
 /// The migrations, in order. Each runs once, in the same transaction as the
 /// `schema_version` row recording it.
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1_ENTRIES)];
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1_ENTRIES), (2, V2_ENTRIES_ROWID)];
 
 /// The schema version this build creates and understands.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
