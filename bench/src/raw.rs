@@ -94,16 +94,21 @@ impl RawFs {
     }
 }
 
-/// The entries table of the SQLite engine, as it creates it.
+/// The entries table of the SQLite engine, as its current schema (v2)
+/// leaves it: a rowid table with `(ns, digest)` a separate unique index and
+/// `content` the last column. (A `WITHOUT ROWID` table, the engine's v1
+/// layout, would be a different — and for large rows far slower —
+/// ceiling.)
 const SQLITE_DDL: &str = "
 CREATE TABLE IF NOT EXISTS entries (
+    id         INTEGER PRIMARY KEY,
     ns         TEXT    NOT NULL,
     digest     BLOB    NOT NULL CHECK (length(digest) = 32),
     size       INTEGER NOT NULL,
     created_at INTEGER NOT NULL,
     content    BLOB    NOT NULL,
-    PRIMARY KEY (ns, digest)
-) WITHOUT ROWID;
+    CONSTRAINT entries_key UNIQUE (ns, digest)
+);
 CREATE TABLE IF NOT EXISTS gc_window (
     ns            TEXT    NOT NULL,
     digest        BLOB    NOT NULL,

@@ -1,20 +1,24 @@
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use store_types::{BlobReader, Digest, Error, Result, Tier};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::sync::oneshot;
 
 /// A streaming read of an entry (or of a range of it).
 ///
 /// Whole-entry reads from [`Store::get`](crate::Store::get) are verified:
-/// the bytes are hashed as they stream and the read fails at EOF with
-/// [`Error::Verification`] (inside the `io::Error`; convert it back with
-/// `Error::from`) if they do not hash to the key's digest or the length is
-/// wrong. Ranged reads cannot be checked against a whole-content digest and
-/// are not verified ([`Blob::is_verified`]).
+/// the read fails at EOF with [`Error::Verification`] (inside the
+/// `io::Error`; convert it back with `Error::from`) if the bytes do not hash
+/// to the key's digest or the length is wrong. The bytes are hashed as they
+/// stream — by the engine when it supplies the digest of what it yields
+/// ([`BlobReader::yielded_digest`], e.g. on its read-ahead thread), else
+/// here, on the consumer's thread. Ranged reads cannot be checked against a
+/// whole-content digest and are not verified ([`Blob::is_verified`]).
 pub struct Blob {
     len: u64,
     tier: Tier,
@@ -24,26 +28,51 @@ pub struct Blob {
 
 struct Verifier {
     expected: Digest,
-    hasher: blake3::Hasher,
+    /// Bytes yielded so far.
     seen: u64,
+    /// Set once the verdict is delivered (or the read failed for good).
     finished: bool,
+    check: Check,
+}
+
+/// Who hashes the bytes of a verified read.
+enum Check {
+    /// The facade, as the bytes pass through `poll_read` (boxed: the
+    /// hasher's state is ~2 KB).
+    Here(Box<blake3::Hasher>),
+    /// The engine: its digest of the yielded bytes arrives on `digest`.
+    /// `at_eof` is set once the reader reported EOF and only the digest
+    /// is still awaited (the reader is not polled again).
+    Engine {
+        digest: oneshot::Receiver<Digest>,
+        at_eof: bool,
+    },
 }
 
 impl Blob {
     pub(crate) fn verified(r: BlobReader, tier: Tier, expected: Digest) -> Self {
+        let check = match r.yielded_digest {
+            Some(digest) => Check::Engine {
+                digest,
+                at_eof: false,
+            },
+            None => Check::Here(Box::new(blake3::Hasher::new())),
+        };
         Blob {
             len: r.len,
             tier,
             reader: r.reader,
             verify: Some(Verifier {
                 expected,
-                hasher: blake3::Hasher::new(),
                 seen: 0,
                 finished: false,
+                check,
             }),
         }
     }
 
+    /// Ranged reads: no verification, so an engine digest (engines need not
+    /// send one for ranges) is dropped unused.
     pub(crate) fn unverified(r: BlobReader, tier: Tier) -> Self {
         Blob {
             len: r.len,
@@ -97,6 +126,40 @@ impl fmt::Debug for Blob {
     }
 }
 
+impl Verifier {
+    /// The verdict once every byte has been seen and `actual` is the
+    /// digest of all of them.
+    fn verdict(&mut self, len: u64, actual: Digest) -> io::Result<()> {
+        self.finished = true;
+        if actual != self.expected || self.seen != len {
+            return Err(Error::Verification {
+                expected: self.expected,
+                actual,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// After EOF on an engine-hashed read: awaits the engine's digest.
+    fn poll_engine_digest(&mut self, cx: &mut Context<'_>, len: u64) -> Poll<io::Result<()>> {
+        let Check::Engine { digest, .. } = &mut self.check else {
+            unreachable!("only engine-hashed reads await a digest");
+        };
+        let got = ready!(Pin::new(digest).poll(cx));
+        Poll::Ready(match got {
+            Ok(actual) => self.verdict(len, actual),
+            Err(_) => {
+                self.finished = true;
+                Err(Error::Io(
+                    "the engine ended the read without the digest of its bytes".to_string(),
+                )
+                .into())
+            }
+        })
+    }
+}
+
 impl AsyncRead for Blob {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -104,41 +167,196 @@ impl AsyncRead for Blob {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
-        match this.reader.as_mut().poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {}
-            other => return other,
-        }
-        let Some(v) = this.verify.as_mut() else {
-            return Poll::Ready(Ok(()));
+        let Some(v) = this.verify.as_mut().filter(|v| !v.finished) else {
+            return this.reader.as_mut().poll_read(cx, buf);
         };
-        let fresh = &buf.filled()[before..];
-        if v.finished {
+        if let Check::Engine { at_eof: true, .. } = v.check {
+            return v.poll_engine_digest(cx, this.len);
+        }
+        if buf.remaining() == 0 {
+            // Nothing can be read into a full buffer; that is no EOF.
             return Poll::Ready(Ok(()));
         }
+        let before = buf.filled().len();
+        ready!(this.reader.as_mut().poll_read(cx, buf))?;
+        let fresh = &buf.filled()[before..];
         if fresh.is_empty() {
-            v.finished = true;
-            let actual = Digest::from(v.hasher.finalize());
-            if actual != v.expected || v.seen != this.len {
-                return Poll::Ready(Err(Error::Verification {
-                    expected: v.expected,
-                    actual,
+            // EOF: every byte has been seen.
+            return match &mut v.check {
+                Check::Here(hasher) => {
+                    let actual = Digest::from(hasher.finalize());
+                    Poll::Ready(v.verdict(this.len, actual))
                 }
-                .into()));
-            }
-            return Poll::Ready(Ok(()));
+                Check::Engine { at_eof, .. } => {
+                    *at_eof = true;
+                    v.poll_engine_digest(cx, this.len)
+                }
+            };
         }
         v.seen += fresh.len() as u64;
-        v.hasher.update(fresh);
-        if v.seen > this.len {
-            v.finished = true;
-            let actual = Digest::from(v.hasher.finalize());
-            return Poll::Ready(Err(Error::Verification {
-                expected: v.expected,
-                actual,
+        match &mut v.check {
+            Check::Here(hasher) => {
+                hasher.update(fresh);
+                if v.seen > this.len {
+                    let actual = Digest::from(hasher.finalize());
+                    return Poll::Ready(v.verdict(this.len, actual));
+                }
             }
-            .into()));
+            Check::Engine { .. } if v.seen > this.len => {
+                // The engine yields more than it declared: its digest (sent
+                // only after its last byte) cannot be awaited here, and the
+                // facade did not hash, so there is no digest to report.
+                v.finished = true;
+                return Poll::Ready(Err(Error::Io(format!(
+                    "the engine yielded more than the {} bytes it declared",
+                    this.len
+                ))
+                .into()));
+            }
+            Check::Engine { .. } => {}
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A reader yielding `bytes` with an engine digest on `rx`.
+    fn engine_reader(bytes: &'static [u8], rx: oneshot::Receiver<Digest>) -> BlobReader {
+        BlobReader {
+            yielded_digest: Some(rx),
+            ..BlobReader::from_bytes(Bytes::from_static(bytes))
+        }
+    }
+
+    fn verified(r: BlobReader, expected: Digest) -> Blob {
+        Blob::verified(r, Tier::Large, expected)
+    }
+
+    #[tokio::test]
+    async fn a_matching_engine_digest_passes_without_hashing_here() {
+        let (tx, rx) = oneshot::channel();
+        let expected = Digest::of(b"the content");
+        tx.send(expected).unwrap();
+        // The bytes do not hash to `expected`: a pass shows the facade
+        // relied on the engine's digest instead of hashing.
+        let blob = verified(engine_reader(b"other bytes", rx), expected);
+        assert!(blob.is_verified());
+        assert_eq!(
+            blob.bytes().await.unwrap(),
+            Bytes::from_static(b"other bytes")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_digest_sent_after_eof_is_awaited() {
+        let (tx, rx) = oneshot::channel();
+        let data = b"late digest";
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.send(Digest::of(data)).unwrap();
+        });
+        let blob = verified(engine_reader(data, rx), Digest::of(data));
+        assert_eq!(blob.bytes().await.unwrap(), Bytes::from_static(data));
+        sender.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_mismatching_engine_digest_fails_at_eof() {
+        let (tx, rx) = oneshot::channel();
+        let data = b"stored bytes";
+        let expected = Digest::of(b"what the key says");
+        tx.send(Digest::of(data)).unwrap();
+        let mut blob = verified(engine_reader(data, rx), expected);
+        // Every byte is delivered; the failure comes with EOF.
+        let mut buf = [0u8; 64];
+        let n = blob.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], data);
+        let err = Error::from(blob.read(&mut buf).await.unwrap_err());
+        assert_eq!(
+            err,
+            Error::Verification {
+                expected,
+                actual: Digest::of(data)
+            }
+        );
+        // The verdict is final; later reads see the reader's EOF.
+        assert_eq!(blob.read(&mut buf).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_digest_sender_fails_with_io() {
+        let (tx, rx) = oneshot::channel::<Digest>();
+        drop(tx);
+        let data = b"no digest";
+        let err = verified(engine_reader(data, rx), Digest::of(data))
+            .bytes()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Io(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_short_read_fails_even_with_a_matching_engine_digest() {
+        let (tx, rx) = oneshot::channel();
+        let data = b"declared longer";
+        tx.send(Digest::of(data)).unwrap();
+        let r = BlobReader {
+            len: data.len() as u64 + 1,
+            ..engine_reader(data, rx)
+        };
+        let err = verified(r, Digest::of(data)).bytes().await.unwrap_err();
+        assert_eq!(
+            err,
+            Error::Verification {
+                expected: Digest::of(data),
+                actual: Digest::of(data)
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn yielding_more_than_declared_fails_at_once() {
+        let (tx, rx) = oneshot::channel();
+        let data = b"declared shorter";
+        tx.send(Digest::of(data)).unwrap();
+        let r = BlobReader {
+            len: data.len() as u64 - 1,
+            ..engine_reader(data, rx)
+        };
+        let err = verified(r, Digest::of(data)).bytes().await.unwrap_err();
+        assert!(matches!(err, Error::Io(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn without_an_engine_digest_the_bytes_are_hashed_here() {
+        let data = Bytes::from_static(b"hashed by the facade");
+        let ok = verified(BlobReader::from_bytes(data.clone()), Digest::of(&data));
+        assert_eq!(ok.bytes().await.unwrap(), data);
+        let wrong = Digest::of(b"something else");
+        let err = verified(BlobReader::from_bytes(data.clone()), wrong)
+            .bytes()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            Error::Verification {
+                expected: wrong,
+                actual: Digest::of(&data)
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn unverified_reads_ignore_an_engine_digest() {
+        let (tx, rx) = oneshot::channel::<Digest>();
+        drop(tx);
+        let blob = Blob::unverified(engine_reader(b"a range", rx), Tier::Large);
+        assert!(!blob.is_verified());
+        assert_eq!(blob.bytes().await.unwrap(), Bytes::from_static(b"a range"));
     }
 }

@@ -1,5 +1,8 @@
 //! Reads: one blocking call for a read of at most one chunk, else a
-//! blocking read-ahead task feeding an [`AsyncRead`] adapter.
+//! blocking read-ahead task feeding an [`AsyncRead`] adapter. For a
+//! whole-entry read the read-ahead task also hashes each chunk before
+//! handing it over, so the BLAKE3 work of a verified get overlaps the
+//! consumer's copying ([`BlobReader::yielded_digest`]).
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -7,10 +10,11 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::mpsc as std_mpsc;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes};
-use store_types::{BlobReader, Error, Result, CHUNK_SIZE};
+use bytes::Bytes;
+use store_types::{BlobReader, Digest, Error, Result, CHUNK_SIZE};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
@@ -23,10 +27,13 @@ const READ_AHEAD_CHUNKS: usize = 2;
 enum Opened {
     /// The wanted bytes fit in one chunk and were read at once.
     Inline(Bytes),
-    /// The read-ahead task streams `len` bytes through `rx`.
+    /// The read-ahead task streams `len` bytes through `rx` (and, for a
+    /// whole-entry read, their digest through `digest`).
     Streaming {
         len: u64,
-        rx: mpsc::Receiver<io::Result<Bytes>>,
+        rx: mpsc::Receiver<io::Result<Vec<u8>>>,
+        recycle: std_mpsc::Sender<Vec<u8>>,
+        digest: Option<oneshot::Receiver<Digest>>,
     },
 }
 
@@ -37,7 +44,9 @@ enum Opened {
 /// opens the file, reports, and — when more than one chunk is wanted —
 /// keeps reading ahead in [`CHUNK_SIZE`] chunks until the range is done or
 /// the reader is dropped; a whole file of at most one chunk is read at once
-/// by that same task. Returns `None` when the file is absent.
+/// by that same task. A streamed whole-file read (`range` `None`) carries
+/// the task's digest of the bytes it yields. Returns `None` when the file
+/// is absent.
 pub(crate) async fn open_reader(
     path: PathBuf,
     range: Option<Range<u64>>,
@@ -60,13 +69,21 @@ pub(crate) async fn open_reader(
     };
     Ok(opened.map(|o| match o {
         Opened::Inline(bytes) => BlobReader::from_bytes(bytes),
-        Opened::Streaming { len, rx } => BlobReader {
+        Opened::Streaming {
+            len,
+            rx,
+            recycle,
+            digest,
+        } => BlobReader {
             len,
             reader: Box::pin(ChunkReader {
                 rx,
-                current: Bytes::new(),
+                current: Vec::new(),
+                pos: 0,
                 remaining: len,
+                recycle,
             }),
+            yielded_digest: digest,
         },
     }))
 }
@@ -84,11 +101,19 @@ fn read_small_range(path: &Path, range: Range<u64>) -> Result<Option<Bytes>> {
 }
 
 /// The blocking task behind [`open_reader`].
+///
+/// Streamed chunks are `Vec`s the consumer hands back through `recycle`
+/// once it has copied them out; the task reads into those again, so a read
+/// allocates (and initialises) only the few buffers in flight at once, and
+/// fresh ones are read into without zero-filling them first
+/// ([`fill_chunk`]). A whole-file read hashes each chunk right after
+/// reading it and sends the digest once the last chunk is sent.
 fn read_task(
     path: PathBuf,
     range: Option<Range<u64>>,
     ready: oneshot::Sender<Result<Option<Opened>>>,
 ) {
+    let whole = range.is_none();
     let (mut file, len) = match open_range(&path, range) {
         Ok(Some(opened)) => opened,
         Ok(None) => {
@@ -106,18 +131,34 @@ fn read_task(
         return;
     }
     let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
-    if ready.send(Ok(Some(Opened::Streaming { len, rx }))).is_err() {
+    let (recycle, recycled) = std_mpsc::channel();
+    let (digest_tx, digest_rx) = whole.then(oneshot::channel).unzip();
+    let opened = Opened::Streaming {
+        len,
+        rx,
+        recycle,
+        digest: digest_rx,
+    };
+    if ready.send(Ok(Some(opened))).is_err() {
         return;
     }
+    let mut hasher = digest_tx.as_ref().map(|_| blake3::Hasher::new());
     let mut remaining = len;
     while remaining > 0 {
         let n = remaining.min(CHUNK_SIZE as u64) as usize;
-        let chunk = read_chunk(&mut file, n);
+        let chunk = fill_chunk(&mut file, n, recycled.try_recv().ok());
+        if let (Ok(bytes), Some(h)) = (&chunk, hasher.as_mut()) {
+            h.update(bytes);
+        }
         let failed = chunk.is_err();
         if tx.blocking_send(chunk).is_err() || failed {
             return; // Reader dropped, or the error is delivered.
         }
         remaining -= n as u64;
+    }
+    if let (Some(digest_tx), Some(h)) = (digest_tx, hasher) {
+        // The reader may be gone already; then nobody awaits the digest.
+        let _ = digest_tx.send(Digest::from(h.finalize()));
     }
 }
 
@@ -184,19 +225,42 @@ fn short_file(e: io::Error) -> io::Error {
 
 /// Reads exactly `n` bytes; a file that ends early is an error.
 fn read_chunk(file: &mut File, n: usize) -> io::Result<Bytes> {
-    let mut buf = vec![0u8; n];
-    file.read_exact(&mut buf).map_err(short_file)?;
-    Ok(Bytes::from(buf))
+    fill_chunk(file, n, None).map(Bytes::from)
+}
+
+/// Reads exactly `n` bytes into `spare` (a buffer handed back by the
+/// consumer) or a new buffer; a file that ends early is an error.
+///
+/// Neither zero-fills: a recycled buffer is already initialised (its
+/// length is the size of the chunk it held) and is read into with one
+/// `read_exact`; a new one is read into its uninitialised spare capacity
+/// by `Take::read_to_end` (std reads a `File` into spare capacity without
+/// initialising it).
+fn fill_chunk(file: &mut File, n: usize, spare: Option<Vec<u8>>) -> io::Result<Vec<u8>> {
+    if let Some(mut buf) = spare.filter(|b| b.len() >= n) {
+        buf.truncate(n);
+        file.read_exact(&mut buf).map_err(short_file)?;
+        return Ok(buf);
+    }
+    let mut buf = Vec::with_capacity(n);
+    file.take(n as u64).read_to_end(&mut buf)?;
+    if buf.len() < n {
+        return Err(short_file(io::ErrorKind::UnexpectedEof.into()));
+    }
+    Ok(buf)
 }
 
 /// [`AsyncRead`] over the chunks of a read-ahead task.
 struct ChunkReader {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    /// The unread rest of the current chunk.
-    current: Bytes,
+    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
+    /// The current chunk; `current[pos..]` is still unread.
+    current: Vec<u8>,
+    pos: usize,
     /// Bytes still expected from the task, to tell a complete read from a
     /// task that died early.
     remaining: u64,
+    /// Hands fully read chunks back to the task for reuse.
+    recycle: std_mpsc::Sender<Vec<u8>>,
 }
 
 impl AsyncRead for ChunkReader {
@@ -209,19 +273,25 @@ impl AsyncRead for ChunkReader {
             if buf.remaining() == 0 {
                 return Poll::Ready(Ok(()));
             }
-            if !self.current.is_empty() {
-                let n = self.current.len().min(buf.remaining());
-                buf.put_slice(&self.current[..n]);
-                self.current.advance(n);
+            let this = &mut *self;
+            if this.pos < this.current.len() {
+                let n = (this.current.len() - this.pos).min(buf.remaining());
+                buf.put_slice(&this.current[this.pos..this.pos + n]);
+                this.pos += n;
                 return Poll::Ready(Ok(()));
             }
-            match ready!(self.rx.poll_recv(cx)) {
+            match ready!(this.rx.poll_recv(cx)) {
                 Some(Ok(chunk)) => {
-                    self.remaining = self.remaining.saturating_sub(chunk.len() as u64);
-                    self.current = chunk;
+                    this.remaining = this.remaining.saturating_sub(chunk.len() as u64);
+                    let done = std::mem::replace(&mut this.current, chunk);
+                    this.pos = 0;
+                    if done.capacity() > 0 {
+                        // The task may have finished: then the buffer is freed.
+                        let _ = this.recycle.send(done);
+                    }
                 }
                 Some(Err(e)) => return Poll::Ready(Err(e)),
-                None if self.remaining == 0 => return Poll::Ready(Ok(())),
+                None if this.remaining == 0 => return Poll::Ready(Ok(())),
                 None => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,

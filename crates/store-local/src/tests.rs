@@ -444,3 +444,172 @@ async fn a_failing_publish_reports_the_error_and_leaves_nothing() {
     assert_eq!(engine.meta(&key).await.unwrap(), None);
     assert_eq!(engine.stage_file_count().unwrap(), 0);
 }
+
+/// Reads `key` whole through the engine; the bytes and the digest the
+/// read-ahead task sent (`None` when the read carries none).
+async fn read_with_digest(engine: &LocalEngine, key: &Key) -> (Vec<u8>, Option<Digest>) {
+    let mut r = engine.read(key).await.unwrap().expect("entry present");
+    let mut out = Vec::new();
+    r.reader.read_to_end(&mut out).await.unwrap();
+    assert_eq!(out.len() as u64, r.len);
+    let digest = match r.yielded_digest {
+        Some(rx) => Some(rx.await.expect("the read-ahead task sends its digest")),
+        None => None,
+    };
+    (out, digest)
+}
+
+#[tokio::test]
+async fn streamed_whole_reads_send_the_digest_of_the_bytes_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    for len in [
+        CHUNK_SIZE + 1,
+        2 * CHUNK_SIZE,
+        3 * CHUNK_SIZE + 12_345,
+        // More chunks than are ever in flight: buffers are recycled.
+        9 * CHUNK_SIZE + 1,
+    ] {
+        let data = content(len, 3);
+        let key = put(&engine, "a", &data).await;
+        let (got, digest) = read_with_digest(&engine, &key).await;
+        assert_eq!(got, data, "len {len}");
+        assert_eq!(digest, Some(Digest::of(&data)), "len {len}");
+        assert_eq!(digest, Some(Digest::from(blake3::hash(&got))), "len {len}");
+        // After damage the digest is that of the bytes on disk, not the key.
+        engine.corrupt_one_byte(&key).await.unwrap();
+        let (got, digest) = read_with_digest(&engine, &key).await;
+        assert_ne!(got, data);
+        assert_eq!(digest, Some(Digest::of(&got)), "len {len}");
+        assert_ne!(digest, Some(key.digest));
+    }
+    // A whole file of at most one chunk is read at once and hashed by the
+    // facade; ranges are not verified, so carry no digest either.
+    for len in [0, 1, CHUNK_SIZE] {
+        let data = content(len, 4);
+        let key = put(&engine, "a", &data).await;
+        assert_eq!(read_with_digest(&engine, &key).await, (data, None));
+    }
+    let data = content(3 * CHUNK_SIZE, 5);
+    let key = put(&engine, "a", &data).await;
+    for range in [0..3 * CHUNK_SIZE as u64, 1..2 * CHUNK_SIZE as u64 + 1, 0..1] {
+        let r = engine.read_range(&key, range).await.unwrap().unwrap();
+        assert!(r.yielded_digest.is_none());
+    }
+}
+
+#[tokio::test]
+async fn a_reader_dropped_midway_stops_the_task_without_a_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(8 * CHUNK_SIZE, 6);
+    let key = put(&engine, "a", &data).await;
+    let mut r = engine.read(&key).await.unwrap().unwrap();
+    let mut first = vec![0u8; 1000];
+    r.reader.read_exact(&mut first).await.unwrap();
+    assert_eq!(first, data[..1000]);
+    let digest = r.yielded_digest.take().unwrap();
+    drop(r);
+    // The task notices the closed channel and ends without sending.
+    let got = tokio::time::timeout(Duration::from_secs(10), digest)
+        .await
+        .expect("the read-ahead task ends");
+    assert!(got.is_err());
+}
+
+/// A store whose every non-empty entry lives in `engine`.
+async fn facade(engine: &LocalEngine) -> store_core::Store {
+    store_core::Store::builder()
+        .kv(store_mem::MemEngine::new())
+        .large(engine.clone())
+        .mode(store_core::Mode::DualTier { threshold: 0 })
+        .build()
+        .await
+        .unwrap()
+}
+
+/// What a verified get of `key` through `store` returns.
+async fn facade_get(store: &store_core::Store, key: &Key) -> store_types::Result<Bytes> {
+    let blob = store.get(key).await.unwrap().expect("entry present");
+    assert!(blob.is_verified());
+    blob.bytes().await
+}
+
+#[tokio::test]
+async fn files_changed_behind_the_engine_fail_verification_through_the_facade() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let store = facade(&engine).await;
+    let c = CHUNK_SIZE as u64;
+    let len = 3 * CHUNK_SIZE + 777;
+    // (name, new file length): cut and grown copies of the stored bytes.
+    let damage: [(&str, u64); 6] = [
+        ("truncated by one byte", len as u64 - 1),
+        ("truncated to a chunk boundary", 2 * c),
+        ("truncated to one chunk plus one", c + 1),
+        ("truncated to one chunk", c),
+        ("extended by one byte", len as u64 + 1),
+        ("extended by a chunk", len as u64 + c),
+    ];
+    for (i, (what, new_len)) in damage.into_iter().enumerate() {
+        let data = content(len, 10 + i as u8);
+        let receipt = store.put(&ns("a"), &data[..], None, None).await.unwrap();
+        let key = receipt.key().clone();
+        assert_eq!(facade_get(&store, &key).await.unwrap(), data, "{what}");
+        let path = engine.inner.content_path(&key);
+        let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(new_len).unwrap(); // Grown files read zeros at the end.
+        drop(file);
+        let err = facade_get(&store, &key).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Verification { expected, .. } if expected == key.digest),
+            "{what}: {err:?}"
+        );
+    }
+    // A flipped byte in a streamed entry.
+    let data = content(len, 20);
+    let key = store
+        .put(&ns("a"), &data[..], None, None)
+        .await
+        .unwrap()
+        .key()
+        .clone();
+    engine.corrupt_one_byte(&key).await.unwrap();
+    let err = facade_get(&store, &key).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Verification { expected, .. } if expected == key.digest),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_file_truncated_during_a_read_fails_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let store = facade(&engine).await;
+    let data = content(16 * CHUNK_SIZE, 30);
+    let key = store
+        .put(&ns("a"), &data[..], None, None)
+        .await
+        .unwrap()
+        .key()
+        .clone();
+    let mut blob = store.get(&key).await.unwrap().unwrap();
+    let mut first = vec![0u8; 100];
+    blob.read_exact(&mut first).await.unwrap();
+    // The task has opened the file and read at most a few chunks ahead.
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(engine.inner.content_path(&key))
+        .unwrap();
+    file.set_len(8 * CHUNK_SIZE as u64).unwrap();
+    drop(file);
+    let mut rest = Vec::new();
+    let err = Error::from(blob.read_to_end(&mut rest).await.unwrap_err());
+    // The task finds the file shorter than it was at open: an I/O error,
+    // before any verdict on the content.
+    assert!(
+        matches!(err, Error::Io(ref m) if m.contains("shorter")),
+        "{err:?}"
+    );
+}

@@ -1,5 +1,8 @@
 //! Reads: one (ranged) GET, drained by a read-ahead task into an
-//! [`AsyncRead`] adapter.
+//! [`AsyncRead`] adapter. For a whole-object read the task also hashes
+//! each chunk before handing it over, overlapping the BLAKE3 work of a
+//! verified get with the consumer's copying
+//! ([`BlobReader::yielded_digest`]).
 
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
@@ -10,9 +13,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetResultPayload};
-use store_types::{BlobReader, Result, CHUNK_SIZE};
+use store_types::{BlobReader, Digest, Result, CHUNK_SIZE};
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::retry::backend_err;
 use crate::Inner;
@@ -22,7 +25,8 @@ const READ_AHEAD_CHUNKS: usize = 4;
 
 impl Inner {
     /// Reads `range` of the object at `path` (all of it when `None`);
-    /// `None` when there is no such object.
+    /// `None` when there is no such object. A streamed whole-object read
+    /// carries the read-ahead task's digest of the bytes it yields.
     pub(crate) async fn open_reader(
         &self,
         path: &Path,
@@ -37,6 +41,7 @@ impl Inner {
                     .then(|| BlobReader::from_bytes(Bytes::new())));
             }
         }
+        let whole = range.is_none();
         let opts = GetOptions::new().with_range(range);
         let got = match self
             .retry("reading", path, || self.store.get_opts(path, opts.clone()))
@@ -55,6 +60,12 @@ impl Inner {
             return Ok(Some(BlobReader::from_bytes(bytes)));
         }
         let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
+        let (digest_rx, tx) = if whole {
+            let (digest_tx, digest_rx) = oneshot::channel();
+            (Some(digest_rx), ChunkSender::hashing(tx, digest_tx))
+        } else {
+            (None, ChunkSender::plain(tx))
+        };
         let start = got.range.start;
         match got.payload {
             GetResultPayload::File(file, fs_path) => {
@@ -72,7 +83,58 @@ impl Inner {
                 current: Bytes::new(),
                 remaining: len,
             }),
+            yielded_digest: digest_rx,
         }))
+    }
+}
+
+/// The read-ahead task's end of the chunk channel; for a whole-object
+/// read it also hashes every chunk it sends, and sends the digest of them
+/// all when [`ChunkSender::finish`]ed.
+struct ChunkSender {
+    tx: mpsc::Sender<io::Result<Bytes>>,
+    hash: Option<(blake3::Hasher, oneshot::Sender<Digest>)>,
+}
+
+impl ChunkSender {
+    fn plain(tx: mpsc::Sender<io::Result<Bytes>>) -> Self {
+        ChunkSender { tx, hash: None }
+    }
+
+    fn hashing(tx: mpsc::Sender<io::Result<Bytes>>, digest: oneshot::Sender<Digest>) -> Self {
+        ChunkSender {
+            tx,
+            hash: Some((blake3::Hasher::new(), digest)),
+        }
+    }
+
+    /// Hashes a chunk (when hashing) and returns what to send.
+    fn hash(&mut self, chunk: io::Result<Bytes>) -> io::Result<Bytes> {
+        if let (Ok(bytes), Some((h, _))) = (&chunk, self.hash.as_mut()) {
+            h.update(bytes);
+        }
+        chunk
+    }
+
+    /// Sends a chunk from a blocking thread; false when the reader is gone.
+    fn blocking_send(&mut self, chunk: io::Result<Bytes>) -> bool {
+        let chunk = self.hash(chunk);
+        self.tx.blocking_send(chunk).is_ok()
+    }
+
+    /// Sends a chunk; false when the reader is gone.
+    async fn send(&mut self, chunk: io::Result<Bytes>) -> bool {
+        let chunk = self.hash(chunk);
+        self.tx.send(chunk).await.is_ok()
+    }
+
+    /// After the last chunk: sends the digest of all chunks sent (when
+    /// hashing). Not called after an error: the dropped digest sender
+    /// then tells the facade no digest is coming.
+    fn finish(self) {
+        if let Some((h, digest)) = self.hash {
+            let _ = digest.send(Digest::from(h.finalize()));
+        }
     }
 }
 
@@ -83,28 +145,40 @@ fn read_file(
     fs_path: &std::path::Path,
     start: u64,
     len: u64,
-    tx: mpsc::Sender<io::Result<Bytes>>,
+    mut tx: ChunkSender,
 ) {
     let err =
         |e: io::Error| io::Error::new(e.kind(), format!("reading {}: {e}", fs_path.display()));
     if let Err(e) = file.seek(SeekFrom::Start(start)) {
-        let _ = tx.blocking_send(Err(err(e)));
+        tx.blocking_send(Err(err(e)));
         return;
     }
     let mut remaining = len;
     while remaining > 0 {
         let n = remaining.min(CHUNK_SIZE as u64) as usize;
-        let mut buf = vec![0u8; n];
-        let chunk = file
-            .read_exact(&mut buf)
-            .map(|()| Bytes::from(buf))
-            .map_err(err);
+        let chunk = read_chunk(&mut file, n).map_err(err);
         let failed = chunk.is_err();
-        if tx.blocking_send(chunk).is_err() || failed {
+        if !tx.blocking_send(chunk) || failed {
             return;
         }
         remaining -= n as u64;
     }
+    tx.finish();
+}
+
+/// Reads exactly `n` bytes into a new buffer without zero-filling it
+/// first (std reads a `File` into a `Vec`'s spare capacity uninitialised);
+/// a file that ends early is an error.
+fn read_chunk(file: &mut std::fs::File, n: usize) -> io::Result<Bytes> {
+    let mut buf = Vec::with_capacity(n);
+    file.take(n as u64).read_to_end(&mut buf)?;
+    if buf.len() < n {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "object file is shorter than its size",
+        ));
+    }
+    Ok(Bytes::from(buf))
 }
 
 /// Drains a GET body into `tx`, coalescing small frames into
@@ -112,32 +186,33 @@ fn read_file(
 async fn forward_stream(
     mut stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
     path: Path,
-    tx: mpsc::Sender<io::Result<Bytes>>,
+    mut tx: ChunkSender,
 ) {
     let mut buf = BytesMut::new();
     loop {
         match stream.next().await {
             Some(Ok(frame)) => {
                 if buf.is_empty() && frame.len() >= CHUNK_SIZE {
-                    if tx.send(Ok(frame)).await.is_err() {
+                    if !tx.send(Ok(frame)).await {
                         return;
                     }
                     continue;
                 }
                 buf.extend_from_slice(&frame);
-                if buf.len() >= CHUNK_SIZE && tx.send(Ok(buf.split().freeze())).await.is_err() {
+                if buf.len() >= CHUNK_SIZE && !tx.send(Ok(buf.split().freeze())).await {
                     return;
                 }
             }
             Some(Err(e)) => {
                 let e = backend_err("reading", &path, e);
-                let _ = tx.send(Err(e.into())).await;
+                tx.send(Err(e.into())).await;
                 return;
             }
             None => {
-                if !buf.is_empty() {
-                    let _ = tx.send(Ok(buf.freeze())).await;
+                if !buf.is_empty() && !tx.send(Ok(buf.freeze())).await {
+                    return;
                 }
+                tx.finish();
                 return;
             }
         }

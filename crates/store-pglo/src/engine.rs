@@ -143,6 +143,7 @@ impl PgLoEngine {
         BlobReader {
             len,
             reader: Box::pin(tokio_util::io::StreamReader::new(Box::pin(stream))),
+            yielded_digest: None,
         }
     }
 
@@ -278,6 +279,7 @@ fn inline_reader(key: &Key, want: u64, bytes: Vec<u8>) -> BlobReader {
     BlobReader {
         len: want,
         reader: Box::pin(tokio_util::io::StreamReader::new(stream::iter(parts))),
+        yielded_digest: None,
     }
 }
 

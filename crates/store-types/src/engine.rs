@@ -81,14 +81,36 @@ pub struct BlobReader {
     pub len: u64,
     /// The bytes.
     pub reader: Pin<Box<dyn AsyncRead + Send>>,
+    /// The BLAKE3 digest of the bytes `reader` yields, computed by the
+    /// engine as it produced them (typically on the thread that reads
+    /// ahead, overlapping the hashing with the consumer's copying), or
+    /// `None` when the engine does not hash (the facade then hashes every
+    /// byte itself on a verified read).
+    ///
+    /// # Contract
+    ///
+    /// When present, the engine has hashed **exactly** the bytes `reader`
+    /// yields, in the order it yields them — no more, no fewer, none it did
+    /// not hash — and sends `Digest` of all of them once it has produced the
+    /// last one (it may arrive before `reader` reports EOF). On a verified
+    /// read the facade then does not hash: it counts the bytes, awaits this
+    /// digest after EOF and compares it with the key's digest; a mismatch,
+    /// or a byte count other than `len`, fails the read with
+    /// [`Error::Verification`](crate::Error::Verification). If the sender
+    /// is dropped without sending (the engine stopped early), the read
+    /// fails with [`Error::Io`](crate::Error::Io) unless `reader` already
+    /// failed. Ranged reads are not verified; engines need not hash them.
+    pub yielded_digest: Option<tokio::sync::oneshot::Receiver<Digest>>,
 }
 
 impl BlobReader {
-    /// A reader over bytes already in memory.
+    /// A reader over bytes already in memory (no engine digest: the facade
+    /// hashes them when verifying).
     pub fn from_bytes(bytes: Bytes) -> Self {
         BlobReader {
             len: bytes.len() as u64,
             reader: Box::pin(std::io::Cursor::new(bytes)),
+            yielded_digest: None,
         }
     }
 }
@@ -97,6 +119,7 @@ impl fmt::Debug for BlobReader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BlobReader")
             .field("len", &self.len)
+            .field("yielded_digest", &self.yielded_digest.is_some())
             .finish()
     }
 }

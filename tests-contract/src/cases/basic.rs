@@ -357,7 +357,9 @@ pub async fn lying_lengths(spec: Spec) {
 /// Bytes corrupted after publish make `get` fail with Verification.
 pub async fn corruption_detected(spec: Spec) {
     let h = Harness::open(spec).await;
-    for len in [0usize, 200, THRESHOLD as usize + 1000] {
+    // 300 KiB: beyond one 256 KiB chunk, so engines that hash on their own
+    // read-ahead thread (local, object) take their streaming path.
+    for len in [0usize, 200, THRESHOLD as usize + 1000, 300 << 10] {
         let data = content(13, len);
         let Ok(r) = h.store.put(&ns(), &data[..], None, None).await else {
             continue;
