@@ -5,8 +5,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use sqlx::Connection;
-use store_types::Digest;
+use store_types::{Digest, Key, Namespace};
 
 /// The server tests use when `DATABASE_URL` is unset.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -102,4 +103,35 @@ impl Drop for TestSchema {
             eprintln!("could not drop test schema {}: {e}", self.name);
         }
     }
+}
+
+/// A valid namespace (panics on a bad name: test input).
+pub fn ns(s: &str) -> Namespace {
+    Namespace::new(s).expect("valid test namespace")
+}
+
+/// The key `content` gets in `namespace`.
+pub fn key_of(namespace: &str, content: &[u8]) -> Key {
+    Key::new(ns(namespace), Digest::of(content))
+}
+
+/// `len` deterministic, incompressible-looking bytes for `seed`.
+pub fn blob(seed: u64, len: usize) -> Bytes {
+    let mut out = Vec::with_capacity(len + 32);
+    let mut block = Digest::of(&seed.to_le_bytes());
+    while out.len() < len {
+        out.extend_from_slice(block.as_bytes());
+        block = Digest::of(block.as_bytes());
+    }
+    out.truncate(len);
+    Bytes::from(out)
+}
+
+/// Everything a reader yields.
+pub async fn read_all(r: store_types::BlobReader) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut reader = r.reader;
+    reader.read_to_end(&mut out).await?;
+    Ok(out)
 }

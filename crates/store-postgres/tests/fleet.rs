@@ -76,7 +76,10 @@ async fn put_pinned_commits_entry_and_pin_and_a_dedup_hit_still_pins() {
         .await
         .unwrap();
     assert_eq!(out, PublishOutcome::Inserted);
-    assert_eq!(read_all(e.read(&k).await.unwrap().unwrap()).await, data);
+    assert_eq!(
+        read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap(),
+        data
+    );
     assert_eq!(e.meta(&k).await.unwrap().unwrap().size, 5000);
     assert_eq!(pin_rows(&e, &k).await, [("a".to_string(), NOW.0 + 1000)]);
 

@@ -25,7 +25,7 @@ async fn put_read_meta_and_range() {
     assert!(m.created_at.0 > 0);
     let r = e.read(&k).await.unwrap().unwrap();
     assert_eq!(r.len, 10_000);
-    assert_eq!(read_all(r).await, data);
+    assert_eq!(read_all(r).await.unwrap(), data);
     for (a, b) in [
         (0u64, 0u64),
         (0, 1),
@@ -36,7 +36,11 @@ async fn put_read_meta_and_range() {
     ] {
         let r = e.read_range(&k, a..b).await.unwrap().unwrap();
         assert_eq!(r.len, b - a);
-        assert_eq!(read_all(r).await, &data[a as usize..b as usize], "{a}..{b}");
+        assert_eq!(
+            read_all(r).await.unwrap(),
+            &data[a as usize..b as usize],
+            "{a}..{b}"
+        );
     }
     let absent = key_of("a", b"absent");
     assert!(e.meta(&absent).await.unwrap().is_none());
@@ -62,6 +66,7 @@ async fn empty_content() {
     assert_eq!(e.meta(&k).await.unwrap().unwrap().size, 0);
     assert!(read_all(e.read(&k).await.unwrap().unwrap())
         .await
+        .unwrap()
         .is_empty());
 }
 
@@ -220,7 +225,7 @@ async fn corrupt_one_byte_changes_the_content() {
         let k = key_of("a", &data);
         e.put(&k, data.clone()).await.unwrap();
         e.corrupt_one_byte(&k).await.unwrap();
-        let got = read_all(e.read(&k).await.unwrap().unwrap()).await;
+        let got = read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap();
         assert_ne!(got, data);
         assert_ne!(Digest::of(&got), k.digest);
     }

@@ -96,7 +96,10 @@ async fn an_older_schema_is_migrated_not_recreated() {
     assert_eq!(content_storage(&pool, &s.name).await, "e");
     let m = e.meta(&k).await.unwrap().unwrap();
     assert_eq!((m.size, m.created_at.0), (3000, 1234));
-    assert_eq!(read_all(e.read(&k).await.unwrap().unwrap()).await, data);
+    assert_eq!(
+        read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap(),
+        data
+    );
 }
 
 #[tokio::test]

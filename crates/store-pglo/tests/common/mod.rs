@@ -1,13 +1,13 @@
 //! Shared test plumbing: a fresh schema per test; at the end (also on
 //! panic) its large objects are unlinked and the schema is dropped.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test binary uses a different subset
 
 use bytes::Bytes;
 use store_pglo::PgLoEngine;
-use store_types::{Digest, Key, LargeEngine, Namespace, PublishOutcome};
+use store_types::{LargeEngine, PublishOutcome};
 
 use store_postgres::testing::unreachable_msg;
-pub use store_postgres::testing::TestSchema;
+pub use store_postgres::testing::{blob, key_of, ns, read_all, TestSchema};
 
 /// Opens this crate's engine on a test schema.
 pub trait OpenEngine {
@@ -24,25 +24,6 @@ impl OpenEngine for TestSchema {
     }
 }
 
-pub fn ns(s: &str) -> Namespace {
-    Namespace::new(s).unwrap()
-}
-
-pub fn key_of(namespace: &str, content: &[u8]) -> Key {
-    Key::new(ns(namespace), Digest::of(content))
-}
-
-pub fn blob(seed: u64, len: usize) -> Bytes {
-    let mut out = Vec::with_capacity(len + 32);
-    let mut block = Digest::of(&seed.to_le_bytes());
-    while out.len() < len {
-        out.extend_from_slice(block.as_bytes());
-        block = Digest::of(block.as_bytes());
-    }
-    out.truncate(len);
-    Bytes::from(out)
-}
-
 /// Stages `data` in `chunk`-sized writes and publishes it under its digest.
 pub async fn put(e: &PgLoEngine, namespace: &str, data: &Bytes, chunk: usize) -> PublishOutcome {
     let k = key_of(namespace, data);
@@ -51,12 +32,4 @@ pub async fn put(e: &PgLoEngine, namespace: &str, data: &Bytes, chunk: usize) ->
         stage.write(data.slice_ref(piece)).await.unwrap();
     }
     stage.publish(&k).await.unwrap()
-}
-
-pub async fn read_all(r: store_types::BlobReader) -> std::io::Result<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
-    let mut out = Vec::new();
-    let mut reader = r.reader;
-    reader.read_to_end(&mut out).await?;
-    Ok(out)
 }
