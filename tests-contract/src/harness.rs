@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_core::{ManualClock, Mode, Namespace, Store};
+use store_core::{Clock, ManualClock, Mode, Namespace, Store};
 use store_local::{LocalEngine, LocalOptions};
 use store_mem::MemEngine;
 use store_object::object_store::memory::InMemory;
@@ -11,9 +11,12 @@ use store_object::object_store::ObjectStore;
 use store_object::s3_testing::TestBucket;
 use store_object::{ObjectEngine, ObjectOptions};
 use store_pglo::PgLoEngine;
+use store_postgres::testing::{advance_db_clock, set_db_clock};
 use store_postgres::PostgresEngine;
 use store_sqlite::{SqliteEngine, SqliteOptions};
-use store_types::{Engine, Key, Timestamp};
+use store_types::{Engine, Key, KvEngine, LargeEngine, Timestamp};
+
+use crate::hook::Hooked;
 
 /// The threshold every tiered composite runs the suite with: small, so the
 /// boundary cases are cheap, and far below any engine's limits.
@@ -152,13 +155,16 @@ pub struct Env {
     object_mem: Arc<dyn ObjectStore>,
     /// The bucket of [`ObjectBackend::S3`].
     bucket: Option<TestBucket>,
+    /// Holds deletes of the tier big blobs go to (see [`Harness::open_hooked`]).
+    hook: Option<Arc<crate::hook::DeleteHook>>,
 }
 
 /// An opened composite.
 pub struct Harness {
     /// The store under test.
     pub store: Store,
-    /// The injected GC clock.
+    /// The injected GC clock. Move time with [`Harness::advance`], which
+    /// also moves the database's clock when PostgreSQL hosts the window.
     pub clock: ManualClock,
     /// Which composite this is.
     pub spec: Spec,
@@ -167,6 +173,10 @@ pub struct Harness {
     env: Arc<Env>,
     kv: Kv,
     large: Option<Large>,
+    /// The pool and schema of the window host when it is PostgreSQL: its
+    /// GC clock (`gc_now()`, which judges the window there) is kept stopped
+    /// at `clock`'s reading.
+    db_clock: Option<(sqlx::PgPool, String)>,
 }
 
 /// The namespace most cases use.
@@ -182,6 +192,25 @@ impl Harness {
 
     /// Opens `spec` on fresh storage.
     pub async fn open_with(spec: Spec, opts: Opts) -> Harness {
+        Self::open_env(spec, opts, None).await
+    }
+
+    /// Opens `spec` with the tier that big blobs go to (the large tier, or
+    /// the kv tier of a kv-only or mem-only composite) wrapped in a
+    /// [`crate::hook::Hooked`] engine controlled by `hook`.
+    pub async fn open_hooked(
+        spec: Spec,
+        opts: Opts,
+        hook: Arc<crate::hook::DeleteHook>,
+    ) -> Harness {
+        Self::open_env(spec, opts, Some(hook)).await
+    }
+
+    async fn open_env(
+        spec: Spec,
+        opts: Opts,
+        hook: Option<Arc<crate::hook::DeleteHook>>,
+    ) -> Harness {
         let dir = tempfile::tempdir().expect("temp dir");
         let pg = if spec.uses_postgres() {
             Some(crate::pg::PgSchemas::create().await)
@@ -198,6 +227,7 @@ impl Harness {
             pg,
             object_mem: Arc::new(InMemory::new()),
             bucket,
+            hook,
         });
         let clock = ManualClock::new(Timestamp(1_000_000));
         Self::build(spec, opts, env, clock, None, None).await
@@ -265,19 +295,47 @@ impl Harness {
             .mode(spec.mode())
             .window(opts.window)
             .clock(Arc::new(clock.clone()));
-        b = match &kv {
-            Kv::Mem(e) => b.kv(e.clone()),
-            Kv::Sqlite(e) => b.kv_shared(e.clone()),
-            Kv::Pg(e) => b.kv_shared(e.clone()),
+        let mut kv_dyn: Arc<dyn KvEngine> = match &kv {
+            Kv::Mem(e) => Arc::new(e.clone()),
+            Kv::Sqlite(e) => e.clone(),
+            Kv::Pg(e) => e.clone(),
         };
-        b = match &large {
-            None => b,
-            Some(Large::Mem(e)) => b.large(e.clone()),
-            Some(Large::Local(e)) => b.large_shared(e.clone()),
-            Some(Large::PgLo(e)) => b.large_shared(e.clone()),
-            Some(Large::Object(e)) => b.large_shared(e.clone()),
+        let mut large_dyn: Option<Arc<dyn LargeEngine>> = match &large {
+            None => None,
+            Some(Large::Mem(e)) => Some(Arc::new(e.clone())),
+            Some(Large::Local(e)) => Some(e.clone()),
+            Some(Large::PgLo(e)) => Some(e.clone()),
+            Some(Large::Object(e)) => Some(e.clone()),
         };
+        if let Some(hook) = &env.hook {
+            match (large_dyn.take(), spec.mode()) {
+                (Some(l), Mode::DualTier { .. }) => {
+                    large_dyn = Some(Arc::new(Hooked(l, hook.clone())));
+                }
+                (l, _) => {
+                    large_dyn = l;
+                    kv_dyn = Arc::new(Hooked(kv_dyn, hook.clone()));
+                }
+            }
+        }
+        b = b.kv_shared(kv_dyn);
+        if let Some(l) = large_dyn {
+            b = b.large_shared(l);
+        }
         let store = b.build().await.expect("build store");
+        // The window host judges by its own clock when it is PostgreSQL
+        // (the kv engine when SQL-backed, else pg-lo): stop that clock at
+        // the injected clock's reading, so the two agree exactly.
+        let db_clock = match (&kv, &large) {
+            (Kv::Pg(e), _) => Some((e.pool().clone(), e.schema().to_string())),
+            (Kv::Mem(_), Some(Large::PgLo(e))) => Some((e.pool().clone(), e.schema().to_string())),
+            _ => None,
+        };
+        if let Some((pool, schema)) = &db_clock {
+            set_db_clock(pool, schema, clock.now())
+                .await
+                .expect("set the database clock");
+        }
         Harness {
             store,
             clock,
@@ -286,6 +344,19 @@ impl Harness {
             env,
             kv,
             large,
+            db_clock,
+        }
+    }
+
+    /// Moves time forward by `d`: the injected clock (in-process windows
+    /// and pins, mem/local/sqlite hosts) and, when PostgreSQL hosts the
+    /// window, the database's clock, which judges the window there.
+    pub async fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+        if let Some((pool, schema)) = &self.db_clock {
+            advance_db_clock(pool, schema, d)
+                .await
+                .expect("advance the database clock");
         }
     }
 
@@ -301,6 +372,7 @@ impl Harness {
             env,
             kv,
             large,
+            db_clock: _,
         } = self;
         drop(store);
         let mem_kv = match kv {

@@ -17,6 +17,7 @@
 pub mod cases;
 pub mod data;
 pub mod fleet;
+pub mod hook;
 mod harness;
 pub mod pg;
 pub mod support;
@@ -156,6 +157,10 @@ macro_rules! contract_suite {
             gc::scenario_zero_window,
             gc::window_survives_restart,
             gc::concurrent_puts_and_sweeps,
+            gc::cancelled_sweep_keeps_protection,
+            gc::cancelled_delete_keeps_protection,
+            gc::due_key_busy_under_direct_delete_counted_once,
+            gc::vanished_protected_due_key_counts_vanished,
             seam::one_window_host,
             seam::seam_applicability,
         );

@@ -19,10 +19,13 @@ pub(crate) struct Inner {
     pub kv: Arc<dyn KvEngine>,
     pub large: Option<Arc<dyn LargeEngine>>,
     pub mode: Mode,
-    pub gc: Collector,
+    pub gc: Arc<Collector>,
     pub fleet: Option<FleetState>,
     pub clock: Arc<dyn Clock>,
     pub owner: String,
+    /// The engines' instance locks (non-fleet), released when the last
+    /// clone of the store drops.
+    pub _instance_locks: Vec<store_types::InstanceLock>,
 }
 
 /// A liveness source: an in-process callback (non-fleet) or a named table
@@ -197,15 +200,33 @@ impl Store {
 
     /// Deletes the entry unless it is protected: [`Error::GcRefuse`] for a
     /// pinned, live or protect-callback-named key, [`Error::Missing`] when
-    /// absent.
+    /// absent. Removes every tier's copy.
+    ///
+    /// Cancel-safe: the delete runs in a task that keeps its protection
+    /// until every media delete has finished; dropping this future only
+    /// stops waiting for the answer (the delete may still complete).
     pub async fn delete(&self, key: &Key) -> Result<()> {
         self.inner.gc.delete(key).await.map(|_| ())
     }
 
-    /// Pins an existing entry; `None` when absent. (Pin first, then look:
-    /// an entry seen here cannot be deleted while the pin lives.)
+    /// Pins an existing entry; `None` when absent. Pin first, then look:
+    /// an entry seen here cannot be deleted while the pin lives.
+    ///
+    /// - Non-fleet: an in-process pin, ordered against this instance's
+    ///   deletes by the delete gate.
+    /// - Fleet: also commits a pin row under the key's shared lock (the
+    ///   pin-first path puts use, waiting out a delete in flight), so every
+    ///   node's sweep sees it. The row expires after `pin_ttl` unless
+    ///   renewed with [`Store::renew_pin`]; dropping the guard releases the
+    ///   in-process pin only (ADR-016 §4).
+    ///
+    /// Cancel-safe: dropping the future releases the in-process pin; a pin
+    /// row it committed expires after its TTL.
     pub async fn pin(&self, key: &Key) -> Result<Option<Pin>> {
         let pin = self.inner.gc.pins().pin(key.clone()).await;
+        if let Some((intent, fleet)) = self.pin_intent() {
+            fleet.pins.pin_first(key, &intent).await?;
+        }
         Ok(if self.has(key).await? {
             Some(pin)
         } else {
@@ -220,8 +241,11 @@ impl Store {
     ///   ([`Liveness::Callback`], or any `Arc<impl LivenessSource>`).
     /// - Fleet stores take table references ([`Liveness::Table`]): the table
     ///   must exist in the shared database (checked here; the store never
-    ///   creates or alters it). In-process callbacks are refused in fleet
-    ///   mode: another node's sweep could not consult them (ADR-016).
+    ///   creates or alters it). The registration is a row in the shared
+    ///   database (ADR-012 §6.6), so every node's sweep consults it, and it
+    ///   outlives this instance until deregistered (idempotent).
+    ///   In-process callbacks are refused in fleet mode: another node's
+    ///   sweep could not consult them (ADR-016).
     pub async fn register_liveness_source(
         &self,
         ns: Namespace,
@@ -229,10 +253,7 @@ impl Store {
     ) -> Result<SourceId> {
         match (source.into(), &self.inner.fleet) {
             (Liveness::Callback(cb), None) => Ok(self.inner.gc.register_liveness_source(ns, cb)),
-            (Liveness::Table(t), Some(f)) => {
-                let bound = f.pins.bind_liveness_table(&ns, &t).await?;
-                Ok(self.inner.gc.register_liveness_table(bound))
-            }
+            (Liveness::Table(t), Some(_)) => self.inner.gc.register_liveness_table(ns, t).await,
             (Liveness::Callback(_), Some(_)) => Err(Error::Config(
                 "a fleet store takes liveness tables, not in-process callbacks: another node's sweep could not consult the callback".into(),
             )),
@@ -240,6 +261,17 @@ impl Store {
                 "liveness tables are the fleet form; a non-fleet store takes in-process callbacks".into(),
             )),
         }
+    }
+
+    /// Removes a fleet liveness-table registration from the shared
+    /// database, whichever node made it; `false` if it was not registered
+    /// (and always `false` on a non-fleet store).
+    pub async fn deregister_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+    ) -> Result<bool> {
+        self.inner.gc.deregister_liveness_table(ns, table).await
     }
 
     /// Renews this instance's pin on `key` (the `blobs/have` renewal form).
@@ -272,9 +304,10 @@ impl Store {
         })
     }
 
-    /// Removes a liveness source; `false` if unknown.
-    pub fn deregister_liveness_source(&self, id: SourceId) -> bool {
-        self.inner.gc.deregister_liveness_source(id)
+    /// Removes a liveness source registered through this instance (a fleet
+    /// table's shared row included); `false` if unknown.
+    pub async fn deregister_liveness_source(&self, id: SourceId) -> Result<bool> {
+        self.inner.gc.deregister_liveness_source(id).await
     }
 
     /// Installs the protect callback (replacing any previous one).
@@ -289,6 +322,10 @@ impl Store {
 
     /// One GC pass. `Err` only for operational failure; a deliberate no-op
     /// is `Ok` with [`SweepReport::aborted`] set.
+    ///
+    /// Cancel-safe: the pass runs in a task of its own; dropping this
+    /// future stops it at the next batch boundary, after the batch in
+    /// progress has finished its deletes under protection.
     pub async fn sweep(&self, opts: SweepOptions) -> Result<SweepReport> {
         self.inner.gc.sweep(&opts).await
     }

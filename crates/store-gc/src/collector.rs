@@ -2,13 +2,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use store_types::{
-    BoundLivenessTable, Digest, Engine, Error, Key, Namespace, PinClauses, ProtectReason, Result,
-    StagedCandidate, SweepLockClause, Timestamp, WindowClauses,
+    BoundLivenessTable, Digest, Engine, Error, Key, LivenessTable, Namespace, PinClauses,
+    ProtectReason, Result, StagedCandidate, SweepLockClause, Timestamp, WindowClauses,
 };
 
 use crate::pins::GateState;
@@ -58,7 +58,14 @@ impl Default for SweepOptions {
 }
 
 type Sources = BTreeMap<Namespace, Vec<(SourceId, Arc<dyn LivenessSource>)>>;
-type Tables = Vec<(SourceId, BoundLivenessTable)>;
+/// Fleet registrations made through this instance, by id (the rows
+/// themselves live in the shared database).
+type Tables = BTreeMap<SourceId, (Namespace, LivenessTable)>;
+
+/// How old (by the database's clock) a deletion fence must be before a
+/// sweep treats its sweeper as gone and finishes the delete itself. Long
+/// enough for a live sweeper to finish one batch's media deletes.
+pub const FENCE_GRACE: Duration = Duration::from_secs(300);
 
 /// What a sweep reads once, at its start.
 struct Snapshot {
@@ -102,18 +109,19 @@ impl fmt::Debug for Collector {
 }
 
 impl Collector {
-    /// A collector over `tiers` (kv first).
-    pub fn new(tiers: Vec<Arc<dyn Engine>>, cfg: GcConfig) -> Self {
-        Collector {
+    /// A collector over `tiers` (kv first). Shared: sweeps and direct
+    /// deletes run as tasks that own a handle (see [`Collector::sweep`]).
+    pub fn new(tiers: Vec<Arc<dyn Engine>>, cfg: GcConfig) -> Arc<Self> {
+        Arc::new(Collector {
             tiers,
             pins: PinRegistry::new(),
             sources: RwLock::new(BTreeMap::new()),
-            tables: RwLock::new(Vec::new()),
+            tables: RwLock::new(BTreeMap::new()),
             protect: RwLock::new(None),
             next_id: AtomicU64::new(1),
             sweep_lock: tokio::sync::Mutex::new(()),
             cfg,
-        }
+        })
     }
 
     /// The in-process pin table.
@@ -142,14 +150,44 @@ impl Collector {
         id
     }
 
-    /// Registers a fleet liveness table (already validated and bound).
-    pub fn register_liveness_table(&self, table: BoundLivenessTable) -> SourceId {
+    /// Registers a fleet liveness table for `ns` in the shared database
+    /// (idempotent): from then on every node's sweep consults it.
+    /// [`Error::Config`] on a non-fleet collector.
+    pub async fn register_liveness_table(
+        &self,
+        ns: Namespace,
+        table: LivenessTable,
+    ) -> Result<SourceId> {
+        let Some(pins) = &self.cfg.fleet_pins else {
+            return Err(Error::Config(
+                "liveness tables are the fleet form; a non-fleet store takes in-process callbacks"
+                    .into(),
+            ));
+        };
+        pins.register_liveness_table(&ns, &table).await?;
         let id = SourceId(self.next_id.fetch_add(1, Ordering::Relaxed));
         self.tables
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .push((id, table));
-        id
+            .insert(id, (ns, table));
+        Ok(id)
+    }
+
+    /// Removes a fleet registration from the shared database, whoever made
+    /// it; `false` if it was not registered.
+    pub async fn deregister_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+    ) -> Result<bool> {
+        let Some(pins) = &self.cfg.fleet_pins else {
+            return Ok(false);
+        };
+        self.tables
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, (n, t)| !(n == ns && t == table));
+        pins.deregister_liveness_table(ns, table).await
     }
 
     /// Whether this collector arbitrates in SQL (fleet mode).
@@ -157,15 +195,16 @@ impl Collector {
         self.cfg.fleet_pins.is_some()
     }
 
-    /// Removes a registration; `false` if it was not registered.
-    pub fn deregister_liveness_source(&self, id: SourceId) -> bool {
-        {
-            let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
-            let before = tables.len();
-            tables.retain(|(i, _)| *i != id);
-            if tables.len() != before {
-                return true;
-            }
+    /// Removes a registration made through this instance (a callback, or a
+    /// fleet table — whose shared row is deleted); `false` if unknown.
+    pub async fn deregister_liveness_source(&self, id: SourceId) -> Result<bool> {
+        let table = self
+            .tables
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        if let Some((ns, table)) = table {
+            return self.deregister_liveness_table(&ns, &table).await;
         }
         let mut sources = self.sources_mut();
         let mut found = false;
@@ -175,7 +214,7 @@ impl Collector {
             found |= v.len() != before;
             !v.is_empty()
         });
-        found
+        Ok(found)
     }
 
     /// Installs (or with `None` removes) the protect callback.
@@ -187,21 +226,31 @@ impl Collector {
         self.sources.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn snapshot(&self) -> Snapshot {
-        Snapshot {
+    /// The sources a sweep or delete consults: in-process callbacks, and
+    /// (fleet) every table registered in the shared database by any node.
+    async fn snapshot(&self) -> Result<Snapshot> {
+        let tables = match &self.cfg.fleet_pins {
+            Some(pins) => pins.liveness_tables().await?,
+            None => Vec::new(),
+        };
+        Ok(Snapshot {
             sources: self
                 .sources
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
-            tables: self
-                .tables
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .map(|(_, t)| t.clone())
-                .collect(),
-        }
+            tables,
+        })
+    }
+
+    /// The time GC decisions are made at: the window host's clock when it
+    /// has one (a SQL host: the database's clock, the one clock of a fleet),
+    /// else this process's clock.
+    async fn now(&self) -> Result<Timestamp> {
+        Ok(match self.cfg.window_host.now().await? {
+            Some(t) => t,
+            None => self.cfg.clock.now(),
+        })
     }
 
     fn protect_cb(&self) -> Option<Arc<dyn ProtectCallback>> {
@@ -302,8 +351,9 @@ impl Collector {
             .collect()
     }
 
-    /// Deletes `digests` of `ns` across `tiers` in order; returns the freed
-    /// size of each (`None` when no tier held it).
+    /// Deletes `digests` of `ns` across `tiers` in order, each from the
+    /// first tier that holds it; records the freed size of each (`None`
+    /// when no tier held it) into `freed`, leaving entries already `Some`.
     async fn delete_through(
         tiers: &[Arc<dyn Engine>],
         ns: &Namespace,
@@ -324,12 +374,58 @@ impl Collector {
         Ok(())
     }
 
+    /// Deletes one key from **every** tier (a copy may sit in both after a
+    /// threshold change): the summed freed size, `None` when no tier held
+    /// it.
+    async fn delete_everywhere(tiers: &[Arc<dyn Engine>], key: &Key) -> Result<Option<u64>> {
+        let mut freed = None;
+        for tier in tiers {
+            if let Some(size) = tier.delete_many(&key.namespace, &[key.digest]).await?[0] {
+                freed = Some(freed.unwrap_or(0) + size);
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Whether each key (all of one namespace or not) exists in any tier.
+    async fn exists(&self, keys: &[Key]) -> Result<Vec<bool>> {
+        let mut out = vec![false; keys.len()];
+        let mut by_ns: BTreeMap<&Namespace, Vec<usize>> = BTreeMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            by_ns.entry(&k.namespace).or_default().push(i);
+        }
+        for (ns, idx) in by_ns {
+            for tier in &self.tiers {
+                let ask: Vec<usize> = idx.iter().copied().filter(|i| !out[*i]).collect();
+                if ask.is_empty() {
+                    break;
+                }
+                let digests: Vec<Digest> = ask.iter().map(|i| keys[*i].digest).collect();
+                for (i, present) in ask.into_iter().zip(tier.has_many(ns, &digests).await?) {
+                    out[i] = present;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// A direct delete: refuses protected keys with [`Error::GcRefuse`],
     /// answers [`Error::Missing`] when no tier holds the key, and returns
-    /// the freed size otherwise.
-    pub async fn delete(&self, key: &Key) -> Result<u64> {
+    /// the freed size otherwise (every tier's copy is removed).
+    ///
+    /// Cancel-safe: the arbitration and the delete run in a task of their
+    /// own that holds the protection (delete gate, or fleet batch and
+    /// fence) until every media delete has finished; dropping this future
+    /// only stops waiting for the answer.
+    pub async fn delete(self: &Arc<Self>, key: &Key) -> Result<u64> {
+        let this = Arc::clone(self);
+        let key = key.clone();
+        join(tokio::spawn(async move { this.delete_owned(key).await })).await
+    }
+
+    async fn delete_owned(&self, key: Key) -> Result<u64> {
         let keys = [key.clone()];
-        let snap = self.snapshot();
+        let snap = self.snapshot().await?;
         let protected = self
             .protected_set()
             .await
@@ -338,21 +434,23 @@ impl Collector {
             key: key.clone(),
             reason,
         };
-        let mut freed = [None];
         if let Some(pins) = &self.cfg.fleet_pins {
             let mut batch = pins.begin_batch(&keys).await?;
-            let sql = batch
-                .protected(&keys, &snap.tables, self.cfg.clock.now())
-                .await?;
+            let now = self.now().await?;
+            let sql = batch.protected(&keys, &snap.tables, now).await?;
             if let Some(reason) = self.merge(&keys, sql, &protected)[0] {
                 return Err(refuse(reason));
             }
-            freed = [batch.delete_entries(&key.namespace, &[key.digest]).await?[0]];
-            Self::delete_through(&self.tiers[1..], &key.namespace, &[key.digest], &mut freed)
-                .await?;
+            let mut freed = batch.delete_entries(&key.namespace, &[key.digest]).await?[0];
+            batch.fence(&keys).await?;
             batch.unstage(&keys).await?;
             batch.commit().await?;
-            return freed[0].ok_or(Error::Missing);
+            // The fence now protects the delete in flight (ADR-021).
+            if let Some(size) = Self::delete_everywhere(&self.tiers[1..], &key).await? {
+                freed = Some(freed.unwrap_or(0) + size);
+            }
+            pins.unfence(&keys).await?;
+            return freed.ok_or(Error::Missing);
         }
         let gate = loop {
             let (gate, states) = self.pins.gate(&keys);
@@ -369,16 +467,31 @@ impl Collector {
         if let Some(reason) = reasons[0] {
             return Err(refuse(reason));
         }
-        Self::delete_through(&self.tiers, &key.namespace, &[key.digest], &mut freed).await?;
+        let freed = Self::delete_everywhere(&self.tiers, &key).await?;
         self.cfg.window_host.unstage(&keys).await?;
         drop(gate);
-        freed[0].ok_or(Error::Missing)
+        freed.ok_or(Error::Missing)
     }
 
     /// One GC pass (ADR-012 §1, §5, §6.7): lock, abort checks, execute the
     /// due window, mark new garbage, maintenance, report. `Err` only for
     /// operational failure; deliberate no-ops are `Ok` with `aborted` set.
-    pub async fn sweep(&self, opts: &SweepOptions) -> Result<SweepReport> {
+    ///
+    /// Cancel-safe: the pass runs in a task of its own. Dropping this
+    /// future (a client disconnecting, a `timeout`, a `select!`) asks the
+    /// task to stop at the next batch boundary; a batch in progress keeps
+    /// its protection (gate, or locked batch and fences) until every media
+    /// delete of that batch has finished, then the task releases the sweep
+    /// locks and ends.
+    pub async fn sweep(self: &Arc<Self>, opts: &SweepOptions) -> Result<SweepReport> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
+        let this = Arc::clone(self);
+        let opts = opts.clone();
+        join(tokio::spawn(async move { this.sweep_owned(&opts, &stop).await })).await
+    }
+
+    async fn sweep_owned(&self, opts: &SweepOptions, stop: &AtomicBool) -> Result<SweepReport> {
         let started = Instant::now();
         let batch = opts.batch.max(1);
         let Ok(_local) = self.sweep_lock.try_lock() else {
@@ -399,17 +512,40 @@ impl Collector {
             },
             None => None,
         };
-        let result = self.sweep_locked(started, batch).await;
+        let result = self.sweep_locked(started, batch, stop).await;
         // Release explicitly so the next sweeper (on any node) finds the
-        // lock free as soon as this call returns.
+        // lock free as soon as this call returns. A failed release (its
+        // session died, which frees the lock anyway) never replaces the
+        // pass's own outcome.
         if let Some(guard) = shared {
-            guard.release().await?;
+            if let Err(e) = guard.release().await {
+                tracing::warn!(error = %e, "releasing the fleet sweep lock failed (the lock ends with its session)");
+            }
+        }
+        match &result {
+            Ok(r) => tracing::info!(
+                deleted = r.total.deleted,
+                bytes_freed = r.total.bytes_freed,
+                staged = r.total.staged,
+                rescued = r.total.rescued,
+                vanished = r.total.vanished,
+                resumed_deletes = r.resumed_deletes,
+                aborted = ?r.aborted,
+                ms = r.duration.as_millis() as u64,
+                "sweep finished"
+            ),
+            Err(e) => tracing::warn!(error = %e, "sweep failed"),
         }
         result
     }
 
-    async fn sweep_locked(&self, started: Instant, batch: usize) -> Result<SweepReport> {
-        let snap = self.snapshot();
+    async fn sweep_locked(
+        &self,
+        started: Instant,
+        batch: usize,
+        stop: &AtomicBool,
+    ) -> Result<SweepReport> {
+        let snap = self.snapshot().await?;
         if snap.is_empty() {
             return Ok(SweepReport::aborted(
                 GcAbortCause::NoLivenessSources,
@@ -422,11 +558,16 @@ impl Collector {
                 started.elapsed(),
             ));
         };
-        let now = self.cfg.clock.now();
         let mut report = SweepReport::default();
-        self.execute_due(&snap, &protected, now, batch, &mut report)
+        if let Some(pins) = &self.cfg.fleet_pins {
+            self.finish_stale_fences(pins.as_ref(), batch, stop, &mut report)
+                .await?;
+        }
+        let now = self.now().await?;
+        self.execute_due(&snap, &protected, now, batch, stop, &mut report)
             .await?;
-        self.mark(&snap, &protected, now, batch, &mut report)
+        let now = self.now().await?;
+        self.mark(&snap, &protected, now, batch, stop, &mut report)
             .await?;
         if let Some(pins) = &self.cfg.fleet_pins {
             report.reaped_pins = pins.reap_expired(now).await?;
@@ -438,17 +579,51 @@ impl Collector {
         Ok(report)
     }
 
+    /// Finishes the deletes of sweepers that fenced keys and never cleared
+    /// the fences (ADR-021): deletes the large-tier copies again
+    /// (idempotent) and clears the fences.
+    async fn finish_stale_fences(
+        &self,
+        pins: &dyn PinClauses,
+        batch: usize,
+        stop: &AtomicBool,
+        report: &mut SweepReport,
+    ) -> Result<()> {
+        loop {
+            check_stop(stop)?;
+            let stale = pins.stale_fences(FENCE_GRACE, batch).await?;
+            if stale.is_empty() {
+                return Ok(());
+            }
+            let mut by_ns: BTreeMap<Namespace, Vec<Digest>> = BTreeMap::new();
+            for k in &stale {
+                by_ns.entry(k.namespace.clone()).or_default().push(k.digest);
+            }
+            for (ns, digests) in by_ns {
+                let mut freed = vec![None; digests.len()];
+                Self::delete_through(&self.tiers[1..], &ns, &digests, &mut freed).await?;
+                report.resumed_deletes += freed.iter().filter(|f| f.is_some()).count() as u64;
+            }
+            pins.unfence(&stale).await?;
+            if stale.len() < batch {
+                return Ok(());
+            }
+        }
+    }
+
     async fn execute_due(
         &self,
         snap: &Snapshot,
         protected: &HashSet<Key>,
         now: Timestamp,
         batch: usize,
+        stop: &AtomicBool,
         report: &mut SweepReport,
     ) -> Result<()> {
         let window = &self.cfg.window_host;
         let mut after: Option<Key> = None;
         loop {
+            check_stop(stop)?;
             let due = window.take_due(now, after.as_ref(), batch).await?;
             let Some(last) = due.last() else { break };
             after = Some(last.key.clone());
@@ -464,10 +639,22 @@ impl Collector {
         Ok(())
     }
 
-    /// Records the outcome of one namespace's doomed and rescued keys.
-    fn tally(report: &mut SweepReport, ns: &Namespace, rescued: u64, freed: &[Option<u64>]) {
+    /// Records the outcome of one namespace's doomed and rescued keys:
+    /// a rescued key whose entry is gone counts as vanished.
+    fn tally(
+        report: &mut SweepReport,
+        ns: &Namespace,
+        rescued: &[bool],
+        freed: &[Option<u64>],
+    ) {
         let counts = report.ns(ns);
-        counts.rescued += rescued;
+        for present in rescued {
+            if *present {
+                counts.rescued += 1;
+            } else {
+                counts.vanished += 1;
+            }
+        }
         for f in freed {
             match f {
                 Some(size) => {
@@ -479,6 +666,9 @@ impl Collector {
         }
     }
 
+    /// The non-fleet execute step for one batch of due keys. Keys another
+    /// delete holds (a direct delete deciding) are retried once it is done,
+    /// so every due key is counted and unstaged exactly once.
     async fn execute_local(
         &self,
         snap: &Snapshot,
@@ -486,51 +676,74 @@ impl Collector {
         keys: Vec<Key>,
         report: &mut SweepReport,
     ) -> Result<()> {
-        let (gate, states) = self.pins.gate(&keys);
-        let mut done: Vec<Key> = Vec::with_capacity(keys.len());
-        // take_due orders by key, so namespaces come in runs.
-        let mut by_ns: BTreeMap<Namespace, Vec<Key>> = BTreeMap::new();
-        for (k, st) in keys.iter().zip(&states) {
-            match st {
-                GateState::Pinned => {
-                    report.ns(&k.namespace).rescued += 1;
-                    done.push(k.clone());
+        let mut pending = keys;
+        while !pending.is_empty() {
+            let (gate, states) = self.pins.gate(&pending);
+            let mut done: Vec<Key> = Vec::with_capacity(pending.len());
+            let mut busy: Vec<Key> = Vec::new();
+            let mut rescued: Vec<Key> = Vec::new();
+            // take_due orders by key, so namespaces come in runs.
+            let mut by_ns: BTreeMap<Namespace, Vec<Key>> = BTreeMap::new();
+            for (k, st) in pending.iter().zip(&states) {
+                match st {
+                    GateState::Pinned => rescued.push(k.clone()),
+                    GateState::Busy => busy.push(k.clone()),
+                    GateState::Gated if !snap.has_source(&k.namespace) => rescued.push(k.clone()),
+                    GateState::Gated => by_ns
+                        .entry(k.namespace.clone())
+                        .or_default()
+                        .push(k.clone()),
                 }
-                GateState::Busy => {}
-                GateState::Gated if !snap.has_source(&k.namespace) => {
-                    report.ns(&k.namespace).rescued += 1;
-                    done.push(k.clone());
-                }
-                GateState::Gated => by_ns
-                    .entry(k.namespace.clone())
-                    .or_default()
-                    .push(k.clone()),
             }
+            for (ns, ks) in by_ns {
+                let pinned = vec![false; ks.len()];
+                let reasons = self
+                    .arbitrate_local(snap, &ns, &ks, &pinned, protected)
+                    .await?;
+                let mut doomed: Vec<Digest> = Vec::new();
+                for (k, r) in ks.into_iter().zip(&reasons) {
+                    match r {
+                        Some(_) => rescued.push(k),
+                        None => {
+                            doomed.push(k.digest);
+                            done.push(k);
+                        }
+                    }
+                }
+                let mut freed = vec![None; doomed.len()];
+                Self::delete_through(&self.tiers, &ns, &doomed, &mut freed).await?;
+                Self::tally(report, &ns, &[], &freed);
+            }
+            self.tally_rescued(report, &rescued).await?;
+            done.extend(rescued);
+            window_unstage(self.cfg.window_host.as_ref(), &done).await?;
+            drop(gate);
+            if !busy.is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            pending = busy;
         }
-        for (ns, ks) in by_ns {
-            let pinned = vec![false; ks.len()];
-            let reasons = self
-                .arbitrate_local(snap, &ns, &ks, &pinned, protected)
-                .await?;
-            let doomed: Vec<Digest> = ks
-                .iter()
-                .zip(&reasons)
-                .filter(|(_, r)| r.is_none())
-                .map(|(k, _)| k.digest)
-                .collect();
-            let mut freed = vec![None; doomed.len()];
-            Self::delete_through(&self.tiers, &ns, &doomed, &mut freed).await?;
-            Self::tally(report, &ns, (ks.len() - doomed.len()) as u64, &freed);
-            done.extend(ks);
+        Ok(())
+    }
+
+    /// Counts rescued keys, as vanished when their entry is already gone.
+    async fn tally_rescued(&self, report: &mut SweepReport, rescued: &[Key]) -> Result<()> {
+        if rescued.is_empty() {
+            return Ok(());
         }
-        window_unstage(self.cfg.window_host.as_ref(), &done).await?;
-        drop(gate);
+        let present = self.exists(rescued).await?;
+        for (k, p) in rescued.iter().zip(present) {
+            Self::tally(report, &k.namespace, &[p], &[]);
+        }
         Ok(())
     }
 
     /// The fleet execute step for one batch: lock every key on the GC host,
-    /// re-arbitrate in SQL under the locks, delete (kv rows inside the
-    /// locked transaction, large entries while it holds), unstage, commit.
+    /// re-arbitrate in SQL under the locks, delete the kv rows and write a
+    /// deletion fence for every doomed key inside the locked transaction,
+    /// unstage, commit; then delete the large-tier copies — protected by
+    /// the fences, not by the session's locks, so losing the session
+    /// cannot expose a delete in flight — and clear the fences (ADR-021).
     async fn execute_fleet(
         &self,
         pins: &dyn PinClauses,
@@ -543,22 +756,33 @@ impl Collector {
         let mut tx = pins.begin_batch(&keys).await?;
         let sql = tx.protected(&keys, &snap.tables, now).await?;
         let reasons = self.merge(&keys, sql, protected);
-        let mut by_ns: BTreeMap<Namespace, (u64, Vec<Digest>)> = BTreeMap::new();
+        let mut by_ns: BTreeMap<Namespace, Vec<Digest>> = BTreeMap::new();
+        let mut rescued: Vec<Key> = Vec::new();
+        let mut doomed_keys: Vec<Key> = Vec::new();
         for (k, r) in keys.iter().zip(&reasons) {
-            let slot = by_ns.entry(k.namespace.clone()).or_default();
             if r.is_some() || !snap.has_source(&k.namespace) {
-                slot.0 += 1;
+                rescued.push(k.clone());
             } else {
-                slot.1.push(k.digest);
+                by_ns.entry(k.namespace.clone()).or_default().push(k.digest);
+                doomed_keys.push(k.clone());
             }
         }
-        for (ns, (rescued, doomed)) in by_ns {
-            let mut freed = tx.delete_entries(&ns, &doomed).await?;
-            Self::delete_through(&self.tiers[1..], &ns, &doomed, &mut freed).await?;
-            Self::tally(report, &ns, rescued, &freed);
+        let mut freed_by_ns = Vec::with_capacity(by_ns.len());
+        for (ns, doomed) in by_ns {
+            let freed = tx.delete_entries(&ns, &doomed).await?;
+            freed_by_ns.push((ns, doomed, freed));
         }
+        tx.fence(&doomed_keys).await?;
         tx.unstage(&keys).await?;
-        tx.commit().await
+        tx.commit().await?;
+        for (ns, doomed, freed) in &mut freed_by_ns {
+            Self::delete_through(&self.tiers[1..], ns, doomed, freed).await?;
+        }
+        pins.unfence(&doomed_keys).await?;
+        for (ns, _, freed) in &freed_by_ns {
+            Self::tally(report, ns, &[], freed);
+        }
+        self.tally_rescued(report, &rescued).await
     }
 
     async fn mark(
@@ -567,6 +791,7 @@ impl Collector {
         protected: &HashSet<Key>,
         now: Timestamp,
         batch: usize,
+        stop: &AtomicBool,
         report: &mut SweepReport,
     ) -> Result<()> {
         let mut namespaces = BTreeSet::new();
@@ -579,17 +804,26 @@ impl Collector {
                 report.unswept_namespaces.push(ns);
                 continue;
             }
-            for tier in &self.tiers {
+            for (t, tier) in self.tiers.iter().enumerate() {
                 let mut after = None;
                 loop {
+                    check_stop(stop)?;
                     let page = tier.scan(&ns, after, batch).await?;
                     let Some(last) = page.last() else { break };
                     after = Some(last.0);
                     let digests: Vec<Digest> = page.iter().map(|(d, _)| *d).collect();
-                    let staged = self.cfg.window_host.staged_many(&ns, &digests).await?;
+                    let mut skip = self.cfg.window_host.staged_many(&ns, &digests).await?;
+                    // A copy also held by an earlier tier (after a threshold
+                    // change) was arbitrated with that tier: count it once.
+                    for earlier in &self.tiers[..t] {
+                        let held = earlier.has_many(&ns, &digests).await?;
+                        for (s, h) in skip.iter_mut().zip(held) {
+                            *s |= h;
+                        }
+                    }
                     let fresh: Vec<(Key, u64)> = page
                         .iter()
-                        .zip(staged)
+                        .zip(skip)
                         .filter(|(_, s)| !*s)
                         .map(|((d, size), _)| (Key::new(ns.clone(), *d), *size))
                         .collect();
@@ -639,4 +873,33 @@ async fn window_unstage(window: &dyn WindowClauses, keys: &[Key]) -> Result<()> 
         return Ok(());
     }
     window.unstage(keys).await
+}
+
+/// Sets the stop flag of a sweep task when the caller's future is dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Stops a sweep at a batch boundary once its caller has gone.
+fn check_stop(stop: &AtomicBool) -> Result<()> {
+    if stop.load(Ordering::SeqCst) {
+        return Err(Error::Backend(
+            "sweep stopped at a batch boundary: its caller went away".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Awaits a GC task: its result, its panic re-raised, or an error when the
+/// runtime is shutting down.
+async fn join<T>(task: tokio::task::JoinHandle<Result<T>>) -> Result<T> {
+    match task.await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(Error::Backend(format!("GC task did not finish: {e}"))),
+    }
 }

@@ -24,7 +24,7 @@ mod report;
 mod window;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use collector::{Collector, GcConfig, SweepOptions};
+pub use collector::{Collector, GcConfig, SweepOptions, FENCE_GRACE};
 pub use liveness::{LivenessSource, ProtectCallback, SourceId};
 pub use pins::{DeleteGate, GateState, Pin, PinRegistry};
 pub use report::{GcAbortCause, NamespaceCounts, ProtectedCounts, SweepReport};

@@ -98,6 +98,11 @@ pub struct SweepReport {
     /// Leftovers of interrupted puts (stage files or objects) removed by
     /// the engines' maintenance step.
     pub reaped_stages: u64,
+    /// Large-tier deletes of a fleet sweeper that fenced its keys and never
+    /// confirmed the delete (it crashed or lost its session), finished by
+    /// this sweep (ADR-021).
+    #[serde(default)]
+    pub resumed_deletes: u64,
     /// Wall time of the sweep.
     #[serde(with = "duration_ms")]
     pub duration: Duration,

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Row, Transaction};
+use store_postgres::fence::wait_unfenced;
 use store_postgres::plumbing::{
     db_err, lock_key_shared, now_ms, sql, to_i64, upsert_pin, validate_schema,
 };
@@ -211,6 +212,10 @@ impl StagedWrite for PgLoStage {
         self.check_namespace(key)?;
         let host_schema = self.host_schema(pin)?;
         lock_key_shared(self.tx()?, host_schema, key).await?;
+        // Never dedup onto an entry whose delete is in flight: wait for its
+        // deletion fence to clear (inside this transaction: it holds the
+        // staged large object).
+        wait_unfenced(self.tx()?, host_schema, key).await?;
         let inserted = self.insert_row(key).await?;
         let oid = self.oid;
         let mut tx = self.take_tx()?;

@@ -26,9 +26,10 @@
 //! ```sql
 //! SELECT k.i,
 //!        EXISTS (SELECT 1 FROM "host".gc_pins p
-//!                WHERE p.ns = k.ns AND p.digest = k.digest AND p.expires_at > $3),
+//!                WHERE p.ns = k.ns AND p.digest = k.digest
+//!                  AND p.expires_at > "host".gc_now()),               -- the database's clock
 //!        (false
-//!         OR (k.ns = $4 AND EXISTS (SELECT 1 FROM "s"."t" t
+//!         OR (k.ns = $3 AND EXISTS (SELECT 1 FROM "s"."t" t
 //!                                   WHERE t."digest" = k.digest            -- bytea
 //!                                      -- or = encode(k.digest, 'hex')     -- text
 //!                                     AND t."ns" = k.ns)))                 -- if any
@@ -36,7 +37,10 @@
 //! ```
 //!
 //! with one `OR` term per bound table whose namespace occurs among the
-//! keys (`$4`, `$5`, … are those namespaces). Identifiers are validated
+//! keys (`$3`, `$4`, … are those namespaces). Pin expiry is judged by the
+//! host's clock `gc_now()` (the database's, see
+//! [`GC_WINDOW_STEPS`](crate::plumbing::GC_WINDOW_STEPS)), never by a
+//! node's. Identifiers are validated
 //! (`[A-Za-z_][A-Za-z0-9_]{0,62}`) and double-quoted, so they match the
 //! catalog names exactly (case-sensitive).
 
@@ -51,6 +55,7 @@ use store_types::{
     PinIntent, ProtectReason, PublishOutcome, Result, Timestamp,
 };
 
+use crate::fence;
 use crate::plumbing::{
     db_err, digest_col, digest_params, key_lock, lock_key_shared, now_ms, quote_schema, size_col,
     sql, to_i64, upsert_pin,
@@ -109,7 +114,9 @@ pub(crate) fn check_host(host: &Instance, pin: &PinIntent) -> Result<()> {
 }
 
 /// The fleet kv put: shared key lock, entry insert (if absent), pin upsert,
-/// in one `READ COMMITTED` transaction.
+/// in one `READ COMMITTED` transaction. A key under a deletion fence
+/// (`crate::fence`) is waited out with the transaction rolled back, so a
+/// waiting put holds no connection.
 pub(crate) async fn put_pinned(
     pool: &PgPool,
     schema: &str,
@@ -117,49 +124,80 @@ pub(crate) async fn put_pinned(
     bytes: Bytes,
     pin: &PinIntent,
 ) -> Result<PublishOutcome> {
-    let mut tx = pool
-        .begin_with(BEGIN_READ_COMMITTED)
+    let mut attempt = 0;
+    let started = std::time::Instant::now();
+    loop {
+        let mut tx = pool
+            .begin_with(BEGIN_READ_COMMITTED)
+            .await
+            .map_err(db_err)?;
+        lock_key_shared(&mut tx, schema, key).await?;
+        if fence::is_fenced(&mut tx, schema, key).await? {
+            tx.rollback().await.map_err(db_err)?;
+            fence_pause(key, started, &mut attempt).await?;
+            continue;
+        }
+        let inserted = sqlx::query(sql(
+            schema,
+            "INSERT INTO {schema}.entries (ns, digest, size, created_at, content)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (ns, digest) DO NOTHING",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(to_i64(bytes.len() as u64)?)
+        .bind(now_ms())
+        .bind(&bytes[..])
+        .execute(&mut *tx)
         .await
-        .map_err(db_err)?;
-    lock_key_shared(&mut tx, schema, key).await?;
-    let inserted = sqlx::query(sql(
-        schema,
-        "INSERT INTO {schema}.entries (ns, digest, size, created_at, content)
-         VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (ns, digest) DO NOTHING",
-    ))
-    .bind(key.namespace.as_str())
-    .bind(&key.digest.as_bytes()[..])
-    .bind(to_i64(bytes.len() as u64)?)
-    .bind(now_ms())
-    .bind(&bytes[..])
-    .execute(&mut *tx)
-    .await
-    .map_err(db_err)?
-    .rows_affected();
-    upsert_pin(&mut tx, schema, key, pin).await?;
-    tx.commit().await.map_err(db_err)?;
-    Ok(if inserted > 0 {
-        PublishOutcome::Inserted
-    } else {
-        PublishOutcome::AlreadyPresent
-    })
+        .map_err(db_err)?
+        .rows_affected();
+        upsert_pin(&mut tx, schema, key, pin).await?;
+        tx.commit().await.map_err(db_err)?;
+        return Ok(if inserted > 0 {
+            PublishOutcome::Inserted
+        } else {
+            PublishOutcome::AlreadyPresent
+        });
+    }
 }
 
-/// The pin-first step: shared key lock and pin upsert in one transaction.
+/// One pause of a put waiting for a deletion fence; the timeout error once
+/// it has waited [`fence::FENCE_WAIT`].
+async fn fence_pause(key: &Key, started: std::time::Instant, attempt: &mut u32) -> Result<()> {
+    if started.elapsed() >= fence::FENCE_WAIT {
+        return Err(fence::fence_timeout(key));
+    }
+    tokio::time::sleep(fence::fence_backoff(*attempt)).await;
+    *attempt += 1;
+    Ok(())
+}
+
+/// The pin-first step: shared key lock and pin upsert in one transaction,
+/// after any deletion fence on the key has cleared (the caller publishes
+/// next, and must never dedup onto an entry whose delete is in flight).
 pub(crate) async fn pin_first(
     pool: &PgPool,
     schema: &str,
     key: &Key,
     pin: &PinIntent,
 ) -> Result<()> {
-    let mut tx = pool
-        .begin_with(BEGIN_READ_COMMITTED)
-        .await
-        .map_err(db_err)?;
-    lock_key_shared(&mut tx, schema, key).await?;
-    upsert_pin(&mut tx, schema, key, pin).await?;
-    tx.commit().await.map_err(db_err)
+    let mut attempt = 0;
+    let started = std::time::Instant::now();
+    loop {
+        let mut tx = pool
+            .begin_with(BEGIN_READ_COMMITTED)
+            .await
+            .map_err(db_err)?;
+        lock_key_shared(&mut tx, schema, key).await?;
+        if fence::is_fenced(&mut tx, schema, key).await? {
+            tx.rollback().await.map_err(db_err)?;
+            fence_pause(key, started, &mut attempt).await?;
+            continue;
+        }
+        upsert_pin(&mut tx, schema, key, pin).await?;
+        return tx.commit().await.map_err(db_err);
+    }
 }
 
 /// Checks the table reference against the catalog and binds it to `ns`.
@@ -261,7 +299,7 @@ pub(crate) async fn bind_liveness_table(
 }
 
 /// The arbitration statement over `keys` and the bound tables that apply
-/// to them, with the namespace parameter of each table term (`$4`, …).
+/// to them, with the namespace parameter of each table term (`$3`, …).
 fn arbitrate_sql(
     host_schema: &str,
     keys: &[Key],
@@ -289,7 +327,7 @@ fn arbitrate_sql(
         params.push(b.namespace.as_str().to_string());
         live.push_str(&format!(
             "\n OR (k.ns = ${p} AND EXISTS (SELECT 1 FROM {s}.{tb} t WHERE t.{d} = {digest_expr}{ns_clause}))",
-            p = 3 + params.len(),
+            p = 2 + params.len(),
             s = quote(&t.schema),
             tb = quote(&t.table),
             d = quote(&t.digest_column),
@@ -298,7 +336,8 @@ fn arbitrate_sql(
     let text = format!(
         "SELECT k.i,
                 EXISTS (SELECT 1 FROM {host}.gc_pins p
-                        WHERE p.ns = k.ns AND p.digest = k.digest AND p.expires_at > $3),
+                        WHERE p.ns = k.ns AND p.digest = k.digest
+                          AND p.expires_at > {host}.gc_now()),
                 ({live})
          FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS k(ns, digest, i)",
         host = quote_schema(host_schema),
@@ -306,13 +345,14 @@ fn arbitrate_sql(
     Ok((AssertSqlSafe(text).into_sql_str(), params))
 }
 
-/// Runs the arbitration statement on `conn`; index-aligned answers.
+/// Runs the arbitration statement on `conn`; index-aligned answers. Pin
+/// rows are judged by the host's clock, `expires_at > gc_now()` (the
+/// database's, never a node's; inside a batch, its transaction start).
 pub(crate) async fn arbitrate_on(
     conn: &mut PgConnection,
     host_schema: &str,
     keys: &[Key],
     tables: &[BoundLivenessTable],
-    now: Timestamp,
 ) -> Result<Vec<Option<ProtectReason>>> {
     if keys.is_empty() {
         return Ok(Vec::new());
@@ -320,7 +360,7 @@ pub(crate) async fn arbitrate_on(
     let (stmt, table_ns) = arbitrate_sql(host_schema, keys, tables)?;
     let ns: Vec<&str> = keys.iter().map(|k| k.namespace.as_str()).collect();
     let digests: Vec<&[u8]> = keys.iter().map(|k| &k.digest.as_bytes()[..]).collect();
-    let mut q = sqlx::query(stmt).bind(ns).bind(digests).bind(now.0);
+    let mut q = sqlx::query(stmt).bind(ns).bind(digests);
     for n in table_ns {
         q = q.bind(n);
     }
@@ -387,9 +427,9 @@ impl FleetBatch for PgFleetBatch {
         &mut self,
         keys: &[Key],
         tables: &[BoundLivenessTable],
-        now: Timestamp,
+        _now: Timestamp,
     ) -> Result<Vec<Option<ProtectReason>>> {
-        arbitrate_on(&mut self.tx, &self.schema, keys, tables, now).await
+        arbitrate_on(&mut self.tx, &self.schema, keys, tables).await
     }
 
     async fn delete_entries(
@@ -445,6 +485,10 @@ impl FleetBatch for PgFleetBatch {
         .await
         .map_err(db_err)?;
         Ok(())
+    }
+
+    async fn fence(&mut self, keys: &[Key]) -> Result<()> {
+        fence::fence(&mut self.tx, &self.schema, keys).await
     }
 
     async fn commit(self: Box<Self>) -> Result<()> {

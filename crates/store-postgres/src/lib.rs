@@ -74,7 +74,9 @@
 
 mod batch;
 mod engine;
+pub mod fence;
 mod fleet;
+pub mod instance_lock;
 pub mod plumbing;
 mod seam;
 #[cfg(feature = "testing")]

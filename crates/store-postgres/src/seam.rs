@@ -16,7 +16,7 @@ use store_types::{
 use crate::fleet;
 
 use crate::plumbing::{
-    db_err, gc_tables, migrate, sql, stable_key, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS,
+    db_err, duration_ms, gc_tables, migrate, sql, stable_key, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS,
 };
 
 /// Migration component of `gc_pins`.
@@ -73,6 +73,13 @@ impl GcSchema for PgGcSchema {
         .await?;
         if self.pins {
             migrate(&self.pool, &self.schema, GC_PINS_COMPONENT, GC_PINS_STEPS).await?;
+            migrate(
+                &self.pool,
+                &self.schema,
+                crate::fence::GC_FENCE_COMPONENT,
+                crate::fence::GC_FENCE_STEPS,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -83,7 +90,10 @@ impl GcSchema for PgGcSchema {
 }
 
 /// [`PinClauses`] over `<schema>.gc_pins`. A row is live while
-/// `expires_at > now`.
+/// `expires_at > {schema}.gc_now()`: rows are written and judged by the
+/// database's clock (see [`GC_WINDOW_STEPS`](crate::plumbing::GC_WINDOW_STEPS)),
+/// so the `now` parameters of the trait (a node's clock) are not used and
+/// TTLs are bound as durations.
 ///
 /// The fleet clauses (`put_pinned`, `pin_first`, `arbitrate`,
 /// `begin_batch`; the lock protocol is described at [`crate::plumbing::key_lock`])
@@ -116,18 +126,19 @@ impl PinClauses for PgPins {
         &self,
         key: &Key,
         owner: &str,
-        now: Timestamp,
+        _now: Timestamp,
         ttl: Duration,
     ) -> Result<()> {
         sqlx::query(sql(
             &self.schema,
-            "INSERT INTO {schema}.gc_pins (ns, digest, owner, expires_at) VALUES ($1, $2, $3, $4)
+            "INSERT INTO {schema}.gc_pins (ns, digest, owner, expires_at)
+             VALUES ($1, $2, $3, {schema}.gc_now() + $4)
              ON CONFLICT (ns, digest, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
         ))
         .bind(key.namespace.as_str())
         .bind(&key.digest.as_bytes()[..])
         .bind(owner)
-        .bind(now.plus(ttl).0)
+        .bind(duration_ms(ttl))
         .execute(&self.pool)
         .await
         .map_err(db_err)?;
@@ -138,19 +149,18 @@ impl PinClauses for PgPins {
         &self,
         key: &Key,
         owner: &str,
-        now: Timestamp,
+        _now: Timestamp,
         ttl: Duration,
     ) -> Result<bool> {
         let n = sqlx::query(sql(
             &self.schema,
-            "UPDATE {schema}.gc_pins SET expires_at = $4
-             WHERE ns = $1 AND digest = $2 AND owner = $3 AND expires_at > $5",
+            "UPDATE {schema}.gc_pins SET expires_at = {schema}.gc_now() + $4
+             WHERE ns = $1 AND digest = $2 AND owner = $3 AND expires_at > {schema}.gc_now()",
         ))
         .bind(key.namespace.as_str())
         .bind(&key.digest.as_bytes()[..])
         .bind(owner)
-        .bind(now.plus(ttl).0)
-        .bind(now.0)
+        .bind(duration_ms(ttl))
         .execute(&self.pool)
         .await
         .map_err(db_err)?
@@ -158,7 +168,7 @@ impl PinClauses for PgPins {
         Ok(n > 0)
     }
 
-    async fn pin_check(&self, keys: &[Key], now: Timestamp) -> Result<Vec<bool>> {
+    async fn pin_check(&self, keys: &[Key], _now: Timestamp) -> Result<Vec<bool>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -168,11 +178,11 @@ impl PinClauses for PgPins {
             &self.schema,
             "SELECT k.i FROM UNNEST($1::text[], $2::bytea[]) WITH ORDINALITY AS k(ns, digest, i)
              WHERE EXISTS (SELECT 1 FROM {schema}.gc_pins p
-                           WHERE p.ns = k.ns AND p.digest = k.digest AND p.expires_at > $3)",
+                           WHERE p.ns = k.ns AND p.digest = k.digest
+                             AND p.expires_at > {schema}.gc_now())",
         ))
         .bind(ns)
         .bind(digests)
-        .bind(now.0)
         .fetch_all(&self.pool)
         .await
         .map_err(db_err)?;
@@ -185,12 +195,11 @@ impl PinClauses for PgPins {
         Ok(out)
     }
 
-    async fn reap_expired(&self, now: Timestamp) -> Result<u64> {
+    async fn reap_expired(&self, _now: Timestamp) -> Result<u64> {
         let n = sqlx::query(sql(
             &self.schema,
-            "DELETE FROM {schema}.gc_pins WHERE expires_at <= $1",
+            "DELETE FROM {schema}.gc_pins WHERE expires_at <= {schema}.gc_now()",
         ))
-        .bind(now.0)
         .execute(&self.pool)
         .await
         .map_err(db_err)?
@@ -224,17 +233,47 @@ impl PinClauses for PgPins {
         &self,
         keys: &[Key],
         tables: &[BoundLivenessTable],
-        now: Timestamp,
+        _now: Timestamp,
     ) -> Result<Vec<Option<ProtectReason>>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
         let mut conn = self.pool.acquire().await.map_err(db_err)?;
-        fleet::arbitrate_on(&mut conn, &self.schema, keys, tables, now).await
+        fleet::arbitrate_on(&mut conn, &self.schema, keys, tables).await
     }
 
     async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>> {
         fleet::begin_batch(&self.pool, &self.schema, keys).await
+    }
+
+    async fn unfence(&self, keys: &[Key]) -> Result<()> {
+        crate::fence::unfence(&self.pool, &self.schema, keys).await
+    }
+
+    async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>> {
+        crate::fence::stale_fences(&self.pool, &self.schema, grace, limit).await
+    }
+
+    async fn register_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+    ) -> Result<BoundLivenessTable> {
+        let bound = fleet::bind_liveness_table(&self.pool, ns, table).await?;
+        crate::fence::register(&self.pool, &self.schema, &bound).await?;
+        Ok(bound)
+    }
+
+    async fn deregister_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+    ) -> Result<bool> {
+        crate::fence::deregister(&self.pool, &self.schema, ns, table).await
+    }
+
+    async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>> {
+        crate::fence::registered(&self.pool, &self.schema).await
     }
 }
 

@@ -56,12 +56,16 @@ pub struct BoundLivenessTable {
     pub digest_is_text: bool,
 }
 
-/// The pin row a fleet put commits: `(key, owner, now + ttl)` on `host`.
+/// The pin row a fleet put commits: `(key, owner, expiry)` on `host`, the
+/// expiry being `ttl` after the **host's** now (see
+/// [`PinClauses`](crate::PinClauses), "Whose clock").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PinIntent {
     /// The instance writing the row.
     pub owner: String,
-    /// The put's clock reading.
+    /// The putter's clock reading. Informational: hosts with a clock of
+    /// their own (PostgreSQL) do not use it; the row expires `ttl` after
+    /// the host's now.
     pub now: Timestamp,
     /// Row lifetime.
     pub ttl: Duration,
@@ -70,7 +74,8 @@ pub struct PinIntent {
 }
 
 impl PinIntent {
-    /// When the row expires.
+    /// When the row would expire by the putter's clock (`now + ttl`); a
+    /// host with its own clock computes the expiry by that clock instead.
     pub fn expires_at(&self) -> Timestamp {
         self.now.plus(self.ttl)
     }
@@ -90,8 +95,9 @@ impl PinIntent {
 /// - Nothing is durable until `commit`; dropping the batch rolls back.
 #[async_trait]
 pub trait FleetBatch: Send {
-    /// Protection of each key: an unexpired pin row, or a row in one of
-    /// `tables` naming it.
+    /// Protection of each key: an unexpired pin row (by the host's clock;
+    /// `now` is for hosts without one), or a row in one of `tables` naming
+    /// it.
     async fn protected(
         &mut self,
         keys: &[Key],
@@ -107,6 +113,14 @@ pub trait FleetBatch: Send {
     ) -> Result<Vec<Option<u64>>>;
     /// Removes window rows inside the batch transaction.
     async fn unstage(&mut self, keys: &[Key]) -> Result<()>;
+    /// Writes a durable **deletion fence** for each key inside the batch
+    /// transaction. From its commit until [`crate::PinClauses::unfence`],
+    /// every fleet put, pin and publish of a fenced key waits (it never
+    /// deduplicates onto an entry that is being deleted), so the batch can
+    /// commit — ending its locks and its session's part — *before* the
+    /// large-tier media deletes run: losing the session can no longer
+    /// un-protect a delete in flight.
+    async fn fence(&mut self, keys: &[Key]) -> Result<()>;
     /// Commits, releasing the locks.
     async fn commit(self: Box<Self>) -> Result<()>;
 }

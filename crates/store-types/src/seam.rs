@@ -84,13 +84,26 @@ pub struct StagedCandidate {
 ///   key, without removing them; `unstage` removes rows (rescue or after a
 ///   delete). A crash between an entry delete and `unstage` leaves a row
 ///   for an absent entry, which the next sweep unstages.
+///
+/// # Whose clock
+///
+/// A host that has a clock of its own — a database several processes
+/// share (PostgreSQL) — answers [`WindowClauses::now`] with it and judges
+/// `take_due` by it, **ignoring the `now` parameter**: every node of a
+/// fleet then stages (`visible_after = now() + window`) and executes by
+/// one clock, whatever their own clocks say. Hosts without one answer
+/// `None` (the default) and use the caller's `now`, the collector's
+/// injected clock: the in-process window, and SQLite's (one process on one
+/// machine, whose clock is the database's).
 #[async_trait]
 pub trait WindowClauses: Send + Sync {
     /// Stages candidates.
     async fn stage(&self, candidates: &[StagedCandidate]) -> Result<()>;
     /// Which of `digests` in `ns` are staged, index-aligned.
     async fn staged_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>>;
-    /// Up to `limit` due rows with key greater than `after`.
+    /// Up to `limit` due rows with key greater than `after`: `visible_after
+    /// <= now` by the host's own clock when it has one (then `now` is not
+    /// used), else by `now`.
     async fn take_due(
         &self,
         now: Timestamp,
@@ -101,16 +114,34 @@ pub trait WindowClauses: Send + Sync {
     async fn unstage(&self, keys: &[Key]) -> Result<()>;
     /// Number of staged rows (all namespaces).
     async fn staged_count(&self) -> Result<u64>;
+    /// The host's own clock, if it has one (see "Whose clock" above): the
+    /// time to stage by (`visible_after = now + window`) and the time
+    /// `take_due` judges by. `None` (the default): the host has no clock of
+    /// its own; callers use theirs.
+    async fn now(&self) -> Result<Option<Timestamp>> {
+        Ok(None)
+    }
 }
 
 /// Fleet pin rows `(key, owner, expires_at)` in `gc_pins`.
+///
+/// # Whose clock
+///
+/// Pin rows are written and judged by the **host's clock** (PostgreSQL's
+/// `gc_now()`), never by a node's: a row written by one node and judged by
+/// another must not depend on their clocks agreeing. The `now` parameters
+/// here (and of [`FleetBatch::protected`], and [`PinIntent::now`]) are the
+/// caller's clock, for hosts without a clock of their own; the PostgreSQL
+/// host ignores them and binds `ttl` as a duration.
 #[async_trait]
 pub trait PinClauses: Send + Sync {
-    /// Inserts or extends the pin row of (key, owner), expiring at `now + ttl`.
+    /// Inserts or extends the pin row of (key, owner), expiring `ttl` after
+    /// the host's now.
     async fn pin_commit(&self, key: &Key, owner: &str, now: Timestamp, ttl: Duration)
         -> Result<()>;
-    /// Extends a live row; returns `false` (and changes nothing) when the
-    /// row is absent or already expired.
+    /// Extends a live row to expire `ttl` after the host's now; returns
+    /// `false` (and changes nothing) when the row is absent or already
+    /// expired.
     async fn pin_renew(
         &self,
         key: &Key,
@@ -118,9 +149,10 @@ pub trait PinClauses: Send + Sync {
         now: Timestamp,
         ttl: Duration,
     ) -> Result<bool>;
-    /// Whether each key has an unexpired pin row, index-aligned.
+    /// Whether each key has an unexpired pin row (by the host's clock),
+    /// index-aligned.
     async fn pin_check(&self, keys: &[Key], now: Timestamp) -> Result<Vec<bool>>;
-    /// Deletes expired rows; returns how many.
+    /// Deletes rows expired by the host's clock; returns how many.
     async fn reap_expired(&self, now: Timestamp) -> Result<u64>;
 
     /// Where `gc_pins` lives (database and schema), for engines that
@@ -157,6 +189,34 @@ pub trait PinClauses: Send + Sync {
     /// Opens an execute-phase batch over `keys`: a transaction holding each
     /// key's exclusive lock (taken in key order).
     async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>>;
+
+    /// Clears the deletion fences of `keys` (see [`FleetBatch::fence`]):
+    /// called once every large-tier delete of those keys has finished.
+    async fn unfence(&self, keys: &[Key]) -> Result<()>;
+
+    /// Up to `limit` fenced keys whose fence is older than `grace` by the
+    /// database's clock: deletes a sweeper started and never confirmed
+    /// (it crashed, or lost its session). The next sweep finishes them.
+    async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>>;
+
+    /// Registers a fleet liveness table for `ns` **in the shared database**
+    /// (checked as by [`PinClauses::bind_liveness_table`]), so every node's
+    /// sweep consults it. Idempotent.
+    async fn register_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+    ) -> Result<BoundLivenessTable>;
+
+    /// Removes a registration; `false` if it was not registered.
+    async fn deregister_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+    ) -> Result<bool>;
+
+    /// Every liveness table registered in the shared database, by any node.
+    async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>>;
 }
 
 /// Held while a sweep runs.

@@ -51,8 +51,8 @@ pub async fn sweep_without_sources_aborts(spec: Spec) {
         .await
         .unwrap();
     assert_eq!(sweep(&h).await.total.staged, 1);
-    assert!(h.store.deregister_liveness_source(id));
-    assert!(!h.store.deregister_liveness_source(id));
+    assert!(h.store.deregister_liveness_source(id).await.unwrap());
+    assert!(!h.store.deregister_liveness_source(id).await.unwrap());
     let rep = sweep(&h).await;
     assert_eq!(rep.aborted, Some(GcAbortCause::NoLivenessSources));
     assert_eq!(rep.total, Default::default());
@@ -250,7 +250,7 @@ pub async fn run_scenario(spec: Spec, window: Duration, steps: &[Step]) {
             Step::Unpin(name) => drop(pins.remove(name)),
             Step::Live(name, on) => live.set(&keys[name].0, *on),
             Step::Protect(name, on) => protector.set(&keys[name].0, *on),
-            Step::Advance(secs) => h.clock.advance(Duration::from_secs(*secs)),
+            Step::Advance(secs) => h.advance(Duration::from_secs(*secs)).await,
             Step::Present(name, want) => {
                 assert_eq!(h.store.has(&keys[name].0).await.unwrap(), *want, "{at}");
             }
@@ -466,7 +466,7 @@ pub async fn window_survives_restart(spec: Spec) {
         .await
         .unwrap();
     let staged = h.store.window().staged_count().await.unwrap();
-    h.clock.advance(Duration::from_secs(61));
+    h.advance(Duration::from_secs(61)).await;
     let rep = sweep(&h).await.total;
     if h.spec.durable_window() {
         assert_eq!(staged, 3, "the durable window keeps staged rows");
@@ -573,4 +573,143 @@ pub async fn concurrent_puts_and_sweeps(spec: Spec) {
             "{key}"
         );
     }
+}
+
+/// Puts a big blob (the hooked tier's), drops its pin, registers an empty
+/// live set and stages it with a zero window: the next sweep deletes it.
+async fn staged_big_blob(h: &Harness, seed: u64) -> (Vec<u8>, Key, LiveSet) {
+    let data = content(seed, size_of(h, true));
+    let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+    let key = r.key().clone();
+    drop(r);
+    let live = LiveSet::new();
+    h.store
+        .register_liveness_source(ns(), Arc::new(live.clone()))
+        .await
+        .unwrap();
+    assert_eq!(sweep(h).await.total.staged, 1, "the blob is staged");
+    (data, key, live)
+}
+
+/// Re-puts `data` while a held delete of it is in flight, lets the delete
+/// finish, and asserts the put's entry survived and verifies.
+async fn reput_during_held_delete(h: &Harness, hook: &crate::hook::DeleteHook, data: &[u8]) {
+    let store = h.store.clone();
+    let bytes = data.to_vec();
+    let reput = tokio::spawn(async move { store.put(&ns(), &bytes[..], None, None).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    hook.release();
+    let receipt = reput.await.unwrap().expect("re-put");
+    let key = receipt.key().clone();
+    // Let anything still running (a cancelled task's delete) finish.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let blob = h.store.get(&key).await.unwrap();
+    let blob = blob.expect("the re-put entry must survive the cancelled delete");
+    assert_eq!(&blob.bytes().await.unwrap()[..], data, "and verify");
+    drop(receipt);
+}
+
+/// Issue 11 §1: a sweep cancelled (its future dropped) while a media
+/// delete is in flight keeps the batch's protection until that delete has
+/// finished: a put of the same bytes in that gap waits and then writes the
+/// entry afresh — it never dedups onto the file being unlinked.
+pub async fn cancelled_sweep_keeps_protection(spec: Spec) {
+    let hook = crate::hook::DeleteHook::new();
+    let h = Harness::open_hooked(
+        spec,
+        Opts {
+            window: Duration::ZERO,
+        },
+        hook.clone(),
+    )
+    .await;
+    let (data, _key, _live) = staged_big_blob(&h, 1101).await;
+    hook.arm();
+    let store = h.store.clone();
+    let sweeper = tokio::spawn(async move { store.sweep(SweepOptions::default()).await });
+    hook.entered().await;
+    sweeper.abort();
+    let _ = sweeper.await;
+    reput_during_held_delete(&h, &hook, &data).await;
+}
+
+/// Issue 11 §1, the direct-delete form (an HTTP client disconnecting from
+/// `DELETE /v1/blobs/…` drops the handler future the same way).
+pub async fn cancelled_delete_keeps_protection(spec: Spec) {
+    let hook = crate::hook::DeleteHook::new();
+    let h = Harness::open_hooked(spec, Opts::default(), hook.clone()).await;
+    let data = content(1102, size_of(&h, true));
+    let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+    let key = r.key().clone();
+    drop(r);
+    hook.arm();
+    let store = h.store.clone();
+    let k = key.clone();
+    let deleter = tokio::spawn(async move { store.delete(&k).await });
+    hook.entered().await;
+    deleter.abort();
+    let _ = deleter.await;
+    reput_during_held_delete(&h, &hook, &data).await;
+}
+
+/// Exact counts: a due key held by a direct delete while the sweep reaches
+/// it is neither skipped nor left staged: the sweep waits for the other
+/// delete, then counts the key once (vanished: the direct delete took it).
+pub async fn due_key_busy_under_direct_delete_counted_once(spec: Spec) {
+    let hook = crate::hook::DeleteHook::new();
+    let h = Harness::open_hooked(
+        spec,
+        Opts {
+            window: Duration::ZERO,
+        },
+        hook.clone(),
+    )
+    .await;
+    let (_data, key, _live) = staged_big_blob(&h, 1103).await;
+    hook.arm();
+    let store = h.store.clone();
+    let k = key.clone();
+    let deleter = tokio::spawn(async move { store.delete(&k).await });
+    hook.entered().await;
+    let store = h.store.clone();
+    let sweeper = tokio::spawn(async move { store.sweep(SweepOptions::default()).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    hook.release();
+    deleter.await.unwrap().expect("direct delete");
+    let rep = sweeper.await.unwrap().expect("sweep");
+    let t = rep.total;
+    assert_eq!(
+        t.deleted + t.vanished + t.rescued,
+        1,
+        "the due key is counted exactly once: {rep:?}"
+    );
+    assert_eq!(t.vanished, 1, "{rep:?}");
+    assert_eq!(h.store.window().staged_count().await.unwrap(), 0);
+    assert!(!h.store.has(&key).await.unwrap());
+}
+
+/// Exact counts: a due candidate that is protected again but whose entry
+/// has already disappeared counts as vanished, not rescued.
+pub async fn vanished_protected_due_key_counts_vanished(spec: Spec) {
+    let h = Harness::open_with(
+        spec,
+        Opts {
+            window: Duration::ZERO,
+        },
+    )
+    .await;
+    let (_data, key, live) = staged_big_blob(&h, 1104).await;
+    // The entry goes behind the store's back (an operator, a crash between
+    // an engine delete and the unstage).
+    for engine in [Some(h.kv_engine()), h.large_engine()].into_iter().flatten() {
+        engine
+            .delete_many(&key.namespace, &[key.digest])
+            .await
+            .unwrap();
+    }
+    live.set(&key, true);
+    let rep = sweep(&h).await;
+    assert_eq!(rep.total.rescued, 0, "{rep:?}");
+    assert_eq!(rep.total.vanished, 1, "{rep:?}");
+    assert_eq!(h.store.window().staged_count().await.unwrap(), 0);
 }

@@ -145,6 +145,25 @@ impl PinClauses for FailingPins {
     async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>> {
         self.0.begin_batch(keys).await
     }
+    async fn unfence(&self, keys: &[Key]) -> Result<()> {
+        self.0.unfence(keys).await
+    }
+    async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>> {
+        self.0.stale_fences(grace, limit).await
+    }
+    async fn register_liveness_table(
+        &self,
+        ns: &Namespace,
+        t: &LivenessTable,
+    ) -> Result<BoundLivenessTable> {
+        self.0.register_liveness_table(ns, t).await
+    }
+    async fn deregister_liveness_table(&self, ns: &Namespace, t: &LivenessTable) -> Result<bool> {
+        self.0.deregister_liveness_table(ns, t).await
+    }
+    async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>> {
+        self.0.liveness_tables().await
+    }
 }
 
 delegate_engine!(FailPinFirst, inner => inner.gc_seam().map(|mut s| {
@@ -205,7 +224,7 @@ pub async fn crash_between_pin_and_rename() {
             .reaped_pins,
         0
     );
-    env.clock.advance(ttl + Duration::from_secs(1));
+    env.advance(ttl + Duration::from_secs(1)).await;
     let r = healthy.sweep(SweepOptions::default()).await.unwrap();
     assert_eq!(r.reaped_pins, 1);
     assert_eq!(env.pin_rows(&key).await, 0);
@@ -369,7 +388,7 @@ async fn run_case(ops: Vec<Op>) {
             }
             Op::Advance(s) => {
                 now += s;
-                env.clock.advance(Duration::from_secs(s));
+                env.advance(Duration::from_secs(s)).await;
             }
             Op::Sweep(n) => {
                 let rep = nodes[usize::from(n)]
