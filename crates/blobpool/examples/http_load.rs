@@ -572,7 +572,7 @@ async fn main() -> Res<()> {
 
     let dir = tempfile::tempdir()?;
     let (store, kv) = open_store(dir.path()).await?;
-    let ops = Ops::new(store.clone(), OpsConfig::default());
+    let ops = Ops::new(store.clone(), OpsConfig::default())?;
 
     // The server: its own runtime (default worker count, like `#[tokio::main]`
     // in `blobpool serve`) on its own threads, the real router.

@@ -13,8 +13,9 @@
 //! fsync = true                                # file:// large tier fsyncs publishes
 //! listen = "127.0.0.1:7070"                   # serve: listen address
 //! max_blob_size = 17179869184                 # serve: largest accepted put, bytes
-//! token_ttl = 900                             # serve: pin-token idle lifetime, seconds
-//! max_tokens = 100000                         # serve: cap on live pin tokens
+//! # token_ttl = 900                           # serve: pin-token idle lifetime, seconds
+//!                                             #   (unset: none outside a fleet, pin_ttl in one)
+//! max_tokens = 100000                         # serve: cap on live pin tokens (+ puts in flight)
 //!
 //! [gc]
 //! unreferenced_namespaces = ["tmp"]           # namespaces whose entries nothing references
@@ -132,9 +133,11 @@ pub struct Config {
     pub listen: String,
     /// `serve`: largest accepted put.
     pub max_blob_size: u64,
-    /// `serve`: pin-token idle lifetime.
-    pub token_ttl: Duration,
-    /// `serve`: cap on live pin tokens.
+    /// `serve`: pin-token idle lifetime, when set (ADR-018). Unset, tokens
+    /// never expire outside a fleet and live `pin_ttl` after their last
+    /// renewal in one. In fleet mode it is at most `pin_ttl`.
+    pub token_ttl: Option<Duration>,
+    /// `serve`: cap on live pin tokens plus puts in flight (at least 1).
     pub max_tokens: usize,
     /// Namespaces registered with a liveness source that reports nothing
     /// live (ADR-017): their unpinned entries are garbage.
@@ -343,6 +346,37 @@ impl Config {
                 .and_then(|g| g.unreferenced_namespaces)
                 .unwrap_or_default(),
         };
+        let fleet = env_bool(env, "BLOBPOOL_FLEET")?
+            .or(fc.fleet)
+            .unwrap_or(false);
+        let pin_ttl = secs("BLOBPOOL_PIN_TTL", fc.pin_ttl, 900)?;
+        let token_ttl = env_parse::<u64>(env, "BLOBPOOL_TOKEN_TTL")?
+            .or(fc.token_ttl)
+            .map(Duration::from_secs);
+        match token_ttl {
+            Some(t) if t.is_zero() => {
+                return Err(
+                    "token_ttl = 0: the idle lifetime must be at least 1 second \
+                     (leave token_ttl unset for no idle expiry outside a fleet)"
+                        .into(),
+                )
+            }
+            Some(t) if fleet && t > pin_ttl => {
+                return Err(format!(
+                    "token_ttl = {} exceeds pin_ttl = {}: in fleet mode a pin token must not \
+                     outlive the pin row it renews (ADR-018)",
+                    t.as_secs(),
+                    pin_ttl.as_secs()
+                ))
+            }
+            _ => {}
+        }
+        let max_tokens = env_parse::<usize>(env, "BLOBPOOL_MAX_TOKENS")?
+            .or(fc.max_tokens)
+            .unwrap_or(store_ops::DEFAULT_MAX_TOKENS);
+        if max_tokens == 0 {
+            return Err("max_tokens = 0 would refuse every put; it must be at least 1".into());
+        }
         let unreferenced_namespaces = unreferenced
             .into_iter()
             .map(|n| {
@@ -354,11 +388,9 @@ impl Config {
             kv,
             large,
             mode,
-            fleet: env_bool(env, "BLOBPOOL_FLEET")?
-                .or(fc.fleet)
-                .unwrap_or(false),
+            fleet,
             window: secs("BLOBPOOL_WINDOW", fc.window, 3600)?,
-            pin_ttl: secs("BLOBPOOL_PIN_TTL", fc.pin_ttl, 900)?,
+            pin_ttl,
             shared_media: env_bool(env, "BLOBPOOL_SHARED_MEDIA")?
                 .or(fc.shared_media)
                 .unwrap_or(false),
@@ -371,32 +403,20 @@ impl Config {
             max_blob_size: env_parse::<u64>(env, "BLOBPOOL_MAX_BLOB_SIZE")?
                 .or(fc.max_blob_size)
                 .unwrap_or(store_ops::DEFAULT_MAX_BLOB_SIZE),
-            token_ttl: secs(
-                "BLOBPOOL_TOKEN_TTL",
-                fc.token_ttl,
-                store_ops::DEFAULT_TOKEN_TTL.as_secs(),
-            )?,
-            max_tokens: env_parse::<usize>(env, "BLOBPOOL_MAX_TOKENS")?
-                .or(fc.max_tokens)
-                .unwrap_or(store_ops::DEFAULT_MAX_TOKENS),
+            token_ttl,
+            max_tokens,
             unreferenced_namespaces,
         })
     }
 
-    /// The ops-layer limits of `serve`.
-    ///
-    /// In fleet mode a token cannot outlive the pin row it renews, so its
-    /// idle lifetime is at most `pin_ttl` (ADR-018).
+    /// The ops-layer limits of `serve`. `Ops::new` resolves the token TTL:
+    /// unset, none outside a fleet and `pin_ttl` in one (ADR-018).
     pub fn ops_config(&self) -> store_ops::OpsConfig {
-        let token_ttl = if self.fleet {
-            self.token_ttl.min(self.pin_ttl)
-        } else {
-            self.token_ttl
-        };
         store_ops::OpsConfig {
             max_blob_size: self.max_blob_size,
-            token_ttl,
+            token_ttl: self.token_ttl,
             max_tokens: self.max_tokens,
+            pin_ttl: Some(self.pin_ttl),
             ..Default::default()
         }
     }
@@ -623,6 +643,28 @@ mod tests {
             .map(|n| n.as_str())
             .collect();
         assert_eq!(names, ["tmp", "scratch"]);
+    }
+
+    #[test]
+    fn token_ttl_is_unset_by_default_and_bounded_by_pin_ttl_in_a_fleet() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.token_ttl, None);
+        assert_eq!(c.ops_config().token_ttl, None);
+        assert_eq!(c.ops_config().pin_ttl, Some(Duration::from_secs(900)));
+        // Non-fleet: an explicit choice, whatever pin_ttl says.
+        let c = Config::from_toml("token_ttl = 3600\npin_ttl = 60").unwrap();
+        assert_eq!(c.ops_config().token_ttl, Some(Duration::from_secs(3600)));
+        // Fleet: at most pin_ttl, refused (not clamped) beyond.
+        let c = Config::from_toml("fleet = true\npin_ttl = 60\ntoken_ttl = 60").unwrap();
+        assert_eq!(c.token_ttl, Some(Duration::from_secs(60)));
+        let e = Config::from_toml("fleet = true\npin_ttl = 60\ntoken_ttl = 61").unwrap_err();
+        assert!(e.contains("token_ttl = 61 exceeds pin_ttl = 60"), "{e}");
+        let env = env_of(&[("BLOBPOOL_FLEET", "true"), ("BLOBPOOL_TOKEN_TTL", "901")]);
+        assert!(Config::resolve(FileConfig::default(), &env).is_err());
+        let e = Config::from_toml("token_ttl = 0").unwrap_err();
+        assert!(e.contains("token_ttl = 0"), "{e}");
+        let e = Config::from_toml("max_tokens = 0").unwrap_err();
+        assert!(e.contains("max_tokens = 0"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Pin tokens over HTTP (ADR-012 §2, ADR-018): renewal probes, refusals,
-//! expiry, release, the cap; delete refusals while a token's pin is held;
-//! the sweep report.
+//! expiry, release, the cap (puts refused, never a token evicted); delete
+//! refusals while a token's pin is held; the sweep report.
 
 mod common;
 
@@ -109,28 +109,202 @@ async fn two_tokens_on_one_entry_each_hold_a_pin() {
     assert_eq!(s.delete(&path).await.status(), 204);
 }
 
+async fn head_status(s: &Server, path: &str) -> u16 {
+    s.http
+        .head(s.url(path))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Issue 11 item 6: a flood of anonymous puts used to evict the oldest
+/// tokens at the cap, unpinning a victim's entry for the next sweep. Now
+/// the flood is refused before anything is stored, and the victim's pin
+/// holds.
 #[tokio::test]
-async fn the_token_cap_evicts_the_oldest() {
+async fn a_token_flood_is_refused_and_never_unpins_a_victim() {
+    const CAP: usize = 8;
     let s = start(Opts {
-        max_tokens: 3,
+        max_tokens: CAP,
+        window: Duration::ZERO,
+        unreferenced: vec!["tmp"],
         ..Default::default()
     })
     .await;
-    let mut minted = Vec::new();
-    for i in 0..5u8 {
-        minted.push(s.put_ok("cap", vec![i; 8]).await);
+    // The victim: a large blob in a swept namespace, token kept.
+    let victim_len = 2 << 20;
+    let resp = s
+        .http
+        .put(s.url("/v1/blobs/tmp"))
+        .body(stream_body(victim_len, 42))
+        .header("content-length", victim_len)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let victim_token = v["token"].as_str().unwrap().to_string();
+    let victim = v["digest"].as_str().unwrap().to_string();
+    assert_eq!(victim, digest_of(victim_len, 42));
+
+    // The flood: 40 concurrent one-byte puts. Exactly the free slots are
+    // granted; every other put is refused with 503, Retry-After and the
+    // stable code, and what it carried is not stored.
+    let s = &s;
+    let flood = (0..40u8).map(|i| async move { (i, s.put("tmp", vec![i]).await) });
+    let mut granted = Vec::new();
+    let mut refused = Vec::new();
+    for (i, resp) in futures::future::join_all(flood).await {
+        match resp.status().as_u16() {
+            201 => {
+                let v: serde_json::Value = resp.json().await.unwrap();
+                granted.push((v["token"].as_str().unwrap().to_string(), i));
+            }
+            503 => {
+                let retry = resp.headers().get("retry-after").cloned();
+                assert_eq!(retry.as_ref().map(|v| v.to_str().unwrap()), Some("1"));
+                let v = assert_error(resp, 503, "too_many_tokens").await;
+                let msg = v["error"]["message"].as_str().unwrap();
+                assert!(msg.contains("nothing was stored"), "{msg}");
+                refused.push(i);
+            }
+            other => panic!("flood put {i}: unexpected status {other}"),
+        }
     }
-    assert_eq!(s.ops.tokens().len(), 3);
-    assert_eq!(s.ops.tokens().stats().evicted, 2);
-    for (i, (token, d)) in minted.iter().enumerate() {
-        let alive = s
-            .have_ok(json!({"namespace": "cap", "digests": [d], "token": token}))
-            .await;
-        assert_eq!(alive, [i >= 2], "token {i}");
+    assert_eq!(granted.len(), CAP - 1);
+    assert_eq!(refused.len(), 40 - (CAP - 1));
+    let digest = |i: u8| blake3::hash(&[i]).to_hex().to_string();
+    for &i in &refused {
+        let d = digest(i);
+        assert_eq!(head_status(s, &format!("/v1/blobs/tmp/{d}")).await, 404);
+        assert_eq!(
+            s.have_ok(json!({"namespace": "tmp", "digests": [d]})).await,
+            [false],
+            "refused put {i} must not be stored"
+        );
     }
-    // The evicted tokens' entries are unpinned.
-    let (_, d0) = &minted[0];
-    assert_eq!(s.delete(&format!("/v1/blobs/cap/{d0}")).await.status(), 204);
+    let st = s.ops.tokens().stats();
+    assert_eq!((st.live, st.reserved), (CAP as u64, 0));
+    assert_eq!((st.expired, st.released), (0, 0));
+    assert_eq!(st.refused, refused.len() as u64);
+
+    // The victim's token still renews; a sweep (twice: stage, then delete
+    // with window 0) leaves its blob present and readable.
+    let probe = json!({"namespace": "tmp", "digests": [victim], "token": victim_token});
+    assert_eq!(s.have_ok(probe.clone()).await, [true]);
+    for _ in 0..2 {
+        let resp = s.http.post(s.url("/v1/sweep")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let r: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(r["aborted"], serde_json::Value::Null);
+        assert_eq!(r["total"]["protected"]["pinned"], CAP as u64, "{r}");
+        assert_eq!(r["total"]["deleted"], 0, "{r}");
+    }
+    let resp = s.get(&format!("/v1/blobs/tmp/{victim}")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(hash_body(resp).await.unwrap(), (victim.clone(), victim_len));
+    assert_eq!(s.have_ok(probe).await, [true]);
+
+    // Releasing one flood token lets exactly one put through again.
+    let (flood_token, _) = &granted[0];
+    assert_eq!(
+        s.delete(&format!("/v1/tokens/{flood_token}"))
+            .await
+            .status(),
+        204
+    );
+    let retried = refused[0];
+    let resp = s.put("tmp", vec![retried]).await;
+    assert_eq!(resp.status(), 201);
+    assert_eq!(
+        head_status(s, &format!("/v1/blobs/tmp/{}", digest(retried))).await,
+        200
+    );
+    assert_error(s.put("tmp", vec![refused[1]]).await, 503, "too_many_tokens").await;
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    let want = format!("blobpool_tokens_refused_total {}", refused.len() + 1);
+    assert!(metrics.lines().any(|l| l == want), "{want}");
+    assert!(metrics.lines().any(|l| l == "blobpool_tokens 8"));
+    assert!(metrics
+        .lines()
+        .any(|l| l == "blobpool_errors_total{code=\"too_many_tokens\"} 34"));
+}
+
+/// A put holds its token slot while it runs; a put that fails or is
+/// cancelled gives it back (the slot is a drop guard).
+#[tokio::test]
+async fn failed_and_cancelled_puts_free_their_token_slot() {
+    let s = start(Opts {
+        max_tokens: 2,
+        ..Default::default()
+    })
+    .await;
+    // A failed put (wrong expected digest) leaks no slot.
+    for _ in 0..3 {
+        let resp = s
+            .http
+            .put(s.url("/v1/blobs/docs"))
+            .header("x-blobpool-expect-digest", "0".repeat(64))
+            .body(&b"not that"[..])
+            .send()
+            .await
+            .unwrap();
+        assert_error(resp, 422, "verification").await;
+    }
+    assert_eq!((s.ops.tokens().len(), s.ops.tokens().reserved()), (0, 0));
+    // A put in flight (its body never ends) holds one slot...
+    let (mut writer, reader) = tokio::io::duplex(64);
+    tokio::io::AsyncWriteExt::write_all(&mut writer, b"partial")
+        .await
+        .unwrap();
+    let ops = s.ops.clone();
+    let slow = tokio::spawn(async move { ops.put("slow", reader, None, None).await });
+    assert!(eventually(10, || async { s.ops.tokens().reserved() == 1 }).await);
+    // ...so one more put fills the cap of 2, and the next is refused.
+    let (_held, _) = s.put_ok("docs", &b"one"[..]).await;
+    assert_error(s.put("docs", &b"two"[..]).await, 503, "too_many_tokens").await;
+    // Cancelling the slow put frees its slot; nothing of it was stored.
+    slow.abort();
+    assert!(slow.await.unwrap_err().is_cancelled());
+    assert_eq!(s.ops.tokens().reserved(), 0);
+    assert!(s.ns_is_empty("slow").await);
+    drop(writer);
+    assert_eq!(s.put("docs", &b"two"[..]).await.status(), 201);
+    assert_eq!(s.ops.tokens().len(), 2);
+}
+
+/// ADR-012 §2: a non-fleet token's pin does not expire. With the default
+/// configuration tokens have no idle lifetime at all.
+#[tokio::test]
+async fn non_fleet_tokens_have_no_idle_lifetime_by_default() {
+    let store = || async {
+        store_core::Store::builder()
+            .kv(store_mem::MemEngine::new())
+            .mode(store_core::Mode::MemOnly)
+            .build()
+            .await
+            .unwrap()
+    };
+    let ops = store_ops::Ops::new(store().await, store_ops::OpsConfig::default()).unwrap();
+    assert_eq!(ops.tokens().ttl(), None);
+    assert_eq!(ops.config().token_ttl, None);
+    let out = ops.put("docs", &b"kept"[..], None, None).await.unwrap();
+    // Nothing ever reaps it.
+    assert_eq!(ops.reap_tokens(), 0);
+    let key = store_types::Key::parse("docs", &out.response.digest).unwrap();
+    assert_eq!(ops.store().pin_count(&key), 1);
+    assert!(ops.tokens().lookup(&out.response.token).is_some());
+    // A zero TTL is refused by Ops::new itself.
+    let zero = store_ops::OpsConfig {
+        token_ttl: Some(Duration::ZERO),
+        ..Default::default()
+    };
+    match store_ops::Ops::new(store().await, zero) {
+        Err(store_types::Error::Config(m)) => assert!(m.contains("token_ttl"), "{m}"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
 }
 
 #[tokio::test]

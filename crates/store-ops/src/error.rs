@@ -1,10 +1,18 @@
 //! The ops layer's error: a stable machine-readable code plus a message.
 
 use std::fmt;
+use std::time::Duration;
 
 use store_types::{Error, ProtectReason};
 
 use crate::payload::{ErrorBody, ErrorDetail};
+use crate::tokens::TokenCapReached;
+
+/// How long a put refused with [`ErrorCode::TooManyTokens`] is told to wait
+/// before retrying (`Retry-After: 1` over HTTP). Slots free as soon as
+/// putters release their tokens, which well-behaved clients do right after
+/// recording their reference.
+pub const TOKEN_CAP_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A stable error code. The wire spelling ([`ErrorCode::as_str`]) never
 /// changes meaning; new codes may be added (callers must treat unknown
@@ -30,6 +38,10 @@ pub enum ErrorCode {
     BadRequest,
     /// A request listing more items than the documented limit (`413`).
     TooMany,
+    /// The pin-token cap is reached (ADR-018): the put was refused before
+    /// anything was stored (`503`, with a retry delay). No existing token
+    /// is ever evicted to make room.
+    TooManyTokens,
     /// The request body ended early or the client went away (`400`).
     IncompleteBody,
     /// No such route (`404`).
@@ -42,7 +54,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and metrics.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::KeyInvalid,
         ErrorCode::Verification,
         ErrorCode::TooLarge,
@@ -52,6 +64,7 @@ impl ErrorCode {
         ErrorCode::InvalidRange,
         ErrorCode::BadRequest,
         ErrorCode::TooMany,
+        ErrorCode::TooManyTokens,
         ErrorCode::IncompleteBody,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
@@ -70,6 +83,7 @@ impl ErrorCode {
             ErrorCode::InvalidRange => "invalid_range",
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::TooMany => "too_many",
+            ErrorCode::TooManyTokens => "too_many_tokens",
             ErrorCode::IncompleteBody => "incomplete_body",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
@@ -96,6 +110,7 @@ impl ErrorCode {
             ErrorCode::InvalidRange => 416,
             ErrorCode::Verification => 422,
             ErrorCode::Internal => 500,
+            ErrorCode::TooManyTokens => 503,
         }
     }
 
@@ -126,6 +141,9 @@ pub struct OpsError {
     /// The entry's size (`invalid_range` only; HTTP puts it in
     /// `Content-Range: bytes */size`).
     pub size: Option<u64>,
+    /// When the caller may retry (`too_many_tokens` only; HTTP puts it in
+    /// `Retry-After`, in whole seconds rounded up).
+    pub retry_after: Option<Duration>,
 }
 
 impl OpsError {
@@ -136,6 +154,7 @@ impl OpsError {
             message: message.into(),
             reason: None,
             size: None,
+            retry_after: None,
         }
     }
 
@@ -189,6 +208,15 @@ impl From<Error> for OpsError {
     }
 }
 
+impl From<TokenCapReached> for OpsError {
+    fn from(e: TokenCapReached) -> Self {
+        OpsError {
+            retry_after: Some(TOKEN_CAP_RETRY_AFTER),
+            ..OpsError::new(ErrorCode::TooManyTokens, e.to_string())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,5 +256,16 @@ mod tests {
             OpsError::from(Error::TooLarge { limit: 1, got: 2 }).code,
             ErrorCode::TooLarge
         );
+    }
+
+    #[test]
+    fn a_full_token_registry_is_a_retryable_503() {
+        let e = OpsError::from(TokenCapReached::Global { limit: 8 });
+        assert_eq!(e.code, ErrorCode::TooManyTokens);
+        assert_eq!(e.code.as_str(), "too_many_tokens");
+        assert_eq!(e.code.http_status(), 503);
+        assert_eq!(e.retry_after, Some(TOKEN_CAP_RETRY_AFTER));
+        assert!(e.message.contains('8'), "{e}");
+        assert_eq!(e.body().error.reason, None);
     }
 }

@@ -10,8 +10,9 @@
 //!   [`HaveResponse`] (`{"namespace", "digests", "token"?}` →
 //!   `{"present"}`); the rest are recorded in ADR-017.
 //! - [`TokenRegistry`] maps opaque pin tokens to the pins they hold, with
-//!   the lifetime rules of ADR-018 (idle TTL renewed by probes, an entry
-//!   cap, explicit release).
+//!   the lifetime rules of ADR-018 (explicit release; caps checked before a
+//!   put stores anything, never evicting; an idle TTL renewed by probes in
+//!   fleet mode or when an operator sets one).
 //! - [`http`] binds the handlers to HTTP with axum (routes in
 //!   `docs/SERVER.md`).
 //!
@@ -28,7 +29,7 @@ pub mod payload;
 pub mod range;
 mod tokens;
 
-pub use error::{ErrorCode, OpsError};
+pub use error::{ErrorCode, OpsError, TOKEN_CAP_RETRY_AFTER};
 pub use metrics::Metrics;
 pub use ops::{
     GetResponse, Ops, OpsConfig, PutOutcome, DEFAULT_MAX_BLOB_SIZE, DEFAULT_MAX_HAVE_DIGESTS,
@@ -36,4 +37,4 @@ pub use ops::{
 pub use payload::{
     ErrorBody, ErrorDetail, HaveRequest, HaveResponse, HealthResponse, PutResponse, StatResponse,
 };
-pub use tokens::{TokenRegistry, TokenStats, DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_TTL};
+pub use tokens::{TokenCapReached, TokenRegistry, TokenSlot, TokenStats, DEFAULT_MAX_TOKENS};

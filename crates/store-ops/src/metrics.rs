@@ -208,9 +208,9 @@ impl Metrics {
             tokens.expired,
         );
         counter(
-            "blobpool_tokens_evicted_total",
-            "Pin tokens evicted by the cap.",
-            tokens.evicted,
+            "blobpool_tokens_refused_total",
+            "Puts refused at the pin-token cap (nothing stored, no token evicted).",
+            tokens.refused,
         );
 
         let _ = writeln!(
@@ -242,6 +242,12 @@ impl Metrics {
         let _ = writeln!(out, "# HELP blobpool_tokens Live pin tokens.");
         let _ = writeln!(out, "# TYPE blobpool_tokens gauge");
         let _ = writeln!(out, "blobpool_tokens {}", tokens.live);
+        let _ = writeln!(
+            out,
+            "# HELP blobpool_tokens_reserved Pin-token slots held by puts in flight."
+        );
+        let _ = writeln!(out, "# TYPE blobpool_tokens_reserved gauge");
+        let _ = writeln!(out, "blobpool_tokens_reserved {}", tokens.reserved);
         out
     }
 }

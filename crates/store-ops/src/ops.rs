@@ -3,9 +3,9 @@
 use std::io;
 use std::ops::Range;
 use std::pin::Pin as StdPin;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use store_core::{
     Blob, Digest, Error, Key, Namespace, Pin, Store, SweepOptions, SweepReport, Tier,
@@ -16,7 +16,7 @@ use crate::error::{ErrorCode, OpsError};
 use crate::metrics::Metrics;
 use crate::payload::{HaveRequest, HaveResponse, HealthResponse, PutResponse, StatResponse};
 use crate::range::RangeRequest;
-use crate::tokens::{TokenRegistry, DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_TTL};
+use crate::tokens::{TokenCapReached, TokenRegistry, DEFAULT_MAX_TOKENS};
 
 /// Default largest blob a put accepts: 16 GiB.
 pub const DEFAULT_MAX_BLOB_SIZE: u64 = 16 << 30;
@@ -34,11 +34,34 @@ pub struct OpsConfig {
     /// Largest `digests` list of one existence probe (`too_many` beyond).
     /// Default [`DEFAULT_MAX_HAVE_DIGESTS`].
     pub max_have_digests: usize,
-    /// Idle lifetime of a pin token (ADR-018). Default
-    /// [`DEFAULT_TOKEN_TTL`].
-    pub token_ttl: Duration,
-    /// Cap on live pin tokens (ADR-018). Default [`DEFAULT_MAX_TOKENS`].
+    /// Idle lifetime of a pin token (ADR-018): a token not renewed for this
+    /// long expires and its pin is dropped. Default `None`:
+    /// - non-fleet, tokens never expire (ADR-012 §2: the in-process pin
+    ///   does not expire) and live until released. Setting it is an
+    ///   operator's choice that lets an idle token stop protecting its
+    ///   entry;
+    /// - fleet, it defaults to [`OpsConfig::pin_ttl`] and must not exceed
+    ///   it ([`Ops::new`] refuses otherwise), so a token never outlives
+    ///   the pin row it renews.
+    ///
+    /// Zero is refused.
+    pub token_ttl: Option<Duration>,
+    /// Cap on live pin tokens plus puts in flight (ADR-018). At the cap a
+    /// put is refused with `too_many_tokens` before anything is stored; no
+    /// token is ever evicted. Default [`DEFAULT_MAX_TOKENS`]; zero is
+    /// refused.
     pub max_tokens: usize,
+    /// Optional cap on the live tokens plus puts in flight of one token
+    /// owner (the same refusal). Every caller of [`Ops::put`] is the
+    /// store's owner today, so this binds like a lower `max_tokens`; it
+    /// becomes a per-client cap once callers carry identities. Default
+    /// `None`; zero is refused.
+    pub max_tokens_per_owner: Option<usize>,
+    /// The store's fleet pin-row lifetime — the value given to
+    /// `StoreBuilder::pin_ttl` (the store does not expose it). Required
+    /// when the store is fleet (the token TTL is checked against it and
+    /// defaults to it); ignored otherwise. Default `None`.
+    pub pin_ttl: Option<Duration>,
 }
 
 impl Default for OpsConfig {
@@ -46,17 +69,66 @@ impl Default for OpsConfig {
         OpsConfig {
             max_blob_size: DEFAULT_MAX_BLOB_SIZE,
             max_have_digests: DEFAULT_MAX_HAVE_DIGESTS,
-            token_ttl: DEFAULT_TOKEN_TTL,
+            token_ttl: None,
             max_tokens: DEFAULT_MAX_TOKENS,
+            max_tokens_per_owner: None,
+            pin_ttl: None,
         }
     }
 }
+
+/// Validates `cfg` for a store that is (`fleet`) or is not fleet, and
+/// returns the effective token idle lifetime.
+fn effective_token_ttl(fleet: bool, cfg: &OpsConfig) -> Result<Option<Duration>, Error> {
+    if cfg.token_ttl == Some(Duration::ZERO) {
+        return Err(Error::Config(
+            "token_ttl must be greater than zero (leave it unset: non-fleet tokens then never \
+             expire, fleet tokens live pin_ttl after their last renewal)"
+                .into(),
+        ));
+    }
+    if cfg.max_tokens == 0 {
+        return Err(Error::Config(
+            "max_tokens must be at least 1 (zero would refuse every put)".into(),
+        ));
+    }
+    if cfg.max_tokens_per_owner == Some(0) {
+        return Err(Error::Config(
+            "max_tokens_per_owner must be at least 1 when set (zero would refuse every put)".into(),
+        ));
+    }
+    if !fleet {
+        return Ok(cfg.token_ttl);
+    }
+    let pin_ttl = cfg.pin_ttl.ok_or_else(|| {
+        Error::Config(
+            "the store is fleet: OpsConfig::pin_ttl must be set to the store's pin_ttl, \
+             so that pin tokens cannot outlive the pin rows they renew (ADR-018)"
+                .into(),
+        )
+    })?;
+    match cfg.token_ttl {
+        None => Ok(Some(pin_ttl)),
+        Some(ttl) if ttl > pin_ttl => Err(Error::Config(format!(
+            "token_ttl ({}s) exceeds pin_ttl ({}s): in fleet mode a pin token must not \
+             outlive the pin row it renews (ADR-018); lower token_ttl or raise pin_ttl",
+            ttl.as_secs_f64(),
+            pin_ttl.as_secs_f64()
+        ))),
+        Some(ttl) => Ok(Some(ttl)),
+    }
+}
+
+/// At most one "cap reached" warning per this interval.
+const CAP_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 struct Inner {
     store: Store,
     tokens: TokenRegistry<Pin>,
     metrics: Metrics,
     cfg: OpsConfig,
+    /// When the last "token cap reached" warning was logged.
+    last_cap_warning: Mutex<Option<Instant>>,
 }
 
 /// The ops-layer handlers over one [`Store`], with the process's pin-token
@@ -119,15 +191,23 @@ fn parse_key(namespace: &str, digest: &str) -> Result<Key, OpsError> {
 
 impl Ops {
     /// Handlers over `store` with `cfg`'s limits.
-    pub fn new(store: Store, cfg: OpsConfig) -> Self {
-        Ops {
+    ///
+    /// Refuses with [`Error::Config`] a zero `token_ttl`, `max_tokens` or
+    /// `max_tokens_per_owner`, and, when the store is fleet
+    /// ([`Store::is_fleet`]), a missing [`OpsConfig::pin_ttl`] or a
+    /// `token_ttl` above it. The kept configuration ([`Ops::config`]) holds
+    /// the effective `token_ttl` (fleet: `pin_ttl` when unset).
+    pub fn new(store: Store, mut cfg: OpsConfig) -> Result<Self, Error> {
+        cfg.token_ttl = effective_token_ttl(store.is_fleet(), &cfg)?;
+        Ok(Ops {
             inner: Arc::new(Inner {
-                tokens: TokenRegistry::new(cfg.token_ttl, cfg.max_tokens),
+                tokens: TokenRegistry::new(cfg.token_ttl, cfg.max_tokens, cfg.max_tokens_per_owner),
                 store,
                 metrics: Metrics::default(),
                 cfg,
+                last_cap_warning: Mutex::new(None),
             }),
-        }
+        })
     }
 
     /// The store.
@@ -158,6 +238,17 @@ impl Ops {
     /// `too_large` — immediately when `len` says so, otherwise as soon as
     /// the limit is crossed. A failed put publishes nothing; a read error
     /// of `body` aborts it.
+    ///
+    /// A token slot is reserved before `body` is read: at the cap
+    /// ([`OpsConfig::max_tokens`], [`OpsConfig::max_tokens_per_owner`]) the
+    /// put fails with `too_many_tokens` (with a retry delay) without
+    /// reading `body` or storing anything. No existing token is evicted.
+    ///
+    /// **Cancel-safe** as far as the ops layer goes: dropping the future
+    /// frees the reserved slot and mints no token (the slot is a drop
+    /// guard). The store's own cancellation rules apply to the entry:
+    /// cancelled before the store published it, nothing is stored; just
+    /// after, the entry exists unpinned, like any entry no token protects.
     pub async fn put<R>(
         &self,
         namespace: &str,
@@ -179,6 +270,13 @@ impl Ops {
                 return Err(Error::TooLarge { limit, got: n }.into());
             }
         }
+        // Reserve the token slot before anything is stored; dropped with
+        // this future or on any error below, it frees itself.
+        let slot = self
+            .inner
+            .tokens
+            .reserve(self.inner.store.owner())
+            .map_err(|e| self.cap_reached(e))?;
         let body = Limited {
             inner: body,
             seen: 0,
@@ -191,11 +289,9 @@ impl Ops {
         let key = receipt.key().clone();
         // The token holds the receipt's in-process pin (ADR-012 §2). In
         // fleet mode the put also committed a pin row, which renewal probes
-        // extend through `Store::renew_pin` (ADR-018).
-        let token = self
-            .inner
-            .tokens
-            .mint(key, self.inner.store.owner(), receipt.pin);
+        // extend through `Store::renew_pin` (ADR-018). No await between the
+        // receipt and the mint: the pin cannot be lost to a cancellation.
+        let token = slot.mint(key, receipt.pin);
         Ok(PutOutcome {
             response: PutResponse {
                 token,
@@ -207,8 +303,34 @@ impl Ops {
         })
     }
 
+    /// The `too_many_tokens` answer; logs a warning at most once a minute.
+    fn cap_reached(&self, e: TokenCapReached) -> OpsError {
+        let now = Instant::now();
+        let mut last = self
+            .inner
+            .last_cap_warning
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| now.duration_since(t) >= CAP_WARNING_EVERY) {
+            *last = Some(now);
+            let st = self.inner.tokens.stats();
+            tracing::warn!(
+                "refusing puts: {e} ({} live tokens, {} puts in flight, {} refusals so far)",
+                st.live,
+                st.reserved,
+                st.refused
+            );
+        }
+        e.into()
+    }
+
     /// `blobs/have`: an existence probe (no token) or a renewal probe
     /// (token + exactly one digest). See ADR-012 §2 and ADR-018.
+    ///
+    /// Cancel-safe: it changes nothing but a token's idle deadline (when
+    /// there is a TTL) and, in fleet mode, its pin row's expiry; a probe
+    /// dropped between the two leaves the token ahead of its row, which
+    /// the next probe corrects (`present: [false]` if the row expired).
     pub async fn have(&self, req: HaveRequest) -> Result<HaveResponse, OpsError> {
         let max = self.inner.cfg.max_have_digests;
         if req.digests.len() > max {
@@ -244,7 +366,7 @@ impl Ops {
                 }
                 let key = Key::new(ns, digests[0]);
                 // (a) the token must map to a pin on this key, in this
-                // namespace (extending the token's idle deadline)...
+                // namespace (extending the token's idle deadline, if any)...
                 if !self.inner.tokens.renew(&token, &key) {
                     return Ok(HaveResponse {
                         present: vec![false],
@@ -268,8 +390,9 @@ impl Ops {
         }
     }
 
-    /// Releases a pin token (its pin is dropped). `missing` if the token is
-    /// unknown, expired or was minted by another process.
+    /// Releases a pin token (its pin is dropped, its slot under the caps
+    /// freed). `missing` if the token is unknown, expired or was minted by
+    /// another process.
     pub fn release_token(&self, token: &str) -> Result<(), OpsError> {
         if self.inner.tokens.release(token) {
             Ok(())
@@ -283,8 +406,9 @@ impl Ops {
         self.inner.tokens.reap()
     }
 
-    /// Spawns a task ending expired tokens every `every`. The task stops by
-    /// itself once every clone of this `Ops` is dropped.
+    /// Spawns a task ending expired tokens every `every` (useful only when
+    /// tokens have a TTL). The task stops by itself once every clone of
+    /// this `Ops` is dropped.
     pub fn spawn_token_reaper(&self, every: Duration) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -460,6 +584,89 @@ impl<R: AsyncRead + Unpin> AsyncRead for Limited<R> {
                 Poll::Ready(Ok(()))
             }
             other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(n: u64) -> Option<Duration> {
+        Some(Duration::from_secs(n))
+    }
+
+    fn cfg(token_ttl: Option<Duration>, pin_ttl: Option<Duration>) -> OpsConfig {
+        OpsConfig {
+            token_ttl,
+            pin_ttl,
+            ..Default::default()
+        }
+    }
+
+    fn config_error(r: Result<Option<Duration>, Error>) -> String {
+        match r {
+            Err(Error::Config(m)) => m,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn non_fleet_tokens_have_no_idle_expiry_unless_set() {
+        assert_eq!(OpsConfig::default().token_ttl, None);
+        assert_eq!(effective_token_ttl(false, &cfg(None, None)).unwrap(), None);
+        // pin_ttl is irrelevant outside a fleet.
+        assert_eq!(
+            effective_token_ttl(false, &cfg(None, secs(60))).unwrap(),
+            None
+        );
+        // An operator's explicit choice is kept, whatever pin_ttl says.
+        assert_eq!(
+            effective_token_ttl(false, &cfg(secs(3600), secs(60))).unwrap(),
+            secs(3600)
+        );
+    }
+
+    #[test]
+    fn fleet_token_ttl_defaults_to_and_is_bounded_by_pin_ttl() {
+        assert_eq!(
+            effective_token_ttl(true, &cfg(None, secs(900))).unwrap(),
+            secs(900)
+        );
+        assert_eq!(
+            effective_token_ttl(true, &cfg(secs(300), secs(900))).unwrap(),
+            secs(300)
+        );
+        assert_eq!(
+            effective_token_ttl(true, &cfg(secs(900), secs(900))).unwrap(),
+            secs(900)
+        );
+        let m = config_error(effective_token_ttl(true, &cfg(secs(901), secs(900))));
+        assert!(m.contains("token_ttl (901s) exceeds pin_ttl (900s)"), "{m}");
+        // Without pin_ttl the bound cannot be checked: refused.
+        let m = config_error(effective_token_ttl(true, &cfg(None, None)));
+        assert!(m.contains("pin_ttl must be set"), "{m}");
+        let m = config_error(effective_token_ttl(true, &cfg(secs(10), None)));
+        assert!(m.contains("pin_ttl must be set"), "{m}");
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        for fleet in [false, true] {
+            let m = config_error(effective_token_ttl(fleet, &cfg(secs(0), secs(900))));
+            assert!(m.contains("token_ttl must be greater than zero"), "{m}");
+            let c = OpsConfig {
+                max_tokens: 0,
+                pin_ttl: secs(900),
+                ..Default::default()
+            };
+            assert!(config_error(effective_token_ttl(fleet, &c)).contains("max_tokens"));
+            let c = OpsConfig {
+                max_tokens_per_owner: Some(0),
+                pin_ttl: secs(900),
+                ..Default::default()
+            };
+            assert!(config_error(effective_token_ttl(fleet, &c)).contains("max_tokens_per_owner"));
         }
     }
 }

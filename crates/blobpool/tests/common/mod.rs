@@ -93,11 +93,12 @@ pub async fn start(opts: Opts) -> Server {
         store,
         OpsConfig {
             max_blob_size: opts.max_blob_size,
-            token_ttl: opts.token_ttl,
+            token_ttl: Some(opts.token_ttl),
             max_tokens: opts.max_tokens,
             ..Default::default()
         },
-    );
+    )
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();

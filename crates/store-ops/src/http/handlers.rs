@@ -7,7 +7,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::header::{
     ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, LOCATION,
-    RANGE,
+    RANGE, RETRY_AFTER,
 };
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -27,7 +27,9 @@ fn fail(ops: &Ops, e: OpsError) -> Response {
     ops.metrics().error(e.code);
     let status =
         StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if status.is_server_error() {
+    // A token-cap refusal is expected under load and is logged (rate
+    // limited) where it is raised; per-request lines would flood the log.
+    if status.is_server_error() && e.code != ErrorCode::TooManyTokens {
         tracing::warn!("{e}");
     } else {
         tracing::debug!("{e}");
@@ -37,6 +39,12 @@ fn fail(ops: &Ops, e: OpsError) -> Response {
         if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
             resp.headers_mut().insert(CONTENT_RANGE, v);
         }
+    }
+    if let Some(after) = e.retry_after {
+        // Whole seconds, rounded up, at least 1 (RFC 9110 §10.2.3).
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        resp.headers_mut()
+            .insert(RETRY_AFTER, value(secs.max(1).to_string()));
     }
     resp
 }

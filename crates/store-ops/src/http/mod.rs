@@ -75,16 +75,28 @@ fn reap_interval(ttl: Duration) -> Duration {
 
 /// Serves `ops` on `listener` until `shutdown` resolves, then stops
 /// accepting connections and waits for in-flight requests (puts included)
-/// to finish. Runs the token reaper meanwhile.
+/// to finish. When tokens have an idle TTL, runs the token reaper
+/// meanwhile.
+///
+/// Not cancel-safe in the graceful sense: dropping the future closes the
+/// listener and every connection at once (in-flight puts are cancelled,
+/// which publishes nothing or leaves an unpinned entry, see [`Ops::put`])
+/// and leaves the reaper running until `ops` is dropped. Resolve
+/// `shutdown` instead to drain.
 pub async fn serve<F>(listener: tokio::net::TcpListener, ops: Ops, shutdown: F) -> io::Result<()>
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    let reaper = ops.spawn_token_reaper(reap_interval(ops.config().token_ttl));
+    let reaper = ops
+        .tokens()
+        .ttl()
+        .map(|ttl| ops.spawn_token_reaper(reap_interval(ttl)));
     let result = axum::serve(listener, router(ops))
         .with_graceful_shutdown(shutdown)
         .await;
-    reaper.abort();
+    if let Some(r) = reaper {
+        r.abort();
+    }
     result
 }
 
