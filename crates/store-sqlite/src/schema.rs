@@ -2,12 +2,12 @@
 //! entries table and the GC window table created on demand.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 use store_types::{Error, Result, Timestamp};
 
-use crate::sql::SqlResultExt;
+use crate::sql::{sql_err, SqlResultExt};
 use crate::Durability;
 
 /// How long a connection waits for another connection's lock (another
@@ -93,6 +93,8 @@ CREATE TABLE IF NOT EXISTS gc_window (
 /// interpretation: the path is a file name.
 fn open_connection(path: &Path, flags: OpenFlags) -> Result<Connection> {
     let conn = Connection::open_with_flags(path, flags).sql()?;
+    // First, before any statement that may touch the file's locks (schema
+    // reads, the WAL switch, the migration's BEGIN IMMEDIATE).
     conn.busy_timeout(BUSY_TIMEOUT).sql()?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.pragma_update(None, "temp_store", "MEMORY").sql()?;
@@ -106,15 +108,7 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let mut conn = open_connection(path, flags)?;
-    let mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-        .sql()?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::Config(format!(
-            "sqlite: {} cannot use WAL mode (journal_mode is {mode})",
-            path.display()
-        )));
-    }
+    switch_to_wal(&conn, path)?;
     let sync = match durability {
         Durability::Full => "FULL",
         Durability::Normal => "NORMAL",
@@ -126,6 +120,56 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
     conn.pragma_update(None, "cache_size", -16 * 1024).sql()?;
     migrate(&mut conn)?;
     Ok(conn)
+}
+
+/// Switches the file of `conn` to WAL, waiting (up to [`BUSY_TIMEOUT`])
+/// for openers that hold a conflicting lock.
+///
+/// `busy_timeout` alone does not cover this: `PRAGMA journal_mode=WAL` on
+/// a file not yet in WAL first takes a read lock to look at the header,
+/// then upgrades it to a write lock to rewrite it. When two connections
+/// (threads or processes opening a fresh file together) both hold the read
+/// lock, the one whose upgrade conflicts gets `SQLITE_BUSY` at once: SQLite
+/// never calls the busy handler for a read-to-write upgrade, since waiting
+/// could deadlock. It only has to try again with no lock held, so we
+/// retry with a capped exponential backoff. A retry normally finds the
+/// file already in WAL (the winner switched it) and succeeds without
+/// taking the write lock.
+fn switch_to_wal(conn: &Connection, path: &Path) -> Result<()> {
+    const FIRST_PAUSE: Duration = Duration::from_millis(1);
+    const MAX_PAUSE: Duration = Duration::from_millis(50);
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    let mut pause = FIRST_PAUSE;
+    let mut retries = 0u32;
+    let mode: String = loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)) {
+            Ok(mode) => break mode,
+            Err(e) if is_busy(&e) && Instant::now() + pause < deadline => {
+                retries += 1;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+            Err(e) => return Err(sql_err(e)),
+        }
+    };
+    if retries > 0 {
+        tracing::debug!(retries, "sqlite: WAL switch waited for concurrent openers");
+    }
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Config(format!(
+            "sqlite: {} cannot use WAL mode (journal_mode is {mode})",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `e` says another connection holds a conflicting lock.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
 }
 
 /// Opens a read connection (`query_only`, so a bug cannot write through it).

@@ -61,16 +61,52 @@ async fn opening_twice_migrates_once() {
     assert_eq!(mode, "wal");
 }
 
-#[tokio::test]
+/// Several engines opening one fresh file at the same moment race the WAL
+/// switch (which upgrades a read lock to a write lock, where SQLite does not
+/// wait on the busy handler) and the migration. Every open must succeed.
+/// Several rounds on fresh files, since one round hits the race only
+/// sometimes. (`tests/processes.rs` does the same across processes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_opens_do_not_race_the_migration() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("db.sqlite");
-    let opens: Vec<_> = (0..4)
-        .map(|_| tokio::spawn(SqliteEngine::open(path.clone(), SqliteOptions::default())))
-        .collect();
-    for o in opens {
-        let engine = o.await.unwrap().unwrap();
-        assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
+    const OPENERS: usize = 8;
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let barrier = Arc::new(tokio::sync::Barrier::new(OPENERS));
+        let opens: Vec<_> = (0..OPENERS)
+            .map(|i| {
+                let (path, barrier) = (path.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let opts = SqliteOptions {
+                        readers: 1,
+                        ..SqliteOptions::default()
+                    };
+                    let engine = SqliteEngine::open(&path, opts).await?;
+                    let body = format!("opener {i}");
+                    engine
+                        .put(&key("n", body.as_bytes()), Bytes::from(body))
+                        .await?;
+                    Ok::<_, Error>(engine)
+                })
+            })
+            .collect();
+        let mut engines = Vec::new();
+        for (i, o) in opens.into_iter().enumerate() {
+            let engine = o
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}, opener {i}: {e:?}"));
+            assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
+            engines.push(engine);
+        }
+        for engine in &engines {
+            for i in 0..OPENERS {
+                let body = format!("opener {i}");
+                let k = key("n", body.as_bytes());
+                assert_eq!(read_all(engine, &k).await.unwrap(), body.as_bytes());
+            }
+        }
     }
 }
 
