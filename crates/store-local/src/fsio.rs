@@ -63,40 +63,95 @@ pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     }
 }
 
+/// What a lock probe learnt about a stage file.
+#[derive(Debug)]
+pub(crate) enum StageProbe {
+    /// The name is gone (another sweep, or its put, removed it).
+    Absent,
+    /// The probe holds the lock through this descriptor: no live put does,
+    /// so the file is an orphan. Remove it before dropping the descriptor.
+    Orphan(File),
+    /// The lock is held: a live put (of any instance, on any node).
+    Held,
+    /// The probe failed in some other way (no locking on this mount,
+    /// `ENOLCK`, `EBADF`, `EINVAL`, `EIO`, a failed open, …): nothing is
+    /// known about the file, so it is kept.
+    Unknown(io::Error),
+}
+
+/// Opens a stage file for a lock probe: read-write, because an exclusive
+/// `flock` on a Linux NFS client is an `fcntl` write lock, which needs a
+/// descriptor open for writing (`EBADF` otherwise). Nothing is written.
+fn open_stage_for_probe(path: &Path) -> io::Result<File> {
+    File::options().read(true).write(true).open(path)
+}
+
+/// Classifies the result of `try_lock` on a probe's descriptor. Only
+/// "would block" (`EWOULDBLOCK`/`EAGAIN`) means held; only success means
+/// orphan; every other error means unknown.
+pub(crate) fn classify_lock_probe(
+    file: File,
+    locked: std::result::Result<(), TryLockError>,
+) -> StageProbe {
+    match locked {
+        Ok(()) => StageProbe::Orphan(file),
+        Err(TryLockError::WouldBlock) => StageProbe::Held,
+        Err(TryLockError::Error(e)) if e.kind() == ErrorKind::WouldBlock => StageProbe::Held,
+        Err(TryLockError::Error(e)) => StageProbe::Unknown(e),
+    }
+}
+
+/// Opens the stage file at `path` read-write and tries to lock it.
+pub(crate) fn probe_stage(path: &Path) -> StageProbe {
+    match open_stage_for_probe(path) {
+        Ok(file) => {
+            let locked = file.try_lock();
+            classify_lock_probe(file, locked)
+        }
+        Err(e) if is_absent(&e) => StageProbe::Absent,
+        Err(e) => StageProbe::Unknown(e),
+    }
+}
+
 /// Removes every stage file nobody holds a lock on; returns how many.
 ///
 /// A live stage keeps an exclusive `flock` on its file for its whole life,
 /// so a file whose lock can be taken belongs to a dead put. The file is
 /// removed while the lock is held, which a stage being created at the same
-/// moment detects (see `stage::create_stage_file`). On a file system where
-/// locking fails outright the file is treated as an orphan.
+/// moment detects (see `stage::create_stage_file`). A file that cannot be
+/// probed — locking unsupported or failing (`ENOLCK`, `EIO`, …), or the
+/// file not openable read-write — is kept (see [`probe_stage`]); one
+/// warning per run reports how many.
 pub(crate) fn remove_orphan_stages(stage_dir: &Path) -> Result<usize> {
     let entries = fs::read_dir(stage_dir).map_err(|e| io_err("listing", stage_dir, e))?;
     let mut removed = 0;
+    let mut unknown = 0usize;
+    let mut first_error = None;
     for entry in entries {
         let entry = entry.map_err(|e| io_err("listing", stage_dir, e))?;
         if !entry.file_type().is_ok_and(|t| t.is_file()) {
             continue;
         }
         let path = entry.path();
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if is_absent(&e) => continue,
-            Err(e) => return Err(io_err("opening stage file", &path, e)),
-        };
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => continue,
-            Err(TryLockError::Error(e)) => {
-                tracing::warn!(path = %path.display(), error = %e,
-                    "cannot lock stage file; removing it as an orphan");
+        let _lock = match probe_stage(&path) {
+            StageProbe::Orphan(file) => file,
+            StageProbe::Absent | StageProbe::Held => continue,
+            StageProbe::Unknown(e) => {
+                unknown += 1;
+                first_error.get_or_insert_with(|| format!("{}: {e}", path.display()));
+                continue;
             }
-        }
+        };
         match fs::remove_file(&path) {
             Ok(()) => removed += 1,
             Err(e) if is_absent(&e) => {}
             Err(e) => return Err(io_err("removing orphan stage file", &path, e)),
         }
+    }
+    if let Some(first_error) = first_error {
+        tracing::warn!(stage_dir = %stage_dir.display(), kept = unknown, first_error,
+            "could not probe the lock of some stage files; keeping them \
+             (is locking working on this file system?)");
     }
     Ok(removed)
 }

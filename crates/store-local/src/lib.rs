@@ -25,27 +25,72 @@
 //! blocking writer fed through a bounded channel, so the caller hashes
 //! chunk *n + 1* while the writer writes chunk *n*. Publishing:
 //!
-//! 1. the writer flushes; if the content path already exists the stage is
-//!    removed and the outcome is `AlreadyPresent` (no fsync spent);
+//! 1. the writer flushes; if the content path already holds a usable
+//!    entry the stage is removed and the outcome is `AlreadyPresent` (no
+//!    fsync spent). "Usable" is decided by **opening** the path and
+//!    `fstat`ing the descriptor — a regular file (or a symlink to one) of
+//!    exactly the stage's size — never by a `stat`, which on NFS may
+//!    answer from a stale attribute cache for an entry another node has
+//!    deleted;
 //! 2. with `fsync` on, the stage file is `fdatasync`ed;
 //! 3. the fan-out directories are created and the stage is
 //!    **hard-linked** to the content path. `link(2)` never replaces an
 //!    existing name, so two concurrent publishes of one key yield exactly
-//!    one `Inserted` (the loser sees `AlreadyExists` → `AlreadyPresent`).
+//!    one `Inserted` (the loser sees `AlreadyExists`, opens the existing
+//!    file and checks it as in step 1 → `AlreadyPresent`). A name that
+//!    vanishes between the two is linked again; a name holding something
+//!    unusable (a truncated file, a dangling symlink) is replaced by
+//!    renaming the stage over it (`Inserted`, with a warning), and one that
+//!    cannot be replaced (a directory) fails the publish — a put never
+//!    claims a deduplication onto something a read could not serve.
 //!    The stage name is then unlinked. Hard links are required: [`LocalEngine::open`]
 //!    probes for them and refuses a root that lacks them;
 //! 4. with `fsync` on, the fan-out directory is fsynced, and — once per
 //!    process for each directory not yet known durable — its parents too.
 //!
 //! A stage that is dropped or aborted, or whose writer fails, removes its
-//! file. Each live stage holds an exclusive `flock` on its file; at open,
-//! every stage file whose lock can be taken is an orphan of a crashed put
-//! and is removed, while stages of other live engine instances on the same
-//! root (another process, another node on shared media, or a second
-//! instance in this process) are left alone. This needs `flock` to work
-//! across every node using the root (it does locally and on Linux NFS
-//! clients); where it does not, open an engine only while no other node is
-//! putting into the same root.
+//! file. Each live stage holds an exclusive `flock` on its file; at open
+//! (and in [`store_types::Engine::maintain`]), every stage file whose lock
+//! the cleanup can take is an orphan of a crashed put and is removed, while
+//! stages of other live engine instances on the same root (another
+//! process, another node on shared media, or a second instance in this
+//! process) are left alone. The probe opens each stage file read-write (an
+//! exclusive lock on NFS needs a writable descriptor). Only a successful
+//! lock means "orphan" and only "would block" means "held"; any other
+//! failure (`ENOLCK`, `EBADF`, `EINVAL`, `EIO`, an open error) means
+//! "unknown" and the file is kept, with a warning. This needs `flock` to
+//! work across every node using the root (it does locally and on Linux NFS
+//! clients with working locks, see below).
+//!
+//! # NFS and other shared media
+//!
+//! A root shared by several nodes (`shared_media: true`) is supported on
+//! NFSv4 (NFSv3 only with a working NLM lock manager, `lockd`/`statd`;
+//! not tested) when:
+//!
+//! - **byte-range locks work across clients**: a Linux NFS client emulates
+//!   `flock` with whole-file `fcntl` locks held on the server. Mounts with
+//!   `nolock` or `local_lock=flock`/`all` make locks node-local: another
+//!   node's cleanup then takes the lock of a live stage and removes it, and
+//!   that put fails (loudly, at the link). Not supported. Where locking
+//!   fails outright, no stage is ever removed: orphans accumulate (a
+//!   warning names them) until removed by hand while no put runs;
+//! - **close-to-open consistency** holds (no `nocto`): the dedup check
+//!   relies on `open(2)` revalidating cached attributes. Attribute caching
+//!   (`actimeo`, `acregmin`…) is otherwise harmless to puts; `meta`,
+//!   `has_many` and scans use `stat` and may answer from the cache for up
+//!   to `acregmax`/`acdirmax` seconds (a just-deleted entry may still look
+//!   present there, its read then finds it gone);
+//! - **hard links** are supported and `link(2)` is atomic on the server
+//!   (it fails with `EEXIST` rather than replacing): it is the no-clobber
+//!   publish;
+//! - **durability**: `fsync` reaches stable storage only if the server
+//!   commits before replying — the `sync` export option (an `async`
+//!   export acknowledges writes a server crash can lose, whatever
+//!   [`LocalOptions::fsync`] says).
+//!
+//! SMB/CIFS and FUSE file systems without these guarantees are not
+//! supported as shared media.
 //!
 //! # Reads
 //!

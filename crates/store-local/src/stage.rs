@@ -146,29 +146,71 @@ fn run_writer(
         return Ok(None); // The caller went away before the stage existed.
     }
     let mut out = BufWriter::with_capacity(WRITE_BUFFER, &stage.file);
+    let mut written = 0u64;
     while let Some(cmd) = rx.blocking_recv() {
         match cmd {
-            Cmd::Chunk(bytes) => out
-                .write_all(&bytes)
-                .map_err(|e| io_err("writing stage file", &stage.path, e))?,
+            Cmd::Chunk(bytes) => {
+                out.write_all(&bytes)
+                    .map_err(|e| io_err("writing stage file", &stage.path, e))?;
+                written += bytes.len() as u64;
+            }
             Cmd::Publish(key) => {
                 out.flush()
                     .map_err(|e| io_err("writing stage file", &stage.path, e))?;
                 drop(out);
-                return publish(&inner, stage, &key).map(Some);
+                return publish(&inner, stage, written, &key).map(Some);
             }
         }
     }
     Ok(None)
 }
 
-/// Publishes a fully written stage under `key` (steps 1–4 of the crate
-/// docs).
-fn publish(inner: &Inner, mut stage: StageFile, key: &Key) -> Result<PublishOutcome> {
+/// How often a publish links again after finding the name taken and then
+/// gone (deleted in between, e.g. by a sweep on another node).
+const LINK_ATTEMPTS: usize = 3;
+
+/// What the content path holds, judged from an opened descriptor: `open(2)`
+/// revalidates NFS's caches (close-to-open), a `stat` may answer from a
+/// stale attribute cache that a deleted entry still exists.
+#[derive(Debug)]
+enum Existing {
+    /// Nothing openable (or a dangling symlink).
+    Absent,
+    /// A regular file (or a symlink to one) of the expected size: a
+    /// publish may deduplicate onto it.
+    Usable,
+    /// Something a read could not serve the entry from (wrong size, not a
+    /// regular file); why.
+    Unusable(String),
+}
+
+/// Opens whatever `target` names and checks it is a regular file of
+/// `size` bytes (one open and one `fstat`).
+fn existing_entry(target: &Path, size: u64) -> std::io::Result<Existing> {
+    let file = match File::open(target) {
+        Ok(f) => f,
+        Err(e) if is_absent(&e) => return Ok(Existing::Absent),
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    Ok(if !meta.is_file() {
+        Existing::Unusable(format!("not a regular file ({:?})", meta.file_type()))
+    } else if meta.len() != size {
+        Existing::Unusable(format!("{} bytes, expected {size}", meta.len()))
+    } else {
+        Existing::Usable
+    })
+}
+
+/// Publishes a fully written stage of `size` bytes under `key` (steps 1–4
+/// of the crate docs).
+fn publish(inner: &Inner, mut stage: StageFile, size: u64, key: &Key) -> Result<PublishOutcome> {
     let target = inner.content_path(key);
     let fsync = inner.options.fsync;
     let fan_dir = inner.fan_dir(key);
-    if fs::symlink_metadata(&target).is_ok() {
+    // The cheap pre-check, before any fsync is spent. An error here is no
+    // verdict: the link below and the check after it decide.
+    if let Ok(Existing::Usable) = existing_entry(&target, size) {
         return already_present(inner, &fan_dir); // `stage` drops: removed.
     }
     if fsync {
@@ -178,12 +220,26 @@ fn publish(inner: &Inner, mut stage: StageFile, key: &Key) -> Result<PublishOutc
             .map_err(|e| io_err("fsyncing stage file", &stage.path, e))?;
     }
     fs::create_dir_all(&fan_dir).map_err(|e| io_err("creating", &fan_dir, e))?;
-    match fs::hard_link(&stage.path, &target) {
-        Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-            return already_present(inner, &fan_dir);
-        }
-        Err(e) => return Err(io_err("publishing to", &target, e)),
+    let mut attempt = 1;
+    loop {
+        let e = match fs::hard_link(&stage.path, &target) {
+            Ok(()) => break,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => e,
+            Err(e) => return Err(io_err("publishing to", &target, e)),
+        };
+        // The name is taken (the server says so): deduplicate only onto a
+        // usable entry.
+        let why = match existing_entry(&target, size) {
+            Ok(Existing::Usable) => return already_present(inner, &fan_dir),
+            Ok(Existing::Absent) if attempt < LINK_ATTEMPTS => {
+                attempt += 1;
+                continue;
+            }
+            Ok(Existing::Absent) => format!("{e}, but it names nothing readable"),
+            Ok(Existing::Unusable(why)) => why,
+            Err(e) => return Err(io_err("checking existing entry", &target, e)),
+        };
+        return replace_unusable(inner, stage, &target, &fan_dir, &why);
     }
     // The entry is visible and complete. Unlinking the stage name is
     // housekeeping: if it fails, the orphan sweep at next open finishes it.
@@ -194,6 +250,34 @@ fn publish(inner: &Inner, mut stage: StageFile, key: &Key) -> Result<PublishOutc
     }
     if fsync {
         make_durable(inner, &fan_dir)?;
+    }
+    Ok(PublishOutcome::Inserted)
+}
+
+/// Publishes an (already synced) stage over an unusable name at `target` —
+/// a truncated file, a dangling symlink — by renaming it into place. The
+/// content is the key's, so replacing even a concurrently published copy
+/// is harmless. Fails (loudly) where the name cannot be replaced, e.g. a
+/// directory.
+fn replace_unusable(
+    inner: &Inner,
+    mut stage: StageFile,
+    target: &Path,
+    fan_dir: &Path,
+    why: &str,
+) -> Result<PublishOutcome> {
+    tracing::warn!(path = %target.display(), why,
+        "an unusable file holds the entry's name; replacing it");
+    fs::rename(&stage.path, target).map_err(|e| {
+        Error::Io(format!(
+            "the entry's name {} is taken by something unusable ({why}) that could not be \
+             replaced: {e}",
+            target.display()
+        ))
+    })?;
+    stage.gone = true;
+    if inner.options.fsync {
+        make_durable(inner, fan_dir)?;
     }
     Ok(PublishOutcome::Inserted)
 }

@@ -516,3 +516,282 @@ async fn a_reader_dropped_midway_stops_the_task_without_a_digest() {
         .expect("the read-ahead task ends");
     assert!(got.is_err());
 }
+
+/// The stage directory of an engine rooted at `root`, with a stage file
+/// `name` holding a few bytes, nobody holding its lock.
+fn dead_stage(root: &Path, name: &str) -> std::path::PathBuf {
+    let path = root.join(".stage").join(name);
+    fs::write(&path, b"partial").unwrap();
+    path
+}
+
+#[test]
+fn only_would_block_means_held_and_other_lock_errors_keep_the_stage() {
+    use crate::fsio::{classify_lock_probe, StageProbe};
+    use std::fs::TryLockError;
+    use std::io::{Error as IoError, ErrorKind};
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = || fs::File::create(dir.path().join("probe.stage")).unwrap();
+    assert!(matches!(
+        classify_lock_probe(file(), Ok(())),
+        StageProbe::Orphan(_)
+    ));
+    assert!(matches!(
+        classify_lock_probe(file(), Err(TryLockError::WouldBlock)),
+        StageProbe::Held
+    ));
+    assert!(matches!(
+        classify_lock_probe(
+            file(),
+            Err(TryLockError::Error(IoError::from(ErrorKind::WouldBlock)))
+        ),
+        StageProbe::Held
+    ));
+    let mut unknown = vec![
+        IoError::from(ErrorKind::Unsupported),
+        IoError::from(ErrorKind::InvalidInput),
+        IoError::from(ErrorKind::PermissionDenied),
+        IoError::other("lock manager unreachable"),
+    ];
+    #[cfg(target_os = "linux")]
+    unknown.extend(
+        // ENOLCK, EBADF (an NFS lock on a read-only descriptor), EINVAL, EIO.
+        [37, 9, 22, 5].map(IoError::from_raw_os_error),
+    );
+    for e in unknown {
+        let shown = e.to_string();
+        assert!(
+            matches!(
+                classify_lock_probe(file(), Err(TryLockError::Error(e))),
+                StageProbe::Unknown(_)
+            ),
+            "{shown} must not mean orphan"
+        );
+    }
+}
+
+#[test]
+fn the_stage_probe_opens_read_write_and_holds_the_lock() {
+    use crate::fsio::{probe_stage, StageProbe};
+    use std::io::Write;
+
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join(".stage")).unwrap();
+    let path = dead_stage(dir.path(), "dead.stage");
+    // A zero-length write checks the descriptor's access mode only
+    // (EBADF on a read-only one) and changes nothing.
+    assert!(
+        (&fs::File::open(&path).unwrap()).write(&[]).is_err(),
+        "control: a read-only descriptor fails the check"
+    );
+    let StageProbe::Orphan(probe) = probe_stage(&path) else {
+        panic!("an unheld stage is an orphan");
+    };
+    assert!(
+        (&probe).write(&[]).is_ok(),
+        "the probe's descriptor is writable (NFS locks need it)"
+    );
+    // While the probe holds the lock, a second probe sees it held.
+    assert!(matches!(probe_stage(&path), StageProbe::Held));
+    drop(probe);
+    assert_eq!(fs::read(&path).unwrap(), b"partial", "nothing written");
+    fs::remove_file(&path).unwrap();
+    assert!(matches!(probe_stage(&path), StageProbe::Absent));
+}
+
+#[tokio::test]
+async fn a_stage_locked_through_another_open_file_is_kept_and_an_unheld_one_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let held = dead_stage(dir.path(), "held.stage");
+    let dead = dead_stage(dir.path(), "dead.stage");
+    // A live put elsewhere: its own open file description holds the lock.
+    let holder = fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&held)
+        .unwrap();
+    holder.try_lock().unwrap();
+
+    assert_eq!(
+        crate::fsio::remove_orphan_stages(&dir.path().join(".stage")).unwrap(),
+        1
+    );
+    assert!(held.exists(), "the held stage is kept");
+    assert!(!dead.exists(), "the unheld stage is removed");
+    // Also through maintenance and a fresh open.
+    let dead = dead_stage(dir.path(), "dead-2.stage");
+    assert_eq!(
+        engine
+            .maintain(store_types::Timestamp::now())
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(held.exists() && !dead.exists());
+    let _second = open(dir.path()).await;
+    assert!(held.exists());
+    drop(holder);
+    assert_eq!(
+        engine
+            .maintain(store_types::Timestamp::now())
+            .await
+            .unwrap(),
+        1,
+        "released, it is an orphan"
+    );
+    assert_eq!(engine.stage_file_count().unwrap(), 0);
+}
+
+/// Stages `data` for `key` and publishes it, returning the outcome.
+async fn publish(
+    engine: &LocalEngine,
+    key: &Key,
+    data: &[u8],
+) -> store_types::Result<PublishOutcome> {
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    stage.write(Bytes::copy_from_slice(data)).await.unwrap();
+    stage.publish(key).await
+}
+
+/// The content path of `key` under `root`, its fan-out directory created.
+fn content_path(root: &Path, key: &Key) -> std::path::PathBuf {
+    let fan = root.join(key.namespace.as_str()).join(key.digest.prefix2());
+    fs::create_dir_all(&fan).unwrap();
+    fan.join(key.digest.to_hex())
+}
+
+#[tokio::test]
+async fn a_truncated_file_under_the_entry_name_is_replaced_not_deduplicated() {
+    let dir = tempfile::tempdir().unwrap();
+    for fsync in [true, false] {
+        let engine = LocalEngine::open(
+            dir.path(),
+            LocalOptions {
+                fsync,
+                ..LocalOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let data = content(2 * CHUNK_SIZE + 5, fsync as u8);
+        let key = Key::new(ns("a"), Digest::of(&data));
+        // A stale or partial name: right path, wrong size.
+        let path = content_path(dir.path(), &key);
+        fs::write(&path, &data[..1000]).unwrap();
+        assert_eq!(
+            publish(&engine, &key, &data).await.unwrap(),
+            PublishOutcome::Inserted
+        );
+        assert_eq!(fs::read(&path).unwrap(), data);
+        assert_eq!(read_range(&engine, &key, None).await, data);
+        assert_eq!(engine.stage_file_count().unwrap(), 0);
+        // The repaired entry deduplicates.
+        assert_eq!(
+            publish(&engine, &key, &data).await.unwrap(),
+            PublishOutcome::AlreadyPresent
+        );
+        assert_eq!(engine.stage_file_count().unwrap(), 0);
+    }
+}
+
+#[tokio::test]
+async fn a_dangling_symlink_under_the_entry_name_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(CHUNK_SIZE + 1, 9);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let path = content_path(dir.path(), &key);
+    std::os::unix::fs::symlink(dir.path().join("gone"), &path).unwrap();
+    assert_eq!(
+        publish(&engine, &key, &data).await.unwrap(),
+        PublishOutcome::Inserted
+    );
+    assert!(fs::symlink_metadata(&path).unwrap().is_file());
+    assert_eq!(read_range(&engine, &key, None).await, data);
+    assert_eq!(engine.stage_file_count().unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_symlink_to_a_complete_copy_deduplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(1000, 10);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let copy = dir.path().join("copy");
+    fs::write(&copy, &data).unwrap();
+    std::os::unix::fs::symlink(&copy, content_path(dir.path(), &key)).unwrap();
+    assert_eq!(
+        publish(&engine, &key, &data).await.unwrap(),
+        PublishOutcome::AlreadyPresent
+    );
+    assert_eq!(engine.stage_file_count().unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_directory_under_the_entry_name_fails_the_publish_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(CHUNK_SIZE, 11);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let path = content_path(dir.path(), &key);
+    fs::create_dir(&path).unwrap();
+    fs::write(path.join("junk"), b"x").unwrap();
+    let err = publish(&engine, &key, &data).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Io(m) if m.contains("unusable")),
+        "{err}"
+    );
+    assert!(path.is_dir(), "left as it was");
+    assert_eq!(engine.meta(&key).await.unwrap(), None);
+    assert_eq!(engine.stage_file_count().unwrap(), 0);
+}
+
+/// A stage file the probe cannot open read-write is kept (a read-only
+/// probe could lock it and would remove it). A running executable cannot
+/// be opened for writing (`ETXTBSY`), even by root, so a copy of `sleep`
+/// running from the stage directory stands in for it.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_stage_the_probe_cannot_open_read_write_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let Some(sleep) = ["/bin/sleep", "/usr/bin/sleep"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+    else {
+        eprintln!("skipped: no sleep binary");
+        return;
+    };
+    let path = dir.path().join(".stage").join("busy.stage");
+    fs::copy(sleep, &path).unwrap();
+    let mut child = match std::process::Command::new(&path).arg("60").spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skipped: cannot run from the temporary directory: {e}");
+            return;
+        }
+    };
+    const ETXTBSY: i32 = 26;
+    let busy = fs::File::options()
+        .write(true)
+        .open(&path)
+        .err()
+        .and_then(|e| e.raw_os_error());
+    if busy == Some(ETXTBSY) {
+        assert!(fs::File::open(&path).is_ok(), "readable all the same");
+        let removed = engine.maintain(store_types::Timestamp::now()).await;
+        let reopened = LocalEngine::open(dir.path(), LocalOptions::default()).await;
+        let kept = path.exists();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(removed.unwrap(), 0);
+        reopened.unwrap();
+        assert!(kept, "an unprobeable stage is kept");
+    } else {
+        child.kill().unwrap();
+        child.wait().unwrap();
+        eprintln!("skipped: this kernel lets a running executable be opened for writing");
+    }
+}
