@@ -9,6 +9,35 @@ use crate::output::{missing, CliError, GetResult, HasResult, PutResult};
 use crate::progress::{bar, ProgressRead};
 use crate::transfer::{Sink, Source};
 
+/// The CLI error of a failed direct open. When another non-fleet instance
+/// holds the data (typically `blobpool serve` on the same configuration),
+/// the message names the holder and suggests talking to that server with
+/// `--server` at the configured `listen` address.
+pub fn open_error(e: store_types::Error, listen: &str) -> CliError {
+    match &e {
+        store_types::Error::InstanceLocked { .. } => CliError::new(
+            "locked",
+            format!(
+                "{e}; if that is `blobpool serve`, run this command through it with \
+                 --server {} (or stop it first)",
+                server_url(listen)
+            ),
+        ),
+        _ => e.into(),
+    }
+}
+
+/// The URL a client uses for a server listening on `listen`: a wildcard
+/// address is reached through loopback.
+fn server_url(listen: &str) -> String {
+    let addr = match listen.rsplit_once(':') {
+        Some(("0.0.0.0", port)) => format!("127.0.0.1:{port}"),
+        Some(("[::]", port)) => format!("[::1]:{port}"),
+        _ => listen.to_string(),
+    };
+    format!("http://{addr}")
+}
+
 /// A store opened in this process.
 pub struct Direct {
     store: Store,
@@ -110,5 +139,27 @@ impl Direct {
     /// One sweep.
     pub async fn sweep(&self) -> Result<SweepReport, CliError> {
         Ok(self.store.sweep(SweepOptions::default()).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_locked_store_suggests_the_configured_server() {
+        let e = store_types::Error::InstanceLocked {
+            resource: "the SQLite database /d/kv.sqlite".into(),
+            holder: "pid 42 on host h since 2026-12-01T20:05:03Z".into(),
+        };
+        let c = open_error(e.clone(), "0.0.0.0:7070");
+        assert_eq!(c.code, "locked");
+        assert!(c.message.contains("(pid 42 on host h since"), "{c}");
+        assert!(c.message.contains("--server http://127.0.0.1:7070"), "{c}");
+        let c = open_error(e, "[::]:80");
+        assert!(c.message.contains("--server http://[::1]:80"), "{c}");
+        assert_eq!(server_url("10.0.0.5:7070"), "http://10.0.0.5:7070");
+        let c = open_error(store_types::Error::Config("bad".into()), "x");
+        assert_eq!(c.code, "config");
     }
 }

@@ -5,6 +5,13 @@
 //! either directly on the configured store or, with `--server URL`, against
 //! a running server. Exit status: 0 on success, 1 on a failed command (one
 //! line on stderr: `blobpool: <code>: <message>`), 2 on a usage error.
+//!
+//! Direct mode opens the store as a non-fleet instance, which holds its
+//! data exclusively (the instance lock, docs/ARCHITECTURE.md): while
+//! `blobpool serve` (or any other non-fleet store) has the same data open,
+//! a direct command fails with code `locked`, naming the holder and
+//! suggesting `--server` — a second instance could not see the server's
+//! pins and would sweep or delete entries it still protects.
 
 mod config;
 mod direct;
@@ -163,7 +170,10 @@ async fn target(cli: &Cli) -> Result<Target, CliError> {
         Some(url) => Ok(Target::Remote(Remote::new(url, progress)?)),
         None => {
             let cfg = load_config(cli)?;
-            let store = cfg.open_store().await?;
+            let store = cfg
+                .open_store()
+                .await
+                .map_err(|e| direct::open_error(e, &cfg.listen))?;
             Ok(Target::Direct(Direct::new(store, progress)))
         }
     }

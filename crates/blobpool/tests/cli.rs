@@ -341,3 +341,110 @@ fn serve_binary_round_trip_and_sigterm_shutdown() {
     assert!(code.success(), "{code:?}");
     assert!(d.join("blobpool-data/kv.sqlite").is_file());
 }
+
+/// A `blobpool serve` child, killed if the test ends early.
+struct ServeChild(std::process::Child);
+
+impl Drop for ServeChild {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Issue 11, item 4: a direct-mode command on the data a running server
+/// holds is a second, undeclared instance that cannot see the server's
+/// pins. It is refused (naming the server and suggesting `--server`), and
+/// the blob the server pins stays served.
+#[test]
+fn direct_mode_refuses_the_data_of_a_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A free port, so the config (and the suggestion) names the server.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        d.join("blobpool.toml"),
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nwindow = 0\nthreshold = 1000\n\
+             [gc]\nunreferenced_namespaces = [\"tmp\"]\n"
+        ),
+    )
+    .unwrap();
+    let mut child = cmd(d)
+        .arg("serve")
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut server = ServeChild(child);
+    let base = loop {
+        let line = lines.next().expect("serve prints its address").unwrap();
+        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
+            break rest.trim().to_string();
+        }
+    };
+    assert_eq!(base, format!("http://127.0.0.1:{port}"));
+    // Put over HTTP (one small, one large), keeping the pin tokens.
+    let mut digests = Vec::new();
+    for (name, len) in [("small", 100u64), ("big", 300_000)] {
+        let data = write_file(d, name, len, len);
+        let v: serde_json::Value = serde_json::from_str(&ok(run(
+            cmd(d).args(["--server", &base, "put", name, "-n", "tmp", "--json"])
+        )))
+        .unwrap();
+        assert!(v["token"].is_string(), "the token is kept: {v}");
+        digests.push((name, v["digest"].as_str().unwrap().to_string(), data));
+    }
+    // Direct mode on the same configuration: refused, twice, naming the
+    // server's pid and suggesting --server.
+    let holder = format!("(pid {} ", server.0.id());
+    let suggestion = format!("--server http://127.0.0.1:{port}");
+    for args in [
+        &["sweep"][..],
+        &["sweep"][..],
+        &["rm", &digests[0].1, "-n", "tmp"][..],
+        &["has", &digests[1].1, "-n", "tmp"][..],
+    ] {
+        let o = run(cmd(d).args(args));
+        let err = stderr(&o);
+        fails_with(o, "locked");
+        assert!(err.contains("blobpool-data/kv.sqlite"), "{err}");
+        assert!(
+            err.contains("is in use by another Blobpool instance"),
+            "{err}"
+        );
+        assert!(err.contains(&holder), "{err}");
+        assert!(err.contains(&suggestion), "{err}");
+    }
+    // The server still serves both (GET 200, verified bytes).
+    for (name, digest, data) in &digests {
+        let out = format!("{name}.out");
+        ok(run(cmd(d).args([
+            "--server", &base, "get", digest, "-n", "tmp", "-o", &out,
+        ])));
+        assert_eq!(&std::fs::read(d.join(&out)).unwrap(), data, "{name}");
+    }
+    // Once the server is gone, direct mode opens the data again (its pins
+    // went with it: the sweep stages the entries).
+    let status = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while server.0.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "serve did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(lines);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(run(cmd(d).args(["sweep", "--json"])))).unwrap();
+    assert_eq!(v["total"]["staged"], 2, "{v}");
+}

@@ -146,6 +146,13 @@ impl StoreBuilder {
     }
 
     /// Validates the configuration, prepares GC state and opens the store.
+    ///
+    /// A non-fleet store takes the **instance lock** of each engine
+    /// ([`Engine::lock_instance`](store_types::Engine::lock_instance))
+    /// before it writes anything, and holds it until its last clone drops:
+    /// a second non-fleet store on the same data, in this or another
+    /// process, fails here with [`Error::InstanceLocked`] naming the
+    /// holder. Fleet members (`fleet(true)`) are declared and do not lock.
     pub async fn build(self) -> Result<Store> {
         let kv = self
             .kv
@@ -206,6 +213,24 @@ impl StoreBuilder {
         } else {
             None
         };
+        // The instance lock: a non-fleet store holds its data exclusively
+        // (its pins are in-process, invisible to any other instance), taken
+        // before anything writes. A fleet is declared and shares its GC
+        // state in PostgreSQL, so fleet members do not lock.
+        let mut instance_locks = Vec::new();
+        if !self.fleet {
+            if let Some(lock) = kv.lock_instance().await? {
+                instance_locks.push(lock);
+            }
+            if let Some(l) = &self.large {
+                if let Some(lock) = l.lock_instance().await? {
+                    instance_locks.push(lock);
+                }
+            }
+            for lock in &instance_locks {
+                tracing::debug!(lock = lock.describe(), "instance lock taken");
+            }
+        }
         // The one-window-host rule (ADR-012 §5): the kv engine when it is
         // SQL-backed, otherwise the large engine when it is, otherwise
         // in-process. Only the host's schema is ensured, so an instance
@@ -243,6 +268,7 @@ impl StoreBuilder {
             fleet: fleet_state,
             clock: self.clock,
             owner: self.owner.unwrap_or_else(fleet::random_owner),
+            _instance_locks: instance_locks,
         }))
     }
 }
@@ -254,4 +280,140 @@ fn check_threshold(threshold: u64) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Range;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+    use store_types::{
+        BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Instance, InstanceLock, Key,
+        Namespace, PublishOutcome,
+    };
+
+    use super::*;
+
+    /// The shared state of a lockable test engine's "data".
+    #[derive(Default)]
+    struct Data {
+        held: AtomicBool,
+        lock_calls: AtomicUsize,
+    }
+
+    /// Releases `Data::held` when dropped.
+    struct Held(Arc<Data>);
+
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.0.held.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// An empty kv engine whose data can be instance-locked.
+    struct Lockable(Arc<Data>);
+
+    #[async_trait]
+    impl Engine for Lockable {
+        fn descriptor(&self) -> EngineDescriptor {
+            EngineDescriptor {
+                kind: "lockable",
+                instance: Instance::Other("test".into()),
+                sharing: Sharing::EmbeddedFile,
+                durable: false,
+            }
+        }
+        async fn meta(&self, _: &Key) -> Result<Option<EntryMeta>> {
+            Ok(None)
+        }
+        async fn has_many(&self, _: &Namespace, d: &[Digest]) -> Result<Vec<bool>> {
+            Ok(vec![false; d.len()])
+        }
+        async fn read(&self, _: &Key) -> Result<Option<BlobReader>> {
+            Ok(None)
+        }
+        async fn read_range(&self, _: &Key, _: Range<u64>) -> Result<Option<BlobReader>> {
+            Ok(None)
+        }
+        async fn delete_many(&self, _: &Namespace, d: &[Digest]) -> Result<Vec<Option<u64>>> {
+            Ok(vec![None; d.len()])
+        }
+        async fn namespaces(&self) -> Result<Vec<Namespace>> {
+            Ok(Vec::new())
+        }
+        async fn scan(
+            &self,
+            _: &Namespace,
+            _: Option<Digest>,
+            _: usize,
+        ) -> Result<Vec<(Digest, u64)>> {
+            Ok(Vec::new())
+        }
+        async fn lock_instance(&self) -> Result<Option<InstanceLock>> {
+            self.0.lock_calls.fetch_add(1, Ordering::SeqCst);
+            if self.0.held.swap(true, Ordering::SeqCst) {
+                return Err(Error::InstanceLocked {
+                    resource: "the test data".into(),
+                    holder: "pid 1 since 1970-01-01T00:00:00Z".into(),
+                });
+            }
+            Ok(Some(InstanceLock::new(
+                "the test data",
+                Held(self.0.clone()),
+            )))
+        }
+    }
+
+    #[async_trait]
+    impl KvEngine for Lockable {
+        async fn put(&self, _: &Key, _: Bytes) -> Result<PublishOutcome> {
+            Ok(PublishOutcome::Inserted)
+        }
+    }
+
+    async fn build(data: &Arc<Data>) -> Result<Store> {
+        Store::builder().kv(Lockable(data.clone())).build().await
+    }
+
+    #[tokio::test]
+    async fn a_non_fleet_store_holds_the_instance_lock_until_its_last_clone_drops() {
+        let data = Arc::new(Data::default());
+        let first = build(&data).await.unwrap();
+        assert!(data.held.load(Ordering::SeqCst));
+        let second = build(&data).await;
+        assert!(
+            matches!(&second, Err(Error::InstanceLocked { holder, .. }) if holder.contains("pid 1")),
+            "{second:?}"
+        );
+        let clone = first.clone();
+        drop(first);
+        assert!(data.held.load(Ordering::SeqCst), "a clone still holds it");
+        drop(clone);
+        assert!(
+            !data.held.load(Ordering::SeqCst),
+            "released with the last clone"
+        );
+        let third = build(&data).await.unwrap();
+        assert!(data.held.load(Ordering::SeqCst));
+        drop(third);
+        assert_eq!(data.lock_calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_refused_lock_fails_the_build_naming_the_holder() {
+        let data = Arc::new(Data::default());
+        data.held.store(true, Ordering::SeqCst);
+        let err = Store::builder()
+            .kv(Lockable(data.clone()))
+            .build()
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("the test data is in use by another Blobpool instance (pid 1 since"),
+            "{text}"
+        );
+    }
 }

@@ -5,14 +5,14 @@ use std::ops::Range;
 
 use async_trait::async_trait;
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Instance, Key, LargeEngine, Namespace,
-    Result, Sharing, StagedWrite,
+    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Instance, InstanceLock, Key,
+    LargeEngine, Namespace, Result, Sharing, StagedWrite,
 };
 
 use crate::fsio::{self, blocking, io_err, is_absent};
 use crate::reader::open_reader;
 use crate::stage::LocalStage;
-use crate::LocalEngine;
+use crate::{LocalEngine, LOCK_FILE};
 
 #[async_trait]
 impl Engine for LocalEngine {
@@ -24,6 +24,18 @@ impl Engine for LocalEngine {
             .await
             .map_err(|e| store_types::Error::Io(format!("stage cleanup task failed: {e}")))??;
         Ok(removed as u64)
+    }
+
+    /// Locks `<root>/.blobpool.lock` (an OS advisory lock on the open
+    /// file, released by the kernel when the process dies; the file is
+    /// never deleted) and records this process as its holder.
+    async fn lock_instance(&self) -> Result<Option<InstanceLock>> {
+        let root = self.inner.root.clone();
+        blocking(move || {
+            let data = format!("the local large tier {}", root.display());
+            InstanceLock::lock_file(&root.join(LOCK_FILE), &data).map(Some)
+        })
+        .await
     }
 
     fn descriptor(&self) -> EngineDescriptor {

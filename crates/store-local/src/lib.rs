@@ -7,6 +7,7 @@
 //!
 //! ```text
 //! <root>/
+//!   .blobpool.lock                        the instance lock (non-fleet stores)
 //!   .stage/<pid>-<salt>-<counter>.stage   in-progress puts (flock-held)
 //!   <namespace>/<2 hex>/<64 hex digest>   published content
 //! ```
@@ -18,6 +19,17 @@
 //! reported or deleted). Fan-out and namespace directories are never
 //! removed (an empty one simply holds no entries), so a publish never
 //! races a directory removal.
+//!
+//! # Instance lock
+//!
+//! A non-fleet store holds the root exclusively (`Engine::lock_instance`):
+//! an exclusive `flock` on `<root>/.blobpool.lock`, taken when the store is
+//! built and released when it drops or its process dies; the file names
+//! the holder (pid, host, since when) and is never deleted. A second
+//! non-fleet store on the same root — in another process or this one —
+//! fails to build. Fleet stores (declared shared media) do not lock.
+//! Names starting with `.` are never namespaces, so the lock file and the
+//! stage directory never collide with entries and listings skip them.
 //!
 //! # Puts
 //!
@@ -132,6 +144,9 @@ use store_types::{Error, Key, Namespace, Result};
 /// Name of the stage directory under the root. It can never collide with
 /// a namespace, which cannot start with `.`.
 const STAGE_DIR: &str = ".stage";
+
+/// Name of the instance lock file under the root (see the crate docs).
+const LOCK_FILE: &str = ".blobpool.lock";
 
 /// Extension of stage files.
 const STAGE_EXT: &str = "stage";

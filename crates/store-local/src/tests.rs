@@ -517,6 +517,37 @@ async fn a_reader_dropped_midway_stops_the_task_without_a_digest() {
     assert!(got.is_err());
 }
 
+#[tokio::test]
+async fn the_instance_lock_excludes_a_second_holder_and_stays_out_of_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path()).await;
+    let b = open(dir.path()).await;
+    let held = a.lock_instance().await.unwrap().expect("local locks");
+    assert!(held.describe().contains(".blobpool.lock"), "{held:?}");
+    match b.lock_instance().await {
+        Err(Error::InstanceLocked { resource, holder }) => {
+            assert!(resource.contains("local large tier"), "{resource}");
+            assert!(
+                holder.starts_with(&format!("pid {} ", std::process::id())),
+                "{holder}"
+            );
+        }
+        other => panic!("expected InstanceLocked, got {other:?}"),
+    }
+    // The same engine value cannot lock twice either: a lock is per store.
+    assert!(matches!(
+        a.lock_instance().await,
+        Err(Error::InstanceLocked { .. })
+    ));
+    put(&a, "docs", &content(10, 1)).await;
+    assert_eq!(a.namespaces().await.unwrap(), vec![ns("docs")]);
+    assert_eq!(a.maintain(store_types::Timestamp::now()).await.unwrap(), 0);
+    drop(held);
+    let again = b.lock_instance().await.unwrap().expect("released on drop");
+    drop(again);
+    assert!(dir.path().join(".blobpool.lock").is_file(), "never deleted");
+}
+
 /// The stage directory of an engine rooted at `root`, with a stage file
 /// `name` holding a few bytes, nobody holding its lock.
 fn dead_stage(root: &Path, name: &str) -> std::path::PathBuf {

@@ -16,8 +16,8 @@ use store_postgres::plumbing::{
 };
 use store_postgres::PgGcSchema;
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, GcSeam, Instance, Key, LargeEngine,
-    Namespace, Result, Sharing, StagedWrite, Timestamp, CHUNK_SIZE,
+    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, GcSeam, Instance, InstanceLock, Key,
+    LargeEngine, Namespace, Result, Sharing, StagedWrite, Timestamp, CHUNK_SIZE,
 };
 
 use crate::stage::PgLoStage;
@@ -422,6 +422,28 @@ impl Engine for PgLoEngine {
             limit,
         )
         .await
+    }
+
+    /// A session-level advisory lock (its own id, `"pglo-instance"` of the
+    /// schema) on a dedicated connection, through store-postgres's
+    /// `instance_lock` module; lost if that session dies.
+    async fn lock_instance(&self) -> Result<Option<InstanceLock>> {
+        let database = match &self.inner.instance {
+            Instance::Postgres { database, .. } => database.clone(),
+            other => format!("{other:?}"),
+        };
+        let data = format!(
+            "the PostgreSQL large-object tier in schema {} of database {database}",
+            self.inner.schema
+        );
+        store_postgres::instance_lock::lock_instance(
+            &self.inner.pool,
+            &self.inner.schema,
+            store_postgres::instance_lock::PGLO_INSTANCE,
+            &data,
+        )
+        .await
+        .map(Some)
     }
 
     fn gc_seam(&self) -> Option<GcSeam> {

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
 use store_types::{
-    BlobReader, Digest, EngineDescriptor, EntryMeta, GcSeam, Instance, Key, Namespace,
-    PublishOutcome, Result, Sharing, Timestamp,
+    BlobReader, Digest, EngineDescriptor, EntryMeta, GcSeam, Instance, InstanceLock, Key,
+    Namespace, PublishOutcome, Result, Sharing, Timestamp,
 };
 use store_types::{Engine, KvEngine};
 
@@ -234,6 +234,25 @@ impl Engine for PostgresEngine {
         scan_entries(self.pool(), &self.inner.schema, "entries", ns, after, limit).await
     }
 
+    /// A session-level advisory lock on a dedicated connection (see the
+    /// [`instance_lock`](crate::instance_lock) module; lost if that
+    /// session dies).
+    async fn lock_instance(&self) -> Result<Option<InstanceLock>> {
+        let data = format!(
+            "the PostgreSQL schema {} of {}",
+            self.inner.schema,
+            database_of(&self.inner.instance)
+        );
+        crate::instance_lock::lock_instance(
+            &self.inner.pool,
+            &self.inner.schema,
+            crate::instance_lock::KV_INSTANCE,
+            &data,
+        )
+        .await
+        .map(Some)
+    }
+
     fn gc_seam(&self) -> Option<GcSeam> {
         let pool = self.inner.pool.clone();
         let schema = self.inner.schema.clone();
@@ -258,5 +277,13 @@ impl Engine for PostgresEngine {
 impl KvEngine for PostgresEngine {
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome> {
         self.inner.writer.put(key, bytes, now_ms()).await
+    }
+}
+
+/// `database <name>` of an instance, for messages.
+fn database_of(instance: &Instance) -> String {
+    match instance {
+        Instance::Postgres { database, .. } => format!("database {database}"),
+        other => format!("{other:?}"),
     }
 }

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rusqlite::{ErrorCode, OptionalExtension};
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, GcSeam, Instance, Key,
-    KvEngine, Namespace, PublishOutcome, Result, Sharing, Timestamp,
+    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, GcSeam, Instance, InstanceLock,
+    Key, KvEngine, Namespace, PublishOutcome, Result, Sharing, Timestamp,
 };
 
 use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64, SqlResultExt};
@@ -50,6 +50,14 @@ impl Engine for SqliteEngine {
             sharing: Sharing::EmbeddedFile,
             durable: true,
         }
+    }
+
+    /// Locks `<db file>.lock` (see the `instance_lock` module).
+    async fn lock_instance(&self) -> Result<Option<InstanceLock>> {
+        let path = self.inner.path.clone();
+        tokio::task::spawn_blocking(move || crate::instance_lock::lock(&path).map(Some))
+            .await
+            .map_err(|e| Error::Io(format!("sqlite: instance lock task failed: {e}")))?
     }
 
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {

@@ -46,6 +46,13 @@
 //! two processes at once) is harmless, and a file newer than the build is
 //! refused.
 //!
+//! # Instance lock
+//!
+//! A non-fleet store holds the database exclusively
+//! (`Engine::lock_instance`): an exclusive `flock` on `<db file>.lock`
+//! beside it, naming the holder; a second non-fleet store on the same file
+//! fails to build (see the `instance_lock` module).
+//!
 //! # Threading
 //!
 //! The engine never blocks the async runtime:
@@ -77,6 +84,7 @@
 #![warn(missing_docs)]
 
 mod engine;
+mod instance_lock;
 mod readers;
 mod schema;
 mod sql;

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::io::AsyncRead;
 
-use crate::{Digest, GcSeam, Key, Namespace, PinIntent, Result};
+use crate::{Digest, GcSeam, InstanceLock, Key, Namespace, PinIntent, Result};
 
 /// Milliseconds since the Unix epoch. Engines stamp `created_at` with it;
 /// the GC window compares `visible_after` against an injectable clock in it.
@@ -274,6 +274,34 @@ pub trait Engine: Send + Sync + 'static {
     async fn maintain(&self, now: Timestamp) -> Result<u64> {
         let _ = now;
         Ok(0)
+    }
+
+    /// Takes the exclusive **instance lock** on this engine's data, for a
+    /// non-fleet store that keeps it for its lifetime (the facade calls it
+    /// in `build()` unless the store is a declared fleet member).
+    ///
+    /// A non-fleet store's GC protection (its in-process pins, the delete
+    /// gate) is invisible to any other store instance, so a second,
+    /// undeclared instance on the same data — another process, or a second
+    /// store in this one — could delete entries the first one still pins.
+    /// The lock makes that second open fail at once.
+    ///
+    /// # Contract
+    ///
+    /// - `Ok(Some(lock))`: the data is now held by the caller until `lock`
+    ///   drops; no other call (in this or another process) gets a lock on
+    ///   the same data meanwhile.
+    /// - `Err(Error::InstanceLocked { .. })` when another holder has it,
+    ///   naming the holder as well as the engine can (pid, host, since
+    ///   when). Fails at once; never waits for the holder.
+    /// - `Ok(None)` (the default) when the engine cannot or need not lock:
+    ///   process-local data (`mem`), or data whose exclusive use cannot be
+    ///   proven from here (an object-store bucket).
+    /// - The lock is never stolen by a later caller, and must not depend on
+    ///   the holder releasing it cleanly: it ends when the holding process
+    ///   (or database session) does.
+    async fn lock_instance(&self) -> Result<Option<InstanceLock>> {
+        Ok(None)
     }
 }
 

@@ -91,6 +91,20 @@ pub enum Error {
     /// An engine failure that is not media I/O (SQL errors, lost connections).
     #[error("backend error: {0}")]
     Backend(String),
+    /// The data is held by another non-fleet store instance (the instance
+    /// lock, see [`Engine::lock_instance`](crate::Engine::lock_instance)):
+    /// a second undeclared instance could not see its pins.
+    #[error(
+        "{resource} is in use by another Blobpool instance ({holder}); a non-fleet store \
+         opens its data exclusively"
+    )]
+    InstanceLocked {
+        /// What is locked (`"the SQLite database /data/kv.sqlite"`).
+        resource: String,
+        /// Who holds it, as far as known (`"pid 1234 on host a since
+        /// 2026-12-01T20:05:03Z"`).
+        holder: String,
+    },
 }
 
 impl From<std::io::Error> for Error {

@@ -10,7 +10,9 @@
 //!   [`StagedWrite`];
 //! - the engine descriptor ([`EngineDescriptor`]) the facade judges
 //!   configurations by, without naming engine types;
-//! - the engine-state seam of ADR-012 §5 ([`GcSeam`] and its clause traits).
+//! - the engine-state seam of ADR-012 §5 ([`GcSeam`] and its clause traits);
+//! - the instance lock ([`InstanceLock`]) a non-fleet store holds its data
+//!   with, and the lock-file mechanism of the file-based engines.
 //!
 //! Architecture invariant: nothing here names a concrete engine.
 
@@ -18,6 +20,7 @@ mod digest;
 mod engine;
 mod error;
 mod fleet;
+mod instance_lock;
 mod key;
 mod seam;
 
@@ -28,6 +31,7 @@ pub use engine::{
 };
 pub use error::{Error, ProtectReason, Result};
 pub use fleet::{BoundLivenessTable, FleetBatch, LivenessTable, PinIntent};
+pub use instance_lock::InstanceLock;
 pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};
 pub use seam::{
     GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
