@@ -1,15 +1,23 @@
 //! Fleet harness: several `fleet: true` store instances over one
 //! PostgreSQL schema, with a shared clock, a shared-media directory and an
 //! embedder-owned liveness table.
+//!
+//! Two kinds of clock: the nodes' (a shared [`ManualClock`], or per node a
+//! [`SkewedClock`] off it) and the database's (`gc_now()` of the kv
+//! schema, which judges pin expiry and the window). [`FleetEnv::new`] stops
+//! the database's clock at the shared clock's reading and
+//! [`FleetEnv::advance`] moves both alike: time passing. A node's skew is
+//! what the database's clock must make irrelevant.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Connection;
-use store_core::{ManualClock, Mode, Store, StoreBuilder};
+use store_core::{Clock, ManualClock, Mode, Store, StoreBuilder};
 use store_local::{LocalEngine, LocalOptions};
 use store_object::s3_testing::TestBucket;
 use store_pglo::PgLoEngine;
+use store_postgres::testing::{advance_db_clock, set_db_clock};
 use store_postgres::PostgresEngine;
 use store_types::{Digest, Key, KvEngine, LargeEngine, LivenessTable, Namespace, Timestamp};
 
@@ -36,7 +44,8 @@ pub struct FleetEnv {
     pub pg: PgSchemas,
     /// The shared-media directory.
     pub dir: tempfile::TempDir,
-    /// The clock every node reads.
+    /// The clock every node reads (skewed nodes read it through a
+    /// [`SkewedClock`]). Move time with [`FleetEnv::advance`].
     pub clock: ManualClock,
     /// Large tier of every node.
     pub large: FleetLarge,
@@ -46,6 +55,31 @@ pub struct FleetEnv {
     pub pin_ttl: Duration,
     /// The bucket of [`FleetLarge::Object`].
     pub bucket: Option<TestBucket>,
+    /// A pool for moving the database's clock.
+    db: sqlx::PgPool,
+}
+
+/// A node clock `skew` off a base clock (ahead when positive): a node whose
+/// clock is wrong, moving as time passes.
+#[derive(Clone, Debug)]
+pub struct SkewedClock {
+    /// The clock it is off.
+    pub base: ManualClock,
+    /// Milliseconds ahead of `base` (behind when negative).
+    pub skew_ms: i64,
+}
+
+impl SkewedClock {
+    /// `base` skewed by `skew_ms`.
+    pub fn new(base: ManualClock, skew_ms: i64) -> Self {
+        SkewedClock { base, skew_ms }
+    }
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.base.now().0.saturating_add(self.skew_ms))
+    }
 }
 
 impl FleetEnv {
@@ -53,6 +87,9 @@ impl FleetEnv {
     /// `<kv schema>.refs (ns text, digest bytea)`.
     pub async fn new(large: FleetLarge, window: Duration, pin_ttl: Duration) -> FleetEnv {
         let pg = PgSchemas::create().await;
+        let db = sqlx::PgPool::connect(&pg.url)
+            .await
+            .expect("connect DATABASE_URL");
         let bucket = if large == FleetLarge::Object {
             Some(TestBucket::create().await)
         } else {
@@ -66,7 +103,13 @@ impl FleetEnv {
             large,
             window,
             pin_ttl,
+            db,
         };
+        // The database's clock (the kv schema's `gc_now()`) stands where
+        // the nodes' shared clock does, and moves with it (`advance`).
+        set_db_clock(&env.db, &env.pg.kv_schema, env.clock.now())
+            .await
+            .expect("set the database clock");
         let mut c = env.conn().await;
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE SCHEMA IF NOT EXISTS \"{s}\";
@@ -81,8 +124,22 @@ impl FleetEnv {
 
     /// The shared clock's reading, in ms.
     pub fn clock_now(&self) -> i64 {
-        use store_core::Clock;
         self.clock.now().0
+    }
+
+    /// Time passes by `d`: the nodes' shared clock (so every node's, skewed
+    /// or not) and the database's clock move alike.
+    pub async fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+        self.advance_db_clock(d).await;
+    }
+
+    /// Moves only the database's clock (which judges pin expiry and the
+    /// window) by `d`, leaving every node's clock where it is.
+    pub async fn advance_db_clock(&self, d: Duration) {
+        advance_db_clock(&self.db, &self.pg.kv_schema, d)
+            .await
+            .expect("advance the database clock");
     }
 
     /// A plain connection to the test database.
@@ -158,9 +215,22 @@ impl FleetEnv {
 
     /// A new fleet node with the liveness table registered for `ns`.
     pub async fn node(&self, owner: &str, ns: &Namespace) -> Store {
+        self.node_with_clock(owner, ns, Arc::new(self.clock.clone()))
+            .await
+    }
+
+    /// [`FleetEnv::node`] whose GC clock is `clock` instead of the shared
+    /// one (a [`SkewedClock`]: a node whose clock is wrong).
+    pub async fn node_with_clock(
+        &self,
+        owner: &str,
+        ns: &Namespace,
+        clock: Arc<dyn Clock>,
+    ) -> Store {
         let kv: Arc<dyn KvEngine> = Arc::new(self.kv().await);
         let store = self
             .builder(owner, kv, self.large_engine().await)
+            .clock(clock)
             .build()
             .await
             .expect("build fleet node");

@@ -18,7 +18,7 @@ use store_pglo::PgLoEngine;
 use store_sqlite::{SqliteEngine, SqliteOptions};
 use store_types::{Digest, KvEngine};
 use tests_contract::data::content;
-use tests_contract::fleet::{FleetEnv, FleetLarge};
+use tests_contract::fleet::{FleetEnv, FleetLarge, SkewedClock};
 use tests_contract::{ObjectBackend, THRESHOLD};
 use tokio::sync::Notify;
 
@@ -373,7 +373,7 @@ async fn interleaved_puts_and_sweeps(large: FleetLarge) {
                 referenced[i] = !referenced[i];
                 env.set_ref(&keys[i], referenced[i]).await;
             }
-            3 => env.clock.advance(Duration::from_secs(rng % 20)),
+            3 => env.advance(Duration::from_secs(rng % 20)).await,
             _ => {
                 let sweeper = if rng & 2 == 0 { &b } else { &a };
                 assert_eq!(sweep(sweeper).await.aborted, None);
@@ -394,7 +394,7 @@ async fn interleaved_puts_and_sweeps(large: FleetLarge) {
             env.set_ref(k, false).await;
         }
     }
-    env.clock.advance(ttl + Duration::from_secs(1));
+    env.advance(ttl + Duration::from_secs(1)).await;
     sweep(&b).await;
     sweep(&a).await;
     for k in &keys {
@@ -411,17 +411,17 @@ async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
     let r = a.put(&ns(), &data[..], None, None).await.unwrap();
     let key = r.key().clone();
     drop(r);
-    env.clock.advance(Duration::from_secs(40));
+    env.advance(Duration::from_secs(40)).await;
     assert!(a.renew_pin(&key).await.unwrap(), "renewal before expiry");
     assert!(
         !b.renew_pin(&key).await.unwrap(),
         "node b owns no row for this key"
     );
-    env.clock.advance(Duration::from_secs(40)); // 80 s after the put, 40 after renewal
+    env.advance(Duration::from_secs(40)).await; // 80 s after the put, 40 after renewal
     sweep(&b).await;
     sweep(&b).await;
     assert!(a.has(&key).await.unwrap(), "renewed pin keeps the entry");
-    env.clock.advance(Duration::from_secs(30)); // the renewed row expired
+    env.advance(Duration::from_secs(30)).await; // the renewed row expired
     assert!(
         !a.renew_pin(&key).await.unwrap(),
         "an expired row is not revived"
@@ -434,6 +434,108 @@ async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
     assert!(!again.deduplicated);
     assert!(a.has(&key).await.unwrap());
     assert_eq!(env.pin_rows(&key).await, 1);
+}
+
+/// A node whose clock is `skew_ms` off the fleet's shared clock.
+async fn skewed_node(env: &FleetEnv, owner: &str, skew_ms: i64) -> Store {
+    let clock = SkewedClock::new(env.clock.clone(), skew_ms);
+    env.node_with_clock(owner, &ns(), Arc::new(clock)).await
+}
+
+const SIX_HOURS_MS: i64 = 6 * 3600 * 1000;
+
+/// Issue 11, item 5: a pin row lives `pin_ttl` by the database's clock,
+/// whatever the putter's and the sweeper's clocks say. A putter 6 h behind
+/// used to write rows born expired (with window 0 the entry went at once);
+/// one 6 h ahead, rows that outlived their TTL by 6 h.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pin_expiry_ignores_a_skewed_putter_clock() {
+    for skew_ms in [SIX_HOURS_MS, -SIX_HOURS_MS] {
+        let ttl = MIN;
+        let env = FleetEnv::new(FleetLarge::PgLo, Duration::ZERO, ttl).await;
+        let a = skewed_node(&env, "a", skew_ms).await;
+        let b = env.node("b", &ns()).await;
+        // One kv entry (put_pinned), one large object (joint publish).
+        let mut receipts = Vec::new();
+        for (seed, len) in [(110, 100), (111, THRESHOLD as usize * 2)] {
+            let data = content(seed + skew_ms.unsigned_abs() % 7, len);
+            receipts.push(a.put(&ns(), &data[..], None, None).await.unwrap());
+        }
+        let keys: Vec<Key> = receipts.iter().map(|r| r.key().clone()).collect();
+        let present = |n: &'static str| {
+            let (b, keys) = (&b, &keys);
+            async move {
+                for k in keys {
+                    assert!(b.has(k).await.unwrap(), "skew {skew_ms} ms, {n}: {k} lost");
+                }
+            }
+        };
+        for _ in 0..2 {
+            assert_eq!(sweep(&b).await.aborted, None);
+        }
+        present("pinned, two sweeps").await;
+        // Only the database's clock moves: the nodes' clocks do not matter.
+        env.advance_db_clock(ttl - Duration::from_secs(1)).await;
+        for _ in 0..2 {
+            sweep(&b).await;
+        }
+        present("a second before the TTL").await;
+        env.advance_db_clock(Duration::from_secs(2)).await;
+        drop(receipts);
+        let mut deleted = 0;
+        for _ in 0..2 {
+            deleted += sweep(&b).await.total.deleted;
+        }
+        assert_eq!(deleted, 2, "skew {skew_ms} ms: collected after the TTL");
+        for k in &keys {
+            assert!(!a.has(k).await.unwrap(), "skew {skew_ms} ms: {k} collected");
+        }
+    }
+}
+
+/// The window is judged by the database's clock too: a candidate is due
+/// exactly `window` after it was staged by that clock, whichever node
+/// (right or 6 h off either way) staged it and whichever executes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_ignores_skewed_node_clocks() {
+    for skew_ms in [SIX_HOURS_MS, -SIX_HOURS_MS] {
+        for skewed_stages in [true, false] {
+            window_case(skew_ms, skewed_stages).await;
+        }
+    }
+}
+
+async fn window_case(skew_ms: i64, skewed_stages: bool) {
+    let (window, ttl) = (MIN, Duration::from_secs(1));
+    let env = FleetEnv::new(FleetLarge::None, window, ttl).await;
+    let skewed = skewed_node(&env, "skewed", skew_ms).await;
+    let right = env.node("right", &ns()).await;
+    let (stager, executor) = if skewed_stages {
+        (&skewed, &right)
+    } else {
+        (&right, &skewed)
+    };
+    let at = format!("skew {skew_ms} ms, skewed node stages: {skewed_stages}");
+    let data = content(120, 100);
+    let key = stager
+        .put(&ns(), &data[..], None, None)
+        .await
+        .unwrap()
+        .key()
+        .clone();
+    env.advance(ttl + Duration::from_secs(1)).await; // the pin row expired
+    assert_eq!(sweep(stager).await.total.staged, 1, "{at}: staged");
+    for n in [executor, stager] {
+        assert_eq!(sweep(n).await.total.deleted, 0, "{at}: due at once");
+    }
+    env.advance(window - Duration::from_secs(1)).await;
+    for n in [executor, stager] {
+        assert_eq!(sweep(n).await.total.deleted, 0, "{at}: due early");
+    }
+    assert!(right.has(&key).await.unwrap(), "{at}");
+    env.advance(Duration::from_secs(1)).await;
+    assert_eq!(sweep(executor).await.total.deleted, 1, "{at}: due on time");
+    assert!(!right.has(&key).await.unwrap(), "{at}");
 }
 
 #[test]

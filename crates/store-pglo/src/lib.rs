@@ -13,6 +13,7 @@
 //! |---|---|---|
 //! | `<schema>.lo_entries` | `ns text, digest bytea(32), oid oid, size bigint, created_at bigint` (unix ms) | `(ns, digest)`, unique `oid` |
 //! | `<schema>.gc_window` | as in `store-postgres` (created by `ensure_gc_schema`) | `(ns, digest)` |
+//! | `<schema>.gc_clock`, `<schema>.gc_now()` | the GC clock, as in `store-postgres`: the window is judged by the database's clock (`gc_clock` is a test hook, empty in production) | |
 //! | large objects | database-wide, one per entry | OID |
 //!
 //! Versions live in `<schema>.schema_version` (component `pglo`).

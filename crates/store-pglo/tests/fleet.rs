@@ -15,13 +15,19 @@ use store_types::{
     Timestamp,
 };
 
+/// The GC host's clock in these tests (pin rows are written and judged by
+/// the database's clock).
 const NOW: Timestamp = Timestamp(1_000_000);
 
-/// A GC host (`postgres` engine with its gc tables) on `s`.
+/// A GC host (`postgres` engine with its gc tables) on `s`, its GC clock
+/// stopped at [`NOW`].
 async fn host(s: &TestSchema) -> (PostgresEngine, Arc<dyn PinClauses>) {
     let h = PostgresEngine::connect(&s.url, &s.name).await.unwrap();
     let seam = h.gc_seam().unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
+    store_postgres::testing::set_db_clock(h.pool(), &s.name, NOW)
+        .await
+        .unwrap();
     (h, seam.pins.unwrap())
 }
 

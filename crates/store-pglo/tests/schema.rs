@@ -16,7 +16,10 @@ async fn gc_seam_is_window_only() {
     assert!(seam.schema.gc_tables().await.unwrap().is_empty());
     seam.schema.ensure_gc_schema().await.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
-    assert_eq!(seam.schema.gc_tables().await.unwrap(), ["gc_window"]);
+    assert_eq!(
+        seam.schema.gc_tables().await.unwrap(),
+        ["gc_clock", "gc_window"]
+    );
     let w = seam.window.unwrap();
     let k = key_of("n", b"x");
     let c = StagedCandidate {
@@ -25,7 +28,17 @@ async fn gc_seam_is_window_only() {
         visible_after: Timestamp(5),
     };
     w.stage(std::slice::from_ref(&c)).await.unwrap();
-    assert_eq!(w.take_due(Timestamp(5), None, 10).await.unwrap(), [c]);
+    // Due by the database's clock (the `now` argument is not used).
+    let pool = e.pool();
+    store_postgres::testing::set_db_clock(pool, &s.name, Timestamp(4))
+        .await
+        .unwrap();
+    assert!(w.take_due(Timestamp(5), None, 10).await.unwrap().is_empty());
+    assert_eq!(w.now().await.unwrap(), Some(Timestamp(4)));
+    store_postgres::testing::set_db_clock(pool, &s.name, Timestamp(5))
+        .await
+        .unwrap();
+    assert_eq!(w.take_due(Timestamp(0), None, 10).await.unwrap(), [c]);
     w.unstage(&[k]).await.unwrap();
     assert_eq!(w.staged_count().await.unwrap(), 0);
 }
@@ -51,7 +64,13 @@ async fn sharing_a_schema_with_the_kv_engine() {
         .unwrap();
     assert_eq!(
         lo.gc_seam().unwrap().schema.gc_tables().await.unwrap(),
-        ["gc_pins", "gc_window"]
+        [
+            "gc_clock",
+            "gc_deleting",
+            "gc_liveness",
+            "gc_pins",
+            "gc_window"
+        ]
     );
     assert!(lo
         .descriptor()

@@ -16,12 +16,25 @@
 //! | `entries` | `ns text, digest bytea(32), size bigint, created_at bigint` (unix ms)`, content bytea` | `(ns, digest)` |
 //! | `gc_window` | `ns, digest, size bigint, visible_after bigint` | `(ns, digest)` |
 //! | `gc_pins` | `ns, digest, owner text, expires_at bigint` | `(ns, digest, owner)` |
+//! | `gc_clock` | `one boolean, offset_ms bigint, frozen_at_ms bigint` — a **test hook**, empty in production | `one` (one row at most) |
 //!
 //! `ns` columns use `COLLATE "C"`, so SQL ordering equals [`store_types::Key`]
 //! ordering. `entries.content` is `STORAGE EXTERNAL` (out of line,
 //! uncompressed): random content does not compress, and uncompressed TOAST
 //! lets a range read fetch only the chunks it needs. The GC tables are
 //! created by `GcSchema::ensure_gc_schema`, not at connect.
+//!
+//! # Time
+//!
+//! Every GC expiry and visibility judgement here uses the database's clock,
+//! the function `<schema>.gc_now()` (unix ms; `now()`, the transaction
+//! start), never a node's: pin rows are written `gc_now() + ttl` and live
+//! while `expires_at > gc_now()`; window rows are due when
+//! `visible_after <= gc_now()`; `WindowClauses::now` answers `gc_now()`, so
+//! the collector stages by it too. The `now` parameters of the clause traits
+//! are not used. `gc_clock` moves that clock in tests (the `testing`
+//! feature's `set_db_clock` / `advance_db_clock`); see
+//! [`plumbing::GC_WINDOW_STEPS`].
 //!
 //! # Migrations
 //!

@@ -20,17 +20,75 @@ pub const SCHEMA_VERSION_TABLE: &str = "schema_version";
 /// Migration component of the shared `gc_window` table.
 pub const GC_WINDOW_COMPONENT: &str = "gc_window";
 
-/// Migration steps of the shared `gc_window` table (`{schema}` is replaced
-/// by the quoted schema name). Both engines use exactly these steps, so a
-/// schema shared by a `postgres` and a `pg-lo` engine holds one table.
-pub const GC_WINDOW_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_window (
+/// Migration steps of the shared `gc_window` component (`{schema}` is
+/// replaced by the quoted schema name). Both engines use exactly these
+/// steps, so a schema shared by a `postgres` and a `pg-lo` engine holds one
+/// table. Every GC host (postgres or pg-lo) runs this component, so every
+/// GC host has the GC clock `{schema}.gc_now()` (below).
+///
+/// 1. the `gc_window` table;
+/// 2. the GC clock: the function `{schema}.gc_now()` and its one-row test
+///    hook table `{schema}.gc_clock`.
+///
+/// # The GC clock
+///
+/// `{schema}.gc_now()` is unix milliseconds (the unit of [`Timestamp`]) by
+/// **the database's** clock. On the SQL hosts every GC expiry and
+/// visibility judgement uses it, never a node's clock: pin rows are written
+/// (`expires_at = gc_now() + ttl`) and judged (`expires_at > gc_now()`) by
+/// it, window rows are due when `visible_after <= gc_now()`, and the
+/// collector stages by it (`WindowClauses::now`). Nodes of a fleet may
+/// disagree about the time by any amount; the database cannot disagree
+/// with itself.
+///
+/// It reads `now()`, the **transaction start** time (the function is
+/// `STABLE`): inside a sweep's locked batch that is when the batch began, a
+/// little before it arbitrates, which errs on the safe side (pins look
+/// unexpired slightly longer, window rows become due slightly later).
+///
+/// `{schema}.gc_clock (one, offset_ms, frozen_at_ms)` is a one-row **test
+/// hook** and must stay empty in production. With a row, `gc_now()` is
+/// `coalesce(frozen_at_ms, now_ms)` plus `offset_ms`: it moves (or stops)
+/// *the database's* clock, which every node sees alike — unlike a node's
+/// clock skew, it models the passing of the one time (the `testing`
+/// feature's `set_db_clock` and `advance_db_clock`).
+pub const GC_WINDOW_STEPS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {schema}.gc_window (
         ns text COLLATE \"C\" NOT NULL,
         digest bytea NOT NULL CHECK (octet_length(digest) = 32),
         size bigint NOT NULL,
         visible_after bigint NOT NULL,
         PRIMARY KEY (ns, digest)
     );
-    CREATE INDEX IF NOT EXISTS gc_window_due ON {schema}.gc_window (visible_after)"];
+    CREATE INDEX IF NOT EXISTS gc_window_due ON {schema}.gc_window (visible_after)",
+    // `gc_clock` is a TEST HOOK and must stay empty in production: a row
+    // moves (or stops) the clock every node's GC decisions are judged by.
+    "CREATE TABLE IF NOT EXISTS {schema}.gc_clock (
+        one boolean PRIMARY KEY DEFAULT true CHECK (one),
+        offset_ms bigint NOT NULL DEFAULT 0,
+        frozen_at_ms bigint
+    );
+    COMMENT ON TABLE {schema}.gc_clock IS
+        'Blobpool test hook: moves the database clock of gc_now(). Must stay empty in production.';
+    CREATE OR REPLACE FUNCTION {schema}.gc_now() RETURNS bigint
+        LANGUAGE sql STABLE PARALLEL SAFE
+    AS $gc_now$
+        SELECT coalesce(
+                   (SELECT c.frozen_at_ms FROM {schema}.gc_clock c),
+                   pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.now()) * 1000)::bigint
+               )
+               + coalesce((SELECT c.offset_ms FROM {schema}.gc_clock c), 0)
+    $gc_now$;
+    COMMENT ON FUNCTION {schema}.gc_now() IS
+        'Blobpool GC clock: unix milliseconds by the database clock (plus the gc_clock test hook).'",
+];
+
+/// A duration in milliseconds for binding next to the GC clock
+/// (`{schema}.gc_now() + $n`), clamped so the sum cannot overflow `bigint`.
+pub fn duration_ms(d: std::time::Duration) -> i64 {
+    const MAX: i64 = i64::MAX / 4;
+    i64::try_from(d.as_millis()).map_or(MAX, |ms| ms.min(MAX))
+}
 
 /// Opens a connection pool (at most [`DEFAULT_MAX_CONNECTIONS`]).
 ///
@@ -130,7 +188,10 @@ pub async fn lock_key_shared(conn: &mut PgConnection, host_schema: &str, key: &K
 }
 
 /// Upserts the pin row of `pin` for `key` into `<host_schema>.gc_pins` on
-/// `conn`; an existing row of the same owner keeps the later expiry.
+/// `conn`, expiring `pin.ttl` after `<host_schema>.gc_now()` — the
+/// database's clock (see [`GC_WINDOW_STEPS`]); `pin.now`, the putter's
+/// clock, is not used. An existing row of the same owner keeps the later
+/// expiry.
 pub async fn upsert_pin(
     conn: &mut PgConnection,
     host_schema: &str,
@@ -141,14 +202,14 @@ pub async fn upsert_pin(
     sqlx::query(sql(
         host_schema,
         "INSERT INTO {schema}.gc_pins AS p (ns, digest, owner, expires_at)
-         VALUES ($1, $2, $3, $4)
+         VALUES ($1, $2, $3, {schema}.gc_now() + $4)
          ON CONFLICT (ns, digest, owner)
          DO UPDATE SET expires_at = GREATEST(p.expires_at, EXCLUDED.expires_at)",
     ))
     .bind(key.namespace.as_str())
     .bind(&key.digest.as_bytes()[..])
     .bind(&pin.owner)
-    .bind(pin.expires_at().0)
+    .bind(duration_ms(pin.ttl))
     .execute(conn)
     .await
     .map_err(db_err)?;

@@ -1,13 +1,18 @@
 //! Test support shared by every crate whose tests need PostgreSQL (feature
 //! `testing`): a uniquely named schema per test, removed when the guard
 //! drops — also when the test panics — with its large objects unlinked
-//! first (they are database-wide and would otherwise leak).
+//! first (they are database-wide and would otherwise leak); and control of
+//! a schema's GC clock ([`set_db_clock`], [`advance_db_clock`]) through the
+//! `gc_clock` test hook.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use sqlx::Connection;
-use store_types::{Digest, Key, Namespace};
+use store_types::{Digest, Key, Namespace, Timestamp};
+
+use crate::plumbing::{db_err, duration_ms, migrate, sql, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS};
 
 /// The server tests use when `DATABASE_URL` is unset.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -103,6 +108,64 @@ impl Drop for TestSchema {
             eprintln!("could not drop test schema {}: {e}", self.name);
         }
     }
+}
+
+/// Stops the GC clock of `schema` (`<schema>.gc_now()`, the clock every
+/// pin and window judgement on the SQL hosts uses) at `at`, until the next
+/// [`set_db_clock`]; [`advance_db_clock`] moves it from there. Migrates the
+/// schema's `gc_window` component first (creating the schema if needed), so
+/// it may run before any engine has.
+///
+/// Through the `gc_clock` test hook, which production leaves empty. A
+/// frozen clock makes window and expiry boundaries exact in tests: a test
+/// that moves an injected `ManualClock` and the database clock by the same
+/// steps sees both agree to the millisecond.
+pub async fn set_db_clock(
+    pool: &sqlx::PgPool,
+    schema: &str,
+    at: Timestamp,
+) -> store_types::Result<()> {
+    migrate(pool, schema, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS).await?;
+    sqlx::query(sql(
+        schema,
+        "INSERT INTO {schema}.gc_clock (one, offset_ms, frozen_at_ms) VALUES (true, 0, $1)
+         ON CONFLICT (one) DO UPDATE SET offset_ms = 0, frozen_at_ms = EXCLUDED.frozen_at_ms",
+    ))
+    .bind(at.0)
+    .execute(pool)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
+/// Moves the GC clock of `schema` forward by `d` — the database's clock,
+/// which every node of a fleet sees alike (unlike a node's clock skew) —
+/// whether it runs (an offset to the server's `now()`) or is stopped
+/// ([`set_db_clock`]). The schema's GC tables must exist.
+pub async fn advance_db_clock(
+    pool: &sqlx::PgPool,
+    schema: &str,
+    d: Duration,
+) -> store_types::Result<()> {
+    sqlx::query(sql(
+        schema,
+        "INSERT INTO {schema}.gc_clock AS c (one, offset_ms) VALUES (true, $1)
+         ON CONFLICT (one) DO UPDATE SET offset_ms = c.offset_ms + EXCLUDED.offset_ms",
+    ))
+    .bind(duration_ms(d))
+    .execute(pool)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
+/// The GC clock of `schema` now (`SELECT <schema>.gc_now()`).
+pub async fn db_now(pool: &sqlx::PgPool, schema: &str) -> store_types::Result<Timestamp> {
+    let now: i64 = sqlx::query_scalar(sql(schema, "SELECT {schema}.gc_now()"))
+        .fetch_one(pool)
+        .await
+        .map_err(db_err)?;
+    Ok(Timestamp(now))
 }
 
 /// A valid namespace (panics on a bad name: test input).

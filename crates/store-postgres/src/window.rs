@@ -13,6 +13,12 @@ use crate::plumbing::{
 /// [`WindowClauses`] over `<schema>.gc_window`:
 /// `(ns text, digest bytea, size bigint, visible_after bigint,
 /// primary key (ns, digest))`. Every clause is one statement.
+///
+/// Time is the database's: [`WindowClauses::now`] answers
+/// `<schema>.gc_now()` and `take_due` compares `visible_after <= gc_now()`,
+/// ignoring its `now` parameter (a node's clock), so every node of a fleet
+/// judges the window by the same clock (see
+/// [`GC_WINDOW_STEPS`](crate::plumbing::GC_WINDOW_STEPS)).
 #[derive(Clone, Debug)]
 pub struct PgWindow {
     pool: PgPool,
@@ -81,7 +87,7 @@ impl WindowClauses for PgWindow {
 
     async fn take_due(
         &self,
-        now: Timestamp,
+        _now: Timestamp,
         after: Option<&Key>,
         limit: usize,
     ) -> Result<Vec<StagedCandidate>> {
@@ -91,9 +97,8 @@ impl WindowClauses for PgWindow {
                 sqlx::query(sql(
                     &self.schema,
                     "SELECT ns, digest, size, visible_after FROM {schema}.gc_window
-                     WHERE visible_after <= $1 ORDER BY ns, digest LIMIT $2",
+                     WHERE visible_after <= {schema}.gc_now() ORDER BY ns, digest LIMIT $1",
                 ))
-                .bind(now.0)
                 .bind(limit)
                 .fetch_all(&self.pool)
                 .await
@@ -102,10 +107,9 @@ impl WindowClauses for PgWindow {
                 sqlx::query(sql(
                     &self.schema,
                     "SELECT ns, digest, size, visible_after FROM {schema}.gc_window
-                     WHERE visible_after <= $1 AND (ns, digest) > ($2, $3)
-                     ORDER BY ns, digest LIMIT $4",
+                     WHERE visible_after <= {schema}.gc_now() AND (ns, digest) > ($1, $2)
+                     ORDER BY ns, digest LIMIT $3",
                 ))
-                .bind(now.0)
                 .bind(k.namespace.as_str())
                 .bind(&k.digest.as_bytes()[..])
                 .bind(limit)
@@ -143,6 +147,14 @@ impl WindowClauses for PgWindow {
         .await
         .map_err(db_err)?;
         Ok(())
+    }
+
+    async fn now(&self) -> Result<Option<Timestamp>> {
+        let now: i64 = sqlx::query_scalar(sql(&self.schema, "SELECT {schema}.gc_now()"))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(Some(Timestamp(now)))
     }
 
     async fn staged_count(&self) -> Result<u64> {

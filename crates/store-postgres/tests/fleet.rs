@@ -11,19 +11,30 @@ use bytes::Bytes;
 use common::{blob, key_of, ns, read_all, OpenEngine, TestSchema};
 use sqlx::AssertSqlSafe;
 use store_postgres::plumbing::key_lock;
+use store_postgres::testing::set_db_clock;
 use store_postgres::PostgresEngine;
 use store_types::{
     Digest, Engine, Error, Instance, Key, KvEngine, LivenessTable, PinClauses, PinIntent,
     ProtectReason, PublishOutcome, Timestamp,
 };
 
+/// The database's GC clock in these tests (pin rows are written and
+/// judged by it, never by the `now` of a `PinIntent`).
 const NOW: Timestamp = Timestamp(1_000_000);
 
+/// An engine on `s` with its GC tables, the schema's GC clock stopped at
+/// [`NOW`].
 async fn fleet(s: &TestSchema) -> (PostgresEngine, Arc<dyn PinClauses>) {
     let e = s.engine().await;
     let seam = e.gc_seam().unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
+    set_clock(&e, NOW).await;
     (e, seam.pins.unwrap())
+}
+
+/// Stops the schema's GC clock at `t`.
+async fn set_clock(e: &PostgresEngine, t: Timestamp) {
+    set_db_clock(e.pool(), e.schema(), t).await.unwrap();
 }
 
 fn intent(p: &dyn PinClauses, owner: &str, now: Timestamp, ttl_ms: u64) -> PinIntent {
@@ -373,12 +384,11 @@ async fn arbitrate_combines_pins_and_bound_tables() {
     p.pin_first(&key("n1", dp), &intent(&*p, "a", NOW, 1000))
         .await
         .unwrap();
-    p.pin_first(
-        &key("n1", de),
-        &intent(&*p, "a", Timestamp(NOW.0 - 1000), 1000),
-    )
-    .await
-    .unwrap(); // expires exactly at NOW: expired
+    set_clock(&e, Timestamp(NOW.0 - 1000)).await;
+    p.pin_first(&key("n1", de), &intent(&*p, "a", NOW, 1000))
+        .await
+        .unwrap(); // expires exactly at NOW: expired
+    set_clock(&e, NOW).await;
     p.pin_first(&key("n2", dd), &intent(&*p, "a", NOW, 1000))
         .await
         .unwrap();
@@ -404,11 +414,12 @@ async fn arbitrate_combines_pins_and_bound_tables() {
     let pins_only: Vec<_> = want.iter().map(|w| w.filter(|r| *r == Pinned)).collect();
     assert_eq!(p.arbitrate(&keys, &[], NOW).await.unwrap(), pins_only);
     // Later, the pins have expired.
-    let later = Timestamp(NOW.0 + 1000);
+    set_clock(&e, Timestamp(NOW.0 + 1000)).await;
     assert_eq!(
-        p.arbitrate(&keys[..1], &tables, later).await.unwrap(),
+        p.arbitrate(&keys[..1], &tables, NOW).await.unwrap(),
         [Some(Live)]
     );
+    set_clock(&e, NOW).await;
     assert!(p.arbitrate(&[], &tables, NOW).await.unwrap().is_empty());
     // The batch answers with the same statement.
     let mut batch = p.begin_batch(&keys).await.unwrap();

@@ -5,6 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::{key_of, ns, OpenEngine, TestSchema};
+use store_postgres::testing::{advance_db_clock, db_now, set_db_clock};
+use store_postgres::PostgresEngine;
 use store_types::{Digest, Engine, Key, StagedCandidate, Timestamp};
 
 fn cand(key: &Key, size: u64, at: i64) -> StagedCandidate {
@@ -25,8 +27,20 @@ async fn ensure_gc_schema_creates_pins_and_window() {
     seam.schema.ensure_gc_schema().await.unwrap();
     assert_eq!(
         seam.schema.gc_tables().await.unwrap(),
-        ["gc_pins", "gc_window"]
+        [
+            "gc_clock",
+            "gc_deleting",
+            "gc_liveness",
+            "gc_pins",
+            "gc_window"
+        ]
     );
+}
+
+/// Stops the schema's GC clock (the database's, which every pin and window
+/// judgement uses) at `t` ms.
+async fn clock(e: &PostgresEngine, s: &TestSchema, t: i64) {
+    set_db_clock(e.pool(), &s.name, Timestamp(t)).await.unwrap();
 }
 
 #[tokio::test]
@@ -49,10 +63,19 @@ async fn window_clauses() {
         [true, false, true, false]
     );
 
-    let due = w.take_due(Timestamp(200), None, 10).await.unwrap();
+    // Due by the database's clock; the `now` argument (a node's clock)
+    // is not used.
+    clock(&e, &s, 200).await;
+    assert_eq!(w.now().await.unwrap(), Some(Timestamp(200)));
+    let due = w.take_due(Timestamp(0), None, 10).await.unwrap();
     let mut expect = vec![cand(&a, 1, 100), cand(&b, 2, 200)];
     expect.sort_by(|x, y| x.key.cmp(&y.key));
     assert_eq!(due, expect);
+    assert_eq!(
+        w.take_due(Timestamp(i64::MAX), None, 10).await.unwrap(),
+        due
+    );
+    clock(&e, &s, 1000).await;
     let all = w.take_due(Timestamp(1000), None, 10).await.unwrap();
     assert_eq!(all.len(), 3);
     assert!(
@@ -93,73 +116,180 @@ async fn pin_clauses() {
     let p = seam.pins.unwrap();
     let ttl = Duration::from_millis(1000);
     let (a, b, c) = (key_of("n", b"a"), key_of("n", b"b"), key_of("n", b"c"));
-    let t0 = Timestamp(10_000);
+    // Rows are written and judged by the database's clock; the `now`
+    // arguments (a node's clock) are deliberately wrong and unused.
+    let node = Timestamp(0);
 
-    p.pin_commit(&a, "node1", t0, ttl).await.unwrap(); // expires 11_000
-    p.pin_commit(&b, "node1", t0, ttl).await.unwrap();
+    clock(&e, &s, 10_000).await;
+    p.pin_commit(&a, "node1", node, ttl).await.unwrap(); // expires 11_000
+    p.pin_commit(&b, "node1", node, ttl).await.unwrap();
     assert_eq!(
-        p.pin_check(&[a.clone(), c.clone(), b.clone()], t0)
+        p.pin_check(&[a.clone(), c.clone(), b.clone()], node)
             .await
             .unwrap(),
         [true, false, true]
     );
-    assert!(p.pin_check(&[], t0).await.unwrap().is_empty());
+    assert!(p.pin_check(&[], node).await.unwrap().is_empty());
 
     // Renewal before expiry extends: live at 11_500 only thanks to it.
-    assert!(p
-        .pin_renew(&a, "node1", Timestamp(10_900), ttl)
-        .await
-        .unwrap()); // 11_900
+    clock(&e, &s, 10_900).await;
+    assert!(p.pin_renew(&a, "node1", node, ttl).await.unwrap()); // 11_900
+    clock(&e, &s, 11_500).await;
     assert_eq!(
-        p.pin_check(&[a.clone(), b.clone()], Timestamp(11_500))
-            .await
-            .unwrap(),
+        p.pin_check(&[a.clone(), b.clone()], node).await.unwrap(),
         [true, false]
     );
     // Another owner's renewal finds no row.
-    assert!(!p
-        .pin_renew(&a, "node2", Timestamp(10_900), ttl)
-        .await
-        .unwrap());
+    clock(&e, &s, 10_900).await;
+    assert!(!p.pin_renew(&a, "node2", node, ttl).await.unwrap());
     // An expired row is not revived.
-    assert!(!p
-        .pin_renew(&b, "node1", Timestamp(11_000), ttl)
-        .await
-        .unwrap());
+    clock(&e, &s, 11_000).await;
+    assert!(!p.pin_renew(&b, "node1", node, ttl).await.unwrap());
+    clock(&e, &s, 11_001).await;
     assert_eq!(
-        p.pin_check(std::slice::from_ref(&b), Timestamp(11_001))
-            .await
-            .unwrap(),
+        p.pin_check(std::slice::from_ref(&b), node).await.unwrap(),
         [false]
     );
 
     // A second owner keeps a key pinned while the first's row expires.
-    p.pin_commit(&a, "node2", Timestamp(11_000), Duration::from_millis(5000))
+    clock(&e, &s, 11_000).await;
+    p.pin_commit(&a, "node2", node, Duration::from_millis(5000))
         .await
         .unwrap();
+    clock(&e, &s, 13_000).await;
     assert_eq!(
-        p.pin_check(std::slice::from_ref(&a), Timestamp(13_000))
-            .await
-            .unwrap(),
+        p.pin_check(std::slice::from_ref(&a), node).await.unwrap(),
         [true]
     );
 
     // Reap: b (11_000) and a/node1 (11_900) are expired at 12_000.
-    assert_eq!(p.reap_expired(Timestamp(12_000)).await.unwrap(), 2);
-    assert_eq!(p.reap_expired(Timestamp(12_000)).await.unwrap(), 0);
-    assert!(!p
-        .pin_renew(&a, "node1", Timestamp(11_000), ttl)
-        .await
-        .unwrap());
+    clock(&e, &s, 12_000).await;
+    assert_eq!(p.reap_expired(node).await.unwrap(), 2);
+    assert_eq!(p.reap_expired(Timestamp(i64::MAX)).await.unwrap(), 0);
+    clock(&e, &s, 11_000).await;
+    assert!(!p.pin_renew(&a, "node1", node, ttl).await.unwrap());
     // pin_commit may re-create a reaped row.
-    p.pin_commit(&b, "node1", Timestamp(20_000), ttl)
+    clock(&e, &s, 20_000).await;
+    p.pin_commit(&b, "node1", node, ttl).await.unwrap();
+    clock(&e, &s, 20_500).await;
+    assert_eq!(
+        p.pin_check(std::slice::from_ref(&b), node).await.unwrap(),
+        [true]
+    );
+}
+
+/// The GC clock: without the test hook it is the server's clock; the hook
+/// moves or stops it, and every clause follows it.
+#[tokio::test]
+async fn gc_clock_is_the_database_clock() {
+    let s = TestSchema::new();
+    let e = s.engine().await;
+    let seam = e.gc_seam().unwrap();
+    seam.schema.ensure_gc_schema().await.unwrap();
+    let (w, p) = (seam.window.unwrap(), seam.pins.unwrap());
+    let hook_rows = || async {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{}\".gc_clock",
+            s.name
+        )))
+        .fetch_one(e.pool())
+        .await
+        .unwrap()
+    };
+    assert_eq!(hook_rows().await, 0, "the test hook is empty unless set");
+    let server: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch from clock_timestamp()) * 1000)::int8")
+            .fetch_one(e.pool())
+            .await
+            .unwrap();
+    let ours = db_now(e.pool(), &s.name).await.unwrap().0;
+    assert!((ours - server).abs() < 5_000, "{ours} vs {server}");
+    assert!((w.now().await.unwrap().unwrap().0 - server).abs() < 5_000);
+
+    // A running clock moved forward: an hour-long pin expires an hour on.
+    let k = key_of("n", b"k");
+    p.pin_commit(&k, "o", Timestamp(0), Duration::from_secs(3600))
         .await
         .unwrap();
     assert_eq!(
-        p.pin_check(std::slice::from_ref(&b), Timestamp(20_500))
+        p.pin_check(std::slice::from_ref(&k), Timestamp(i64::MAX))
             .await
             .unwrap(),
         [true]
+    );
+    advance_db_clock(e.pool(), &s.name, Duration::from_secs(3599))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.pin_check(std::slice::from_ref(&k), Timestamp(i64::MAX))
+            .await
+            .unwrap(),
+        [true]
+    );
+    advance_db_clock(e.pool(), &s.name, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.pin_check(std::slice::from_ref(&k), Timestamp(0))
+            .await
+            .unwrap(),
+        [false]
+    );
+    let moved = db_now(e.pool(), &s.name).await.unwrap().0;
+    assert!((moved - server - 3_601_000).abs() < 5_000, "{moved}");
+
+    // A stopped clock stays put, and advances exactly.
+    clock(&e, &s, 50_000).await;
+    assert_eq!(db_now(e.pool(), &s.name).await.unwrap(), Timestamp(50_000));
+    advance_db_clock(e.pool(), &s.name, Duration::from_millis(250))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(db_now(e.pool(), &s.name).await.unwrap(), Timestamp(50_250));
+    assert_eq!(w.now().await.unwrap(), Some(Timestamp(50_250)));
+    assert_eq!(hook_rows().await, 1, "one row at most");
+}
+
+/// A schema whose `gc_window` component predates the GC clock migrates in
+/// place: staged rows are kept and judged by the new clock.
+#[tokio::test]
+async fn gc_window_v1_migrates_to_the_gc_clock() {
+    use store_postgres::plumbing::{migrate, schema_version, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS};
+    let s = TestSchema::new();
+    let e = s.engine().await;
+    migrate(
+        e.pool(),
+        &s.name,
+        GC_WINDOW_COMPONENT,
+        &GC_WINDOW_STEPS[..1],
+    )
+    .await
+    .unwrap();
+    let k = key_of("n", b"old");
+    let w = e.gc_seam().unwrap().window.unwrap();
+    w.stage(&[cand(&k, 1, 5_000)]).await.unwrap();
+    e.gc_seam()
+        .unwrap()
+        .schema
+        .ensure_gc_schema()
+        .await
+        .unwrap();
+    assert_eq!(
+        schema_version(e.pool(), &s.name, GC_WINDOW_COMPONENT)
+            .await
+            .unwrap(),
+        GC_WINDOW_STEPS.len() as u32
+    );
+    clock(&e, &s, 4_999).await;
+    assert!(w
+        .take_due(Timestamp(i64::MAX), None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    clock(&e, &s, 5_000).await;
+    assert_eq!(
+        w.take_due(Timestamp(0), None, 10).await.unwrap(),
+        [cand(&k, 1, 5_000)]
     );
 }
 

@@ -143,7 +143,7 @@ async fn run(spec: Spec, ops: Vec<Op>) {
             }
             Op::Advance(s) => {
                 now += s;
-                h.clock.advance(Duration::from_secs(s));
+                h.advance(Duration::from_secs(s)).await;
             }
             Op::Sweep => {
                 let rep = h.store.sweep(SweepOptions::default()).await.unwrap();

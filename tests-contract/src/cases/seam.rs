@@ -26,7 +26,13 @@ fn row(kind: &str) -> Option<Row> {
             window: true,
             pins: true,
             lock: true,
-            tables: &["gc_pins", "gc_window"],
+            tables: &[
+                "gc_clock",
+                "gc_deleting",
+                "gc_liveness",
+                "gc_pins",
+                "gc_window",
+            ],
         }),
         "sqlite" => Some(Row {
             window: true,
@@ -38,7 +44,7 @@ fn row(kind: &str) -> Option<Row> {
             window: true,
             pins: false,
             lock: false,
-            tables: &["gc_window"],
+            tables: &["gc_clock", "gc_window"],
         }),
         "mem" | "local" | "object" => None,
         other => panic!("engine kind {other} has no row in the applicability table"),
@@ -102,7 +108,7 @@ pub async fn seam_applicability(spec: Spec) {
             window_clauses(w.as_ref()).await;
         }
         if let Some(p) = &seam.pins {
-            pin_clauses(p.as_ref()).await;
+            pin_clauses(&h, p.as_ref()).await;
         }
         if let Some(l) = &seam.sweep_lock {
             let held = l.try_lock().await.unwrap().expect("free lock");
@@ -130,20 +136,24 @@ async fn window_clauses(w: &dyn WindowClauses) {
         .map(|i| Key::new(ns.clone(), Digest::of(&[i])))
         .collect();
     let base = w.staged_count().await.unwrap();
-    let t = Timestamp(10_000);
+    // A host with a clock of its own (PostgreSQL) judges `take_due` by it,
+    // which may run on while the case does: rows an hour apart are due or
+    // not alike by either clock.
+    let hour = 3_600_000;
+    let t = w.now().await.unwrap().unwrap_or(Timestamp(10_000_000));
     let cands: Vec<StagedCandidate> = keys
         .iter()
         .enumerate()
         .map(|(i, k)| StagedCandidate {
             key: k.clone(),
             size: i as u64,
-            visible_after: Timestamp(t.0 + i as i64),
+            visible_after: Timestamp(t.0 + (i as i64 - 1) * hour),
         })
         .collect();
     w.stage(&cands[..3]).await.unwrap();
     // Re-staging keeps the earliest row.
     let mut later = cands[0].clone();
-    later.visible_after = Timestamp(99_999);
+    later.visible_after = Timestamp(t.0 + 10 * hour);
     w.stage(&[later]).await.unwrap();
     assert_eq!(w.staged_count().await.unwrap(), base + 3);
     let digests: Vec<Digest> = keys.iter().map(|k| k.digest).collect();
@@ -166,41 +176,48 @@ async fn window_clauses(w: &dyn WindowClauses) {
     assert_eq!(w.staged_count().await.unwrap(), base);
 }
 
-async fn pin_clauses(p: &dyn store_types::PinClauses) {
+/// Pin rows expire by the host's clock (PostgreSQL's, which the harness
+/// moves with its injected clock), whatever `now` a node passes.
+async fn pin_clauses(h: &Harness, p: &dyn store_types::PinClauses) {
+    use store_core::Clock;
     let key = Key::new(Namespace::new("seam-pins").unwrap(), Digest::of(b"pinned"));
     let other = Key::new(Namespace::new("seam-pins").unwrap(), Digest::of(b"free"));
-    let t0 = Timestamp(1_000_000);
+    let now = || h.clock.now();
     let ttl = Duration::from_secs(10);
-    p.pin_commit(&key, "node-a", t0, ttl).await.unwrap();
+    p.pin_commit(&key, "node-a", now(), ttl).await.unwrap();
     assert_eq!(
-        p.pin_check(&[key.clone(), other.clone()], t0)
+        p.pin_check(&[key.clone(), other.clone()], now())
             .await
             .unwrap(),
         vec![true, false]
     );
     // Renewal before expiry extends the row.
-    assert!(p
-        .pin_renew(&key, "node-a", t0.plus(Duration::from_secs(9)), ttl)
-        .await
-        .unwrap());
-    let t15 = t0.plus(Duration::from_secs(15));
+    h.advance(Duration::from_secs(9)).await;
+    assert!(p.pin_renew(&key, "node-a", now(), ttl).await.unwrap());
+    h.advance(Duration::from_secs(6)).await;
     assert_eq!(
-        p.pin_check(std::slice::from_ref(&key), t15).await.unwrap(),
+        p.pin_check(std::slice::from_ref(&key), now())
+            .await
+            .unwrap(),
         vec![true]
     );
     // A foreign owner has no row to renew.
-    assert!(!p.pin_renew(&key, "node-b", t15, ttl).await.unwrap());
+    assert!(!p.pin_renew(&key, "node-b", now(), ttl).await.unwrap());
     // After expiry: not protected, not revived, reaped.
-    let t30 = t0.plus(Duration::from_secs(30));
+    h.advance(Duration::from_secs(15)).await;
     assert_eq!(
-        p.pin_check(std::slice::from_ref(&key), t30).await.unwrap(),
+        p.pin_check(std::slice::from_ref(&key), now())
+            .await
+            .unwrap(),
         vec![false]
     );
-    assert!(!p.pin_renew(&key, "node-a", t30, ttl).await.unwrap());
+    assert!(!p.pin_renew(&key, "node-a", now(), ttl).await.unwrap());
     assert_eq!(
-        p.pin_check(std::slice::from_ref(&key), t30).await.unwrap(),
+        p.pin_check(std::slice::from_ref(&key), now())
+            .await
+            .unwrap(),
         vec![false]
     );
-    assert_eq!(p.reap_expired(t30).await.unwrap(), 1);
-    assert_eq!(p.reap_expired(t30).await.unwrap(), 0);
+    assert_eq!(p.reap_expired(now()).await.unwrap(), 1);
+    assert_eq!(p.reap_expired(now()).await.unwrap(), 0);
 }
