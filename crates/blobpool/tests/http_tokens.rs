@@ -329,6 +329,7 @@ async fn sweep_report_json() {
         "unswept_namespaces",
         "reaped_pins",
         "reaped_stages",
+        "resumed_deletes",
         "duration",
     ]);
     // Pinned by the token: protected, nothing staged.

@@ -37,7 +37,7 @@ pub use store::{Liveness, Store};
 
 pub use store_gc::{
     Clock, GcAbortCause, LivenessSource, ManualClock, NamespaceCounts, Pin, ProtectCallback,
-    ProtectedCounts, SourceId, SweepOptions, SweepReport, SystemClock,
+    ProtectedCounts, SourceId, SweepOptions, SweepReport, SystemClock, FENCE_GRACE,
 };
 pub use store_types::{
     Digest, Error, Key, LivenessTable, Namespace, Result, Stat, Tier, Timestamp,
