@@ -88,7 +88,9 @@ async fn hooked_delete(
     digests: &[Digest],
 ) -> Result<Vec<Option<u64>>> {
     if hook.fail.swap(false, Ordering::SeqCst) {
-        return Err(Error::Io("injected: the sweeper died before deleting".into()));
+        return Err(Error::Io(
+            "injected: the sweeper died before deleting".into(),
+        ));
     }
     let armed = hook.armed.swap(false, Ordering::SeqCst);
     let ns = ns.clone();

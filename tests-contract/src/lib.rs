@@ -17,8 +17,8 @@
 pub mod cases;
 pub mod data;
 pub mod fleet;
-pub mod hook;
 mod harness;
+pub mod hook;
 pub mod pg;
 pub mod support;
 

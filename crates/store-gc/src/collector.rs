@@ -488,7 +488,10 @@ impl Collector {
         let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
         let this = Arc::clone(self);
         let opts = opts.clone();
-        join(tokio::spawn(async move { this.sweep_owned(&opts, &stop).await })).await
+        join(tokio::spawn(
+            async move { this.sweep_owned(&opts, &stop).await },
+        ))
+        .await
     }
 
     async fn sweep_owned(&self, opts: &SweepOptions, stop: &AtomicBool) -> Result<SweepReport> {
@@ -641,12 +644,7 @@ impl Collector {
 
     /// Records the outcome of one namespace's doomed and rescued keys:
     /// a rescued key whose entry is gone counts as vanished.
-    fn tally(
-        report: &mut SweepReport,
-        ns: &Namespace,
-        rescued: &[bool],
-        freed: &[Option<u64>],
-    ) {
+    fn tally(report: &mut SweepReport, ns: &Namespace, rescued: &[bool], freed: &[Option<u64>]) {
         let counts = report.ns(ns);
         for present in rescued {
             if *present {

@@ -701,7 +701,10 @@ pub async fn vanished_protected_due_key_counts_vanished(spec: Spec) {
     let (_data, key, live) = staged_big_blob(&h, 1104).await;
     // The entry goes behind the store's back (an operator, a crash between
     // an engine delete and the unstage).
-    for engine in [Some(h.kv_engine()), h.large_engine()].into_iter().flatten() {
+    for engine in [Some(h.kv_engine()), h.large_engine()]
+        .into_iter()
+        .flatten()
+    {
         engine
             .delete_many(&key.namespace, &[key.digest])
             .await
