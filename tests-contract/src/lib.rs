@@ -161,6 +161,7 @@ macro_rules! contract_suite {
             gc::cancelled_delete_keeps_protection,
             gc::due_key_busy_under_direct_delete_counted_once,
             gc::vanished_protected_due_key_counts_vanished,
+            gc::failure_after_committed_batches_reports_counts,
             seam::one_window_host,
             seam::seam_applicability,
         );

@@ -54,8 +54,13 @@ impl From<OpsError> for CliError {
 
 impl From<store_types::Error> for CliError {
     fn from(e: store_types::Error) -> Self {
-        if let store_types::Error::Config(m) = &e {
-            return CliError::config(m.clone());
+        match &e {
+            store_types::Error::Config(m) => return CliError::config(m.clone()),
+            // `serve` (or any command) on data another instance holds.
+            store_types::Error::InstanceLocked { .. } => {
+                return CliError::new("locked", e.to_string())
+            }
+            _ => {}
         }
         OpsError::from(e).into()
     }

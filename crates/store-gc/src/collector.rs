@@ -562,24 +562,45 @@ impl Collector {
             ));
         };
         let mut report = SweepReport::default();
+        match self
+            .sweep_phases(&snap, &protected, batch, stop, &mut report)
+            .await
+        {
+            Ok(()) => {
+                report.finish(started.elapsed());
+                Ok(report)
+            }
+            Err(cause) => {
+                report.finish(started.elapsed());
+                Err(incomplete(cause, &report))
+            }
+        }
+    }
+
+    async fn sweep_phases(
+        &self,
+        snap: &Snapshot,
+        protected: &HashSet<Key>,
+        batch: usize,
+        stop: &AtomicBool,
+        report: &mut SweepReport,
+    ) -> Result<()> {
         if let Some(pins) = &self.cfg.fleet_pins {
-            self.finish_stale_fences(pins.as_ref(), batch, stop, &mut report)
+            self.finish_stale_fences(pins.as_ref(), batch, stop, report)
                 .await?;
         }
         let now = self.now().await?;
-        self.execute_due(&snap, &protected, now, batch, stop, &mut report)
+        self.execute_due(snap, protected, now, batch, stop, report)
             .await?;
         let now = self.now().await?;
-        self.mark(&snap, &protected, now, batch, stop, &mut report)
-            .await?;
+        self.mark(snap, protected, now, batch, stop, report).await?;
         if let Some(pins) = &self.cfg.fleet_pins {
             report.reaped_pins = pins.reap_expired(now).await?;
         }
         for tier in &self.tiers {
             report.reaped_stages += tier.maintain(now).await?;
         }
-        report.finish(started.elapsed());
-        Ok(report)
+        Ok(())
     }
 
     /// Finishes the deletes of sweepers that fenced keys and never cleared
@@ -871,6 +892,25 @@ async fn window_unstage(window: &dyn WindowClauses, keys: &[Key]) -> Result<()> 
         return Ok(());
     }
     window.unstage(keys).await
+}
+
+/// The error of a sweep that failed: `cause` as is when nothing was
+/// committed before it, else [`Error::SweepIncomplete`] with the counts of
+/// what was.
+fn incomplete(cause: Error, report: &SweepReport) -> Error {
+    let t = &report.total;
+    let did = t.deleted + t.rescued + t.vanished + t.staged;
+    if did == 0 {
+        return cause;
+    }
+    Error::SweepIncomplete {
+        cause: Box::new(cause),
+        deleted: t.deleted,
+        bytes_freed: t.bytes_freed,
+        rescued: t.rescued,
+        vanished: t.vanished,
+        staged: t.staged,
+    }
 }
 
 /// Sets the stop flag of a sweep task when the caller's future is dropped.

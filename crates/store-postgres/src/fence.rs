@@ -14,12 +14,12 @@
 //!
 //! So the batch writes a **fence** row per doomed key *inside* its locked
 //! transaction and commits; only then are the media deleted, and the fences
-//! cleared ([`unfence`]) once every delete has finished. Every fleet put,
+//! cleared (`PinClauses::unfence`) once every delete has finished. Every fleet put,
 //! pin and joint publish takes the key's shared lock and then checks the
 //! fence: a fenced key is waited out ([`wait_unfenced`]), never deduplicated
 //! onto. A fence whose sweeper never cleared it (crash) is older than the
 //! grace by the database's clock and is finished — media deleted again,
-//! idempotently, then cleared — by the next sweep ([`stale_fences`]).
+//! idempotently, then cleared — by the next sweep (`PinClauses::stale_fences`).
 //!
 //! # The liveness-table registry (`gc_liveness`)
 //!
@@ -39,8 +39,7 @@ use crate::plumbing::{db_err, digest_col, sql};
 pub const GC_FENCE_COMPONENT: &str = "gc_fence";
 
 /// Migration steps of [`GC_FENCE_COMPONENT`].
-pub const GC_FENCE_STEPS: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS {schema}.gc_deleting (
+pub const GC_FENCE_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_deleting (
         ns text COLLATE \"C\" NOT NULL,
         digest bytea NOT NULL CHECK (octet_length(digest) = 32),
         fenced_at bigint NOT NULL,
@@ -56,8 +55,7 @@ pub const GC_FENCE_STEPS: &[&str] = &[
         digest_is_text boolean NOT NULL,
         registered_at bigint NOT NULL,
         PRIMARY KEY (ns, table_schema, table_name, digest_column, namespace_column)
-    )",
-];
+    )"];
 
 /// How long a fleet put waits for a fence to clear before it gives up with
 /// a transient error (the sweeper normally clears it within one batch's
@@ -239,7 +237,10 @@ pub(crate) async fn deregister(
 }
 
 /// Every registration, in a stable order.
-pub(crate) async fn registered(pool: &PgPool, host_schema: &str) -> Result<Vec<BoundLivenessTable>> {
+pub(crate) async fn registered(
+    pool: &PgPool,
+    host_schema: &str,
+) -> Result<Vec<BoundLivenessTable>> {
     let rows = sqlx::query(sql(
         host_schema,
         "SELECT ns, table_schema, table_name, digest_column, namespace_column, digest_is_text

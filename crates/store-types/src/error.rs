@@ -105,6 +105,28 @@ pub enum Error {
         /// 2026-12-01T20:05:03Z"`).
         holder: String,
     },
+    /// A sweep failed after it had already committed work: earlier batches
+    /// deleted, rescued or staged entries before `cause` stopped it. The
+    /// counts are exact for the committed batches (nothing of the failing
+    /// batch was deleted unless its delete had started: see `cause`).
+    #[error(
+        "sweep failed after it deleted {deleted} entries ({bytes_freed} bytes), rescued \
+         {rescued}, found {vanished} vanished and staged {staged}: {cause}"
+    )]
+    SweepIncomplete {
+        /// What stopped the sweep.
+        cause: Box<Error>,
+        /// Entries deleted by committed batches.
+        deleted: u64,
+        /// Bytes those deletes freed.
+        bytes_freed: u64,
+        /// Due candidates rescued by committed batches.
+        rescued: u64,
+        /// Due candidates found already gone.
+        vanished: u64,
+        /// Candidates staged by the mark phase so far.
+        staged: u64,
+    },
 }
 
 impl From<std::io::Error> for Error {

@@ -716,3 +716,61 @@ pub async fn vanished_protected_due_key_counts_vanished(spec: Spec) {
     assert_eq!(rep.total.vanished, 1, "{rep:?}");
     assert_eq!(h.store.window().staged_count().await.unwrap(), 0);
 }
+
+/// A liveness source that answers "nothing live" and fails from its
+/// `fail_from`-th probe on.
+struct FailsLater {
+    probes: std::sync::atomic::AtomicUsize,
+    fail_from: usize,
+}
+
+#[async_trait::async_trait]
+impl store_core::LivenessSource for FailsLater {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+        let n = self
+            .probes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n + 1 >= self.fail_from {
+            return Err("injected: the reference database went away".into());
+        }
+        Ok(vec![false; keys.len()])
+    }
+}
+
+/// Exact counts: a sweep that fails after committing batches reports what
+/// those batches did together with the error.
+pub async fn failure_after_committed_batches_reports_counts(spec: Spec) {
+    let h = Harness::open_with(
+        spec,
+        Opts {
+            window: Duration::ZERO,
+        },
+    )
+    .await;
+    for i in 0..3u8 {
+        drop(h.store.put(&ns(), &[i; 9][..], None, None).await.unwrap());
+    }
+    // Probes: mark (3 pages of 1) succeed, then execute batch 1 succeeds
+    // and execute batch 2 fails.
+    let src = Arc::new(FailsLater {
+        probes: Default::default(),
+        fail_from: 5,
+    });
+    h.store.register_liveness_source(ns(), src).await.unwrap();
+    let one = SweepOptions { batch: 1 };
+    assert_eq!(h.store.sweep(one.clone()).await.unwrap().total.staged, 3);
+    match h.store.sweep(one).await {
+        Err(Error::SweepIncomplete {
+            cause,
+            deleted,
+            bytes_freed,
+            ..
+        }) => {
+            assert_eq!(deleted, 1, "the committed batch is reported");
+            assert_eq!(bytes_freed, 9);
+            assert!(matches!(*cause, Error::Backend(_)), "{cause:?}");
+        }
+        other => panic!("expected SweepIncomplete, got {other:?}"),
+    }
+    assert_eq!(h.store.window().staged_count().await.unwrap(), 2);
+}
