@@ -74,6 +74,13 @@ impl Store {
     /// body's size. The receipt's [`Pin`] protects the entry from GC until
     /// dropped; a put that finds the entry already stored pins it and
     /// reports `deduplicated: true`.
+    ///
+    /// Cancel-safe: dropping the future before it returns never leaves a
+    /// half-written visible entry. At worst it leaves a complete entry
+    /// nobody holds a pin on (ordinary garbage, for the next sweeps), a stage
+    /// the engine's maintenance removes (a stage file, a multipart upload;
+    /// pg-lo's transaction rolls back), or — fleet — a pin row that expires
+    /// after its TTL.
     pub async fn put<R>(
         &self,
         ns: &Namespace,

@@ -109,6 +109,12 @@ impl Store {
         self.inner.fleet.is_some()
     }
 
+    /// The lifetime of this instance's fleet pin rows (`Some` in fleet
+    /// mode only): what a token layer must not outlive (ADR-018).
+    pub fn pin_ttl(&self) -> Option<std::time::Duration> {
+        self.inner.fleet.as_ref().map(|f| f.ttl)
+    }
+
     /// This instance's owner name (written into fleet pin rows).
     pub fn owner(&self) -> &str {
         &self.inner.owner
@@ -126,6 +132,8 @@ impl Store {
     }
 
     /// A verified streaming read of the entry, or `None` when absent.
+    ///
+    /// Cancel-safe: it only reads; dropping the future leaves nothing behind.
     pub async fn get(&self, key: &Key) -> Result<Option<Blob>> {
         for (tier, engine) in self.tiers() {
             if let Some(r) = engine.read(key).await? {
@@ -138,6 +146,8 @@ impl Store {
     /// Reads `range` of the entry (unverified, see [`Blob`]).
     /// [`Error::Missing`] when absent, [`Error::InvalidRange`] when the
     /// range is not within the entry.
+    ///
+    /// Cancel-safe: it only reads; dropping the future leaves nothing behind.
     pub async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Blob> {
         for (tier, engine) in self.tiers() {
             let Some(meta) = engine.meta(key).await? else {
@@ -160,6 +170,8 @@ impl Store {
     }
 
     /// Size, tier and creation time, or `None` when absent.
+    ///
+    /// Cancel-safe: it only reads; dropping the future leaves nothing behind.
     pub async fn stat(&self, key: &Key) -> Result<Option<Stat>> {
         for (tier, engine) in self.tiers() {
             if let Some(m) = engine.meta(key).await? {
@@ -174,6 +186,8 @@ impl Store {
     }
 
     /// Whether the entry exists.
+    ///
+    /// Cancel-safe: it only reads; dropping the future leaves nothing behind.
     pub async fn has(&self, key: &Key) -> Result<bool> {
         Ok(self
             .has_many(&key.namespace, std::slice::from_ref(&key.digest))
@@ -182,6 +196,8 @@ impl Store {
 
     /// Presence of each digest in `ns`, index-aligned; one round trip per
     /// tier (the large tier is asked only about kv misses).
+    ///
+    /// Cancel-safe: it only reads; dropping the future leaves nothing behind.
     pub async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
         let mut present = vec![false; digests.len()];
         for (_, engine) in self.tiers() {
@@ -246,6 +262,9 @@ impl Store {
     ///   outlives this instance until deregistered (idempotent).
     ///   In-process callbacks are refused in fleet mode: another node's
     ///   sweep could not consult them (ADR-016).
+    ///
+    /// Cancel-safe: dropping the future either registers the source or not
+    /// (a fleet registration is one idempotent statement).
     pub async fn register_liveness_source(
         &self,
         ns: Namespace,
@@ -266,6 +285,8 @@ impl Store {
     /// Removes a fleet liveness-table registration from the shared
     /// database, whichever node made it; `false` if it was not registered
     /// (and always `false` on a non-fleet store).
+    ///
+    /// Cancel-safe: one statement; the row is removed or not.
     pub async fn deregister_liveness_table(
         &self,
         ns: &Namespace,
@@ -278,6 +299,8 @@ impl Store {
     /// Fleet: extends the unexpired pin row of (key, owner); `false` when
     /// the row is gone (expired: the putter's backstop is to re-put).
     /// Non-fleet: in-process pins do not expire; `true` while one is held.
+    ///
+    /// Cancel-safe: one statement; the row is extended or not.
     pub async fn renew_pin(&self, key: &Key) -> Result<bool> {
         match &self.inner.fleet {
             Some(f) => {
@@ -306,6 +329,8 @@ impl Store {
 
     /// Removes a liveness source registered through this instance (a fleet
     /// table's shared row included); `false` if unknown.
+    ///
+    /// Cancel-safe: the registration is removed or not.
     pub async fn deregister_liveness_source(&self, id: SourceId) -> Result<bool> {
         self.inner.gc.deregister_liveness_source(id).await
     }

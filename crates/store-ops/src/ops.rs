@@ -57,10 +57,10 @@ pub struct OpsConfig {
     /// becomes a per-client cap once callers carry identities. Default
     /// `None`; zero is refused.
     pub max_tokens_per_owner: Option<usize>,
-    /// The store's fleet pin-row lifetime — the value given to
-    /// `StoreBuilder::pin_ttl` (the store does not expose it). Required
-    /// when the store is fleet (the token TTL is checked against it and
-    /// defaults to it); ignored otherwise. Default `None`.
+    /// The store's fleet pin-row lifetime. [`Ops::new`] takes it from the
+    /// store ([`Store::pin_ttl`]); a value given here must match it. The
+    /// token TTL is checked against it and defaults to it; ignored for a
+    /// non-fleet store. Default `None`.
     pub pin_ttl: Option<Duration>,
 }
 
@@ -194,10 +194,22 @@ impl Ops {
     ///
     /// Refuses with [`Error::Config`] a zero `token_ttl`, `max_tokens` or
     /// `max_tokens_per_owner`, and, when the store is fleet
-    /// ([`Store::is_fleet`]), a missing [`OpsConfig::pin_ttl`] or a
-    /// `token_ttl` above it. The kept configuration ([`Ops::config`]) holds
+    /// ([`Store::is_fleet`]), a `token_ttl` above the store's pin TTL
+    /// ([`Store::pin_ttl`]) or an [`OpsConfig::pin_ttl`] that differs from it. The kept configuration ([`Ops::config`]) holds
     /// the effective `token_ttl` (fleet: `pin_ttl` when unset).
     pub fn new(store: Store, mut cfg: OpsConfig) -> Result<Self, Error> {
+        if let Some(ttl) = store.pin_ttl() {
+            match cfg.pin_ttl {
+                Some(given) if given != ttl => {
+                    return Err(Error::Config(format!(
+                        "OpsConfig::pin_ttl ({}s) differs from the store's pin_ttl ({}s)",
+                        given.as_secs_f64(),
+                        ttl.as_secs_f64()
+                    )))
+                }
+                _ => cfg.pin_ttl = Some(ttl),
+            }
+        }
         cfg.token_ttl = effective_token_ttl(store.is_fleet(), &cfg)?;
         Ok(Ops {
             inner: Arc::new(Inner {
