@@ -7,8 +7,8 @@
 //! dropping the caller's future never stops a delete that has started.
 //! Once [`DeleteHook::arm`]ed, the next `delete_many` announces itself
 //! ([`DeleteHook::entered`]), runs the hook's `on_enter` action, and waits
-//! for [`DeleteHook::release`] before deleting; [`DeleteHook::fail_next`]
-//! makes the next one fail without deleting (a sweeper that died mid-way).
+//! for [`DeleteHook::release`] before deleting; [`DeleteHook::fail_deletes`]
+//! makes them fail without deleting (a sweeper that died mid-way).
 
 use std::future::Future;
 use std::ops::Range;
@@ -52,9 +52,10 @@ impl DeleteHook {
         self.armed.store(true, Ordering::SeqCst);
     }
 
-    /// Makes the next `delete_many` fail without deleting anything.
-    pub fn fail_next(&self) {
-        self.fail.store(true, Ordering::SeqCst);
+    /// Makes every `delete_many` fail without deleting anything while `on`
+    /// (a sweeper that cannot delete: it died, or its media refuse).
+    pub fn fail_deletes(&self, on: bool) {
+        self.fail.store(on, Ordering::SeqCst);
     }
 
     /// Runs `f` inside the held delete, before it waits for release.
@@ -87,7 +88,7 @@ async fn hooked_delete(
     ns: &Namespace,
     digests: &[Digest],
 ) -> Result<Vec<Option<u64>>> {
-    if hook.fail.swap(false, Ordering::SeqCst) {
+    if hook.fail.load(Ordering::SeqCst) {
         return Err(Error::Io(
             "injected: the sweeper died before deleting".into(),
         ));

@@ -165,11 +165,15 @@ async fn session_loss_mid_delete(large: FleetLarge) {
         !receipt.deduplicated,
         "never a dedup onto an entry that is being deleted"
     );
-    let rep = sweeper
-        .await
-        .unwrap()
-        .expect("the sweep's report survives its lock session");
-    assert_eq!(rep.total.deleted, 1, "{rep:?}");
+    // The sweep lost its lock session: it stops at the next batch boundary
+    // and says what it had done.
+    match sweeper.await.unwrap() {
+        Err(store_core::Error::SweepIncomplete { deleted, cause, .. }) => {
+            assert_eq!(deleted, 1);
+            assert!(cause.to_string().contains("sweep lock was lost"), "{cause}");
+        }
+        other => panic!("expected SweepIncomplete after losing the lock, got {other:?}"),
+    }
     for node in [&a, &b] {
         let blob = node
             .get(&key)
@@ -209,7 +213,7 @@ async fn crashed_sweepers_fences_are_finished_by_the_next_sweep() {
     drop(b.put(&ns(), &data[..], None, None).await.unwrap());
     env.advance(TTL + Duration::from_secs(1)).await;
     assert_eq!(sweep(&a).await.total.staged, 1);
-    hook.fail_next();
+    hook.fail_deletes(true);
     assert!(
         a.sweep(SweepOptions::default()).await.is_err(),
         "the sweeper 'died'"
@@ -279,4 +283,63 @@ async fn liveness_registrations_are_shared_by_the_fleet() {
     let after = sweep(&a).await;
     assert_eq!(after.aborted, Some(GcAbortCause::NoLivenessSources));
     assert!(a.has(&kept).await.unwrap());
+}
+
+/// ADR-021: a fence belongs to its fencer. A direct delete of a key whose
+/// sweep delete is in flight waits instead of fencing (and later clearing)
+/// the key itself — otherwise a put could pass the cleared fence and
+/// publish a file the sweep then unlinks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_delete_never_clears_the_first_ones_fence() {
+    let env = FleetEnv::new(FleetLarge::SharedLocal, Duration::ZERO, TTL).await;
+    let hook = DeleteHook::new();
+    let a = hooked_node(&env, "a", &hook).await;
+    let b = env.node("b", &ns()).await;
+    let c = env.node("c", &ns()).await;
+    let data = big(13);
+    let key = Key::new(ns(), Digest::of(&data));
+    drop(c.put(&ns(), &data[..], None, None).await.unwrap());
+    env.advance(TTL + Duration::from_secs(1)).await;
+    assert_eq!(sweep(&a).await.total.staged, 1);
+    hook.arm();
+    let sweeper = {
+        let a = a.clone();
+        tokio::spawn(async move { a.sweep(SweepOptions::default()).await })
+    };
+    entered(&hook).await;
+    let deleter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.delete(&key).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !deleter.is_finished(),
+        "the second delete waits for the first"
+    );
+    let putter = {
+        let (c, data) = (c.clone(), data.clone());
+        tokio::spawn(async move { c.put(&ns(), &data[..], None, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !putter.is_finished(),
+        "the sweep's fence still holds the put"
+    );
+    hook.release();
+    sweeper.await.unwrap().expect("sweep");
+    let receipt = putter.await.unwrap().expect("put");
+    assert!(!receipt.deduplicated);
+    match deleter.await.unwrap() {
+        Err(store_core::Error::Missing) | Err(store_core::Error::GcRefuse { .. }) => {}
+        other => panic!("unexpected direct-delete outcome {other:?}"),
+    }
+    // Whatever the order of the delete and the put after the fence
+    // cleared, a put that returned a receipt holds a pin: its entry is
+    // there.
+    let blob = c
+        .get(&key)
+        .await
+        .unwrap()
+        .expect("the put's entry survives");
+    assert_eq!(&blob.bytes().await.unwrap()[..], &data[..]);
 }

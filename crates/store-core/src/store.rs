@@ -272,7 +272,12 @@ impl Store {
     ) -> Result<SourceId> {
         match (source.into(), &self.inner.fleet) {
             (Liveness::Callback(cb), None) => Ok(self.inner.gc.register_liveness_source(ns, cb)),
-            (Liveness::Table(t), Some(_)) => self.inner.gc.register_liveness_table(ns, t).await,
+            (Liveness::Table(t), Some(_)) => {
+                self.inner
+                    .gc
+                    .register_liveness_table(ns, t, &self.inner.owner)
+                    .await
+            }
             (Liveness::Callback(_), Some(_)) => Err(Error::Config(
                 "a fleet store takes liveness tables, not in-process callbacks: another node's sweep could not consult the callback".into(),
             )),
@@ -282,8 +287,9 @@ impl Store {
         }
     }
 
-    /// Removes a fleet liveness-table registration from the shared
-    /// database, whichever node made it; `false` if it was not registered
+    /// Removes every registration of a fleet liveness table for `ns` from
+    /// the shared database, whichever nodes made them (the table stops
+    /// protecting anything); `false` if it was not registered
     /// (and always `false` on a non-fleet store).
     ///
     /// Cancel-safe: one statement; the row is removed or not.
@@ -292,7 +298,10 @@ impl Store {
         ns: &Namespace,
         table: &LivenessTable,
     ) -> Result<bool> {
-        self.inner.gc.deregister_liveness_table(ns, table).await
+        self.inner
+            .gc
+            .deregister_liveness_table(ns, table, None)
+            .await
     }
 
     /// Renews this instance's pin on `key` (the `blobs/have` renewal form).

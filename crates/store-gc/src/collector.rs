@@ -60,7 +60,7 @@ impl Default for SweepOptions {
 type Sources = BTreeMap<Namespace, Vec<(SourceId, Arc<dyn LivenessSource>)>>;
 /// Fleet registrations made through this instance, by id (the rows
 /// themselves live in the shared database).
-type Tables = BTreeMap<SourceId, (Namespace, LivenessTable)>;
+type Tables = BTreeMap<SourceId, (Namespace, LivenessTable, String)>;
 
 /// How old (by the database's clock) a deletion fence must be before a
 /// sweep treats its sweeper as gone and finishes the delete itself. Long
@@ -157,6 +157,7 @@ impl Collector {
         &self,
         ns: Namespace,
         table: LivenessTable,
+        registrant: &str,
     ) -> Result<SourceId> {
         let Some(pins) = &self.cfg.fleet_pins else {
             return Err(Error::Config(
@@ -164,21 +165,24 @@ impl Collector {
                     .into(),
             ));
         };
-        pins.register_liveness_table(&ns, &table).await?;
+        pins.register_liveness_table(&ns, &table, registrant)
+            .await?;
         let id = SourceId(self.next_id.fetch_add(1, Ordering::Relaxed));
         self.tables
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, (ns, table));
+            .insert(id, (ns, table, registrant.to_string()));
         Ok(id)
     }
 
-    /// Removes a fleet registration from the shared database, whoever made
-    /// it; `false` if it was not registered.
+    /// Removes fleet registrations of `table` for `ns` from the shared
+    /// database: `registrant`'s, or with `None` everyone's; `false` if there
+    /// was none.
     pub async fn deregister_liveness_table(
         &self,
         ns: &Namespace,
         table: &LivenessTable,
+        registrant: Option<&str>,
     ) -> Result<bool> {
         let Some(pins) = &self.cfg.fleet_pins else {
             return Ok(false);
@@ -186,8 +190,10 @@ impl Collector {
         self.tables
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, (n, t)| !(n == ns && t == table));
-        pins.deregister_liveness_table(ns, table).await
+            .retain(|_, (n, t, r)| {
+                !(n == ns && t == table && registrant.is_none_or(|who| who == r))
+            });
+        pins.deregister_liveness_table(ns, table, registrant).await
     }
 
     /// Whether this collector arbitrates in SQL (fleet mode).
@@ -203,8 +209,10 @@ impl Collector {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
-        if let Some((ns, table)) = table {
-            return self.deregister_liveness_table(&ns, &table).await;
+        if let Some((ns, table, registrant)) = table {
+            return self
+                .deregister_liveness_table(&ns, &table, Some(&registrant))
+                .await;
         }
         let mut sources = self.sources_mut();
         let mut found = false;
@@ -435,22 +443,43 @@ impl Collector {
             reason,
         };
         if let Some(pins) = &self.cfg.fleet_pins {
-            let mut batch = pins.begin_batch(&keys).await?;
-            let now = self.now().await?;
-            let sql = batch.protected(&keys, &snap.tables, now).await?;
-            if let Some(reason) = self.merge(&keys, sql, &protected)[0] {
-                return Err(refuse(reason));
+            let started = Instant::now();
+            let mut attempt = 0u32;
+            loop {
+                // Read the clock before the batch: its transaction holds a
+                // connection of the same pool.
+                let now = self.now().await?;
+                let mut batch = pins.begin_batch(&keys).await?;
+                if batch.fenced(&keys).await?[0] {
+                    // Another delete of this key is in flight: let it
+                    // finish (its fence is its own to clear), then decide.
+                    drop(batch);
+                    if started.elapsed() >= BUSY_WAIT {
+                        return Err(Error::Backend(format!(
+                            "{key} is being deleted by another delete (deletion fence held for more than {}s); retry",
+                            BUSY_WAIT.as_secs()
+                        )));
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                    continue;
+                }
+                let sql = batch.protected(&keys, &snap.tables, now).await?;
+                if let Some(reason) = self.merge(&keys, sql, &protected)[0] {
+                    return Err(refuse(reason));
+                }
+                let mut freed = batch.delete_entries(&key.namespace, &[key.digest]).await?[0];
+                batch.fence(&keys).await?;
+                batch.unstage(&keys).await?;
+                batch.commit().await?;
+                // The fence now protects the delete in flight (ADR-021).
+                let large = retried(|| Self::delete_everywhere(&self.tiers[1..], &key)).await?;
+                if let Some(size) = large {
+                    freed = Some(freed.unwrap_or(0) + size);
+                }
+                retried(|| pins.unfence(&keys)).await?;
+                return freed.ok_or(Error::Missing);
             }
-            let mut freed = batch.delete_entries(&key.namespace, &[key.digest]).await?[0];
-            batch.fence(&keys).await?;
-            batch.unstage(&keys).await?;
-            batch.commit().await?;
-            // The fence now protects the delete in flight (ADR-021).
-            if let Some(size) = Self::delete_everywhere(&self.tiers[1..], &key).await? {
-                freed = Some(freed.unwrap_or(0) + size);
-            }
-            pins.unfence(&keys).await?;
-            return freed.ok_or(Error::Missing);
         }
         let gate = loop {
             let (gate, states) = self.pins.gate(&keys);
@@ -515,12 +544,13 @@ impl Collector {
             },
             None => None,
         };
-        let result = self.sweep_locked(started, batch, stop).await;
+        let mut cp = Checkpoint { stop, lock: shared };
+        let result = self.sweep_locked(started, batch, &mut cp).await;
         // Release explicitly so the next sweeper (on any node) finds the
         // lock free as soon as this call returns. A failed release (its
         // session died, which frees the lock anyway) never replaces the
         // pass's own outcome.
-        if let Some(guard) = shared {
+        if let Some(guard) = cp.lock {
             if let Err(e) = guard.release().await {
                 tracing::warn!(error = %e, "releasing the fleet sweep lock failed (the lock ends with its session)");
             }
@@ -546,7 +576,7 @@ impl Collector {
         &self,
         started: Instant,
         batch: usize,
-        stop: &AtomicBool,
+        cp: &mut Checkpoint<'_>,
     ) -> Result<SweepReport> {
         let snap = self.snapshot().await?;
         if snap.is_empty() {
@@ -563,7 +593,7 @@ impl Collector {
         };
         let mut report = SweepReport::default();
         match self
-            .sweep_phases(&snap, &protected, batch, stop, &mut report)
+            .sweep_phases(&snap, &protected, batch, cp, &mut report)
             .await
         {
             Ok(()) => {
@@ -582,18 +612,25 @@ impl Collector {
         snap: &Snapshot,
         protected: &HashSet<Key>,
         batch: usize,
-        stop: &AtomicBool,
+        cp: &mut Checkpoint<'_>,
         report: &mut SweepReport,
     ) -> Result<()> {
         if let Some(pins) = &self.cfg.fleet_pins {
-            self.finish_stale_fences(pins.as_ref(), batch, stop, report)
-                .await?;
+            // A fence that cannot be finished (an undeletable object, a
+            // media error) must not stop every sweep of the fleet: it stays
+            // and is retried by the next sweep.
+            if let Err(e) = self
+                .finish_stale_fences(pins.as_ref(), batch, cp, report)
+                .await
+            {
+                tracing::warn!(error = %e, "finishing a crashed sweeper's deletes failed; its fences stay for the next sweep");
+            }
         }
         let now = self.now().await?;
-        self.execute_due(snap, protected, now, batch, stop, report)
+        self.execute_due(snap, protected, now, batch, cp, report)
             .await?;
         let now = self.now().await?;
-        self.mark(snap, protected, now, batch, stop, report).await?;
+        self.mark(snap, protected, batch, cp, report).await?;
         if let Some(pins) = &self.cfg.fleet_pins {
             report.reaped_pins = pins.reap_expired(now).await?;
         }
@@ -610,11 +647,11 @@ impl Collector {
         &self,
         pins: &dyn PinClauses,
         batch: usize,
-        stop: &AtomicBool,
+        cp: &mut Checkpoint<'_>,
         report: &mut SweepReport,
     ) -> Result<()> {
         loop {
-            check_stop(stop)?;
+            cp.check().await?;
             let stale = pins.stale_fences(FENCE_GRACE, batch).await?;
             if stale.is_empty() {
                 return Ok(());
@@ -641,13 +678,13 @@ impl Collector {
         protected: &HashSet<Key>,
         now: Timestamp,
         batch: usize,
-        stop: &AtomicBool,
+        cp: &mut Checkpoint<'_>,
         report: &mut SweepReport,
     ) -> Result<()> {
         let window = &self.cfg.window_host;
         let mut after: Option<Key> = None;
         loop {
-            check_stop(stop)?;
+            cp.check().await?;
             let due = window.take_due(now, after.as_ref(), batch).await?;
             let Some(last) = due.last() else { break };
             after = Some(last.key.clone());
@@ -772,35 +809,75 @@ impl Collector {
         keys: Vec<Key>,
         report: &mut SweepReport,
     ) -> Result<()> {
+        // Tables registered by any node since the sweep began count too.
+        let tables = pins.liveness_tables().await?;
+        let has_source = |ns: &Namespace| {
+            snap.sources.contains_key(ns) || tables.iter().any(|t| &t.namespace == ns)
+        };
         let mut tx = pins.begin_batch(&keys).await?;
-        let sql = tx.protected(&keys, &snap.tables, now).await?;
+        // A key another delete has fenced is left alone — not deleted, not
+        // fenced again, not unstaged: its fencer clears the fence when its
+        // delete is done, and a later sweep finds the key gone (vanished).
+        let fenced = tx.fenced(&keys).await?;
+        let keys: Vec<Key> = keys
+            .into_iter()
+            .zip(fenced)
+            .filter(|(_, f)| !*f)
+            .map(|(k, _)| k)
+            .collect();
+        let sql = tx.protected(&keys, &tables, now).await?;
         let reasons = self.merge(&keys, sql, protected);
         let mut by_ns: BTreeMap<Namespace, Vec<Digest>> = BTreeMap::new();
         let mut rescued: Vec<Key> = Vec::new();
-        let mut doomed_keys: Vec<Key> = Vec::new();
         for (k, r) in keys.iter().zip(&reasons) {
-            if r.is_some() || !snap.has_source(&k.namespace) {
+            if r.is_some() || !has_source(&k.namespace) {
                 rescued.push(k.clone());
             } else {
                 by_ns.entry(k.namespace.clone()).or_default().push(k.digest);
-                doomed_keys.push(k.clone());
             }
         }
         let mut freed_by_ns = Vec::with_capacity(by_ns.len());
+        // Only keys whose kv delete freed nothing can have a large copy to
+        // delete (fall-through order): fence just those.
+        let mut fence_keys: Vec<Key> = Vec::new();
         for (ns, doomed) in by_ns {
             let freed = tx.delete_entries(&ns, &doomed).await?;
+            for (d, f) in doomed.iter().zip(&freed) {
+                if f.is_none() {
+                    fence_keys.push(Key::new(ns.clone(), *d));
+                }
+            }
             freed_by_ns.push((ns, doomed, freed));
         }
-        tx.fence(&doomed_keys).await?;
+        tx.fence(&fence_keys).await?;
         tx.unstage(&keys).await?;
         tx.commit().await?;
-        for (ns, doomed, freed) in &mut freed_by_ns {
-            Self::delete_through(&self.tiers[1..], ns, doomed, freed).await?;
-        }
-        pins.unfence(&doomed_keys).await?;
+        // Committed: the kv deletes count now, whatever happens next.
         for (ns, _, freed) in &freed_by_ns {
-            Self::tally(report, ns, &[], freed);
+            let kv_freed: Vec<Option<u64>> =
+                freed.iter().copied().filter(Option::is_some).collect();
+            Self::tally(report, ns, &[], &kv_freed);
         }
+        for (ns, doomed, freed) in &freed_by_ns {
+            let pending: Vec<Digest> = doomed
+                .iter()
+                .zip(freed)
+                .filter(|(_, f)| f.is_none())
+                .map(|(d, _)| *d)
+                .collect();
+            if pending.is_empty() {
+                continue;
+            }
+            let pending = &pending;
+            let large = retried(|| async move {
+                let mut out = vec![None; pending.len()];
+                Self::delete_through(&self.tiers[1..], ns, pending, &mut out).await?;
+                Ok(out)
+            })
+            .await?;
+            Self::tally(report, ns, &[], &large);
+        }
+        retried(|| pins.unfence(&fence_keys)).await?;
         self.tally_rescued(report, &rescued).await
     }
 
@@ -808,16 +885,14 @@ impl Collector {
         &self,
         snap: &Snapshot,
         protected: &HashSet<Key>,
-        now: Timestamp,
         batch: usize,
-        stop: &AtomicBool,
+        cp: &mut Checkpoint<'_>,
         report: &mut SweepReport,
     ) -> Result<()> {
         let mut namespaces = BTreeSet::new();
         for tier in &self.tiers {
             namespaces.extend(tier.namespaces().await?);
         }
-        let visible_after = now.plus(self.cfg.window);
         for ns in namespaces {
             if !snap.has_source(&ns) {
                 report.unswept_namespaces.push(ns);
@@ -826,7 +901,11 @@ impl Collector {
             for (t, tier) in self.tiers.iter().enumerate() {
                 let mut after = None;
                 loop {
-                    check_stop(stop)?;
+                    cp.check().await?;
+                    // The window starts when the candidate is staged, not
+                    // when the sweep began.
+                    let now = self.now().await?;
+                    let visible_after = now.plus(self.cfg.window);
                     let page = tier.scan(&ns, after, batch).await?;
                     let Some(last) = page.last() else { break };
                     after = Some(last.0);
@@ -899,7 +978,7 @@ async fn window_unstage(window: &dyn WindowClauses, keys: &[Key]) -> Result<()> 
 /// what was.
 fn incomplete(cause: Error, report: &SweepReport) -> Error {
     let t = &report.total;
-    let did = t.deleted + t.rescued + t.vanished + t.staged;
+    let did = t.deleted + t.rescued + t.vanished + t.staged + report.resumed_deletes;
     if did == 0 {
         return cause;
     }
@@ -913,6 +992,40 @@ fn incomplete(cause: Error, report: &SweepReport) -> Error {
     }
 }
 
+/// How long a fleet direct delete waits for another delete of its key.
+const BUSY_WAIT: Duration = Duration::from_secs(30);
+
+/// 2 ms doubling to 200 ms.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis((2u64 << attempt.min(7)).min(200))
+}
+
+/// Runs `op` up to three times (50 ms, then 500 ms apart): the steps after a
+/// fleet batch's commit, which hold their keys' fences, retry transient
+/// failures before they give up and leave the fences to the next sweep.
+async fn retried<T, F, Fut>(mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut last = None;
+    for pause in [
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        Duration::ZERO,
+    ] {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "a fenced delete step failed; retrying");
+                last = Some(e);
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
 /// Sets the stop flag of a sweep task when the caller's future is dropped.
 struct StopOnDrop(Arc<AtomicBool>);
 
@@ -922,14 +1035,31 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Stops a sweep at a batch boundary once its caller has gone.
-fn check_stop(stop: &AtomicBool) -> Result<()> {
-    if stop.load(Ordering::SeqCst) {
-        return Err(Error::Backend(
-            "sweep stopped at a batch boundary: its caller went away".into(),
-        ));
+/// What a sweep checks at every batch boundary: that its caller is still
+/// waiting, and (fleet) that it still holds the sweep lock.
+struct Checkpoint<'a> {
+    stop: &'a AtomicBool,
+    lock: Option<Box<dyn store_types::SweepLockGuard>>,
+}
+
+impl Checkpoint<'_> {
+    /// Stops the sweep (with an error) at a batch boundary once its caller
+    /// has gone or its fleet sweep lock was lost.
+    async fn check(&mut self) -> Result<()> {
+        if self.stop.load(Ordering::SeqCst) {
+            return Err(Error::Backend(
+                "sweep stopped at a batch boundary: its caller went away".into(),
+            ));
+        }
+        if let Some(lock) = self.lock.as_mut() {
+            if !lock.held().await? {
+                return Err(Error::Backend(
+                    "sweep stopped at a batch boundary: the fleet sweep lock was lost (its session ended)".into(),
+                ));
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Awaits a GC task: its result, its panic re-raised, or an error when the

@@ -61,7 +61,12 @@ impl PgLoStage {
         instance: &Instance,
         ns: &Namespace,
     ) -> Result<Self> {
-        let mut tx = pool.begin().await.map_err(db_err)?;
+        // READ COMMITTED whatever the server's default: the joint fleet
+        // publish must see fences and entries committed while it uploaded.
+        let mut tx = pool
+            .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await
+            .map_err(db_err)?;
         let row =
             sqlx::query("SELECT o, lo_open(o, $1), pg_backend_pid() FROM lo_create(0) AS t(o)")
                 .bind(INV_WRITE)

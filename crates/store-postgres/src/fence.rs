@@ -52,9 +52,10 @@ pub const GC_FENCE_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_de
         table_name text NOT NULL,
         digest_column text NOT NULL,
         namespace_column text NOT NULL DEFAULT '',
+        registrant text NOT NULL,
         digest_is_text boolean NOT NULL,
         registered_at bigint NOT NULL,
-        PRIMARY KEY (ns, table_schema, table_name, digest_column, namespace_column)
+        PRIMARY KEY (ns, table_schema, table_name, digest_column, namespace_column, registrant)
     )"];
 
 /// How long a fleet put waits for a fence to clear before it gives up with
@@ -119,6 +120,45 @@ fn key_arrays(keys: &[Key]) -> (Vec<&str>, Vec<&[u8]>) {
     )
 }
 
+/// Which of `keys` are fenced, on `conn` (the batch transaction, after its
+/// locks: a fresh `READ COMMITTED` statement).
+pub(crate) async fn fenced_many(
+    conn: &mut PgConnection,
+    host_schema: &str,
+    keys: &[Key],
+) -> Result<Vec<bool>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (ns, digests) = key_arrays(keys);
+    let hits: Vec<i64> = sqlx::query_scalar(sql(
+        host_schema,
+        "SELECT k.i FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS k(ns, digest, i)
+         WHERE EXISTS (SELECT 1 FROM {schema}.gc_deleting d
+                       WHERE d.ns = k.ns AND d.digest = k.digest)",
+    ))
+    .bind(ns)
+    .bind(digests)
+    .fetch_all(conn)
+    .await
+    .map_err(db_err)?;
+    let mut out = vec![false; keys.len()];
+    for i in hits {
+        if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| out.get_mut(i)) {
+            *slot = true;
+        }
+    }
+    Ok(out)
+}
+
+/// The database's clock at this *statement* (not at the transaction's
+/// start): `gc_now()` moved on by the time the transaction has run so far.
+/// For times written late in a long transaction (a fence after the lock
+/// wait, a pin row at the end of a pg-lo upload), so they do not start in
+/// the past.
+pub const GC_NOW_STATEMENT: &str = "({schema}.gc_now() + \
+     (extract(epoch FROM (statement_timestamp() - now())) * 1000)::int8)";
+
 /// Writes the fences of `keys` on `conn` (the batch transaction).
 pub(crate) async fn fence(conn: &mut PgConnection, host_schema: &str, keys: &[Key]) -> Result<()> {
     if keys.is_empty() {
@@ -127,9 +167,10 @@ pub(crate) async fn fence(conn: &mut PgConnection, host_schema: &str, keys: &[Ke
     let (ns, digests) = key_arrays(keys);
     sqlx::query(sql(
         host_schema,
-        "INSERT INTO {schema}.gc_deleting (ns, digest, fenced_at)
-         SELECT k.ns, k.digest, {schema}.gc_now() FROM unnest($1::text[], $2::bytea[]) AS k(ns, digest)
-         ON CONFLICT (ns, digest) DO UPDATE SET fenced_at = EXCLUDED.fenced_at",
+        &"INSERT INTO {schema}.gc_deleting (ns, digest, fenced_at)
+          SELECT k.ns, k.digest, {now} FROM unnest($1::text[], $2::bytea[]) AS k(ns, digest)
+          ON CONFLICT (ns, digest) DO NOTHING"
+            .replace("{now}", GC_NOW_STATEMENT),
     ))
     .bind(ns)
     .bind(digests)
@@ -184,19 +225,21 @@ pub(crate) async fn stale_fences(
         .collect()
 }
 
-/// Inserts a (checked, bound) registration; idempotent.
+/// Inserts a (checked, bound) registration of `registrant`; idempotent.
 pub(crate) async fn register(
     pool: &PgPool,
     host_schema: &str,
     bound: &BoundLivenessTable,
+    registrant: &str,
 ) -> Result<()> {
     let t = &bound.table;
     sqlx::query(sql(
         host_schema,
         "INSERT INTO {schema}.gc_liveness
-           (ns, table_schema, table_name, digest_column, namespace_column, digest_is_text, registered_at)
-         VALUES ($1, $2, $3, $4, $5, $6, {schema}.gc_now())
-         ON CONFLICT (ns, table_schema, table_name, digest_column, namespace_column)
+           (ns, table_schema, table_name, digest_column, namespace_column, registrant,
+            digest_is_text, registered_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, {schema}.gc_now())
+         ON CONFLICT (ns, table_schema, table_name, digest_column, namespace_column, registrant)
          DO UPDATE SET digest_is_text = EXCLUDED.digest_is_text",
     ))
     .bind(bound.namespace.as_str())
@@ -204,6 +247,7 @@ pub(crate) async fn register(
     .bind(&t.table)
     .bind(&t.digest_column)
     .bind(t.namespace_column.as_deref().unwrap_or(""))
+    .bind(registrant)
     .bind(bound.digest_is_text)
     .execute(pool)
     .await
@@ -211,24 +255,27 @@ pub(crate) async fn register(
     Ok(())
 }
 
-/// Deletes a registration; `false` if there was none.
+/// Deletes `registrant`'s registration (every registrant's with `None`);
+/// `false` if there was none.
 pub(crate) async fn deregister(
     pool: &PgPool,
     host_schema: &str,
     ns: &Namespace,
     t: &LivenessTable,
+    registrant: Option<&str>,
 ) -> Result<bool> {
     let n = sqlx::query(sql(
         host_schema,
         "DELETE FROM {schema}.gc_liveness
          WHERE ns = $1 AND table_schema = $2 AND table_name = $3 AND digest_column = $4
-           AND namespace_column = $5",
+           AND namespace_column = $5 AND ($6::text IS NULL OR registrant = $6)",
     ))
     .bind(ns.as_str())
     .bind(&t.schema)
     .bind(&t.table)
     .bind(&t.digest_column)
     .bind(t.namespace_column.as_deref().unwrap_or(""))
+    .bind(registrant)
     .execute(pool)
     .await
     .map_err(db_err)?
@@ -236,15 +283,17 @@ pub(crate) async fn deregister(
     Ok(n > 0)
 }
 
-/// Every registration, in a stable order.
+/// Every registered table (once, whoever registered it), in a stable order.
 pub(crate) async fn registered(
     pool: &PgPool,
     host_schema: &str,
 ) -> Result<Vec<BoundLivenessTable>> {
     let rows = sqlx::query(sql(
         host_schema,
-        "SELECT ns, table_schema, table_name, digest_column, namespace_column, digest_is_text
+        "SELECT ns, table_schema, table_name, digest_column, namespace_column,
+                bool_or(digest_is_text)
          FROM {schema}.gc_liveness
+         GROUP BY ns, table_schema, table_name, digest_column, namespace_column
          ORDER BY ns, table_schema, table_name, digest_column, namespace_column",
     ))
     .fetch_all(pool)

@@ -491,6 +491,10 @@ impl FleetBatch for PgFleetBatch {
         fence::fence(&mut self.tx, &self.schema, keys).await
     }
 
+    async fn fenced(&mut self, keys: &[Key]) -> Result<Vec<bool>> {
+        fence::fenced_many(&mut self.tx, &self.schema, keys).await
+    }
+
     async fn commit(self: Box<Self>) -> Result<()> {
         self.tx.commit().await.map_err(db_err)
     }

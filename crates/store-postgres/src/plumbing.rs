@@ -199,12 +199,16 @@ pub async fn upsert_pin(
     pin: &PinIntent,
 ) -> Result<()> {
     validate_schema(host_schema)?;
+    // The row's life starts at this statement, not at the transaction's
+    // start: a pg-lo publish commits its pin at the end of a transaction
+    // that began when the upload did.
     sqlx::query(sql(
         host_schema,
-        "INSERT INTO {schema}.gc_pins AS p (ns, digest, owner, expires_at)
-         VALUES ($1, $2, $3, {schema}.gc_now() + $4)
-         ON CONFLICT (ns, digest, owner)
-         DO UPDATE SET expires_at = GREATEST(p.expires_at, EXCLUDED.expires_at)",
+        &"INSERT INTO {schema}.gc_pins AS p (ns, digest, owner, expires_at)
+          VALUES ($1, $2, $3, {now} + $4)
+          ON CONFLICT (ns, digest, owner)
+          DO UPDATE SET expires_at = GREATEST(p.expires_at, EXCLUDED.expires_at)"
+            .replace("{now}", crate::fence::GC_NOW_STATEMENT),
     ))
     .bind(key.namespace.as_str())
     .bind(&key.digest.as_bytes()[..])

@@ -258,9 +258,10 @@ impl PinClauses for PgPins {
         &self,
         ns: &Namespace,
         table: &LivenessTable,
+        registrant: &str,
     ) -> Result<BoundLivenessTable> {
         let bound = fleet::bind_liveness_table(&self.pool, ns, table).await?;
-        crate::fence::register(&self.pool, &self.schema, &bound).await?;
+        crate::fence::register(&self.pool, &self.schema, &bound, registrant).await?;
         Ok(bound)
     }
 
@@ -268,8 +269,9 @@ impl PinClauses for PgPins {
         &self,
         ns: &Namespace,
         table: &LivenessTable,
+        registrant: Option<&str>,
     ) -> Result<bool> {
-        crate::fence::deregister(&self.pool, &self.schema, ns, table).await
+        crate::fence::deregister(&self.pool, &self.schema, ns, table, registrant).await
     }
 
     async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>> {
@@ -349,6 +351,21 @@ impl SweepLockGuard for PgSweepGuard {
         // Closing the session releases the lock even if the unlock failed.
         let _ = conn.close().await;
         unlocked.map(|_| ()).map_err(db_err)
+    }
+
+    async fn held(&mut self) -> Result<bool> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(false);
+        };
+        // A session lock lives exactly as long as its session: if this
+        // round trip succeeds on the session that took it, it is held.
+        Ok(sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+                            AND pid = pg_backend_pid() AND granted)",
+        )
+        .fetch_one(conn)
+        .await
+        .unwrap_or(false))
     }
 }
 

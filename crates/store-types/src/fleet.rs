@@ -121,6 +121,11 @@ pub trait FleetBatch: Send {
     /// large-tier media deletes run: losing the session can no longer
     /// un-protect a delete in flight.
     async fn fence(&mut self, keys: &[Key]) -> Result<()>;
+    /// Whether each key is already fenced (another delete of it is in
+    /// flight), read inside the batch after its locks are held. A fenced
+    /// key must be left alone: neither deleted, fenced again nor unstaged —
+    /// its own fencer clears the fence when its delete has finished.
+    async fn fenced(&mut self, keys: &[Key]) -> Result<Vec<bool>>;
     /// Commits, releasing the locks.
     async fn commit(self: Box<Self>) -> Result<()>;
 }

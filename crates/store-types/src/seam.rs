@@ -200,19 +200,25 @@ pub trait PinClauses: Send + Sync {
     async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>>;
 
     /// Registers a fleet liveness table for `ns` **in the shared database**
-    /// (checked as by [`PinClauses::bind_liveness_table`]), so every node's
-    /// sweep consults it. Idempotent.
+    /// on behalf of `registrant` (checked as by
+    /// [`PinClauses::bind_liveness_table`]), so every node's sweep consults
+    /// it. Idempotent per registrant.
     async fn register_liveness_table(
         &self,
         ns: &Namespace,
         table: &LivenessTable,
+        registrant: &str,
     ) -> Result<BoundLivenessTable>;
 
-    /// Removes a registration; `false` if it was not registered.
+    /// Removes `registrant`'s registration of the table for `ns`, or with
+    /// `None` every registrant's (the table stops protecting anything);
+    /// `false` if nothing was registered. The table protects while any
+    /// registration of it remains.
     async fn deregister_liveness_table(
         &self,
         ns: &Namespace,
         table: &LivenessTable,
+        registrant: Option<&str>,
     ) -> Result<bool>;
 
     /// Every liveness table registered in the shared database, by any node.
@@ -230,6 +236,14 @@ pub trait SweepLockGuard: Send {
     /// Releases the lock and waits until it is free.
     async fn release(self: Box<Self>) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether the lock is still held. A session lock ends with its session
+    /// (an idle timeout, a proxy cutting idle connections, a failover)
+    /// without telling its holder; a sweep asks at every batch boundary and
+    /// stops when it is gone, so two sweepers never run at once for long.
+    async fn held(&mut self) -> Result<bool> {
+        Ok(true)
     }
 }
 

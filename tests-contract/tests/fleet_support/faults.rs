@@ -155,11 +155,17 @@ impl PinClauses for FailingPins {
         &self,
         ns: &Namespace,
         t: &LivenessTable,
+        r: &str,
     ) -> Result<BoundLivenessTable> {
-        self.0.register_liveness_table(ns, t).await
+        self.0.register_liveness_table(ns, t, r).await
     }
-    async fn deregister_liveness_table(&self, ns: &Namespace, t: &LivenessTable) -> Result<bool> {
-        self.0.deregister_liveness_table(ns, t).await
+    async fn deregister_liveness_table(
+        &self,
+        ns: &Namespace,
+        t: &LivenessTable,
+        r: Option<&str>,
+    ) -> Result<bool> {
+        self.0.deregister_liveness_table(ns, t, r).await
     }
     async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>> {
         self.0.liveness_tables().await
