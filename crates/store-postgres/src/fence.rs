@@ -156,8 +156,7 @@ pub(crate) async fn fenced_many(
 /// For times written late in a long transaction (a fence after the lock
 /// wait, a pin row at the end of a pg-lo upload), so they do not start in
 /// the past.
-pub const GC_NOW_STATEMENT: &str = "({schema}.gc_now() + \
-     (extract(epoch FROM (statement_timestamp() - now())) * 1000)::int8)";
+pub const GC_NOW_STATEMENT: &str = "{schema}.gc_now_statement()";
 
 /// Writes the fences of `keys` on `conn` (the batch transaction).
 pub(crate) async fn fence(conn: &mut PgConnection, host_schema: &str, keys: &[Key]) -> Result<()> {

@@ -28,7 +28,10 @@ pub const GC_WINDOW_COMPONENT: &str = "gc_window";
 ///
 /// 1. the `gc_window` table;
 /// 2. the GC clock: the function `{schema}.gc_now()` and its one-row test
-///    hook table `{schema}.gc_clock`.
+///    hook table `{schema}.gc_clock`;
+/// 3. `{schema}.gc_now_statement()`: the same clock at the current
+///    statement, for times written late in a long transaction (a pg-lo pin
+///    row at the end of an upload, a fence after the lock wait).
 ///
 /// # The GC clock
 ///
@@ -81,6 +84,21 @@ pub const GC_WINDOW_STEPS: &[&str] = &[
     $gc_now$;
     COMMENT ON FUNCTION {schema}.gc_now() IS
         'Blobpool GC clock: unix milliseconds by the database clock (plus the gc_clock test hook).'",
+    // 3. The same clock read at the current *statement* (not the
+    // transaction's start), for times written late in a long transaction.
+    "CREATE OR REPLACE FUNCTION {schema}.gc_now_statement() RETURNS bigint
+        LANGUAGE sql STABLE PARALLEL SAFE
+    AS $gc_now_statement$
+        SELECT coalesce(
+                   (SELECT c.frozen_at_ms FROM {schema}.gc_clock c),
+                   pg_catalog.floor(
+                       pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()) * 1000
+                   )::bigint
+               )
+               + coalesce((SELECT c.offset_ms FROM {schema}.gc_clock c), 0)
+    $gc_now_statement$;
+    COMMENT ON FUNCTION {schema}.gc_now_statement() IS
+        'Blobpool GC clock at the current statement (gc_now() is at the transaction start).'",
 ];
 
 /// A duration in milliseconds for binding next to the GC clock
