@@ -142,13 +142,7 @@ pub(crate) async fn fenced_many(
     .fetch_all(conn)
     .await
     .map_err(db_err)?;
-    let mut out = vec![false; keys.len()];
-    for i in hits {
-        if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| out.get_mut(i)) {
-            *slot = true;
-        }
-    }
-    Ok(out)
+    Ok(crate::plumbing::ordinal_mask(hits, keys.len()))
 }
 
 /// The database's clock at this *statement* (not at the transaction's

@@ -113,10 +113,40 @@ pub(crate) fn check_host(host: &Instance, pin: &PinIntent) -> Result<()> {
     }
 }
 
+/// Begins a fleet put's `READ COMMITTED` transaction holding `key`'s
+/// shared lock, once no deletion fence (`crate::fence`) stands on the key:
+/// a fenced key is waited out with the transaction rolled back (a waiting
+/// put holds no connection), for at most [`fence::FENCE_WAIT`].
+///
+/// Cancel-safe: a transaction dropped before its commit rolls back.
+async fn begin_unfenced(
+    pool: &PgPool,
+    schema: &str,
+    key: &Key,
+) -> Result<Transaction<'static, Postgres>> {
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        let mut tx = pool
+            .begin_with(BEGIN_READ_COMMITTED)
+            .await
+            .map_err(db_err)?;
+        lock_key_shared(&mut tx, schema, key).await?;
+        if !fence::is_fenced(&mut tx, schema, key).await? {
+            return Ok(tx);
+        }
+        tx.rollback().await.map_err(db_err)?;
+        if started.elapsed() >= fence::FENCE_WAIT {
+            return Err(fence::fence_timeout(key));
+        }
+        tokio::time::sleep(fence::fence_backoff(attempt)).await;
+        attempt += 1;
+    }
+}
+
 /// The fleet kv put: shared key lock, entry insert (if absent), pin upsert,
-/// in one `READ COMMITTED` transaction. A key under a deletion fence
-/// (`crate::fence`) is waited out with the transaction rolled back, so a
-/// waiting put holds no connection.
+/// in one `READ COMMITTED` transaction, after any deletion fence on the key
+/// has cleared ([`begin_unfenced`]).
 pub(crate) async fn put_pinned(
     pool: &PgPool,
     schema: &str,
@@ -124,53 +154,29 @@ pub(crate) async fn put_pinned(
     bytes: Bytes,
     pin: &PinIntent,
 ) -> Result<PublishOutcome> {
-    let mut attempt = 0;
-    let started = std::time::Instant::now();
-    loop {
-        let mut tx = pool
-            .begin_with(BEGIN_READ_COMMITTED)
-            .await
-            .map_err(db_err)?;
-        lock_key_shared(&mut tx, schema, key).await?;
-        if fence::is_fenced(&mut tx, schema, key).await? {
-            tx.rollback().await.map_err(db_err)?;
-            fence_pause(key, started, &mut attempt).await?;
-            continue;
-        }
-        let inserted = sqlx::query(sql(
-            schema,
-            "INSERT INTO {schema}.entries (ns, digest, size, created_at, content)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (ns, digest) DO NOTHING",
-        ))
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .bind(to_i64(bytes.len() as u64)?)
-        .bind(now_ms())
-        .bind(&bytes[..])
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?
-        .rows_affected();
-        upsert_pin(&mut tx, schema, key, pin).await?;
-        tx.commit().await.map_err(db_err)?;
-        return Ok(if inserted > 0 {
-            PublishOutcome::Inserted
-        } else {
-            PublishOutcome::AlreadyPresent
-        });
-    }
-}
-
-/// One pause of a put waiting for a deletion fence; the timeout error once
-/// it has waited [`fence::FENCE_WAIT`].
-async fn fence_pause(key: &Key, started: std::time::Instant, attempt: &mut u32) -> Result<()> {
-    if started.elapsed() >= fence::FENCE_WAIT {
-        return Err(fence::fence_timeout(key));
-    }
-    tokio::time::sleep(fence::fence_backoff(*attempt)).await;
-    *attempt += 1;
-    Ok(())
+    let mut tx = begin_unfenced(pool, schema, key).await?;
+    let inserted = sqlx::query(sql(
+        schema,
+        "INSERT INTO {schema}.entries (ns, digest, size, created_at, content)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (ns, digest) DO NOTHING",
+    ))
+    .bind(key.namespace.as_str())
+    .bind(&key.digest.as_bytes()[..])
+    .bind(to_i64(bytes.len() as u64)?)
+    .bind(now_ms())
+    .bind(&bytes[..])
+    .execute(&mut *tx)
+    .await
+    .map_err(db_err)?
+    .rows_affected();
+    upsert_pin(&mut tx, schema, key, pin).await?;
+    tx.commit().await.map_err(db_err)?;
+    Ok(if inserted > 0 {
+        PublishOutcome::Inserted
+    } else {
+        PublishOutcome::AlreadyPresent
+    })
 }
 
 /// The pin-first step: shared key lock and pin upsert in one transaction,
@@ -182,22 +188,9 @@ pub(crate) async fn pin_first(
     key: &Key,
     pin: &PinIntent,
 ) -> Result<()> {
-    let mut attempt = 0;
-    let started = std::time::Instant::now();
-    loop {
-        let mut tx = pool
-            .begin_with(BEGIN_READ_COMMITTED)
-            .await
-            .map_err(db_err)?;
-        lock_key_shared(&mut tx, schema, key).await?;
-        if fence::is_fenced(&mut tx, schema, key).await? {
-            tx.rollback().await.map_err(db_err)?;
-            fence_pause(key, started, &mut attempt).await?;
-            continue;
-        }
-        upsert_pin(&mut tx, schema, key, pin).await?;
-        return tx.commit().await.map_err(db_err);
-    }
+    let mut tx = begin_unfenced(pool, schema, key).await?;
+    upsert_pin(&mut tx, schema, key, pin).await?;
+    tx.commit().await.map_err(db_err)
 }
 
 /// Checks the table reference against the catalog and binds it to `ns`.

@@ -101,6 +101,18 @@ pub const GC_WINDOW_STEPS: &[&str] = &[
         'Blobpool GC clock at the current statement (gc_now() is at the transaction start).'",
 ];
 
+/// Turns the 1-based `WITH ORDINALITY` indexes a batched `EXISTS` query
+/// returned into an index-aligned mask over `len` keys.
+pub fn ordinal_mask(hits: Vec<i64>, len: usize) -> Vec<bool> {
+    let mut out = vec![false; len];
+    for i in hits {
+        if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| out.get_mut(i)) {
+            *slot = true;
+        }
+    }
+    out
+}
+
 /// A duration in milliseconds for binding next to the GC clock
 /// (`{schema}.gc_now() + $n`), clamped so the sum cannot overflow `bigint`.
 pub fn duration_ms(d: std::time::Duration) -> i64 {

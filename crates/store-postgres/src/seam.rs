@@ -186,13 +186,7 @@ impl PinClauses for PgPins {
         .fetch_all(&self.pool)
         .await
         .map_err(db_err)?;
-        let mut out = vec![false; keys.len()];
-        for i in hits {
-            if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| out.get_mut(i)) {
-                *slot = true;
-            }
-        }
-        Ok(out)
+        Ok(crate::plumbing::ordinal_mask(hits, keys.len()))
     }
 
     async fn reap_expired(&self, _now: Timestamp) -> Result<u64> {

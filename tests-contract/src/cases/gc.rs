@@ -591,6 +591,20 @@ async fn staged_big_blob(h: &Harness, seed: u64) -> (Vec<u8>, Key, LiveSet) {
     (data, key, live)
 }
 
+/// A hooked composite with a zero window and one big blob staged.
+async fn hooked_with_staged_blob(
+    spec: Spec,
+    seed: u64,
+) -> (Harness, Arc<crate::hook::DeleteHook>, Vec<u8>, Key, LiveSet) {
+    let hook = crate::hook::DeleteHook::new();
+    let opts = Opts {
+        window: Duration::ZERO,
+    };
+    let h = Harness::open_hooked(spec, opts, hook.clone()).await;
+    let (data, key, live) = staged_big_blob(&h, seed).await;
+    (h, hook, data, key, live)
+}
+
 /// Re-puts `data` while a held delete of it is in flight, lets the delete
 /// finish, and asserts the put's entry survived and verifies.
 async fn reput_during_held_delete(h: &Harness, hook: &crate::hook::DeleteHook, data: &[u8]) {
@@ -614,16 +628,7 @@ async fn reput_during_held_delete(h: &Harness, hook: &crate::hook::DeleteHook, d
 /// finished: a put of the same bytes in that gap waits and then writes the
 /// entry afresh — it never dedups onto the file being unlinked.
 pub async fn cancelled_sweep_keeps_protection(spec: Spec) {
-    let hook = crate::hook::DeleteHook::new();
-    let h = Harness::open_hooked(
-        spec,
-        Opts {
-            window: Duration::ZERO,
-        },
-        hook.clone(),
-    )
-    .await;
-    let (data, _key, _live) = staged_big_blob(&h, 1101).await;
+    let (h, hook, data, _key, _live) = hooked_with_staged_blob(spec, 1101).await;
     hook.arm();
     let store = h.store.clone();
     let sweeper = tokio::spawn(async move { store.sweep(SweepOptions::default()).await });
@@ -656,16 +661,7 @@ pub async fn cancelled_delete_keeps_protection(spec: Spec) {
 /// it is neither skipped nor left staged: the sweep waits for the other
 /// delete, then counts the key once (vanished: the direct delete took it).
 pub async fn due_key_busy_under_direct_delete_counted_once(spec: Spec) {
-    let hook = crate::hook::DeleteHook::new();
-    let h = Harness::open_hooked(
-        spec,
-        Opts {
-            window: Duration::ZERO,
-        },
-        hook.clone(),
-    )
-    .await;
-    let (_data, key, _live) = staged_big_blob(&h, 1103).await;
+    let (h, hook, _data, key, _live) = hooked_with_staged_blob(spec, 1103).await;
     hook.arm();
     let store = h.store.clone();
     let k = key.clone();
