@@ -110,7 +110,9 @@ async fn disconnect_mid_sweep_keeps_protection() {
         1
     );
     hook.arm();
-    let req = format!("POST /v1/sweep HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
+    let req = format!(
+        "POST /v1/sweep HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n"
+    );
     request_then_disconnect(addr, req, &hook).await;
     reput_and_check(&store, &hook, &data).await;
 }

@@ -195,7 +195,13 @@ async fn a_token_flood_is_refused_and_never_unpins_a_victim() {
     let probe = json!({"namespace": "tmp", "digests": [victim], "token": victim_token});
     assert_eq!(s.have_ok(probe.clone()).await, [true]);
     for _ in 0..2 {
-        let resp = s.http.post(s.url("/v1/sweep")).send().await.unwrap();
+        let resp = s
+            .http
+            .post(s.url("/v1/sweep"))
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 200);
         let r: serde_json::Value = resp.json().await.unwrap();
         assert_eq!(r["aborted"], serde_json::Value::Null);
@@ -318,7 +324,13 @@ async fn sweep_report_json() {
     let (token, d) = s.put_ok("tmp", vec![4u8; 3000]).await;
     let (_keep_token, kept) = s.put_ok("keep", &b"no source"[..]).await;
     let sweep = || async {
-        let resp = s.http.post(s.url("/v1/sweep")).send().await.unwrap();
+        let resp = s
+            .http
+            .post(s.url("/v1/sweep"))
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 200);
         resp.json::<serde_json::Value>().await.unwrap()
     };
@@ -374,7 +386,13 @@ async fn sweep_report_json() {
 #[tokio::test]
 async fn sweep_without_sources_reports_the_abort() {
     let s = start(Opts::default()).await;
-    let resp = s.http.post(s.url("/v1/sweep")).send().await.unwrap();
+    let resp = s
+        .http
+        .post(s.url("/v1/sweep"))
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let r: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(r["aborted"], "no_liveness_sources");

@@ -48,13 +48,27 @@ pub enum ErrorCode {
     NotFound,
     /// The route exists but not for this method (`405`).
     MethodNotAllowed,
+    /// No valid credentials, and the anonymous identity may not do this
+    /// (`401`, with `WWW-Authenticate: Bearer`).
+    Unauthorized,
+    /// The authenticated identity lacks the scope, or the pin token
+    /// belongs to another identity (`403`).
+    Forbidden,
+    /// A JSON route without `Content-Type: application/json` (`415`).
+    UnsupportedMediaType,
+    /// The `Host` is not one the server answers for (`421`).
+    HostNotAllowed,
+    /// The server is at its connection cap (`503`, with a retry delay).
+    Overloaded,
     /// Anything else: media or backend failure, misconfiguration (`500`).
+    /// Its message never reaches clients: they get the request id, the
+    /// server log has the cause.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and metrics.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::KeyInvalid,
         ErrorCode::Verification,
         ErrorCode::TooLarge,
@@ -68,6 +82,11 @@ impl ErrorCode {
         ErrorCode::IncompleteBody,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::HostNotAllowed,
+        ErrorCode::Overloaded,
         ErrorCode::Internal,
     ];
 
@@ -87,6 +106,11 @@ impl ErrorCode {
             ErrorCode::IncompleteBody => "incomplete_body",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::HostNotAllowed => "host_not_allowed",
+            ErrorCode::Overloaded => "overloaded",
             ErrorCode::Internal => "internal",
         }
     }
@@ -103,14 +127,18 @@ impl ErrorCode {
             | ErrorCode::LengthMismatch
             | ErrorCode::BadRequest
             | ErrorCode::IncompleteBody => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::Missing | ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::GcRefuse => 409,
             ErrorCode::TooLarge | ErrorCode::TooMany => 413,
+            ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::InvalidRange => 416,
+            ErrorCode::HostNotAllowed => 421,
             ErrorCode::Verification => 422,
             ErrorCode::Internal => 500,
-            ErrorCode::TooManyTokens => 503,
+            ErrorCode::TooManyTokens | ErrorCode::Overloaded => 503,
         }
     }
 

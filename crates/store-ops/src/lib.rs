@@ -21,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 mod error;
 pub mod http;
 mod metrics;

@@ -12,6 +12,7 @@ use store_core::{
 };
 use tokio::io::{AsyncRead, ReadBuf};
 
+use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
 use crate::metrics::Metrics;
 use crate::payload::{HaveRequest, HaveResponse, HealthResponse, PutResponse, StatResponse};
@@ -271,6 +272,41 @@ impl Ops {
     where
         R: AsyncRead + Unpin + Send,
     {
+        let owner = self.inner.store.owner().to_string();
+        self.put_owned(&owner, namespace, body, len, expect).await
+    }
+
+    /// [`Ops::put`] for `identity`: the token belongs to it (only it, or
+    /// an admin, may renew or release it) and counts against its cap
+    /// ([`OpsConfig::max_tokens_per_owner`]). Scopes are the caller's
+    /// business ([`Ops::authorize`] with [`Scope::Write`]). Cancel-safe as
+    /// [`Ops::put`].
+    pub async fn put_as<R>(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        body: R,
+        len: Option<u64>,
+        expect: Option<&str>,
+    ) -> Result<PutOutcome, OpsError>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        self.put_owned(identity.name(), namespace, body, len, expect)
+            .await
+    }
+
+    async fn put_owned<R>(
+        &self,
+        owner: &str,
+        namespace: &str,
+        body: R,
+        len: Option<u64>,
+        expect: Option<&str>,
+    ) -> Result<PutOutcome, OpsError>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
         let ns = parse_ns(namespace)?;
         let expect = expect
             .map(|d| Digest::parse(d.trim()))
@@ -287,7 +323,7 @@ impl Ops {
         let slot = self
             .inner
             .tokens
-            .reserve(self.inner.store.owner())
+            .reserve(owner)
             .map_err(|e| self.cap_reached(e))?;
         let body = Limited {
             inner: body,
@@ -344,6 +380,27 @@ impl Ops {
     /// dropped between the two leaves the token ahead of its row, which
     /// the next probe corrects (`present: [false]` if the row expired).
     pub async fn have(&self, req: HaveRequest) -> Result<HaveResponse, OpsError> {
+        self.have_owned(None, req).await
+    }
+
+    /// [`Ops::have`] for `identity`: a renewal probe fails with
+    /// `forbidden` when the token belongs to another identity (nothing is
+    /// renewed). Scopes are the caller's business ([`Scope::Read`] for an
+    /// existence probe, [`Scope::Write`] for a renewal). Cancel-safe as
+    /// [`Ops::have`].
+    pub async fn have_as(
+        &self,
+        identity: &Identity,
+        req: HaveRequest,
+    ) -> Result<HaveResponse, OpsError> {
+        self.have_owned(Some(identity), req).await
+    }
+
+    async fn have_owned(
+        &self,
+        identity: Option<&Identity>,
+        req: HaveRequest,
+    ) -> Result<HaveResponse, OpsError> {
         let max = self.inner.cfg.max_have_digests;
         if req.digests.len() > max {
             return Err(OpsError::new(
@@ -377,6 +434,9 @@ impl Ops {
                     )));
                 }
                 let key = Key::new(ns, digests[0]);
+                if let Some(id) = identity {
+                    self.check_owner(id, &token)?;
+                }
                 // (a) the token must map to a pin on this key, in this
                 // namespace (extending the token's idle deadline, if any)...
                 if !self.inner.tokens.renew(&token, &key) {
@@ -411,6 +471,77 @@ impl Ops {
         } else {
             Err(OpsError::new(ErrorCode::Missing, "no such token"))
         }
+    }
+
+    /// [`Ops::release_token`] for `identity`: only the token's owner, or an
+    /// identity with [`Scope::Admin`], may release it (`forbidden`
+    /// otherwise, nothing released). The owner also needs
+    /// [`Scope::Write`] on the token's namespace (a key whose write scope
+    /// was withdrawn cannot act on what it minted). Returns the key the
+    /// token pinned (for the audit line).
+    pub fn release_token_as(&self, identity: &Identity, token: &str) -> Result<Key, OpsError> {
+        let (key, _) = self.check_owner(identity, token)?;
+        if !identity.allows(Scope::Admin, None) {
+            self.authorize(identity, Scope::Write, Some(key.namespace.as_str()))?;
+        }
+        if self.inner.tokens.release(token) {
+            Ok(key)
+        } else {
+            Err(OpsError::new(ErrorCode::Missing, "no such token"))
+        }
+    }
+
+    /// The token's key and owner, if `identity` may act on it: it owns it,
+    /// or is an admin. An unknown token is `missing`.
+    fn check_owner(&self, identity: &Identity, token: &str) -> Result<(Key, String), OpsError> {
+        let (key, owner) = self
+            .inner
+            .tokens
+            .lookup(token)
+            .ok_or_else(|| OpsError::new(ErrorCode::Missing, "no such token"))?;
+        if owner != identity.name() && !identity.allows(Scope::Admin, None) {
+            return Err(if identity.is_anonymous() {
+                OpsError::new(
+                    ErrorCode::Unauthorized,
+                    "authentication required: this pin token belongs to an identity",
+                )
+            } else {
+                OpsError::new(
+                    ErrorCode::Forbidden,
+                    "this pin token belongs to another identity",
+                )
+            });
+        }
+        Ok((key, owner))
+    }
+
+    /// `Ok` when `identity` holds `scope` on `namespace` (`None`: the whole
+    /// server); otherwise `unauthorized` for the anonymous identity (it
+    /// should authenticate) and `forbidden` for an authenticated one.
+    pub fn authorize(
+        &self,
+        identity: &Identity,
+        scope: Scope,
+        namespace: Option<&str>,
+    ) -> Result<(), OpsError> {
+        if identity.allows(scope, namespace) {
+            return Ok(());
+        }
+        let what = match namespace {
+            Some(ns) => format!("{scope} on namespace {ns:?}"),
+            None => format!("{scope} on the server"),
+        };
+        Err(if identity.is_anonymous() {
+            OpsError::new(
+                ErrorCode::Unauthorized,
+                format!("authentication required: anonymous requests may not {what}"),
+            )
+        } else {
+            OpsError::new(
+                ErrorCode::Forbidden,
+                format!("identity {:?} lacks the scope {what}", identity.name()),
+            )
+        })
     }
 
     /// Ends expired tokens now (dropping their pins); returns how many.

@@ -23,6 +23,10 @@ pub struct Opts {
     pub max_tokens: usize,
     pub max_blob_size: u64,
     pub unreferenced: Vec<&'static str>,
+    /// Per-identity token cap.
+    pub max_tokens_per_owner: Option<usize>,
+    /// Authentication, Host/CORS policy, limits, TLS (default: open).
+    pub http: store_ops::http::HttpConfig,
 }
 
 impl Default for Opts {
@@ -34,6 +38,8 @@ impl Default for Opts {
             max_tokens: 10_000,
             max_blob_size: store_ops::DEFAULT_MAX_BLOB_SIZE,
             unreferenced: vec![],
+            max_tokens_per_owner: None,
+            http: Default::default(),
         }
     }
 }
@@ -95,6 +101,7 @@ pub async fn start(opts: Opts) -> Server {
             max_blob_size: opts.max_blob_size,
             token_ttl: Some(opts.token_ttl),
             max_tokens: opts.max_tokens,
+            max_tokens_per_owner: opts.max_tokens_per_owner,
             ..Default::default()
         },
     )
@@ -102,9 +109,14 @@ pub async fn start(opts: Opts) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(store_ops::http::serve(listener, ops.clone(), async move {
-        let _ = rx.await;
-    }));
+    let handle = tokio::spawn(store_ops::http::serve_with(
+        listener,
+        ops.clone(),
+        opts.http,
+        async move {
+            let _ = rx.await;
+        },
+    ));
     Server {
         base: format!("http://{addr}"),
         addr,

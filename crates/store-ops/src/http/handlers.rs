@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::header::{
     ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, LOCATION,
     RANGE, RETRY_AFTER,
@@ -14,27 +14,50 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::body::{blob_body, body_reader, have_body_limit, read_limited};
+use super::gate::request_id;
 use super::{
     HEADER_CREATED_AT, HEADER_DEDUPLICATED, HEADER_DIGEST, HEADER_EXPECT_DIGEST, HEADER_TIER,
 };
+use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
 use crate::payload::{HaveRequest, StatResponse};
 use crate::range::parse_range_header;
 use crate::Ops;
 
-/// The JSON error answer; counts the error.
-fn fail(ops: &Ops, e: OpsError) -> Response {
+/// What a client is told instead of an internal error's message (which
+/// may name paths, pids or backend addresses): the request id under which
+/// the server logged it.
+pub(crate) fn redacted_message() -> String {
+    match request_id() {
+        Some(id) => format!("internal error; the server log has the details under request id {id}"),
+        None => "internal error; the server log has the details".to_string(),
+    }
+}
+
+/// The JSON error answer; counts the error. An `internal` error's message
+/// is logged with the request id and replaced by [`redacted_message`].
+fn fail(ops: &Ops, mut e: OpsError) -> Response {
     ops.metrics().error(e.code);
     let status =
         StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let id = request_id().unwrap_or_default();
     // A token-cap refusal is expected under load and is logged (rate
     // limited) where it is raised; per-request lines would flood the log.
     if status.is_server_error() && e.code != ErrorCode::TooManyTokens {
-        tracing::warn!("{e}");
+        tracing::warn!(request_id = %id, "{e}");
     } else {
-        tracing::debug!("{e}");
+        tracing::debug!(request_id = %id, "{e}");
+    }
+    if e.code == ErrorCode::Internal {
+        e.message = redacted_message();
     }
     let mut resp = (status, Json(e.body())).into_response();
+    if e.code == ErrorCode::Unauthorized {
+        resp.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"blobpool\""),
+        );
+    }
     if let (ErrorCode::InvalidRange, Some(size)) = (e.code, e.size) {
         if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
             resp.headers_mut().insert(CONTENT_RANGE, v);
@@ -47,6 +70,45 @@ fn fail(ops: &Ops, e: OpsError) -> Response {
             .insert(RETRY_AFTER, value(secs.max(1).to_string()));
     }
     resp
+}
+
+/// Requires `Content-Type: application/json` (parameters allowed): a
+/// browser cannot send it cross-site without a CORS preflight, which this
+/// server answers only for configured origins.
+fn require_json(headers: &HeaderMap) -> Result<(), OpsError> {
+    let ok = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+    if ok {
+        Ok(())
+    } else {
+        Err(OpsError::new(
+            ErrorCode::UnsupportedMediaType,
+            "this route takes Content-Type: application/json",
+        ))
+    }
+}
+
+/// One audit line: who did what to which key, and how it ended.
+fn audit(identity: &Identity, action: &str, target: &str, outcome: &str) {
+    tracing::info!(
+        target: "blobpool::audit",
+        request_id = %request_id().unwrap_or_default(),
+        identity = identity.name(),
+        action,
+        target,
+        outcome,
+        "audit"
+    );
+}
+
+fn outcome<T>(r: &Result<T, OpsError>) -> &'static str {
+    match r {
+        Ok(_) => "ok",
+        Err(e) => e.code.as_str(),
+    }
 }
 
 fn path_error(e: PathRejection) -> OpsError {
@@ -81,6 +143,7 @@ fn entry_headers(h: &mut HeaderMap, digest: &str, tier: store_core::Tier) {
 /// `PUT /v1/blobs/{ns}`.
 pub(super) async fn put_blob(
     State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
@@ -89,6 +152,9 @@ pub(super) async fn put_blob(
         Ok(Path(ns)) => ns,
         Err(e) => return fail(&ops, path_error(e)),
     };
+    if let Err(e) = ops.authorize(&identity, Scope::Write, Some(&ns)) {
+        return fail(&ops, e);
+    }
     let len = match headers.get(CONTENT_LENGTH) {
         None => None,
         Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
@@ -112,7 +178,10 @@ pub(super) async fn put_blob(
         },
     };
     let (reader, body_failed) = body_reader(body);
-    match ops.put(&ns, reader, len, expect.as_deref()).await {
+    match ops
+        .put_as(&identity, &ns, reader, len, expect.as_deref())
+        .await
+    {
         Ok(out) => {
             let status = if out.deduplicated {
                 StatusCode::OK
@@ -144,6 +213,7 @@ pub(super) async fn put_blob(
 /// `GET /v1/blobs/{ns}/{digest}`.
 pub(super) async fn get_blob(
     State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
@@ -151,6 +221,9 @@ pub(super) async fn get_blob(
         Ok(Path(p)) => p,
         Err(e) => return fail(&ops, path_error(e)),
     };
+    if let Err(e) = ops.authorize(&identity, Scope::Read, Some(&ns)) {
+        return fail(&ops, e);
+    }
     // An unparsable Range header is ignored (RFC 9110 §14.2).
     let range = headers
         .get(RANGE)
@@ -182,12 +255,16 @@ pub(super) async fn get_blob(
 /// `HEAD /v1/blobs/{ns}/{digest}`.
 pub(super) async fn head_blob(
     State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
     let (ns, digest) = match path {
         Ok(Path(p)) => p,
         Err(e) => return fail(&ops, path_error(e)),
     };
+    if let Err(e) = ops.authorize(&identity, Scope::Read, Some(&ns)) {
+        return fail(&ops, e);
+    }
     match ops.stat(&ns, &digest).await {
         Ok(StatResponse {
             digest,
@@ -209,20 +286,34 @@ pub(super) async fn head_blob(
 /// `DELETE /v1/blobs/{ns}/{digest}`.
 pub(super) async fn delete_blob(
     State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
     let (ns, digest) = match path {
         Ok(Path(p)) => p,
         Err(e) => return fail(&ops, path_error(e)),
     };
-    match ops.delete(&ns, &digest).await {
+    let r = match ops.authorize(&identity, Scope::Delete, Some(&ns)) {
+        Ok(()) => ops.delete(&ns, &digest).await,
+        Err(e) => Err(e),
+    };
+    audit(&identity, "delete", &format!("{ns}/{digest}"), outcome(&r));
+    match r {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => fail(&ops, e),
     }
 }
 
 /// `POST /v1/have`.
-pub(super) async fn have(State(ops): State<Ops>, body: Body) -> Response {
+pub(super) async fn have(
+    State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(e) = require_json(&headers) {
+        return fail(&ops, e);
+    }
     let max = ops.config().max_have_digests;
     let bytes = match read_limited(body, have_body_limit(max), max).await {
         Ok(b) => b,
@@ -237,7 +328,15 @@ pub(super) async fn have(State(ops): State<Ops>, body: Body) -> Response {
             )
         }
     };
-    match ops.have(req).await {
+    let scope = if req.token.is_some() {
+        Scope::Write
+    } else {
+        Scope::Read
+    };
+    if let Err(e) = ops.authorize(&identity, scope, Some(&req.namespace)) {
+        return fail(&ops, e);
+    }
+    match ops.have_as(&identity, req).await {
         Ok(r) => Json(r).into_response(),
         Err(e) => fail(&ops, e),
     }
@@ -246,21 +345,47 @@ pub(super) async fn have(State(ops): State<Ops>, body: Body) -> Response {
 /// `DELETE /v1/tokens/{token}`.
 pub(super) async fn release_token(
     State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
     let token = match path {
         Ok(Path(t)) => t,
         Err(e) => return fail(&ops, path_error(e)),
     };
-    match ops.release_token(&token) {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+    let r = ops.release_token_as(&identity, &token);
+    // The audit line names the pinned key, never the token (a bearer
+    // secret of its owner).
+    let target = match &r {
+        Ok(key) => key.to_string(),
+        Err(_) => "-".to_string(),
+    };
+    audit(&identity, "release_token", &target, outcome(&r));
+    match r {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => fail(&ops, e),
     }
 }
 
 /// `POST /v1/sweep`.
-pub(super) async fn sweep(State(ops): State<Ops>) -> Response {
-    match ops.sweep().await {
+pub(super) async fn sweep(
+    State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = require_json(&headers) {
+        return fail(&ops, e);
+    }
+    if let Err(e) = ops.authorize(&identity, Scope::Admin, None) {
+        audit(&identity, "sweep", "-", e.code.as_str());
+        return fail(&ops, e);
+    }
+    let r = ops.sweep().await;
+    let summary = match &r {
+        Ok(rep) => format!("ok {}", serde_json::to_string(rep).unwrap_or_default()),
+        Err(e) => e.code.as_str().to_string(),
+    };
+    audit(&identity, "sweep", "-", &summary);
+    match r {
         Ok(report) => Json(report).into_response(),
         Err(e) => fail(&ops, e),
     }
@@ -268,7 +393,11 @@ pub(super) async fn sweep(State(ops): State<Ops>) -> Response {
 
 /// `GET /health`.
 pub(super) async fn health(State(ops): State<Ops>) -> Response {
-    let h = ops.health().await;
+    let mut h = ops.health().await;
+    if let Some(err) = h.error.take() {
+        tracing::warn!(request_id = %request_id().unwrap_or_default(), "health: {err}");
+        h.error = Some(redacted_message());
+    }
     let status = if h.status == "ok" {
         StatusCode::OK
     } else {
@@ -278,7 +407,13 @@ pub(super) async fn health(State(ops): State<Ops>) -> Response {
 }
 
 /// `GET /metrics`.
-pub(super) async fn metrics(State(ops): State<Ops>) -> Response {
+pub(super) async fn metrics(
+    State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
+) -> Response {
+    if let Err(e) = ops.authorize(&identity, Scope::Admin, None) {
+        return fail(&ops, e);
+    }
     (
         [(
             CONTENT_TYPE,

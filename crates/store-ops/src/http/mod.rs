@@ -18,7 +18,10 @@
 //! blob responses stream out of the store.
 
 mod body;
+mod gate;
 mod handlers;
+mod server;
+mod tls;
 
 use std::future::Future;
 use std::io;
@@ -31,6 +34,28 @@ use axum::Router;
 use crate::Ops;
 
 pub use body::have_body_limit;
+pub use gate::HEADER_REQUEST_ID;
+pub use server::{raise_nofile_limit, serve_router, ClientCert, PeerInfo, ServerLimits};
+pub use tls::{ClientAuth, TlsSettings};
+
+/// Everything the HTTP binding needs beyond the [`Ops`]: who may do what,
+/// which `Host` names and browser origins are accepted, connection limits
+/// and TLS. [`HttpConfig::default`] is the open loopback server of
+/// ADR-017: no authentication, no TLS, default limits.
+#[derive(Clone, Debug, Default)]
+pub struct HttpConfig {
+    /// Identities and scopes (ADR-023).
+    pub auth: crate::auth::Auth,
+    /// Accepted `Host` header names (without port); empty accepts any.
+    pub allowed_hosts: Vec<String>,
+    /// Origins allowed to make cross-origin requests (CORS); empty: no
+    /// CORS headers at all.
+    pub cors_origins: Vec<String>,
+    /// Connection limits and timeouts.
+    pub limits: ServerLimits,
+    /// TLS, when the server terminates it.
+    pub tls: Option<TlsSettings>,
+}
 
 /// Request header: the digest the uploaded content must hash to.
 pub const HEADER_EXPECT_DIGEST: &str = "x-blobpool-expect-digest";
@@ -43,8 +68,61 @@ pub const HEADER_DIGEST: &str = "x-blobpool-digest";
 /// Response header on puts: `true` when the entry already existed.
 pub const HEADER_DEDUPLICATED: &str = "x-blobpool-deduplicated";
 
-/// The axum router over `ops`.
+/// The axum router over `ops` with [`HttpConfig::default`] (open, any
+/// `Host`, no CORS).
 pub fn router(ops: Ops) -> Router {
+    router_with(ops, &HttpConfig::default())
+}
+
+/// The axum router over `ops`: the routes behind the gate (request id,
+/// `Host` check, authentication, access log) and, when origins are
+/// configured, CORS.
+pub fn router_with(ops: Ops, cfg: &HttpConfig) -> Router {
+    let gate = gate::Gate::new(ops.clone(), cfg);
+    let app = routes(ops).layer(axum::middleware::from_fn_with_state(gate, gate::gate));
+    if cfg.cors_origins.is_empty() {
+        return app;
+    }
+    app.layer(cors(&cfg.cors_origins))
+}
+
+/// CORS for the configured origins only: the methods and headers the API
+/// uses, our response headers exposed, credentials (the `Authorization`
+/// header) allowed.
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use axum::http::{header, HeaderName, Method};
+    let origins: Vec<axum::http::HeaderValue> = origins
+        .iter()
+        .filter_map(|o| axum::http::HeaderValue::from_str(o.trim()).ok())
+        .collect();
+    tower_http::cors::CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([
+            Method::GET,
+            Method::HEAD,
+            Method::PUT,
+            Method::POST,
+            Method::DELETE,
+        ])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::RANGE,
+            HeaderName::from_static(HEADER_EXPECT_DIGEST),
+        ])
+        .expose_headers([
+            header::CONTENT_RANGE,
+            header::ETAG,
+            HeaderName::from_static(HEADER_DIGEST),
+            HeaderName::from_static(HEADER_TIER),
+            HeaderName::from_static(HEADER_CREATED_AT),
+            HeaderName::from_static(HEADER_DEDUPLICATED),
+            HeaderName::from_static(HEADER_REQUEST_ID),
+        ])
+        .allow_credentials(true)
+}
+
+fn routes(ops: Ops) -> Router {
     Router::new()
         .route(
             "/v1/blobs/{ns}",
@@ -87,13 +165,31 @@ pub async fn serve<F>(listener: tokio::net::TcpListener, ops: Ops, shutdown: F) 
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    serve_with(listener, ops, HttpConfig::default(), shutdown).await
+}
+
+/// [`serve`] with a configuration: authentication, `Host` and CORS
+/// policy, connection limits and TLS ([`serve_router`] describes the
+/// connection layer and the shutdown drain: after `shutdown` resolves,
+/// in-flight requests get [`ServerLimits::drain_timeout`], then their
+/// connections are dropped).
+///
+/// Not cancel-safe in the graceful sense, as [`serve`].
+pub async fn serve_with<F>(
+    listener: tokio::net::TcpListener,
+    ops: Ops,
+    cfg: HttpConfig,
+    shutdown: F,
+) -> io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let reaper = ops
         .tokens()
         .ttl()
         .map(|ttl| ops.spawn_token_reaper(reap_interval(ttl)));
-    let result = axum::serve(listener, router(ops))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let app = router_with(ops, &cfg);
+    let result = serve_router(listener, app, cfg.limits, cfg.tls, shutdown).await;
     if let Some(r) = reaper {
         r.abort();
     }
