@@ -3,7 +3,7 @@
 use store_core::{Store, SweepOptions, SweepReport};
 use store_ops::StatResponse;
 use store_types::{Digest, Key, Namespace};
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::output::{missing, CliError, GetResult, HasResult, PutResult};
 use crate::progress::{bar, ProgressRead};
@@ -72,10 +72,14 @@ impl Direct {
             tier: Some(receipt.tier),
             deduplicated: Some(receipt.deduplicated),
             token: None,
+            released: None,
         })
     }
 
-    /// Writes the verified content of `key` to `sink`.
+    /// Writes the verified content of `key` to `sink`. A failed read
+    /// (including a verification failure, which the store reports at the
+    /// end of the content) discards a file sink; a closed stdout is
+    /// [`CliError::stdout_closed`].
     pub async fn get(&self, key: &Key, mut sink: Sink) -> Result<GetResult, CliError> {
         let Some(blob) = self.store.get(key).await? else {
             sink.abort().await;
@@ -85,9 +89,20 @@ impl Direct {
         let pb = bar(self.progress, Some(len), "get");
         let mut reader = BufReader::with_capacity(256 * 1024, ProgressRead::new(blob, pb.clone()));
         let copied = async {
-            let n = tokio::io::copy_buf(&mut reader, sink.writer()).await?;
-            sink.writer().flush().await?;
-            Ok::<u64, std::io::Error>(n)
+            let mut n: u64 = 0;
+            loop {
+                let chunk = reader
+                    .fill_buf()
+                    .await
+                    .map_err(|e| CliError::from(store_types::Error::from(e)))?;
+                if chunk.is_empty() {
+                    return Ok::<u64, CliError>(n);
+                }
+                let k = chunk.len();
+                sink.write_all(chunk).await?;
+                reader.consume(k);
+                n += k as u64;
+            }
         }
         .await;
         pb.finish_and_clear();
@@ -104,7 +119,7 @@ impl Direct {
             }
             Err(e) => {
                 sink.abort().await;
-                Err(store_types::Error::from(e).into())
+                Err(e)
             }
         }
     }

@@ -4,7 +4,17 @@
 //! configured store; `put`, `get`, `stat`, `has`, `rm` and `sweep` work
 //! either directly on the configured store or, with `--server URL`, against
 //! a running server. Exit status: 0 on success, 1 on a failed command (one
-//! line on stderr: `blobpool: <code>: <message>`), 2 on a usage error.
+//! line on stderr: `blobpool: <code>: <message>`), 2 on a usage error
+//! (clap's, or one line `blobpool: usage: <message>`). A closed standard
+//! output (`blobpool get D | head -c 10`) ends the command quietly with 0.
+//!
+//! Over `--server`, `--token` authenticates (a bearer API key; refused over
+//! plain `http://` to a host that is not loopback unless
+//! `--allow-insecure-http`), `--ca-cert` adds a trusted root for
+//! `https://`, `--client-cert`/`--client-key` present a client certificate,
+//! and `--connect-timeout`/`--timeout` bound connecting and each read.
+//! `blobpool key new` mints an API key and the server-config snippet for
+//! it.
 //!
 //! Direct mode opens the store as a non-fleet instance, which holds its
 //! data exclusively (the instance lock, docs/ARCHITECTURE.md): while
@@ -18,19 +28,22 @@ mod direct;
 mod output;
 mod progress;
 mod remote;
+mod security;
 mod serve;
 mod transfer;
 
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use store_types::{Digest, Key, Namespace};
 
-use crate::config::Config;
+use crate::config::{Config, LogFormat};
 use crate::direct::Direct;
 use crate::output::{emit, stat_text, sweep_text, CliError, RmResult};
-use crate::remote::Remote;
+use crate::remote::{Remote, RemoteOpts};
 use crate::transfer::{Sink, Source};
 
 const AFTER_HELP: &str = "\
@@ -44,7 +57,9 @@ Examples:
   blobpool put photo.jpg                      # prints the digest
   blobpool get <digest> -o copy.jpg
   tar c dir | blobpool --server http://127.0.0.1:7070 put -n backups -
-  blobpool has <digest> <digest> --json";
+  blobpool has <digest> <digest> --json
+  BLOBPOOL_TOKEN=bpk_... blobpool --server https://pool.example:7070 get <digest>
+  blobpool key new --name ci --scope read --scope 'write:ci-*'";
 
 /// Blobpool: a content-addressed blob store.
 #[derive(Debug, Parser)]
@@ -58,6 +73,75 @@ struct Cli {
     /// opening the store directly.
     #[arg(long, global = true, env = "BLOBPOOL_SERVER", value_name = "URL")]
     server: Option<String>,
+
+    /// API key for the server, sent as `Authorization: Bearer KEY` (see
+    /// `blobpool key new`). Only over https:// or to a loopback address,
+    /// unless --allow-insecure-http.
+    #[arg(
+        long,
+        global = true,
+        env = "BLOBPOOL_TOKEN",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    token: Option<String>,
+
+    /// Allow sending --token over plain http:// to a host that is not
+    /// loopback (only on a network you trust: anyone on the path can read
+    /// it).
+    #[arg(long, global = true)]
+    allow_insecure_http: bool,
+
+    /// PEM file of root certificates to trust for https:// in addition to
+    /// the system's (e.g. a self-signed server's certificate or its CA).
+    #[arg(long, global = true, env = "BLOBPOOL_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
+
+    /// PEM client certificate (chain) to present to the server (mutual
+    /// TLS); needs --client-key.
+    #[arg(
+        long,
+        global = true,
+        env = "BLOBPOOL_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "client_key"
+    )]
+    client_cert: Option<PathBuf>,
+
+    /// PEM private key of --client-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "BLOBPOOL_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "client_cert"
+    )]
+    client_key: Option<PathBuf>,
+
+    /// How long to wait for a connection to the server (e.g. 10s, 2m, or
+    /// plain seconds; 0: no limit).
+    #[arg(
+        long,
+        global = true,
+        env = "BLOBPOOL_CONNECT_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = parse_duration
+    )]
+    connect_timeout: TimeLimit,
+
+    /// How long the server may stay silent during a request: a per-read
+    /// (idle) timeout, not a deadline, so long transfers that keep moving
+    /// are never cut (e.g. 60s, 5m, or plain seconds; 0: no limit).
+    #[arg(
+        long,
+        global = true,
+        env = "BLOBPOOL_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "60s",
+        value_parser = parse_duration
+    )]
+    timeout: TimeLimit,
 
     /// Print results as JSON (one object per line).
     #[arg(long, global = true)]
@@ -91,8 +175,28 @@ enum Command {
         /// Listen address [default: 127.0.0.1:7070, or `listen` in the config].
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
+        /// Serve a non-loopback address without any API key, client
+        /// certificate or anonymous grant configured: everyone gets every
+        /// scope. Only on a network you trust (overrides the config's
+        /// `insecure_no_auth`).
+        #[arg(long)]
+        insecure_no_auth: bool,
+        /// Log format on stderr: text or json [default: `log_format` in the
+        /// config, else text].
+        #[arg(long, value_name = "FORMAT", value_parser = parse_log_format)]
+        log_format: Option<LogFormat>,
     },
     /// Store a file (or stdin with `-`); prints its digest.
+    ///
+    /// With --server, the server pins the new entry with a pin token so a
+    /// sweep cannot delete it before something references it. The token
+    /// is never dropped silently: in text mode stdout is still just the
+    /// digest and a note on stderr shows the token and how to release it
+    /// (`blobpool --server URL release TOKEN`); with --json the object
+    /// carries `"token"`. With --release the token is released at once
+    /// (stderr says so; --json has `"released": true`). If the command
+    /// fails after the server stored the blob, the token is released
+    /// before exiting.
     Put {
         /// The file to store, or `-` for stdin.
         #[arg(value_name = "FILE|-")]
@@ -133,6 +237,13 @@ enum Command {
         #[command(flatten)]
         ns: NsArg,
     },
+    /// Release pin tokens a server holds (from `put --server`); needs
+    /// --server.
+    Release {
+        /// The tokens.
+        #[arg(required = true, value_name = "TOKEN")]
+        tokens: Vec<String>,
+    },
     /// Delete a blob (refused while it is pinned or referenced).
     Rm {
         /// The blob's digest.
@@ -145,6 +256,64 @@ enum Command {
     /// `gc.unreferenced_namespaces`); with none at all, the sweep reports
     /// `no_liveness_sources` and deletes nothing.
     Sweep,
+    /// API keys for the server's `[[auth.keys]]` (ADR-023).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum KeyCommand {
+    /// Print a fresh API key and the `[[auth.keys]]` entry for the server's
+    /// config (the server stores only the key's hash). Give the key to
+    /// the client (--token / BLOBPOOL_TOKEN); it is shown only once.
+    New {
+        /// The key's name in the server's config and logs [default:
+        /// key-<first 8 hex of its hash>].
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        /// A grant: read, write, delete or admin, optionally followed by
+        /// :NAMESPACE_PATTERN (a glob with `*`, e.g. write:ci-*);
+        /// repeatable [default: read].
+        #[arg(long, value_name = "SCOPE")]
+        scope: Vec<String>,
+    },
+    /// Read a key on stdin and print its `hash = "blake3:..."` line for the
+    /// server's config.
+    Hash,
+}
+
+fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    s.parse()
+}
+
+/// A timeout flag's value (`None`: no limit).
+#[derive(Clone, Copy, Debug)]
+struct TimeLimit(Option<Duration>);
+
+/// A duration flag: plain seconds or a number with `ms`, `s`, `m` or `h`;
+/// `0` means no limit.
+fn parse_duration(s: &str) -> Result<TimeLimit, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 10s, 2m, 500ms, or plain seconds)"))?;
+    let secs = match unit.trim() {
+        "" | "s" | "sec" | "secs" => n,
+        "ms" => n / 1000.0,
+        "m" | "min" | "mins" => n * 60.0,
+        "h" => n * 3600.0,
+        u => return Err(format!("{s:?}: unknown unit {u:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs > 1e9 {
+        return Err(format!("{s:?} is too long"));
+    }
+    Ok(TimeLimit(
+        (secs > 0.0).then(|| Duration::from_secs_f64(secs)),
+    ))
 }
 
 enum Target {
@@ -164,10 +333,26 @@ fn load_config(cli: &Cli) -> Result<Config, CliError> {
     Config::load(cli.config.as_deref(), &|k| std::env::var(k).ok()).map_err(CliError::config)
 }
 
+fn remote_opts(cli: &Cli) -> RemoteOpts {
+    RemoteOpts {
+        token: cli.token.clone(),
+        allow_insecure_http: cli.allow_insecure_http,
+        ca_cert: cli.ca_cert.clone(),
+        client_cert: cli.client_cert.clone(),
+        client_key: cli.client_key.clone(),
+        connect_timeout: cli.connect_timeout.0,
+        read_timeout: cli.timeout.0,
+    }
+}
+
+fn remote(cli: &Cli, url: &str) -> Result<Remote, CliError> {
+    Remote::new(url, &remote_opts(cli), !cli.quiet)
+}
+
 async fn target(cli: &Cli) -> Result<Target, CliError> {
     let progress = !cli.quiet;
     match &cli.server {
-        Some(url) => Ok(Target::Remote(Remote::new(url, progress)?)),
+        Some(url) => Ok(Target::Remote(remote(cli, url)?)),
         None => {
             let cfg = load_config(cli)?;
             let store = cfg
@@ -182,13 +367,23 @@ async fn target(cli: &Cli) -> Result<Target, CliError> {
 async fn run(cli: Cli) -> Result<(), CliError> {
     let json = cli.json;
     match &cli.command {
-        Command::Serve { listen } => {
+        Command::Serve {
+            listen,
+            insecure_no_auth,
+            log_format,
+        } => {
             if cli.server.is_some() {
-                return Err(CliError::new("usage", "serve does not take --server"));
+                return Err(CliError::usage("serve does not take --server"));
             }
             let mut cfg = load_config(&cli)?;
             if let Some(l) = listen {
                 cfg.listen = l.clone();
+            }
+            if *insecure_no_auth {
+                cfg.insecure_no_auth = true;
+            }
+            if let Some(f) = log_format {
+                cfg.log_format = *f;
             }
             serve::run(cfg).await
         }
@@ -201,13 +396,35 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let ns = parse_ns(&ns.namespace)?;
             let expect = expect.as_deref().map(parse_digest).transpose()?;
             let src = Source::parse(file);
-            let r = match target(&cli).await? {
-                Target::Direct(d) => d.put(&ns, &src, expect).await?,
-                Target::Remote(r) => r.put(&ns, &src, expect, *release).await?,
+            match target(&cli).await? {
+                Target::Direct(d) => {
+                    let r = d.put(&ns, &src, expect).await?;
+                    emit(json, &r, |r| r.digest.clone())
+                }
+                Target::Remote(remote) => {
+                    let r = remote.put(&ns, &src, expect, *release).await?;
+                    report_remote_put(&remote, json, &r).await
+                }
+            }
+        }
+        Command::Release { tokens } => {
+            let Some(url) = &cli.server else {
+                return Err(CliError::usage(
+                    "release needs --server URL: pin tokens are held by a server",
+                ));
             };
-            emit(json, &r, |r| r.digest.clone());
+            let remote = remote(&cli, url)?;
+            for token in tokens {
+                remote.release(token).await?;
+                emit(
+                    json,
+                    &serde_json::json!({ "token": token, "released": true }),
+                    |_| format!("released {token}"),
+                )?;
+            }
             Ok(())
         }
+        Command::Key(k) => key_command(k, json),
         Command::Get { digest, ns, output } => {
             let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
             let t = target(&cli).await?;
@@ -218,7 +435,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Target::Remote(r) => r.get(&key, sink).await?,
             };
             if !to_stdout {
-                emit(json, &r, |_| String::new());
+                emit(json, &r, |_| String::new())?;
             }
             Ok(())
         }
@@ -228,8 +445,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Target::Direct(d) => d.stat(&key).await?,
                 Target::Remote(r) => r.stat(&key).await?,
             };
-            emit(json, &s, stat_text);
-            Ok(())
+            emit(json, &s, stat_text)
         }
         Command::Has { digests, ns } => {
             let ns = parse_ns(&ns.namespace)?;
@@ -248,8 +464,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                     .map(|(d, p)| format!("{d}\t{}", if *p { "present" } else { "absent" }))
                     .collect::<Vec<_>>()
                     .join("\n")
-            });
-            Ok(())
+            })
         }
         Command::Rm { digest, ns } => {
             let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
@@ -262,16 +477,114 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 digest: key.digest.to_hex(),
                 deleted: true,
             };
-            emit(json, &r, |r| format!("deleted {}", r.digest));
-            Ok(())
+            emit(json, &r, |r| format!("deleted {}", r.digest))
         }
         Command::Sweep => {
             let report = match target(&cli).await? {
                 Target::Direct(d) => d.sweep().await?,
                 Target::Remote(r) => r.sweep().await?,
             };
-            emit(json, &report, sweep_text);
-            Ok(())
+            emit(json, &report, sweep_text)
+        }
+    }
+}
+
+/// Prints a remote put's result (see `put`'s help). If printing fails, the
+/// pin token (which nobody saw) is released before the error is returned.
+async fn report_remote_put(
+    remote: &Remote,
+    json: bool,
+    r: &output::PutResult,
+) -> Result<(), CliError> {
+    if let Err(e) = emit(json, r, |r| r.digest.clone()) {
+        if let Some(token) = &r.token {
+            if let Err(re) = remote.release(token).await {
+                return Err(CliError::new(
+                    e.code.clone(),
+                    format!(
+                        "{}; stored {} but could not release its pin token {token} ({re})",
+                        e.message, r.digest
+                    ),
+                ));
+            }
+        }
+        return Err(e);
+    }
+    if !json {
+        match &r.token {
+            Some(token) => eprintln!(
+                "blobpool: pin token {token} holds this entry (sweeps keep it); release it \
+                 with `blobpool --server {} release {token}` once it is referenced, \
+                 or put with --release",
+                remote.base
+            ),
+            None => {
+                eprintln!("blobpool: pin token released: only references protect this entry now")
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `blobpool key new` / `key hash`.
+fn key_command(k: &KeyCommand, json: bool) -> Result<(), CliError> {
+    use store_ops::auth::{generate_key, hash_key, Grant};
+    let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
+    match k {
+        KeyCommand::New { name, scope } => {
+            let scopes = if scope.is_empty() {
+                vec!["read".to_string()]
+            } else {
+                scope
+                    .iter()
+                    .map(|s| Grant::parse(s).map(|g| g.to_string()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| CliError::usage(format!("--scope {e}")))?
+            };
+            let key = generate_key();
+            let hash = hash_key(&key);
+            let name = match name {
+                Some(n) if n.trim().is_empty() => {
+                    return Err(CliError::usage("--name must not be empty"))
+                }
+                Some(n) => n.clone(),
+                None => {
+                    let hex = hash.strip_prefix("blake3:").unwrap_or(&hash);
+                    format!("key-{}", &hex[..8.min(hex.len())])
+                }
+            };
+            emit(
+                json,
+                &serde_json::json!({
+                    "key": key, "name": name, "hash": hash, "scopes": scopes,
+                }),
+                |_| {
+                    let list: Vec<String> = scopes.iter().map(|s| quote(s)).collect();
+                    format!(
+                        "key: {key}\n[[auth.keys]]\nname = {}\nhash = {}\nscopes = [{}]",
+                        quote(&name),
+                        quote(&hash),
+                        list.join(", ")
+                    )
+                },
+            )
+        }
+        KeyCommand::Hash => {
+            let mut input = String::new();
+            std::io::stdin()
+                .take(64 * 1024)
+                .read_to_string(&mut input)
+                .map_err(|e| CliError::io("reading the key from stdin", e))?;
+            let key = input.trim();
+            if key.is_empty() || key.contains(char::is_whitespace) {
+                return Err(CliError::usage(
+                    "key hash reads one key (e.g. bpk_...) on stdin",
+                ));
+            }
+            let hash = hash_key(key);
+            emit(json, &serde_json::json!({ "hash": hash }), |_| {
+                format!("hash = {}", quote(&hash))
+            })
         }
     }
 }
@@ -290,9 +603,37 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout went away (`| head`): not a failure.
+        Err(e) if e.is_stdout_closed() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("blobpool: {e}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse() {
+        let d = |s: &str| parse_duration(s).map(|t| t.0);
+        assert_eq!(d("10"), Ok(Some(Duration::from_secs(10))));
+        assert_eq!(d("10s"), Ok(Some(Duration::from_secs(10))));
+        assert_eq!(d("2m"), Ok(Some(Duration::from_secs(120))));
+        assert_eq!(d("1h"), Ok(Some(Duration::from_secs(3600))));
+        assert_eq!(d("250ms"), Ok(Some(Duration::from_millis(250))));
+        assert_eq!(d("1.5s"), Ok(Some(Duration::from_millis(1500))));
+        assert_eq!(d("0"), Ok(None));
+        for bad in ["", "s", "soon", "5y", "-1", "1e400"] {
+            assert!(d(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -34,7 +34,33 @@ impl CliError {
     pub fn io(what: &str, e: std::io::Error) -> Self {
         CliError::new("io", format!("{what}: {e}"))
     }
+
+    /// A usage error (bad flags or arguments): exit status 2.
+    pub fn usage(message: impl Into<String>) -> Self {
+        CliError::new(USAGE, message)
+    }
+
+    /// Standard output was closed by its reader (`| head`): the command
+    /// ends quietly with status 0.
+    pub fn stdout_closed() -> Self {
+        CliError::new(STDOUT_CLOSED, "standard output was closed")
+    }
+
+    /// Whether this is [`CliError::stdout_closed`].
+    pub fn is_stdout_closed(&self) -> bool {
+        self.code == STDOUT_CLOSED
+    }
+
+    /// Whether this is a usage error (exit status 2).
+    pub fn is_usage(&self) -> bool {
+        self.code == USAGE
+    }
 }
+
+/// The code of a usage error.
+const USAGE: &str = "usage";
+/// The (never printed) code of a closed standard output.
+const STDOUT_CLOSED: &str = "stdout_closed";
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -93,6 +119,9 @@ pub struct PutResult {
     /// The server's pin token (server mode, unless released).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// `true` when the pin token was released (server mode, `--release`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released: Option<bool>,
 }
 
 /// `get`'s result (printed only with `-o`).
@@ -131,19 +160,37 @@ pub struct RmResult {
     pub deleted: bool,
 }
 
-/// Prints a result as JSON or with `text`.
-pub fn emit<T: Serialize>(json: bool, value: &T, text: impl FnOnce(&T) -> String) {
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string(value).expect("results serialize")
-        );
+/// Prints a result on stdout as JSON or with `text` (nothing for an empty
+/// text). A closed stdout is [`CliError::stdout_closed`].
+pub fn emit<T: Serialize>(
+    json: bool,
+    value: &T,
+    text: impl FnOnce(&T) -> String,
+) -> Result<(), CliError> {
+    let line = if json {
+        serde_json::to_string(value).expect("results serialize")
     } else {
-        let t = text(value);
-        if !t.is_empty() {
-            println!("{t}");
-        }
+        text(value)
+    };
+    if line.is_empty() {
+        return Ok(());
     }
+    print_stdout(&line)
+}
+
+/// Writes `line` and a newline on stdout and flushes.
+pub fn print_stdout(line: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                CliError::stdout_closed()
+            } else {
+                CliError::io("writing to stdout", e)
+            }
+        })
 }
 
 /// `stat`'s text form.

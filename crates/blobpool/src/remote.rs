@@ -1,38 +1,135 @@
-//! Commands run against a blobpool server over HTTP (reqwest), streaming
-//! both ways.
+//! Commands run against a blobpool server over HTTP(S) (reqwest with
+//! rustls), streaming both ways.
+//!
+//! Credentials: `--token` goes in an `Authorization: Bearer` header on
+//! every request, and only over `https://` or to a loopback address unless
+//! `--allow-insecure-http` says the network is trusted; credentials in the
+//! URL (`http://user:pw@host`) are refused. Redirects are not followed.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use futures::StreamExt;
-use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use reqwest::{Client, Response, StatusCode};
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use reqwest::{Certificate, Client, Identity, Response, StatusCode, Url};
 use store_core::SweepReport;
 use store_ops::http::{HEADER_CREATED_AT, HEADER_EXPECT_DIGEST, HEADER_TIER};
 use store_ops::{
     ErrorBody, HaveRequest, HaveResponse, PutResponse, StatResponse, DEFAULT_MAX_HAVE_DIGESTS,
 };
 use store_types::{Digest, Key, Namespace, Tier};
-use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
 use crate::output::{missing, CliError, GetResult, HasResult, PutResult};
 use crate::progress::{bar, ProgressRead};
 use crate::transfer::{Sink, Source};
 
+/// How to reach and authenticate to the server (the global flags).
+#[derive(Clone, Debug, Default)]
+pub struct RemoteOpts {
+    /// API key sent as `Authorization: Bearer`.
+    pub token: Option<String>,
+    /// Allow credentials over plain `http://` to a non-loopback host.
+    pub allow_insecure_http: bool,
+    /// Extra PEM root certificates (added to the system's).
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate chain (PEM), for mutual TLS.
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub client_key: Option<PathBuf>,
+    /// Connect timeout (`None`: none).
+    pub connect_timeout: Option<Duration>,
+    /// Per-read (idle) timeout (`None`: none). Not a total deadline, so a
+    /// long transfer that keeps moving is never cut.
+    pub read_timeout: Option<Duration>,
+}
+
 /// A blobpool server.
 pub struct Remote {
-    base: String,
+    /// The base URL, without a trailing `/`.
+    pub base: String,
     http: Client,
     progress: bool,
 }
 
-fn transport(e: reqwest::Error) -> CliError {
+/// Checks `--server URL` against the options and returns the base URL
+/// (without a trailing `/`). Usage errors: no `http://`/`https://` scheme;
+/// credentials, a query or a fragment in the URL; a token over plain HTTP
+/// to a host that is not loopback without `--allow-insecure-http`.
+pub fn check_server_url(url: &str, opts: &RemoteOpts) -> Result<String, CliError> {
+    let raw = url.trim();
+    let lower = raw.to_ascii_lowercase();
+    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+        return Err(CliError::usage(format!(
+            "--server {raw:?} has no http:// or https:// scheme: write \
+             https://{raw} (or http://{raw} for a server without TLS)",
+            raw = raw.split_once("://").map_or(raw, |(_, rest)| rest)
+        )));
+    }
+    let parsed = Url::parse(raw)
+        .map_err(|e| CliError::usage(format!("--server {raw:?} is not a valid URL: {e}")))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(CliError::usage(
+            "--server must not carry credentials (user:password@host): \
+             pass an API key with --token or BLOBPOOL_TOKEN instead",
+        ));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(CliError::usage(format!(
+            "--server {raw:?} must not have a query or fragment"
+        )));
+    }
+    let host = parsed.host_str().unwrap_or("");
+    if parsed.scheme() == "http"
+        && opts.token.is_some()
+        && !opts.allow_insecure_http
+        && !is_loopback(&parsed)
+    {
+        return Err(CliError::usage(format!(
+            "refusing to send --token over plain http:// to {host}, which is not a \
+             loopback address (anyone on the path could read it): use https://, \
+             or pass --allow-insecure-http if this network is trusted"
+        )));
+    }
+    Ok(parsed.as_str().trim_end_matches('/').to_string())
+}
+
+/// Whether the URL's host is a loopback address or `localhost`.
+fn is_loopback(url: &Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => {
+            let d = bare.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+    }
+}
+
+fn read_pem(path: &Path, flag: &str) -> Result<Vec<u8>, CliError> {
+    std::fs::read(path)
+        .map_err(|e| CliError::config(format!("{flag} {}: cannot read: {e}", path.display())))
+}
+
+/// An error and its sources on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();
-    let mut src = std::error::Error::source(&e);
+    let mut src = e.source();
     while let Some(s) = src {
         msg.push_str(": ");
         msg.push_str(&s.to_string());
         src = s.source();
     }
-    CliError::new("http", msg)
+    msg
+}
+
+fn transport(e: reqwest::Error) -> CliError {
+    let code = if e.is_timeout() { "timeout" } else { "http" };
+    CliError::new(code, error_chain(&e))
 }
 
 /// The server's structured error, or a generic one.
@@ -45,18 +142,70 @@ async fn server_error(resp: Response) -> CliError {
 }
 
 impl Remote {
-    /// A client of the server at `base` (`http://host:port`).
-    pub fn new(base: &str, progress: bool) -> Result<Self, CliError> {
-        let base = base.trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(CliError::new(
-                "usage",
-                format!("--server must be an http:// URL, got {base:?}"),
-            ));
+    /// A client of the server at `url` (`http[s]://host[:port][/prefix]`),
+    /// after the checks of [`check_server_url`].
+    pub fn new(url: &str, opts: &RemoteOpts, progress: bool) -> Result<Self, CliError> {
+        let base = check_server_url(url, opts)?;
+        let mut b = Client::builder()
+            // The server never redirects; following one could carry the
+            // token elsewhere (or a streamed body nowhere).
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("blobpool/", env!("CARGO_PKG_VERSION")));
+        if let Some(t) = opts.connect_timeout {
+            b = b.connect_timeout(t);
         }
-        let http = Client::builder()
+        if let Some(t) = opts.read_timeout {
+            b = b.read_timeout(t);
+        }
+        if let Some(token) = &opts.token {
+            let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| CliError::usage("--token must be printable ASCII without spaces"))?;
+            v.set_sensitive(true);
+            let mut h = HeaderMap::new();
+            h.insert(AUTHORIZATION, v);
+            b = b.default_headers(h);
+        }
+        if let Some(ca) = &opts.ca_cert {
+            let pem = read_pem(ca, "--ca-cert")?;
+            let certs = Certificate::from_pem_bundle(&pem).map_err(|e| {
+                CliError::config(format!(
+                    "--ca-cert {}: not a PEM certificate bundle: {e}",
+                    ca.display()
+                ))
+            })?;
+            if certs.is_empty() {
+                return Err(CliError::config(format!(
+                    "--ca-cert {}: no certificate in the file",
+                    ca.display()
+                )));
+            }
+            b = b.tls_certs_merge(certs);
+        }
+        match (&opts.client_cert, &opts.client_key) {
+            (Some(cert), Some(key)) => {
+                let mut pem = read_pem(cert, "--client-cert")?;
+                pem.push(b'\n');
+                pem.extend(read_pem(key, "--client-key")?);
+                let id = Identity::from_pem(&pem).map_err(|e| {
+                    CliError::config(format!(
+                        "--client-cert {} / --client-key {}: {}",
+                        cert.display(),
+                        key.display(),
+                        error_chain(&e)
+                    ))
+                })?;
+                b = b.identity(id);
+            }
+            (None, None) => {}
+            _ => {
+                return Err(CliError::usage(
+                    "--client-cert and --client-key go together",
+                ))
+            }
+        }
+        let http = b
             .build()
-            .map_err(|e| CliError::new("http", e.to_string()))?;
+            .map_err(|e| CliError::new("tls", error_chain(&e)))?;
         Ok(Remote {
             base,
             http,
@@ -99,11 +248,21 @@ impl Remote {
             return Err(server_error(resp).await);
         }
         let body: PutResponse = resp.json().await.map_err(transport)?;
-        let token = if release {
-            self.release(&body.token).await?;
-            None
+        let (token, released) = if release {
+            if let Err(e) = self.release(&body.token).await {
+                return Err(CliError::new(
+                    e.code,
+                    format!(
+                        "stored {} but releasing its pin token failed ({}); the token {} \
+                         still holds the entry: release it with \
+                         `blobpool --server {} release {}`",
+                        body.digest, e.message, body.token, self.base, body.token
+                    ),
+                ));
+            }
+            (None, Some(true))
         } else {
-            Some(body.token)
+            (Some(body.token), None)
         };
         Ok(PutResult {
             namespace: ns.to_string(),
@@ -112,11 +271,19 @@ impl Remote {
             tier: None,
             deduplicated: None,
             token,
+            released,
         })
     }
 
     /// `DELETE /v1/tokens/{token}`.
     pub async fn release(&self, token: &str) -> Result<(), CliError> {
+        if token.is_empty()
+            || !token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
+        {
+            return Err(CliError::usage(format!("{token:?} is not a pin token")));
+        }
         let resp = self
             .http
             .delete(format!("{}/v1/tokens/{token}", self.base))
@@ -155,10 +322,7 @@ impl Remote {
                 hasher.update(&chunk);
                 n += chunk.len() as u64;
                 pb.inc(chunk.len() as u64);
-                sink.writer()
-                    .write_all(&chunk)
-                    .await
-                    .map_err(|e| CliError::io("writing the output", e))?;
+                sink.write_all(&chunk).await?;
             }
             Ok(())
         }
@@ -236,6 +400,9 @@ impl Remote {
             let resp = self
                 .http
                 .post(format!("{}/v1/have", self.base))
+                // Required by the server (a CSRF defence); `.json` sets it
+                // too, but the contract is explicit here.
+                .header(CONTENT_TYPE, "application/json")
                 .json(&req)
                 .send()
                 .await
@@ -278,6 +445,8 @@ impl Remote {
         let resp = self
             .http
             .post(format!("{}/v1/sweep", self.base))
+            .header(CONTENT_TYPE, "application/json")
+            .body("{}")
             .send()
             .await
             .map_err(transport)?;
@@ -285,5 +454,71 @@ impl Remote {
             return Err(server_error(resp).await);
         }
         resp.json().await.map_err(transport)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(url: &str, token: bool, insecure: bool) -> Result<String, CliError> {
+        let opts = RemoteOpts {
+            token: token.then(|| "bpk_t".to_string()),
+            allow_insecure_http: insecure,
+            ..Default::default()
+        };
+        check_server_url(url, &opts)
+    }
+
+    #[test]
+    fn server_urls_need_a_scheme_and_no_userinfo() {
+        assert_eq!(
+            check("http://127.0.0.1:7070/", false, false).unwrap(),
+            "http://127.0.0.1:7070"
+        );
+        assert_eq!(
+            check("https://h.example/pool/", true, false).unwrap(),
+            "https://h.example/pool"
+        );
+        for bad in [
+            "127.0.0.1:7070",
+            "localhost:7070",
+            "h.example",
+            "ftp://h",
+            "http://u:p@h:1",
+            "https://u@h:1",
+            "http://h:1/?a=b",
+            "http://",
+        ] {
+            let e = check(bad, false, false).unwrap_err();
+            assert!(e.is_usage(), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn tokens_go_over_plain_http_only_to_loopback() {
+        for ok in [
+            "http://127.0.0.1:1",
+            "http://127.8.9.1:1",
+            "http://[::1]:1",
+            "http://localhost:1",
+            "http://LOCALHOST.:1",
+            "https://192.0.2.1:1",
+        ] {
+            check(ok, true, false).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for remote in [
+            "http://192.0.2.1:1",
+            "http://example.com",
+            "http://[2001:db8::1]:1",
+        ] {
+            let e = check(remote, true, false).unwrap_err();
+            assert!(
+                e.is_usage() && e.message.contains("--allow-insecure-http"),
+                "{e}"
+            );
+            check(remote, true, true).unwrap();
+            check(remote, false, false).unwrap();
+        }
     }
 }

@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tempfile::TempPath;
+use tokio::io::{AsyncRead, AsyncWriteExt};
 
 use crate::output::CliError;
 
@@ -59,19 +60,49 @@ pub enum Sink {
     File {
         /// The final path.
         dest: PathBuf,
-        /// The temporary path.
-        tmp: PathBuf,
+        /// The temporary file's path: removed when dropped unless persisted.
+        tmp: TempPath,
         /// The open temporary file.
         file: tokio::fs::File,
     },
 }
 
-fn temp_path(dest: &Path) -> PathBuf {
+/// The directory a get's temporary file is created in: the destination's.
+fn parent_dir(dest: &Path) -> &Path {
+    match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Creates the temporary file beside `dest`: a fresh random name opened
+/// with `O_CREAT | O_EXCL` (tempfile), so a file or symlink planted under a
+/// predictable name is never followed or overwritten. Readable as a file
+/// created by `File::create` would be (0666 less the umask).
+fn create_temp(dest: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     let name = dest
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "blob".into());
-    dest.with_file_name(format!(".{name}.blobpool-part-{}", std::process::id()))
+    let prefix = format!(".{name}.");
+    let mut b = tempfile::Builder::new();
+    b.prefix(&prefix).suffix(".blobpool-part");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        b.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    b.tempfile_in(parent_dir(dest))
+}
+
+/// The error of a failed write to the sink: a closed stdout (the reader
+/// went away, `blobpool get D | head -c 10`) is [`CliError::stdout_closed`].
+fn write_error(to_stdout: bool, e: std::io::Error) -> CliError {
+    if to_stdout && e.kind() == std::io::ErrorKind::BrokenPipe {
+        CliError::stdout_closed()
+    } else {
+        CliError::io("writing the output", e)
+    }
 }
 
 impl Sink {
@@ -81,24 +112,38 @@ impl Sink {
             None => Ok(Sink::Stdout(tokio::io::stdout())),
             Some(p) if p.as_os_str() == "-" => Ok(Sink::Stdout(tokio::io::stdout())),
             Some(dest) => {
-                let tmp = temp_path(dest);
-                let file = tokio::fs::File::create(&tmp)
+                let dest = dest.to_path_buf();
+                let d = dest.clone();
+                let tmp = tokio::task::spawn_blocking(move || create_temp(&d))
                     .await
-                    .map_err(|e| CliError::io(&format!("cannot create {}", tmp.display()), e))?;
+                    .map_err(|e| CliError::new("internal", e.to_string()))?
+                    .map_err(|e| {
+                        CliError::io(
+                            &format!(
+                                "cannot create a temporary file in {}",
+                                parent_dir(&dest).display()
+                            ),
+                            e,
+                        )
+                    })?;
+                let (file, tmp) = tmp.into_parts();
                 Ok(Sink::File {
-                    dest: dest.to_path_buf(),
+                    dest,
                     tmp,
-                    file,
+                    file: tokio::fs::File::from_std(file),
                 })
             }
         }
     }
 
-    /// The writer.
-    pub fn writer(&mut self) -> &mut (dyn AsyncWrite + Unpin + Send) {
+    /// Writes all of `chunk`.
+    pub async fn write_all(&mut self, chunk: &[u8]) -> Result<(), CliError> {
         match self {
-            Sink::Stdout(s) => s,
-            Sink::File { file, .. } => file,
+            Sink::Stdout(s) => s.write_all(chunk).await.map_err(|e| write_error(true, e)),
+            Sink::File { file, .. } => file
+                .write_all(chunk)
+                .await
+                .map_err(|e| write_error(false, e)),
         }
     }
 
@@ -110,36 +155,40 @@ impl Sink {
         }
     }
 
-    /// Flushes and, for a file, renames it into place.
+    /// Flushes and, for a file, syncs it and renames it onto the
+    /// destination (replacing a file or symlink there, never following
+    /// it). On failure the temporary file is removed.
     pub async fn commit(self) -> Result<(), CliError> {
         match self {
-            Sink::Stdout(mut s) => s.flush().await.map_err(|e| CliError::io("stdout", e)),
+            Sink::Stdout(mut s) => s.flush().await.map_err(|e| write_error(true, e)),
             Sink::File {
                 dest,
                 tmp,
                 mut file,
             } => {
-                let done = async {
+                let synced = async {
                     file.flush().await?;
-                    file.sync_all().await?;
-                    drop(file);
-                    tokio::fs::rename(&tmp, &dest).await
+                    file.sync_all().await
                 }
                 .await;
-                if let Err(e) = done {
-                    let _ = tokio::fs::remove_file(&tmp).await;
-                    return Err(CliError::io(&format!("cannot write {}", dest.display()), e));
-                }
-                Ok(())
+                drop(file);
+                let cannot = |e| CliError::io(&format!("cannot write {}", dest.display()), e);
+                // Dropping `tmp` removes the temporary file.
+                synced.map_err(cannot)?;
+                let d = dest.clone();
+                tokio::task::spawn_blocking(move || tmp.persist(&d).map_err(|e| e.error))
+                    .await
+                    .map_err(|e| CliError::new("internal", e.to_string()))?
+                    .map_err(cannot)
             }
         }
     }
 
-    /// Discards a file sink's temporary file.
+    /// Discards a file sink's temporary file (stdout: nothing to undo).
     pub async fn abort(self) {
         if let Sink::File { tmp, file, .. } = self {
             drop(file);
-            let _ = tokio::fs::remove_file(&tmp).await;
+            let _ = tokio::task::spawn_blocking(move || tmp.close()).await;
         }
     }
 }

@@ -448,3 +448,369 @@ fn direct_mode_refuses_the_data_of_a_running_server() {
         serde_json::from_str(&ok(run(cmd(d).args(["sweep", "--json"])))).unwrap();
     assert_eq!(v["total"]["staged"], 2, "{v}");
 }
+
+// ---- Issue 12: the CLI's security and robustness items ----
+
+/// A usage error: exit 2 and one stderr line `blobpool: usage: …`
+/// containing each of `words`.
+fn usage_error(o: Output, words: &[&str]) {
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    assert!(o.stdout.is_empty(), "stdout: {}", stdout(&o));
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line expected: {err:?}");
+    assert!(lines[0].starts_with("blobpool: usage: "), "{err:?}");
+    for w in words {
+        assert!(err.contains(w), "{w:?} missing from {err:?}");
+    }
+}
+
+#[test]
+fn server_urls_are_checked_before_anything_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let zero = "0".repeat(64);
+    // No scheme: the fix is named.
+    for url in ["127.0.0.1:7070", "localhost:7070", "ftp://h:1"] {
+        usage_error(
+            run(cmd(d).args(["--server", url, "has", &zero])),
+            &["http://", "https://"],
+        );
+    }
+    usage_error(
+        run(cmd(d).args(["--server", "127.0.0.1:7070", "has", &zero])),
+        &["https://127.0.0.1:7070"],
+    );
+    // Credentials in the URL are never used: --token is.
+    usage_error(
+        run(cmd(d).args(["--server", "https://u:pw@127.0.0.1:1", "has", &zero])),
+        &["--token"],
+    );
+    // A token over plain HTTP to a non-loopback host (TEST-NET-1, never
+    // reached: the refusal comes before any connection, so it is quick
+    // even with long timeouts), from the flag or the environment.
+    let started = std::time::Instant::now();
+    for via_env in [false, true] {
+        let mut c = cmd(d);
+        c.args([
+            "--server",
+            "http://192.0.2.1:7070",
+            "--connect-timeout",
+            "5m",
+        ]);
+        if via_env {
+            c.env("BLOBPOOL_TOKEN", "bpk_secret");
+        } else {
+            c.args(["--token", "bpk_secret"]);
+        }
+        let o = run(c.args(["get", &zero, "-o", "out"]));
+        assert!(!stderr(&o).contains("bpk_secret"), "{}", stderr(&o));
+        usage_error(o, &["192.0.2.1", "https://", "--allow-insecure-http"]);
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(!d.join("out").exists());
+    // Bad flag values are clap's usage errors.
+    for args in [
+        &["--timeout", "soon", "sweep"][..],
+        &["--connect-timeout", "5y", "sweep"][..],
+        &["--client-cert", "c.pem", "sweep"][..],
+        &["serve", "--log-format", "yaml"][..],
+        &["key", "new", "--scope", "root"][..],
+    ] {
+        let o = run(cmd(d).args(args));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    usage_error(run(cmd(d).args(["release", "abc"])), &["--server"]);
+}
+
+#[test]
+fn the_read_timeout_ends_a_silent_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    // Accepts, reads the request, never answers.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let started = std::time::Instant::now();
+    let o = run(cmd(dir.path()).args([
+        "--server",
+        &base,
+        "--timeout",
+        "1s",
+        "stat",
+        &"0".repeat(64),
+    ]));
+    fails_with(o, "timeout");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+/// The names in `d` that look like leftovers of a get.
+fn part_files(d: &Path) -> Vec<String> {
+    std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("blobpool-part"))
+        .collect()
+}
+
+#[cfg(unix)]
+#[test]
+fn get_to_a_file_never_follows_planted_symlinks_and_fails_cleanly() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = write_file(d, "f", 200_000, 21);
+    let digest = ok(run(cmd(d).args(["put", "f"])));
+    // A victim outside the output directory, and symlinks to it under
+    // the names a naive implementation would write to.
+    let victim = d.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let out_dir = d.join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    for name in [
+        "blob.tmp",
+        ".blob.tmp",
+        "blob.part",
+        ".blob.blobpool-part",
+        "blob.blobpool-part",
+        &format!(".blob.blobpool-part-{}", std::process::id()),
+    ] {
+        symlink(&victim, out_dir.join(name)).unwrap();
+    }
+    // The destination itself a symlink: replaced, not followed.
+    symlink(&victim, out_dir.join("blob")).unwrap();
+    ok(run(cmd(d).args(["get", &digest, "-o", "out/blob"])));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    let meta = std::fs::symlink_metadata(out_dir.join("blob")).unwrap();
+    assert!(meta.file_type().is_file(), "the symlink was replaced");
+    assert_eq!(std::fs::read(out_dir.join("blob")).unwrap(), data);
+    assert_eq!(part_files(&out_dir).len(), 3, "only the planted ones");
+
+    // A failed get (absent) leaves an existing FILE alone and no temp file.
+    std::fs::write(d.join("keep"), b"old").unwrap();
+    fails_with(
+        run(cmd(d).args(["get", &"0".repeat(64), "-o", "keep"])),
+        "missing",
+    );
+    assert_eq!(std::fs::read(d.join("keep")).unwrap(), b"old");
+    assert!(part_files(d).is_empty());
+    // An unverified get (corrupted large-tier file) too.
+    let big = write_file(d, "big", 300_000, 22);
+    let digest = ok(run(cmd(d).args(["put", "big"])));
+    let stored = find_file_of_len(&d.join("blobpool-data/large"), big.len() as u64)
+        .expect("the large-tier file");
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[1000] ^= 0xff;
+    std::fs::write(&stored, &bytes).unwrap();
+    fails_with(
+        run(cmd(d).args(["get", &digest, "-o", "keep"])),
+        "verification",
+    );
+    assert_eq!(std::fs::read(d.join("keep")).unwrap(), b"old");
+    assert!(part_files(d).is_empty());
+    // Into a directory that does not exist: an io error, nothing created.
+    fails_with(
+        run(cmd(d).args(["get", &"0".repeat(64), "-o", "nodir/x"])),
+        "io",
+    );
+}
+
+fn find_file_of_len(dir: &Path, len: u64) -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir(dir).ok()? {
+        let p = e.ok()?.path();
+        let m = std::fs::metadata(&p).ok()?;
+        if m.is_dir() {
+            if let Some(f) = find_file_of_len(&p, len) {
+                return Some(f);
+            }
+        } else if m.len() == len {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// Runs `c` with stdout a pipe from which one byte is read (when
+/// `read_one`) before it is closed; returns the exit code and stderr.
+fn with_closed_stdout(c: &mut Command, read_one: bool) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    if read_one {
+        let mut b = [0u8; 1];
+        out.read_exact(&mut b).unwrap();
+    }
+    drop(out);
+    let o = child.wait_with_output().unwrap();
+    (o.status.code(), stderr(&o))
+}
+
+/// A pipe whose read end is already closed.
+fn dead_pipe() -> std::io::PipeWriter {
+    let (r, w) = std::io::pipe().unwrap();
+    drop(r);
+    w
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_with_status_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_file(d, "big", 4 << 20, 5);
+    let digest = ok(run(cmd(d).args(["put", "big"])));
+    // `blobpool get D | head -c 1`.
+    let (code, err) = with_closed_stdout(cmd(d).args(["get", &digest]), true);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(err, "");
+    for args in [
+        &["get", &digest][..],
+        &["has", &digest][..],
+        &["stat", &digest][..],
+        &["stat", &digest, "--json"][..],
+        &["put", "big"][..],
+    ] {
+        let o = run(cmd(d).args(args).stdout(dead_pipe()));
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{args:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remote_put_shows_or_releases_its_pin_token() {
+    let s = start(Opts::default()).await;
+    let base = s.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        // Text: stdout is the digest; stderr names the token and the
+        // command that releases it.
+        let data = write_file(&d, "a", 5000, 31);
+        let o = run(cmd(&d).args(["--server", &base, "put", "a"]));
+        let err = stderr(&o);
+        let digest = ok(o);
+        assert_eq!(digest, blake3::hash(&data).to_hex().as_str());
+        let line = err.lines().find(|l| l.contains("pin token")).expect(&err);
+        let token = line
+            .split_whitespace()
+            .nth(3)
+            .expect("blobpool: pin token TOKEN …")
+            .to_string();
+        assert!(
+            line.contains(&format!("--server {base} release {token}")),
+            "{line}"
+        );
+        fails_with(
+            run(cmd(&d).args(["--server", &base, "rm", &digest])),
+            "gc_refuse",
+        );
+        assert_eq!(
+            ok(run(cmd(&d).args(["--server", &base, "release", &token]))),
+            format!("released {token}")
+        );
+        ok(run(cmd(&d).args(["--server", &base, "rm", &digest])));
+        // --release: said on stderr (text) and in the JSON.
+        let o = run(cmd(&d).args(["--server", &base, "put", "a", "--release"]));
+        assert!(stderr(&o).contains("pin token released"), "{}", stderr(&o));
+        assert_eq!(ok(o), digest);
+        ok(run(cmd(&d).args(["--server", &base, "rm", &digest])));
+        let v: serde_json::Value = serde_json::from_str(&ok(run(cmd(&d).args([
+            "--server",
+            &base,
+            "put",
+            "a",
+            "--release",
+            "--json",
+        ]))))
+        .unwrap();
+        assert_eq!(keys(&v), set(&["namespace", "digest", "released"]));
+        assert_eq!(v["released"], true);
+        ok(run(cmd(&d).args(["--server", &base, "rm", &digest])));
+        // The result cannot be printed (stdout closed): the token nobody
+        // saw is released before the quiet exit.
+        let o = run(cmd(&d)
+            .args(["--server", &base, "put", "a"])
+            .stdout(dead_pipe()));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert_eq!(stderr(&o), "");
+        ok(run(cmd(&d).args(["--server", &base, "rm", &digest])));
+        // Remote get into a closed pipe, too.
+        write_file(&d, "big", 3 << 20, 32);
+        let digest = ok(run(cmd(&d).args([
+            "--server",
+            &base,
+            "put",
+            "big",
+            "--release",
+        ])));
+        let (code, err) =
+            with_closed_stdout(cmd(&d).args(["--server", &base, "get", &digest]), true);
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(err, "");
+        // A token over plain HTTP to loopback is allowed.
+        let o = run(cmd(&d).args(["--server", &base, "--token", "bpk_x", "has", &digest]));
+        assert_ne!(o.status.code(), Some(2), "{}", stderr(&o));
+    })
+    .await
+    .unwrap();
+}
+
+#[test]
+fn key_new_prints_a_key_and_its_config_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = ok(run(cmd(d).args([
+        "key",
+        "new",
+        "--name",
+        "ci \"bot\"",
+        "--scope",
+        "read",
+        "--scope",
+        "write:ci-*",
+    ])));
+    let (first, snippet) = out.split_once('\n').unwrap();
+    let key = first.strip_prefix("key: ").expect(&out);
+    assert!(key.starts_with("bpk_"), "{key}");
+    let v: toml::Value = toml::from_str(snippet).expect(snippet);
+    let entry = &v["auth"]["keys"][0];
+    assert_eq!(entry["name"].as_str(), Some("ci \"bot\""));
+    assert_eq!(
+        entry["hash"].as_str(),
+        Some(store_ops::auth::hash_key(key).as_str())
+    );
+    let scopes: Vec<&str> = entry["scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert_eq!(scopes, ["read", "write:ci-*"]);
+    // Fresh each time; read-only and a derived name by default.
+    let out2 = ok(run(cmd(d).args(["key", "new", "--json"])));
+    let j: serde_json::Value = serde_json::from_str(&out2).unwrap();
+    assert_ne!(j["key"].as_str(), Some(key));
+    assert_eq!(j["scopes"], serde_json::json!(["read"]));
+    assert!(j["name"].as_str().unwrap().starts_with("key-"));
+    // `key hash` reads the key on stdin.
+    let mut child = cmd(d)
+        .args(["key", "hash"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{key}").unwrap();
+    let line = ok(child.wait_with_output().unwrap());
+    assert_eq!(
+        line,
+        format!("hash = \"{}\"", store_ops::auth::hash_key(key))
+    );
+    usage_error(run(cmd(d).args(["key", "hash"])), &["stdin"]);
+}
