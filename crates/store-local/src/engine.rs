@@ -126,7 +126,7 @@ impl Engine for LocalEngine {
 
 #[async_trait]
 impl LargeEngine for LocalEngine {
-    /// Creates a stage file in `<root>/.stage/` and starts its writer.
+    /// Creates (and locks) a stage file in `<root>/.stage/`.
     async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
         let stage = LocalStage::open(self.inner.clone(), ns.clone()).await?;
         Ok(Box::new(stage))

@@ -33,11 +33,15 @@
 //!
 //! # Puts
 //!
-//! A stage is a uniquely named file in `.stage/`, written by a dedicated
-//! blocking writer fed through a bounded channel, so the caller hashes
-//! chunk *n + 1* while the writer writes chunk *n*. Publishing:
+//! A stage is a uniquely named file in `.stage/`, written in batches of
+//! buffered chunks (at least 256 KiB), each batch one short blocking call
+//! started without waiting for it, so the caller hashes chunk *n + 1*
+//! while chunk *n* is written; at most about 1 MiB waits behind a batch in
+//! progress. No thread is held between batches: a put whose uploader
+//! stalls holds no blocking-pool thread while it waits (see "Threads"
+//! below). Publishing, in one blocking call:
 //!
-//! 1. the writer flushes; if the content path already holds a usable
+//! 1. what is still buffered is written; if the content path already holds a usable
 //!    entry the stage is removed and the outcome is `AlreadyPresent` (no
 //!    fsync spent). "Usable" is decided by **opening** the path and
 //!    `fstat`ing the descriptor — a regular file (or a symlink to one) of
@@ -60,8 +64,8 @@
 //! 4. with `fsync` on, the fan-out directory is fsynced, and — once per
 //!    process for each directory not yet known durable — its parents too.
 //!
-//! A stage that is dropped or aborted, or whose writer fails, removes its
-//! file. Each live stage holds an exclusive `flock` on its file; at open
+//! A stage that is dropped or aborted, or whose write fails, removes its
+//! file (on a blocking thread; a drop does not wait for it). Each live stage holds an exclusive `flock` on its file; at open
 //! (and in [`store_types::Engine::maintain`]), every stage file whose lock
 //! the cleanup can take is an orphan of a crashed put and is removed, while
 //! stages of other live engine instances on the same root (another
@@ -106,10 +110,24 @@
 //!
 //! # Reads
 //!
-//! A read opens the file in a blocking task that reads ahead in
-//! [`store_types::CHUNK_SIZE`] chunks into a small bounded channel, so the
-//! facade's hash verification overlaps with disk reads. Entries no larger
-//! than one chunk are read in one go and returned from memory.
+//! A read opens the file in one blocking call; an async read-ahead task
+//! then reads (and, for a whole-entry read, hashes) it in
+//! [`store_types::CHUNK_SIZE`] chunks, one blocking call per chunk, into a
+//! small bounded channel, so the facade's verification overlaps with disk
+//! reads. Entries no larger than one chunk are read in one go and
+//! returned from memory.
+//!
+//! # Threads
+//!
+//! Every file-system call runs on tokio's blocking pool
+//! (`spawn_blocking`), and each such call is short: open, stat, one
+//! chunk's read, one batch's write, a publish. Nothing ever waits for a
+//! client on a blocking thread: a reader whose consumer stalls (a slow or
+//! stopped HTTP client) waits in async code with its few read-ahead
+//! chunks, and a stage whose uploader stalls holds only its file and
+//! buffered bytes. So however many streaming clients stall, the blocking
+//! pool stays free for the work that needs it (SQLite reads, stats,
+//! other streams' chunks).
 //!
 //! # Durability
 //!
@@ -182,7 +200,7 @@ pub struct LocalEngine {
     inner: Arc<Inner>,
 }
 
-/// State shared by the engine, its stages and their writer threads.
+/// State shared by the engine, its stages and their blocking calls.
 pub(crate) struct Inner {
     /// The canonical root.
     root: PathBuf,

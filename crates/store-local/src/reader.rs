@@ -1,7 +1,12 @@
-//! Reads: one blocking call for a read of at most one chunk, else a
-//! blocking read-ahead task feeding an [`AsyncRead`] adapter. For a
-//! whole-entry read the read-ahead task also hashes each chunk before
-//! handing it over, so the BLAKE3 work of a verified get overlaps the
+//! Reads: one blocking call for a read of at most one chunk, else an
+//! async read-ahead task feeding an [`AsyncRead`] adapter. The task waits
+//! for the consumer in async code and reads in short blocking calls
+//! (`spawn_blocking`) that each fill only the room already free in the
+//! channel to the reader and then return, so a reader whose consumer
+//! stalls (a slow or stopped HTTP client) holds no blocking-pool thread
+//! while it waits: only its few read-ahead chunks and the open file. For
+//! a whole-entry read the blocking call also hashes each chunk before it
+//! is handed over, so the BLAKE3 work of a verified get overlaps the
 //! consumer's copying ([`BlobReader::yielded_digest`]).
 
 use std::fs::File;
@@ -20,33 +25,32 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::fsio::{blocking, io_err, is_absent};
 
-/// Chunks read ahead of the consumer.
-const READ_AHEAD_CHUNKS: usize = 2;
+/// Chunks read ahead of the consumer (the channel's capacity).
+const READ_AHEAD_CHUNKS: usize = 3;
+
+/// Most chunks one blocking call reads (4 MiB): with a consumer that keeps
+/// up, the call returns at this bound rather than at a full channel.
+const MAX_CHUNKS_PER_CALL: usize = 16;
 
 /// What the opening half of a read reports.
 enum Opened {
     /// The wanted bytes fit in one chunk and were read at once.
     Inline(Bytes),
-    /// The read-ahead task streams `len` bytes through `rx` (and, for a
-    /// whole-entry read, their digest through `digest`).
-    Streaming {
-        len: u64,
-        rx: mpsc::Receiver<io::Result<Vec<u8>>>,
-        recycle: std_mpsc::Sender<Vec<u8>>,
-        digest: Option<oneshot::Receiver<Digest>>,
-    },
+    /// `len` bytes (more than one chunk) are to be read from `file`'s
+    /// current position.
+    Streaming { file: File, len: u64 },
 }
 
 /// Opens `path` and reads `range` of it (the whole file when `None`).
 ///
 /// A range of at most [`CHUNK_SIZE`] bytes is one blocking call (open,
-/// `fstat`, `pread`) returning the bytes. Otherwise one blocking task
-/// opens the file, reports, and — when more than one chunk is wanted —
-/// keeps reading ahead in [`CHUNK_SIZE`] chunks until the range is done or
-/// the reader is dropped; a whole file of at most one chunk is read at once
-/// by that same task. A streamed whole-file read (`range` `None`) carries
-/// the task's digest of the bytes it yields. Returns `None` when the file
-/// is absent.
+/// `fstat`, `pread`) returning the bytes. Otherwise one blocking call
+/// opens the file (and reads it at once when it is at most one chunk);
+/// for more than one chunk a read-ahead task ([`read_ahead`]) then reads
+/// in [`CHUNK_SIZE`] chunks, in short blocking calls that never wait for
+/// the consumer, until the range is done or the reader is dropped. A streamed whole-file read (`range`
+/// `None`) carries the task's digest of the bytes it yields. Returns
+/// `None` when the file is absent.
 pub(crate) async fn open_reader(
     path: PathBuf,
     range: Option<Range<u64>>,
@@ -56,35 +60,36 @@ pub(crate) async fn open_reader(
         let bytes = blocking(move || read_small_range(&path, range)).await?;
         return Ok(bytes.map(BlobReader::from_bytes));
     }
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let task = tokio::task::spawn_blocking(move || read_task(path, range, ready_tx));
-    let opened = match ready_rx.await {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(match task.await {
-                Err(e) => Error::Io(format!("read task panicked: {e}")),
-                Ok(()) => Error::Io("read task ended without opening".to_string()),
-            })
-        }
+    let whole = range.is_none();
+    let opening = path.clone();
+    let Some(opened) = blocking(move || open_streaming(&opening, range)).await? else {
+        return Ok(None);
     };
-    Ok(opened.map(|o| match o {
-        Opened::Inline(bytes) => BlobReader::from_bytes(bytes),
-        Opened::Streaming {
-            len,
+    let (file, len) = match opened {
+        Opened::Inline(bytes) => return Ok(Some(BlobReader::from_bytes(bytes))),
+        Opened::Streaming { file, len } => (file, len),
+    };
+    let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
+    let (recycle, recycled) = std_mpsc::channel();
+    let (digest_tx, digest_rx) = whole.then(oneshot::channel).unzip();
+    let state = ReadAhead {
+        file,
+        path,
+        remaining: len,
+        recycled,
+        hash: digest_tx.map(|d| (Box::new(blake3::Hasher::new()), d)),
+    };
+    tokio::spawn(read_ahead(state, tx));
+    Ok(Some(BlobReader {
+        len,
+        reader: Box::pin(ChunkReader {
             rx,
+            current: Vec::new(),
+            pos: 0,
+            remaining: len,
             recycle,
-            digest,
-        } => BlobReader {
-            len,
-            reader: Box::pin(ChunkReader {
-                rx,
-                current: Vec::new(),
-                pos: 0,
-                remaining: len,
-                recycle,
-            }),
-            yielded_digest: digest,
-        },
+        }),
+        yielded_digest: digest_rx,
     }))
 }
 
@@ -100,66 +105,118 @@ fn read_small_range(path: &Path, range: Range<u64>) -> Result<Option<Bytes>> {
         .map_err(|e| io_err("reading", path, e))
 }
 
-/// The blocking task behind [`open_reader`].
-///
-/// Streamed chunks are `Vec`s the consumer hands back through `recycle`
-/// once it has copied them out; the task reads into those again, so a read
-/// allocates (and initialises) only the few buffers in flight at once, and
-/// fresh ones are read into without zero-filling them first
-/// ([`fill_chunk`]). A whole-file read hashes each chunk right after
-/// reading it and sends the digest once the last chunk is sent.
-fn read_task(
-    path: PathBuf,
-    range: Option<Range<u64>>,
-    ready: oneshot::Sender<Result<Option<Opened>>>,
-) {
-    let whole = range.is_none();
-    let (mut file, len) = match open_range(&path, range) {
-        Ok(Some(opened)) => opened,
-        Ok(None) => {
-            let _ = ready.send(Ok(None));
-            return;
-        }
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
+/// The opening blocking call of a streamed read: opens `path`, positions
+/// it at the start of `range`, and reads a file of at most one chunk at
+/// once. `None` when there is no such file.
+fn open_streaming(path: &Path, range: Option<Range<u64>>) -> Result<Option<Opened>> {
+    let Some((mut file, len)) = open_range(path, range)? else {
+        return Ok(None);
     };
     if len <= CHUNK_SIZE as u64 {
-        let bytes = read_chunk(&mut file, len as usize).map_err(|e| io_err("reading", &path, e));
-        let _ = ready.send(bytes.map(|b| Some(Opened::Inline(b))));
-        return;
+        let bytes = read_chunk(&mut file, len as usize).map_err(|e| io_err("reading", path, e))?;
+        return Ok(Some(Opened::Inline(bytes)));
     }
-    let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
-    let (recycle, recycled) = std_mpsc::channel();
-    let (digest_tx, digest_rx) = whole.then(oneshot::channel).unzip();
-    let opened = Opened::Streaming {
-        len,
-        rx,
-        recycle,
-        digest: digest_rx,
-    };
-    if ready.send(Ok(Some(opened))).is_err() {
-        return;
-    }
-    let mut hasher = digest_tx.as_ref().map(|_| blake3::Hasher::new());
-    let mut remaining = len;
-    while remaining > 0 {
-        let n = remaining.min(CHUNK_SIZE as u64) as usize;
-        let chunk = fill_chunk(&mut file, n, recycled.try_recv().ok());
-        if let (Ok(bytes), Some(h)) = (&chunk, hasher.as_mut()) {
-            h.update(bytes);
+    Ok(Some(Opened::Streaming { file, len }))
+}
+
+/// What the read-ahead task carries from one blocking call to the next.
+struct ReadAhead {
+    file: File,
+    path: PathBuf,
+    /// Bytes still to read.
+    remaining: u64,
+    /// Buffers the consumer handed back.
+    recycled: std_mpsc::Receiver<Vec<u8>>,
+    /// For a whole-file read: the hash of the bytes sent so far, and where
+    /// its digest goes at the end.
+    hash: Option<(Box<blake3::Hasher>, oneshot::Sender<Digest>)>,
+}
+
+/// The read-ahead task behind a streamed [`open_reader`]: an async task
+/// that waits for room in the channel to the reader — for the consumer —
+/// and then reads in one blocking call ([`read_some`]) as many
+/// [`CHUNK_SIZE`] chunks as there is room for.
+///
+/// No blocking thread ever waits for the consumer: a blocking call reads
+/// a chunk only into a slot already reserved in the channel and returns
+/// as soon as the channel is full (or after [`MAX_CHUNKS_PER_CALL`]
+/// chunks); the waiting is done here, in async code. A reader whose
+/// consumer stalls thus holds no blocking thread, only the chunks in the
+/// channel ([`READ_AHEAD_CHUNKS`]). The task ends when the range is read,
+/// a read fails (the error is the last thing sent) or the reader is
+/// dropped (the file is then closed on a blocking thread).
+async fn read_ahead(mut state: ReadAhead, mut tx: mpsc::Sender<io::Result<Vec<u8>>>) {
+    loop {
+        let Ok(permit) = tx.reserve_owned().await else {
+            close_off_runtime(state.file);
+            return; // Reader dropped.
+        };
+        match tokio::task::spawn_blocking(move || read_some(state, permit)).await {
+            Ok(Some((s, t))) => (state, tx) = (s, t),
+            // Done, failed (the error is sent) or reader dropped; a panic
+            // drops the sender early, which the reader reports.
+            Ok(None) | Err(_) => return,
         }
-        let failed = chunk.is_err();
-        if tx.blocking_send(chunk).is_err() || failed {
-            return; // Reader dropped, or the error is delivered.
+    }
+}
+
+/// One blocking call of [`read_ahead`]: reads chunks into reserved slots
+/// of the channel — the first into `permit`, each further one only if a
+/// slot is free at once — hashing each (for a whole-file read) right after
+/// reading it. Returns the state and the sender when more is to be read;
+/// `None` when done (digest sent), failed (error sent) or the reader is
+/// gone. The file is closed here, on the blocking thread, when done.
+///
+/// Chunks are `Vec`s the consumer hands back through `recycled` once it
+/// has copied them out; they are read into again, so a read allocates
+/// (and initialises) only the few buffers in flight at once, and fresh
+/// ones are read into without zero-filling them first ([`fill_chunk`]).
+fn read_some(
+    mut state: ReadAhead,
+    mut permit: mpsc::OwnedPermit<io::Result<Vec<u8>>>,
+) -> Option<(ReadAhead, mpsc::Sender<io::Result<Vec<u8>>>)> {
+    let mut chunks_left = MAX_CHUNKS_PER_CALL;
+    loop {
+        let n = state.remaining.min(CHUNK_SIZE as u64) as usize;
+        let chunk = fill_chunk(&mut state.file, n, state.recycled.try_recv().ok());
+        let chunk = match chunk {
+            Ok(bytes) => {
+                if let Some((h, _)) = state.hash.as_mut() {
+                    h.update(&bytes);
+                }
+                bytes
+            }
+            Err(e) => {
+                let e = io::Error::new(e.kind(), format!("reading {}: {e}", state.path.display()));
+                permit.send(Err(e));
+                return None;
+            }
+        };
+        let tx = permit.send(Ok(chunk));
+        state.remaining -= n as u64;
+        if state.remaining == 0 {
+            if let Some((h, digest)) = state.hash {
+                // The reader may be gone already; then nobody awaits it.
+                let _ = digest.send(Digest::from(h.finalize()));
+            }
+            return None;
         }
-        remaining -= n as u64;
+        chunks_left -= 1;
+        if chunks_left == 0 {
+            return Some((state, tx));
+        }
+        permit = match tx.try_reserve_owned() {
+            Ok(p) => p,
+            Err(mpsc::error::TrySendError::Full(tx)) => return Some((state, tx)),
+            Err(mpsc::error::TrySendError::Closed(_)) => return None,
+        };
     }
-    if let (Some(digest_tx), Some(h)) = (digest_tx, hasher) {
-        // The reader may be gone already; then nobody awaits the digest.
-        let _ = digest_tx.send(Digest::from(h.finalize()));
-    }
+}
+
+/// Closes `file` on a blocking thread (`close(2)` may wait on the server
+/// on network file systems).
+fn close_off_runtime(file: File) {
+    drop(tokio::task::spawn_blocking(move || drop(file)));
 }
 
 /// Opens `path` and returns it with its size; `None` when there is no such

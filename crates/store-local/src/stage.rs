@@ -1,49 +1,41 @@
-//! Staged writes: a dedicated blocking writer per stage, fed through a
-//! bounded channel, that also performs the publish.
+//! Staged writes. Chunks are queued (bounded) and written by a writer
+//! call on the blocking pool that drains the queue and **returns when it is
+//! empty**, never waiting for more; the next chunk starts a new call. The
+//! publish is one last blocking call. So a put whose uploader stalls holds
+//! no blocking thread, only its file and its queued bytes.
 
 use std::fs::{self, File, TryLockError};
-use std::io::{BufWriter, ErrorKind, Write};
+use std::io::{ErrorKind, IoSlice, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use store_types::{Error, Key, Namespace, PublishOutcome, Result, StagedWrite};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::Notify;
 
-use crate::fsio::{fsync_dir, io_err, is_absent};
+use crate::fsio::{blocking, fsync_dir, io_err, is_absent};
 use crate::Inner;
 
-/// Chunks in flight between the caller and the writer. With the facade's
-/// 256 KiB chunks that is 1 MiB of buffering per stage: enough to keep the
-/// writer busy while the caller hashes, small enough to stay bounded.
-const CHANNEL_CHUNKS: usize = 4;
-
-/// Coalescing buffer for callers that send small chunks; chunks at least
-/// this large bypass it.
+/// Bytes queued before a writer call is started: callers that send small
+/// chunks are coalesced into writes of at least this size (a running
+/// writer call takes whatever is queued).
 const WRITE_BUFFER: usize = 256 * 1024;
+
+/// Most bytes queued for the writer; beyond it `write` waits (in async
+/// code) for the writer call to take them. With the facade's 256 KiB
+/// chunks that is 1 MiB of buffering per stage: enough to keep the writer
+/// busy while the caller hashes, small enough to stay bounded.
+const MAX_QUEUED: usize = 4 * WRITE_BUFFER;
 
 /// How often stage creation retries after losing a name to a concurrent
 /// orphan sweep (each retry uses a fresh name).
 const CREATE_ATTEMPTS: usize = 8;
 
-/// A message to the writer.
-enum Cmd {
-    /// Append these bytes.
-    Chunk(Bytes),
-    /// Make the stage durable and publish it under this key.
-    Publish(Key),
-}
-
-/// What the writer thread ends with: `Some` after a publish, `None` when
-/// the stage was abandoned (its file is then already removed).
-type WriterResult = Result<Option<PublishOutcome>>;
-
-/// A stage file owned by its writer. Holds the file's `flock` (released
-/// when the file closes) and removes the file on drop unless it was
-/// published — so every way a stage can end (abort, drop, writer error,
-/// panic) leaves nothing behind.
+/// A stage file. Holds the file's `flock` (released when the file closes)
+/// and removes the file on drop unless it was published — so every way a
+/// stage can end (abort, drop, write error, panic) leaves nothing behind.
+/// It is dropped on a blocking thread (see [`LocalStage`]'s `Drop`).
 struct StageFile {
     file: File,
     path: PathBuf,
@@ -128,41 +120,28 @@ fn still_linked(stage: &StageFile) -> Result<bool> {
     }
 }
 
-/// The writer thread: appends chunks until told to publish or until the
-/// channel closes (stage abandoned).
-fn run_writer(
-    inner: Arc<Inner>,
-    ready: oneshot::Sender<Result<()>>,
-    mut rx: mpsc::Receiver<Cmd>,
-) -> WriterResult {
-    let stage = match create_stage_file(&inner) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ready.send(Err(e.clone()));
-            return Err(e);
-        }
-    };
-    if ready.send(Ok(())).is_err() {
-        return Ok(None); // The caller went away before the stage existed.
-    }
-    let mut out = BufWriter::with_capacity(WRITE_BUFFER, &stage.file);
-    let mut written = 0u64;
-    while let Some(cmd) = rx.blocking_recv() {
-        match cmd {
-            Cmd::Chunk(bytes) => {
-                out.write_all(&bytes)
-                    .map_err(|e| io_err("writing stage file", &stage.path, e))?;
-                written += bytes.len() as u64;
+/// Appends `chunks` to the stage file: one `writev` per call where the
+/// kernel takes it all (small chunks are not copied to be coalesced).
+fn write_chunks(stage: &StageFile, chunks: &[Bytes]) -> Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = chunks.iter().map(|c| IoSlice::new(c)).collect();
+    let mut bufs = &mut slices[..];
+    IoSlice::advance_slices(&mut bufs, 0); // Skips empty leading slices.
+    let mut out = &stage.file;
+    while !bufs.is_empty() {
+        match out.write_vectored(bufs) {
+            Ok(0) => {
+                return Err(io_err(
+                    "writing stage file",
+                    &stage.path,
+                    ErrorKind::WriteZero.into(),
+                ))
             }
-            Cmd::Publish(key) => {
-                out.flush()
-                    .map_err(|e| io_err("writing stage file", &stage.path, e))?;
-                drop(out);
-                return publish(&inner, stage, written, &key).map(Some);
-            }
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err("writing stage file", &stage.path, e)),
         }
     }
-    Ok(None)
+    Ok(())
 }
 
 /// How often a publish links again after finding the name taken and then
@@ -314,87 +293,221 @@ fn make_durable(inner: &Inner, fan_dir: &Path) -> Result<()> {
 }
 
 /// An in-progress put into a [`crate::LocalEngine`].
+///
+/// [`StagedWrite::write`] queues the chunk and, once [`WRITE_BUFFER`]
+/// bytes are queued and no writer call is running, starts one
+/// ([`run_writer`]) and returns at once, so the caller hashes chunk
+/// *n + 1* while chunk *n* is written. `write` waits only while
+/// [`MAX_QUEUED`] bytes are queued, and then in async code. A publish
+/// waits for the writer call to end, then writes what is left and
+/// publishes in one blocking call.
 pub(crate) struct LocalStage {
+    inner: Arc<Inner>,
     ns: Namespace,
-    tx: Option<mpsc::Sender<Cmd>>,
-    writer: Option<JoinHandle<WriterResult>>,
-    /// The writer's error, once seen, returned by every later call.
+    shared: Arc<Shared>,
+    /// Bytes accepted so far (queued or written).
+    written: u64,
+}
+
+/// What a stage shares with its writer call.
+struct Shared {
+    state: Mutex<QueueState>,
+    /// Signalled whenever the writer call takes a batch or ends.
+    progress: Notify,
+}
+
+struct QueueState {
+    /// The stage file, while no writer call holds it.
+    file: Option<StageFile>,
+    /// Chunks waiting to be written, and their total size.
+    queued: Vec<Bytes>,
+    queued_len: usize,
+    /// Whether a writer call is running (it holds the file).
+    running: bool,
+    /// The first write error; the file is then already removed.
     failed: Option<Error>,
+    /// Set when the stage is dropped or aborted: a running writer call
+    /// stops at its next batch and removes the file.
+    abandoned: bool,
+}
+
+/// What [`LocalStage::enqueue`] did.
+enum Queued {
+    /// The queue is full; the chunk was left to the caller.
+    Full,
+    /// The chunk is queued; start a writer call with this file, if given.
+    Done(Option<StageFile>),
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The writer call: writes queued chunks, batch by batch, until the queue
+/// is empty (then hands the file back and returns), the stage is
+/// abandoned or a write fails (then removes the file).
+fn run_writer(shared: Arc<Shared>, stage: StageFile) {
+    loop {
+        let chunks = {
+            let mut st = shared.lock();
+            if st.abandoned {
+                drop(st);
+                drop(stage); // Removes the file, before `running` clears.
+                shared.lock().running = false;
+                shared.progress.notify_one();
+                return;
+            }
+            if st.queued.is_empty() {
+                st.file = Some(stage);
+                st.running = false;
+                drop(st);
+                shared.progress.notify_one();
+                return;
+            }
+            st.queued_len = 0;
+            std::mem::take(&mut st.queued)
+        };
+        shared.progress.notify_one();
+        if let Err(e) = write_chunks(&stage, &chunks) {
+            drop(stage); // Removes the file.
+            let mut st = shared.lock();
+            st.failed = Some(e);
+            st.running = false;
+            drop(st);
+            shared.progress.notify_one();
+            return;
+        }
+    }
 }
 
 impl LocalStage {
-    /// Creates the stage file and starts its writer.
+    /// Creates (and locks) the stage file, in one blocking call.
     pub(crate) async fn open(inner: Arc<Inner>, ns: Namespace) -> Result<Self> {
-        let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let writer = tokio::task::spawn_blocking(move || run_writer(inner, ready_tx, rx));
-        match ready_rx.await {
-            Ok(Ok(())) => Ok(LocalStage {
-                ns,
-                tx: Some(tx),
-                writer: Some(writer),
-                failed: None,
+        let creating = inner.clone();
+        // A caller that goes away before this returns drops the file on the
+        // blocking thread, which removes it.
+        let file = blocking(move || create_stage_file(&creating)).await?;
+        Ok(LocalStage {
+            inner,
+            ns,
+            shared: Arc::new(Shared {
+                state: Mutex::new(QueueState {
+                    file: Some(file),
+                    queued: Vec::new(),
+                    queued_len: 0,
+                    running: false,
+                    failed: None,
+                    abandoned: false,
+                }),
+                progress: Notify::new(),
             }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(join_error(writer.await)),
+            written: 0,
+        })
+    }
+
+    /// Waits (in async code) until no writer call runs, then takes the file
+    /// and what is still queued; the first write error instead, if any.
+    async fn settle(&self) -> Result<(Option<StageFile>, Vec<Bytes>)> {
+        loop {
+            {
+                let mut st = self.shared.lock();
+                if let Some(e) = &st.failed {
+                    return Err(e.clone());
+                }
+                if !st.running {
+                    st.queued_len = 0;
+                    return Ok((st.file.take(), std::mem::take(&mut st.queued)));
+                }
+            }
+            self.shared.progress.notified().await;
         }
     }
 
-    /// Sends a command; if the writer is gone, returns why.
-    async fn send(&mut self, cmd: Cmd) -> Result<()> {
-        if let Some(e) = &self.failed {
+    /// Queues `chunk` (taking it) unless the queue is full; says whether a
+    /// writer call is to be started with the returned file.
+    fn enqueue(&self, chunk: &mut Option<Bytes>) -> Result<Queued> {
+        let mut st = self.shared.lock();
+        if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        let sent = match &self.tx {
-            Some(tx) => tx.send(cmd).await.is_ok(),
-            None => false,
+        let Some(c) = chunk.take().filter(|c| !c.is_empty()) else {
+            return Ok(Queued::Done(None));
         };
-        if sent {
-            return Ok(());
+        if st.queued_len >= MAX_QUEUED {
+            *chunk = Some(c);
+            return Ok(Queued::Full);
         }
-        self.tx = None;
-        let e = match self.writer.take() {
-            Some(w) => join_error(w.await),
-            None => Error::Io("stage writer already finished".to_string()),
-        };
-        self.failed = Some(e.clone());
-        Err(e)
+        st.queued_len += c.len();
+        st.queued.push(c);
+        if st.running || st.queued_len < WRITE_BUFFER {
+            return Ok(Queued::Done(None)); // Taken by the running call, or coalescing.
+        }
+        match st.file.take() {
+            Some(file) => {
+                st.running = true;
+                Ok(Queued::Done(Some(file)))
+            }
+            None => Err(Error::Io("stage file already gone".to_string())),
+        }
     }
 
-    /// Closes the channel and waits for the writer's result.
-    async fn finish(&mut self) -> WriterResult {
-        self.tx = None;
-        match self.writer.take() {
-            Some(w) => w
-                .await
-                .map_err(|e| Error::Io(format!("stage writer panicked: {e}")))?,
-            None => Err(self
-                .failed
-                .clone()
-                .unwrap_or_else(|| Error::Io("stage writer already finished".to_string()))),
+    /// Abandons the stage and waits until its file is removed.
+    async fn discard(&self) {
+        self.shared.lock().abandoned = true;
+        if let Ok((Some(file), _)) = self.settle().await {
+            let _ = blocking(move || {
+                drop(file);
+                Ok(())
+            })
+            .await;
         }
     }
 }
 
-/// The error that ended a writer which should still be running.
-fn join_error(joined: std::result::Result<WriterResult, tokio::task::JoinError>) -> Error {
-    match joined {
-        Ok(Err(e)) => e,
-        Ok(Ok(_)) => Error::Io("stage writer stopped unexpectedly".to_string()),
-        Err(e) => Error::Io(format!("stage writer panicked: {e}")),
+impl Drop for LocalStage {
+    /// Removes the file without waiting: a running writer call does so at
+    /// its next batch; an idle file is dropped on a blocking thread (or
+    /// here, without a runtime).
+    fn drop(&mut self) {
+        let file = {
+            let mut st = self.shared.lock();
+            st.abandoned = true;
+            st.file.take()
+        };
+        if let Some(file) = file {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(move || drop(file))),
+                Err(_) => drop(file),
+            }
+        }
     }
 }
 
 #[async_trait]
 impl StagedWrite for LocalStage {
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
-        if chunk.is_empty() {
-            return match &self.failed {
-                Some(e) => Err(e.clone()),
-                None => Ok(()),
+        let len = chunk.len();
+        let mut chunk = Some(chunk);
+        loop {
+            let start = match self.enqueue(&mut chunk)? {
+                Queued::Full => {
+                    // A writer call is running (one starts whenever
+                    // WRITE_BUFFER bytes are queued): wait for it to take
+                    // the queue.
+                    self.shared.progress.notified().await;
+                    continue;
+                }
+                Queued::Done(start) => start,
             };
+            self.written += len as u64;
+            if let Some(file) = start {
+                let shared = self.shared.clone();
+                drop(tokio::task::spawn_blocking(move || run_writer(shared, file)));
+            }
+            return Ok(());
         }
-        self.send(Cmd::Chunk(chunk)).await
     }
 
     /// Publishes under `key`, whose namespace must be the one the stage
@@ -402,24 +515,29 @@ impl StagedWrite for LocalStage {
     /// discarded).
     async fn publish(mut self: Box<Self>, key: &Key) -> Result<PublishOutcome> {
         if key.namespace != self.ns {
+            self.discard().await;
             return Err(Error::KeyInvalid(format!(
                 "stage opened for namespace {} cannot publish {key}",
                 self.ns
             )));
         }
-        self.send(Cmd::Publish(key.clone())).await?;
-        match self.finish().await? {
-            Some(outcome) => Ok(outcome),
-            None => Err(Error::Io(
-                "stage writer ended without publishing".to_string(),
-            )),
-        }
+        let (Some(stage), chunks) = self.settle().await? else {
+            return Err(Error::Io("stage file already gone".to_string()));
+        };
+        let (inner, written, key) = (self.inner.clone(), self.written, key.clone());
+        // Cancel-safe like the rest: the blocking call runs to its end
+        // (published, or the file removed) whoever awaits it.
+        blocking(move || {
+            write_chunks(&stage, &chunks)?;
+            publish(&inner, stage, written, &key)
+        })
+        .await
     }
 
     /// Discards the stage, waiting until its file is removed. Succeeds even
-    /// if the writer had failed (its file is gone either way).
-    async fn abort(mut self: Box<Self>) -> Result<()> {
-        let _ = self.finish().await;
+    /// if a write had failed (its file is gone either way).
+    async fn abort(self: Box<Self>) -> Result<()> {
+        self.discard().await;
         Ok(())
     }
 }

@@ -72,7 +72,7 @@ async fn read_range(engine: &LocalEngine, key: &Key, range: Option<(u64, u64)>) 
 }
 
 /// Waits (bounded) for the stage directory to empty: dropped stages are
-/// cleaned up by their writer thread, asynchronously.
+/// cleaned up on a blocking thread, asynchronously.
 async fn wait_no_stage_files(engine: &LocalEngine) {
     for _ in 0..500 {
         if engine.stage_file_count().unwrap() == 0 {
@@ -209,7 +209,7 @@ async fn abort_and_drop_remove_the_stage_file() {
         "abort waits for removal"
     );
 
-    // Dropped mid-way, with chunks possibly still queued for the writer.
+    // Dropped mid-way, with a batch possibly still being written.
     let mut stage = engine.stage(&key.namespace).await.unwrap();
     for chunk in data.chunks(CHUNK_SIZE / 4) {
         stage.write(Bytes::copy_from_slice(chunk)).await.unwrap();
@@ -435,7 +435,7 @@ async fn a_failing_publish_reports_the_error_and_leaves_nothing() {
     let key = Key::new(ns("a"), Digest::of(&data));
     let mut stage = engine.stage(&key.namespace).await.unwrap();
     stage.write(Bytes::from(data)).await.unwrap();
-    // Someone removes the stage file under the writer: linking it fails.
+    // Someone removes the stage file under the stage: linking it fails.
     for entry in fs::read_dir(dir.path().join(".stage")).unwrap() {
         fs::remove_file(entry.unwrap().path()).unwrap();
     }

@@ -3,6 +3,13 @@
 //! each chunk before handing it over, overlapping the BLAKE3 work of a
 //! verified get with the consumer's copying
 //! ([`BlobReader::yielded_digest`]).
+//!
+//! No blocking thread ever waits for the consumer: a body streamed from a
+//! service is forwarded by an async task, and a local file
+//! ([`GetResultPayload::File`]) is read by an async task in short blocking
+//! calls, each filling only the room already free in the channel to the
+//! reader, so a reader whose consumer stalls (a slow or stopped HTTP
+//! client) holds no blocking-pool thread while it waits.
 
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
@@ -69,7 +76,7 @@ impl Inner {
         let start = got.range.start;
         match got.payload {
             GetResultPayload::File(file, fs_path) => {
-                tokio::task::spawn_blocking(move || read_file(file, &fs_path, start, len, tx));
+                tokio::spawn(read_file(file, fs_path, start, len, tx));
             }
             GetResultPayload::Stream(stream) => {
                 let path = path.clone();
@@ -116,12 +123,6 @@ impl ChunkSender {
         chunk
     }
 
-    /// Sends a chunk from a blocking thread; false when the reader is gone.
-    fn blocking_send(&mut self, chunk: io::Result<Bytes>) -> bool {
-        let chunk = self.hash(chunk);
-        self.tx.blocking_send(chunk).is_ok()
-    }
-
     /// Sends a chunk; false when the reader is gone.
     async fn send(&mut self, chunk: io::Result<Bytes>) -> bool {
         let chunk = self.hash(chunk);
@@ -138,32 +139,108 @@ impl ChunkSender {
     }
 }
 
+/// Most chunks one blocking call of [`read_file`] reads (4 MiB).
+const MAX_CHUNKS_PER_CALL: usize = 16;
+
+/// What [`read_file`] carries from one blocking call to the next.
+struct FileRead {
+    file: std::fs::File,
+    fs_path: std::path::PathBuf,
+    /// Where to seek before the first read.
+    start: Option<u64>,
+    /// Bytes still to read.
+    remaining: u64,
+    hash: Option<(blake3::Hasher, oneshot::Sender<Digest>)>,
+}
+
+type ChunkTx = mpsc::Sender<io::Result<Bytes>>;
+
 /// Reads `len` bytes of a local file from `start`, in [`CHUNK_SIZE`]
-/// chunks, until done or the reader is gone.
-fn read_file(
-    mut file: std::fs::File,
-    fs_path: &std::path::Path,
+/// chunks, until done or the reader is gone: an async task that waits for
+/// room in the channel (for the consumer) and then reads, in one blocking
+/// call ([`read_file_some`]), as many chunks as there is room for. No
+/// blocking thread waits for the consumer.
+async fn read_file(
+    file: std::fs::File,
+    fs_path: std::path::PathBuf,
     start: u64,
     len: u64,
-    mut tx: ChunkSender,
+    tx: ChunkSender,
 ) {
-    let err =
-        |e: io::Error| io::Error::new(e.kind(), format!("reading {}: {e}", fs_path.display()));
-    if let Err(e) = file.seek(SeekFrom::Start(start)) {
-        tx.blocking_send(Err(err(e)));
-        return;
-    }
-    let mut remaining = len;
-    while remaining > 0 {
-        let n = remaining.min(CHUNK_SIZE as u64) as usize;
-        let chunk = read_chunk(&mut file, n).map_err(err);
-        let failed = chunk.is_err();
-        if !tx.blocking_send(chunk) || failed {
-            return;
+    let ChunkSender { mut tx, hash } = tx;
+    let mut state = FileRead {
+        file,
+        fs_path,
+        start: Some(start),
+        remaining: len,
+        hash,
+    };
+    loop {
+        let Ok(permit) = tx.reserve_owned().await else {
+            let file = state.file;
+            drop(tokio::task::spawn_blocking(move || drop(file)));
+            return; // Reader dropped; the file is closed off the runtime.
+        };
+        match tokio::task::spawn_blocking(move || read_file_some(state, permit)).await {
+            Ok(Some((s, t))) => (state, tx) = (s, t),
+            // Done, failed (the error is sent) or reader dropped; a panic
+            // drops the sender early, which the reader reports.
+            Ok(None) | Err(_) => return,
         }
-        remaining -= n as u64;
     }
-    tx.finish();
+}
+
+/// One blocking call of [`read_file`]: reads chunks into reserved slots of
+/// the channel — the first into `permit`, each further one only if a slot
+/// is free at once, at most [`MAX_CHUNKS_PER_CALL`] — hashing each when
+/// hashing. Returns the state and the sender when more is to be read;
+/// `None` when done (digest sent), failed (error sent: no digest) or the
+/// reader is gone.
+fn read_file_some(
+    mut state: FileRead,
+    mut permit: mpsc::OwnedPermit<io::Result<Bytes>>,
+) -> Option<(FileRead, ChunkTx)> {
+    let path = state.fs_path.clone();
+    let err = |e: io::Error| io::Error::new(e.kind(), format!("reading {}: {e}", path.display()));
+    if let Some(start) = state.start.take() {
+        if let Err(e) = state.file.seek(SeekFrom::Start(start)) {
+            permit.send(Err(err(e)));
+            return None;
+        }
+    }
+    let mut chunks_left = MAX_CHUNKS_PER_CALL;
+    loop {
+        let n = state.remaining.min(CHUNK_SIZE as u64) as usize;
+        let chunk = match read_chunk(&mut state.file, n) {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                permit.send(Err(err(e)));
+                return None;
+            }
+        };
+        if let Some((h, _)) = state.hash.as_mut() {
+            h.update(&chunk);
+        }
+        let tx = permit.send(Ok(chunk));
+        state.remaining -= n as u64;
+        if state.remaining == 0 {
+            ChunkSender {
+                tx,
+                hash: state.hash,
+            }
+            .finish();
+            return None;
+        }
+        chunks_left -= 1;
+        if chunks_left == 0 {
+            return Some((state, tx));
+        }
+        permit = match tx.try_reserve_owned() {
+            Ok(p) => p,
+            Err(mpsc::error::TrySendError::Full(tx)) => return Some((state, tx)),
+            Err(mpsc::error::TrySendError::Closed(_)) => return None,
+        };
+    }
 }
 
 /// Reads exactly `n` bytes into a new buffer without zero-filling it
