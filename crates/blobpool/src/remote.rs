@@ -129,7 +129,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 fn transport(e: reqwest::Error) -> CliError {
     let code = if e.is_timeout() { "timeout" } else { "http" };
-    CliError::new(code, error_chain(&e))
+    let mut msg = error_chain(&e);
+    if msg.contains("UnknownIssuer") || msg.contains("invalid peer certificate") {
+        msg.push_str(
+            " (a server with a self-signed or private-CA certificate needs --ca-cert FILE \
+             or BLOBPOOL_CA_CERT)",
+        );
+    }
+    CliError::new(code, msg)
 }
 
 /// The server's structured error, or a generic one.

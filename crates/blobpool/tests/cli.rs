@@ -814,3 +814,148 @@ fn key_new_prints_a_key_and_its_config_entry() {
     );
     usage_error(run(cmd(d).args(["key", "hash"])), &["stdin"]);
 }
+
+/// A CA, a server certificate for localhost / 127.0.0.1 and a client
+/// certificate (CN `alice`), as PEM files in `dir`.
+fn write_pki(dir: &Path) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "blobpool CLI test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let ckey = KeyPair::generate().unwrap();
+    let mut cparams = CertificateParams::new(vec!["alice.clients.example".to_string()]).unwrap();
+    cparams.distinguished_name.push(DnType::CommonName, "alice");
+    let ccert = cparams.signed_by(&ckey, &issuer).unwrap();
+    for (name, pem) in [
+        ("ca.pem", ca.pem()),
+        ("cert.pem", cert.pem()),
+        ("key.pem", key.serialize_pem()),
+        ("client.pem", ccert.pem()),
+        ("client-key.pem", ckey.serialize_pem()),
+    ] {
+        std::fs::write(dir.join(name), pem).unwrap();
+    }
+}
+
+/// Starts `blobpool serve` in `d`; the child and its base URL.
+fn serve_in(d: &Path) -> (ServeChild, String) {
+    let mut child = cmd(d)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let child = ServeChild(child);
+    let base = loop {
+        let line = lines.next().expect("serve prints its address").unwrap();
+        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
+            break rest.trim().to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    (child, base)
+}
+
+/// HTTPS with a private CA (--ca-cert), an API key from `key new`
+/// (--token) and a client certificate (--client-cert/--client-key),
+/// end to end against `blobpool serve`.
+#[test]
+fn https_with_a_token_and_a_client_certificate_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_pki(d);
+    let out = ok(run(cmd(d).args([
+        "key",
+        "new",
+        "--name",
+        "ci",
+        "--scope",
+        "read",
+        "--scope",
+        "write:ci-*",
+    ])));
+    let (first, snippet) = out.split_once('\n').unwrap();
+    let key = first.strip_prefix("key: ").unwrap().to_string();
+    let p = |n: &str| d.join(n).display().to_string();
+    std::fs::write(
+        d.join("blobpool.toml"),
+        format!(
+            "window = 0\n{snippet}\n\
+             [[auth.clients]]\nname = \"builder\"\nsubject = \"alice\"\nscopes = [\"read\"]\n\
+             [tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\nclient_auth = \"optional\"\n",
+            p("cert.pem"),
+            p("key.pem"),
+            p("ca.pem"),
+        ),
+    )
+    .unwrap();
+    let (_server, base) = serve_in(d);
+    assert!(base.starts_with("https://127.0.0.1:"), "{base}");
+    let data = write_file(d, "f", 300_000, 41);
+    let digest = blake3::hash(&data).to_hex().to_string();
+    let ca = p("ca.pem");
+    // Without the private CA: the certificate is not trusted (the
+    // message says what to do).
+    let o = run(cmd(d).args(["--server", &base, "--token", &key, "has", &digest]));
+    let err = stderr(&o);
+    fails_with(o, "http");
+    assert!(err.contains("--ca-cert"), "{err}");
+    // With it and the key: put, get, has in the key's namespaces.
+    let with_key = |args: &[&str]| {
+        let mut c = cmd(d);
+        c.args(["--server", &base, "--ca-cert", &ca])
+            .env("BLOBPOOL_TOKEN", &key)
+            .args(args);
+        run(&mut c)
+    };
+    assert_eq!(
+        ok(with_key(&["put", "f", "-n", "ci-1", "--release"])),
+        digest
+    );
+    ok(with_key(&["get", &digest, "-n", "ci-1", "-o", "f.out"]));
+    assert_eq!(std::fs::read(d.join("f.out")).unwrap(), data);
+    let o = with_key(&["put", "f", "-n", "ci-2"]);
+    let token_note = stderr(&o);
+    assert_eq!(ok(o), digest);
+    let token = token_note.split_whitespace().nth(3).unwrap().to_string();
+    assert_eq!(
+        ok(with_key(&["release", &token])),
+        format!("released {token}")
+    );
+    // Outside its grants: forbidden; a sweep needs admin.
+    fails_with(with_key(&["put", "f", "-n", "other"]), "forbidden");
+    fails_with(with_key(&["sweep"]), "forbidden");
+    // No key, or a wrong one: unauthorized.
+    let anon = |extra: &[&str]| {
+        let mut c = cmd(d);
+        c.args(["--server", &base, "--ca-cert", &ca])
+            .args(extra)
+            .args(["has", &digest, "-n", "ci-1"]);
+        run(&mut c)
+    };
+    fails_with(anon(&[]), "unauthorized");
+    fails_with(anon(&["--token", "bpk_wrong"]), "unauthorized");
+    // The client certificate is the identity `builder` (read).
+    let cc = p("client.pem");
+    let ck = p("client-key.pem");
+    assert_eq!(
+        ok(anon(&["--client-cert", &cc, "--client-key", &ck])),
+        format!("{digest}\tpresent")
+    );
+    // A key file that is not one: a config error naming the flags.
+    let o = anon(&["--client-cert", &cc, "--client-key", &ca]);
+    let err = stderr(&o);
+    fails_with(o, "config");
+    assert!(err.contains("--client-key"), "{err}");
+}
