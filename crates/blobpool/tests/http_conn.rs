@@ -817,3 +817,101 @@ async fn mutual_tls_optional_serves_anonymous_clients_without_names() {
     assert_eq!(v["tls"], false);
     assert_eq!(v["remote"], c.local_addr().unwrap().to_string());
 }
+
+// ------------------------------------------------------------- HTTP/2
+
+/// An HTTP/2 client connection (prior knowledge) over `io`; the sender and
+/// the connection task (which ends when the server closes).
+async fn h2_client<I>(
+    io: I,
+) -> (
+    hyper::client::conn::http2::SendRequest<axum::body::Body>,
+    JoinHandle<()>,
+)
+where
+    I: AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(io),
+    )
+    .await
+    .unwrap();
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (sender, task)
+}
+
+async fn h2_get(
+    sender: &mut hyper::client::conn::http2::SendRequest<axum::body::Body>,
+    path: &str,
+) -> Result<(u16, Vec<u8>), Box<dyn std::error::Error + Send + Sync>> {
+    let req =
+        hyper::Request::get(format!("http://localhost{path}")).body(axum::body::Body::empty())?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status().as_u16();
+    let body = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), 1 << 20).await?;
+    Ok((status, body.to_vec()))
+}
+
+#[tokio::test]
+async fn http2_cleartext_is_served_and_idles_out_and_can_be_turned_off() {
+    let s = start(limits(), None, Some(peer_router())).await;
+    let (mut sender, task) = h2_client(TcpStream::connect(s.addr).await.unwrap()).await;
+    // Concurrent streams on one connection, one outliving the idle timeout.
+    let mut slow = sender.clone();
+    let long = tokio::spawn(async move { h2_get(&mut slow, "/sleep/2500").await });
+    let (status, body) = h2_get(&mut sender, "/peer").await.unwrap();
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["tls"], false);
+    let (status, body) = long.await.unwrap().unwrap();
+    assert_eq!((status, body.as_slice()), (200, b"slept".as_slice()));
+    // Then idle: the server ends the connection.
+    tokio::time::timeout(limits().idle_timeout + MARGIN, task)
+        .await
+        .expect("an idle HTTP/2 connection was not closed")
+        .unwrap();
+
+    // HTTP/2 off: the prior-knowledge preface gets no HTTP/2 answer.
+    let l = ServerLimits {
+        http2_max_streams: None,
+        ..limits()
+    };
+    let s = start(l, None, Some(peer_router())).await;
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let (got, closed) = read_to_close(&mut c, MARGIN).await;
+    assert!(closed);
+    assert!(
+        got.is_empty() || got.starts_with(b"HTTP/1.1 "),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
+#[tokio::test]
+async fn http2_over_mutual_tls_names_the_client() {
+    let pki = Pki::new();
+    let s = start(
+        limits(),
+        Some(pki.settings(Some(ClientAuth::Required))),
+        Some(peer_router()),
+    )
+    .await;
+    let tls = tls_connect(s.addr, &pki.connector(true, &[b"h2"]))
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()));
+    let (mut sender, _task) = h2_client(tls).await;
+    let (status, body) = h2_get(&mut sender, "/peer").await.unwrap();
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (v["tls"].clone(), v["cn"].clone()),
+        (true.into(), "alice".into())
+    );
+}
