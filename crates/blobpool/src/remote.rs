@@ -8,9 +8,12 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use reqwest::{Certificate, Client, Identity, Response, StatusCode, Url};
 use store_core::SweepReport;
@@ -49,7 +52,16 @@ pub struct RemoteOpts {
 pub struct Remote {
     /// The base URL, without a trailing `/`.
     pub base: String,
+    /// Requests whose answer starts promptly: `--timeout` bounds each
+    /// read, including the wait for the response headers.
     http: Client,
+    /// Requests whose answer may legitimately take long to start (a put's
+    /// answer comes after its whole upload; a sweep's after the sweep):
+    /// no reqwest read timeout (it would bound the wait for the headers
+    /// from the request's start); puts are watched by [`IdleWatch`].
+    http_slow: Client,
+    /// `--timeout`.
+    read_timeout: Option<Duration>,
     progress: bool,
 }
 
@@ -148,74 +160,187 @@ async fn server_error(resp: Response) -> CliError {
     }
 }
 
+/// A client with the options' TLS, credentials and connect timeout, and
+/// `read_timeout` per read.
+fn client(opts: &RemoteOpts, read_timeout: Option<Duration>) -> Result<Client, CliError> {
+    let mut b = Client::builder()
+        // The server never redirects; following one could carry the
+        // token elsewhere (or a streamed body nowhere).
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("blobpool/", env!("CARGO_PKG_VERSION")));
+    if let Some(t) = opts.connect_timeout {
+        b = b.connect_timeout(t);
+    }
+    if let Some(t) = read_timeout {
+        b = b.read_timeout(t);
+    }
+    if let Some(token) = &opts.token {
+        let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| CliError::usage("--token must be printable ASCII without spaces"))?;
+        v.set_sensitive(true);
+        let mut h = HeaderMap::new();
+        h.insert(AUTHORIZATION, v);
+        b = b.default_headers(h);
+    }
+    if let Some(ca) = &opts.ca_cert {
+        let pem = read_pem(ca, "--ca-cert")?;
+        let certs = Certificate::from_pem_bundle(&pem).map_err(|e| {
+            CliError::config(format!(
+                "--ca-cert {}: not a PEM certificate bundle: {e}",
+                ca.display()
+            ))
+        })?;
+        if certs.is_empty() {
+            return Err(CliError::config(format!(
+                "--ca-cert {}: no certificate in the file",
+                ca.display()
+            )));
+        }
+        b = b.tls_certs_merge(certs);
+    }
+    match (&opts.client_cert, &opts.client_key) {
+        (Some(cert), Some(key)) => {
+            let mut pem = read_pem(cert, "--client-cert")?;
+            pem.push(b'\n');
+            pem.extend(read_pem(key, "--client-key")?);
+            let id = Identity::from_pem(&pem).map_err(|e| {
+                CliError::config(format!(
+                    "--client-cert {} / --client-key {}: {}",
+                    cert.display(),
+                    key.display(),
+                    error_chain(&e)
+                ))
+            })?;
+            b = b.identity(id);
+        }
+        (None, None) => {}
+        _ => {
+            return Err(CliError::usage(
+                "--client-cert and --client-key go together",
+            ))
+        }
+    }
+    b.build().map_err(|e| CliError::new("tls", error_chain(&e)))
+}
+
+/// Watches a streamed upload for a server that stops taking data:
+/// `--timeout` is the longest time the request may go with its body
+/// neither wanted by the connection nor finished, not counting time spent
+/// waiting for the source (a slow stdin is not the server's fault), nor
+/// a long upload that keeps moving. After the body ends it bounds the wait
+/// for the answer. (reqwest's own read timeout runs from the request's
+/// start until the headers, so it would cut any upload longer than it.)
+#[derive(Clone)]
+struct IdleWatch(Arc<Mutex<IdleState>>);
+
+struct IdleState {
+    /// When the body was last polled for, or handed, a chunk.
+    last: Instant,
+    /// Whether the body is waiting on its source.
+    in_source: bool,
+}
+
+impl IdleWatch {
+    fn new() -> Self {
+        IdleWatch(Arc::new(Mutex::new(IdleState {
+            last: Instant::now(),
+            in_source: false,
+        })))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, IdleState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `stream`, reporting to this watch.
+    fn watch<S: Stream + Unpin>(&self, stream: S) -> Watched<S> {
+        Watched {
+            inner: stream,
+            watch: self.clone(),
+        }
+    }
+
+    /// Runs `send` until it answers, or fails with code `timeout` once the
+    /// upload has been idle for `limit` (`None`: never).
+    async fn run(
+        &self,
+        limit: Option<Duration>,
+        send: impl std::future::Future<Output = reqwest::Result<Response>>,
+    ) -> Result<Response, CliError> {
+        let Some(limit) = limit else {
+            return send.await.map_err(transport);
+        };
+        tokio::pin!(send);
+        loop {
+            let wake = {
+                let s = self.state();
+                if s.in_source {
+                    Instant::now() + limit
+                } else if s.last.elapsed() >= limit {
+                    return Err(CliError::new(
+                        "timeout",
+                        format!(
+                            "the server took no data and sent no answer for {} (--timeout)",
+                            fmt_secs(limit)
+                        ),
+                    ));
+                } else {
+                    s.last + limit
+                }
+            };
+            tokio::select! {
+                r = &mut send => return r.map_err(transport),
+                () = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+}
+
+fn fmt_secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
+/// A body stream reporting its polls to an [`IdleWatch`].
+struct Watched<S> {
+    inner: S,
+    watch: IdleWatch,
+}
+
+impl<S: Stream + Unpin> Stream for Watched<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let r = Pin::new(&mut self.inner).poll_next(cx);
+        let mut s = self.watch.state();
+        s.in_source = r.is_pending();
+        s.last = Instant::now();
+        r
+    }
+}
+
 impl Remote {
+    /// `fut` within `--timeout` (code `timeout` past it).
+    async fn within<T>(&self, fut: impl std::future::Future<Output = T>) -> Result<T, CliError> {
+        match self.read_timeout {
+            None => Ok(fut.await),
+            Some(t) => tokio::time::timeout(t, fut).await.map_err(|_| {
+                CliError::new(
+                    "timeout",
+                    format!("no answer from the server for {} (--timeout)", fmt_secs(t)),
+                )
+            }),
+        }
+    }
+
     /// A client of the server at `url` (`http[s]://host[:port][/prefix]`),
     /// after the checks of [`check_server_url`].
     pub fn new(url: &str, opts: &RemoteOpts, progress: bool) -> Result<Self, CliError> {
         let base = check_server_url(url, opts)?;
-        let mut b = Client::builder()
-            // The server never redirects; following one could carry the
-            // token elsewhere (or a streamed body nowhere).
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("blobpool/", env!("CARGO_PKG_VERSION")));
-        if let Some(t) = opts.connect_timeout {
-            b = b.connect_timeout(t);
-        }
-        if let Some(t) = opts.read_timeout {
-            b = b.read_timeout(t);
-        }
-        if let Some(token) = &opts.token {
-            let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
-                .map_err(|_| CliError::usage("--token must be printable ASCII without spaces"))?;
-            v.set_sensitive(true);
-            let mut h = HeaderMap::new();
-            h.insert(AUTHORIZATION, v);
-            b = b.default_headers(h);
-        }
-        if let Some(ca) = &opts.ca_cert {
-            let pem = read_pem(ca, "--ca-cert")?;
-            let certs = Certificate::from_pem_bundle(&pem).map_err(|e| {
-                CliError::config(format!(
-                    "--ca-cert {}: not a PEM certificate bundle: {e}",
-                    ca.display()
-                ))
-            })?;
-            if certs.is_empty() {
-                return Err(CliError::config(format!(
-                    "--ca-cert {}: no certificate in the file",
-                    ca.display()
-                )));
-            }
-            b = b.tls_certs_merge(certs);
-        }
-        match (&opts.client_cert, &opts.client_key) {
-            (Some(cert), Some(key)) => {
-                let mut pem = read_pem(cert, "--client-cert")?;
-                pem.push(b'\n');
-                pem.extend(read_pem(key, "--client-key")?);
-                let id = Identity::from_pem(&pem).map_err(|e| {
-                    CliError::config(format!(
-                        "--client-cert {} / --client-key {}: {}",
-                        cert.display(),
-                        key.display(),
-                        error_chain(&e)
-                    ))
-                })?;
-                b = b.identity(id);
-            }
-            (None, None) => {}
-            _ => {
-                return Err(CliError::usage(
-                    "--client-cert and --client-key go together",
-                ))
-            }
-        }
-        let http = b
-            .build()
-            .map_err(|e| CliError::new("tls", error_chain(&e)))?;
         Ok(Remote {
             base,
-            http,
+            http: client(opts, opts.read_timeout)?,
+            http_slow: client(opts, None)?,
+            read_timeout: opts.read_timeout,
             progress,
         })
     }
@@ -237,24 +362,25 @@ impl Remote {
         let (reader, len) = src.open().await?;
         let pb = bar(self.progress, len, "put");
         let stream = ReaderStream::with_capacity(ProgressRead::new(reader, pb.clone()), 256 * 1024);
+        let watch = IdleWatch::new();
         let mut req = self
-            .http
+            .http_slow
             .put(format!("{}/v1/blobs/{ns}", self.base))
             .header(CONTENT_TYPE, "application/octet-stream")
-            .body(reqwest::Body::wrap_stream(stream));
+            .body(reqwest::Body::wrap_stream(watch.watch(stream)));
         if let Some(n) = len {
             req = req.header(CONTENT_LENGTH, n);
         }
         if let Some(d) = expect {
             req = req.header(HEADER_EXPECT_DIGEST, d.to_hex());
         }
-        let sent = req.send().await;
+        let sent = watch.run(self.read_timeout, req.send()).await;
         pb.finish_and_clear();
-        let resp = sent.map_err(transport)?;
+        let resp = sent?;
         if !resp.status().is_success() {
-            return Err(server_error(resp).await);
+            return Err(self.within(server_error(resp)).await?);
         }
-        let body: PutResponse = resp.json().await.map_err(transport)?;
+        let body: PutResponse = self.within(resp.json()).await?.map_err(transport)?;
         let (token, released) = if release {
             if let Err(e) = self.release(&body.token).await {
                 return Err(CliError::new(
@@ -449,8 +575,9 @@ impl Remote {
 
     /// `POST /v1/sweep`.
     pub async fn sweep(&self) -> Result<SweepReport, CliError> {
+        // A sweep answers when it is done, however long that takes.
         let resp = self
-            .http
+            .http_slow
             .post(format!("{}/v1/sweep", self.base))
             .header(CONTENT_TYPE, "application/json")
             .body("{}")

@@ -546,6 +546,53 @@ fn the_read_timeout_ends_a_silent_server() {
     ]));
     fails_with(o, "timeout");
     assert!(started.elapsed() < Duration::from_secs(20));
+    // A put to a server that takes no data times out as well.
+    write_file(dir.path(), "big", 32 << 20, 1);
+    let started = std::time::Instant::now();
+    let o = run(cmd(dir.path()).args(["--server", &base, "--timeout", "1s", "put", "big"]));
+    fails_with(o, "timeout");
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// `--timeout` is an idle timeout: an upload longer than it that keeps
+/// moving succeeds, and time spent waiting on a slow stdin is not the
+/// server's silence.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_upload_that_keeps_moving_outlives_the_timeout() {
+    let s = start(Opts::default()).await;
+    let base = s.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut child = cmd(&d)
+            .args([
+                "--server",
+                &base,
+                "--timeout",
+                "1s",
+                "put",
+                "-",
+                "--release",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut all = Vec::new();
+        for i in 0..6u64 {
+            let chunk = bytes_of(100_000, i);
+            stdin.write_all(&chunk).unwrap();
+            all.extend(chunk);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        drop(stdin);
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(ok(o), blake3::hash(&all).to_hex().as_str());
+    })
+    .await
+    .unwrap();
 }
 
 /// The names in `d` that look like leftovers of a get.
