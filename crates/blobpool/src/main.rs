@@ -130,9 +130,10 @@ struct Cli {
     )]
     connect_timeout: TimeLimit,
 
-    /// How long the server may stay silent during a request: a per-read
-    /// (idle) timeout, not a deadline, so long transfers that keep moving
-    /// are never cut (e.g. 60s, 5m, or plain seconds; 0: no limit).
+    /// How long the server may stay silent during a request: an idle
+    /// timeout, not a deadline, so long transfers that keep moving are
+    /// never cut (e.g. 60s, 5m, or plain seconds; 0: no limit). A sweep
+    /// is waited for however long it runs.
     #[arg(
         long,
         global = true,
@@ -335,7 +336,13 @@ fn load_config(cli: &Cli) -> Result<Config, CliError> {
 
 fn remote_opts(cli: &Cli) -> RemoteOpts {
     RemoteOpts {
-        token: cli.token.clone(),
+        // An empty BLOBPOOL_TOKEN= means none.
+        token: cli
+            .token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string),
         allow_insecure_http: cli.allow_insecure_http,
         ca_cert: cli.ca_cert.clone(),
         client_cert: cli.client_cert.clone(),
