@@ -504,7 +504,9 @@ impl StagedWrite for LocalStage {
             self.written += len as u64;
             if let Some(file) = start {
                 let shared = self.shared.clone();
-                drop(tokio::task::spawn_blocking(move || run_writer(shared, file)));
+                drop(tokio::task::spawn_blocking(move || {
+                    run_writer(shared, file)
+                }));
             }
             return Ok(());
         }
