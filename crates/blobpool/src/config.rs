@@ -16,10 +16,16 @@
 //! # token_ttl = 900                           # serve: pin-token idle lifetime, seconds
 //!                                             #   (unset: none outside a fleet, pin_ttl in one)
 //! max_tokens = 100000                         # serve: cap on live pin tokens (+ puts in flight)
+//! max_tokens_per_identity = 10000             # serve: the same cap per identity
+//! insecure_no_auth = false                    # serve: allow a non-loopback listen without identities
+//! log_format = "text"                         # serve: text | json
 //!
 //! [gc]
 //! unreferenced_namespaces = ["tmp"]           # namespaces whose entries nothing references
 //! ```
+//!
+//! The server's `[auth]`, `[http]`, `[tls]` and `[limits]` sections are
+//! described in `security.rs` (and docs/SERVER.md, Security).
 //!
 //! Every key has an environment override: `BLOBPOOL_KV`, `BLOBPOOL_LARGE`,
 //! `BLOBPOOL_MODE`, … and `BLOBPOOL_GC_UNREFERENCED_NAMESPACES` (comma
@@ -64,8 +70,46 @@ struct FileConfig {
     max_blob_size: Option<u64>,
     token_ttl: Option<u64>,
     max_tokens: Option<usize>,
+    max_tokens_per_identity: Option<usize>,
+    insecure_no_auth: Option<bool>,
+    log_format: Option<String>,
     gc: Option<GcSection>,
+    auth: Option<crate::security::AuthSection>,
+    http: Option<crate::security::HttpSection>,
+    tls: Option<crate::security::TlsSection>,
+    limits: Option<crate::security::LimitsSection>,
 }
+
+/// The server's log format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("log format {other:?}: expected text or json")),
+        }
+    }
+}
+
+/// Default largest put of a `mem-only` server: 64 MiB. Everything it
+/// stores is held in memory, so the 16 GiB default of the other modes
+/// would let one client exhaust it (docs/SERVER.md).
+pub const DEFAULT_MEM_ONLY_MAX_BLOB_SIZE: u64 = 64 << 20;
+
+/// Default per-identity cap on pin tokens plus puts in flight (the global
+/// cap, `max_tokens`, still applies).
+pub const DEFAULT_MAX_TOKENS_PER_IDENTITY: usize = 10_000;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,9 +183,18 @@ pub struct Config {
     pub token_ttl: Option<Duration>,
     /// `serve`: cap on live pin tokens plus puts in flight (at least 1).
     pub max_tokens: usize,
+    /// `serve`: cap on the live tokens plus puts in flight of one
+    /// identity (at least 1).
+    pub max_tokens_per_identity: usize,
     /// Namespaces registered with a liveness source that reports nothing
     /// live (ADR-017): their unpinned entries are garbage.
     pub unreferenced_namespaces: Vec<Namespace>,
+    /// `serve`: allow a non-loopback listen address without any identity.
+    pub insecure_no_auth: bool,
+    /// `serve`: log format.
+    pub log_format: LogFormat,
+    /// `serve`: `[auth]`, `[http]`, `[tls]`, `[limits]`.
+    pub sections: crate::security::Sections,
 }
 
 fn env_parse<T: std::str::FromStr>(
@@ -222,7 +275,8 @@ pub fn parse_kv(url: &str, default_schema: &str) -> Result<KvSpec, String> {
         return Ok(KvSpec::Mem);
     }
     Err(format!(
-        "unsupported kv URL {url:?}: expected sqlite://PATH, postgres://…, or mem://"
+        "unsupported kv URL {:?}: expected sqlite://PATH, postgres://…, or mem://",
+        crate::security::redact_url(url)
     ))
 }
 
@@ -256,7 +310,8 @@ pub fn parse_large(url: &str, default_schema: &str) -> Result<Option<LargeSpec>,
         }
     }
     Err(format!(
-        "unsupported large URL {url:?}: expected file://PATH, pglo://…, postgres+lo://…, s3://BUCKET/PREFIX, object+file:///PATH, object+memory://, mem://, or none"
+        "unsupported large URL {:?}: expected file://PATH, pglo://…, postgres+lo://…, s3://BUCKET/PREFIX, object+file:///PATH, object+memory://, mem://, or none",
+        crate::security::redact_url(url)
     ))
 }
 
@@ -377,6 +432,23 @@ impl Config {
         if max_tokens == 0 {
             return Err("max_tokens = 0 would refuse every put; it must be at least 1".into());
         }
+        let max_tokens_per_identity = env_parse::<usize>(env, "BLOBPOOL_MAX_TOKENS_PER_IDENTITY")?
+            .or(fc.max_tokens_per_identity)
+            .unwrap_or(DEFAULT_MAX_TOKENS_PER_IDENTITY);
+        if max_tokens_per_identity == 0 {
+            return Err(
+                "max_tokens_per_identity = 0 would refuse every put; it must be at least 1".into(),
+            );
+        }
+        let log_format = match env("BLOBPOOL_LOG_FORMAT").or(fc.log_format) {
+            Some(f) => f.parse::<LogFormat>()?,
+            None => LogFormat::Text,
+        };
+        let default_max_blob = if mode == Mode::MemOnly {
+            DEFAULT_MEM_ONLY_MAX_BLOB_SIZE
+        } else {
+            store_ops::DEFAULT_MAX_BLOB_SIZE
+        };
         let unreferenced_namespaces = unreferenced
             .into_iter()
             .map(|n| {
@@ -402,10 +474,21 @@ impl Config {
                 .unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
             max_blob_size: env_parse::<u64>(env, "BLOBPOOL_MAX_BLOB_SIZE")?
                 .or(fc.max_blob_size)
-                .unwrap_or(store_ops::DEFAULT_MAX_BLOB_SIZE),
+                .unwrap_or(default_max_blob),
             token_ttl,
             max_tokens,
+            max_tokens_per_identity,
             unreferenced_namespaces,
+            insecure_no_auth: env_bool(env, "BLOBPOOL_INSECURE_NO_AUTH")?
+                .or(fc.insecure_no_auth)
+                .unwrap_or(false),
+            log_format,
+            sections: crate::security::Sections {
+                auth: fc.auth,
+                http: fc.http,
+                tls: fc.tls,
+                limits: fc.limits,
+            },
         })
     }
 
@@ -416,6 +499,7 @@ impl Config {
             max_blob_size: self.max_blob_size,
             token_ttl: self.token_ttl,
             max_tokens: self.max_tokens,
+            max_tokens_per_owner: Some(self.max_tokens_per_identity),
             pin_ttl: Some(self.pin_ttl),
             ..Default::default()
         }
@@ -522,6 +606,35 @@ mod tests {
         assert_eq!(c.listen, DEFAULT_LISTEN);
         assert!(!c.fleet);
         assert!(c.unreferenced_namespaces.is_empty());
+    }
+
+    #[test]
+    fn mem_only_servers_default_to_a_small_max_blob_size() {
+        let c = Config::from_toml("kv = \"mem://\"").unwrap();
+        assert_eq!(c.mode, Mode::MemOnly);
+        assert_eq!(c.max_blob_size, DEFAULT_MEM_ONLY_MAX_BLOB_SIZE);
+        let c = Config::from_toml("kv = \"mem://\"\nmax_blob_size = 5").unwrap();
+        assert_eq!(c.max_blob_size, 5);
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.max_blob_size, store_ops::DEFAULT_MAX_BLOB_SIZE);
+        assert_eq!(c.max_tokens_per_identity, DEFAULT_MAX_TOKENS_PER_IDENTITY);
+        assert_eq!(c.ops_config().max_tokens_per_owner, Some(10_000));
+        assert!(Config::from_toml("max_tokens_per_identity = 0").is_err());
+        assert!(Config::from_toml("log_format = \"xml\"").is_err());
+        assert_eq!(
+            Config::from_toml("log_format = \"json\"")
+                .unwrap()
+                .log_format,
+            LogFormat::Json
+        );
+    }
+
+    #[test]
+    fn url_errors_never_print_passwords() {
+        let e = Config::from_toml("kv = \"mysql://u:s3cret@h/db\"").unwrap_err();
+        assert!(!e.contains("s3cret") && e.contains("u:***@h"), "{e}");
+        let e = Config::from_toml("large = \"ftp://u:s3cret@h/x\"").unwrap_err();
+        assert!(!e.contains("s3cret"), "{e}");
     }
 
     #[test]

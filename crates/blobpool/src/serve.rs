@@ -5,24 +5,31 @@ use std::io::IsTerminal;
 use store_ops::Ops;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::Config;
+use crate::config::{Config, LogFormat};
 use crate::output::CliError;
 
 /// Opens the store, binds `cfg.listen` and serves until Ctrl-C or SIGTERM,
-/// letting in-flight requests finish. Prints `listening on http://ADDR` on
-/// stderr once bound (the actual port when `:0` was asked for).
+/// letting in-flight requests finish within the drain deadline. Prints
+/// `listening on http://ADDR` (or `https://`) on stderr once bound (the
+/// actual port when `:0` was asked for).
+///
+/// Refuses to start on a non-loopback address without any identity
+/// configured, unless `insecure_no_auth` (docs/SERVER.md, Security).
 ///
 /// Not cancel-safe in the graceful sense: dropping the future stops the
 /// server at once, without draining in-flight requests (see
-/// [`store_ops::http::serve`]); the signals are the way to stop it.
+/// [`store_ops::http::serve_with`]); the signals are the way to stop it.
 pub async fn run(cfg: Config) -> Result<(), CliError> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+    init_logging(cfg.log_format);
+    // Checked before the store opens: a refused configuration touches no data.
+    let http = cfg
+        .sections
+        .http_config(&cfg.listen, cfg.insecure_no_auth)
+        .map_err(CliError::config)?;
+    match store_ops::http::raise_nofile_limit() {
+        Ok((soft, hard)) => tracing::info!("open files limit: {soft} (hard {hard})"),
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
     let store = cfg.open_store().await?;
     let unreferenced: Vec<&str> = cfg
         .unreferenced_namespaces
@@ -32,18 +39,68 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
     tracing::info!("store: {store:?}; unreferenced namespaces (swept): {unreferenced:?}");
     let ops = Ops::new(store, cfg.ops_config())?;
     log_token_policy(&ops);
+    log_security(&cfg, &http);
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .map_err(|e| CliError::io(&format!("cannot listen on {}", cfg.listen), e))?;
     let addr = listener
         .local_addr()
         .map_err(|e| CliError::io("cannot read the listen address", e))?;
-    eprintln!("blobpool: listening on http://{addr}");
-    store_ops::http::serve(listener, ops, store_ops::http::shutdown_signal())
+    let scheme = if http.tls.is_some() { "https" } else { "http" };
+    eprintln!("blobpool: listening on {scheme}://{addr}");
+    store_ops::http::serve_with(listener, ops, http, store_ops::http::shutdown_signal())
         .await
         .map_err(|e| CliError::io("server failed", e))?;
     eprintln!("blobpool: stopped");
     Ok(())
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
+}
+
+/// States who may do what, and warns about an open server off loopback.
+fn log_security(cfg: &Config, http: &store_ops::http::HttpConfig) {
+    let tls = match &http.tls {
+        None => "off".to_string(),
+        Some(t) if t.client_ca.is_some() => format!("on, client certificates {:?}", t.client_auth),
+        Some(_) => "on".to_string(),
+    };
+    if http.auth.is_enabled() {
+        let anon: Vec<String> = http
+            .auth
+            .anonymous_grants()
+            .iter()
+            .map(|g| g.to_string())
+            .collect();
+        tracing::info!(
+            "auth: {} identities; anonymous may {:?}; TLS {tls}; allowed hosts {:?}",
+            http.auth.identities(),
+            anon,
+            http.allowed_hosts
+        );
+    } else if crate::security::is_loopback(&cfg.listen) {
+        tracing::info!(
+            "auth: none (loopback listen: everyone on this host may do everything); TLS {tls}; \
+             allowed hosts {:?}",
+            http.allowed_hosts
+        );
+    } else {
+        tracing::warn!(
+            "auth: NONE on {} (insecure_no_auth): anyone who reaches this address may read, \
+             write, delete and sweep; TLS {tls}",
+            cfg.listen
+        );
+    }
 }
 
 /// States the pin-token policy at startup; warns when an operator gave
@@ -52,7 +109,7 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
 fn log_token_policy(ops: &Ops) {
     let c = ops.config();
     let per_owner = match c.max_tokens_per_owner {
-        Some(n) => format!(", at most {n} per owner"),
+        Some(n) => format!(", at most {n} per identity"),
         None => String::new(),
     };
     match (ops.store().is_fleet(), c.token_ttl) {

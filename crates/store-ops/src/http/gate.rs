@@ -129,7 +129,7 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
         .as_ref()
         .map_or_else(|| "-".to_string(), |p| p.remote.to_string());
 
-    let outcome: Result<Identity, Response> = (|| {
+    let outcome: Result<Identity, OpsError> = (|| {
         if !gate.allowed_hosts.is_empty() {
             let host = req
                 .uri()
@@ -146,25 +146,17 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
                 .as_deref()
                 .is_some_and(|h| gate.allowed_hosts.iter().any(|a| a == h));
             if !ok {
-                return Err(refuse(
-                    &gate.ops,
-                    OpsError::new(
-                        ErrorCode::HostNotAllowed,
-                        "this server does not answer for that Host (allowed_hosts)",
-                    ),
-                    &id,
+                return Err(OpsError::new(
+                    ErrorCode::HostNotAllowed,
+                    "this server does not answer for that Host (allowed_hosts)",
                 ));
             }
         }
         let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
         let cert = peer.as_ref().and_then(|p| p.client_cert.as_ref());
-        gate.auth.authenticate(authorization, cert).map_err(|e| {
-            refuse(
-                &gate.ops,
-                OpsError::new(ErrorCode::Unauthorized, e.to_string()),
-                &id,
-            )
-        })
+        gate.auth
+            .authenticate(authorization, cert)
+            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()))
     })();
 
     let (identity_name, mut resp) = match outcome {
@@ -174,7 +166,7 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
             let resp = REQUEST_ID.scope(id.clone(), next.run(req)).await;
             (name, resp)
         }
-        Err(resp) => ("-".to_string(), resp),
+        Err(e) => ("-".to_string(), refuse(&gate.ops, e, &id)),
     };
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(HEADER_REQUEST_ID, v);

@@ -1,0 +1,475 @@
+//! The server's network-facing configuration: `[auth]`, `[http]`, `[tls]`
+//! and `[limits]` (docs/SERVER.md, Security; ADR-023).
+//!
+//! ```toml
+//! insecure_no_auth = false          # serve without keys on a non-loopback address
+//! log_format = "text"               # or "json"
+//!
+//! [auth]
+//! anonymous = ["read:public-*"]     # what requests without credentials may do
+//! [[auth.keys]]                     # `blobpool key new` prints these
+//! name = "ci"
+//! hash = "blake3:…"
+//! scopes = ["read", "write:ci-*"]
+//! [[auth.clients]]                  # mutual TLS identities (needs tls.client_ca)
+//! name = "builder"
+//! subject = "builder.internal"      # certificate CN or DNS name
+//! scopes = ["write"]
+//!
+//! [http]
+//! allowed_hosts = ["blobs.example.com"]  # default: loopback names on a loopback listen
+//! cors_origins = []                 # no CORS unless listed
+//!
+//! [tls]
+//! cert = "/etc/blobpool/cert.pem"
+//! key = "/etc/blobpool/key.pem"
+//! client_ca = "/etc/blobpool/clients.pem"   # mutual TLS
+//! client_auth = "optional"          # or "required"
+//!
+//! [limits]
+//! header_read_timeout = "10s"
+//! idle_timeout = "60s"
+//! body_read_timeout = "30s"
+//! write_timeout = "60s"
+//! max_connections = 4096
+//! drain_timeout = "30s"
+//! http2_max_streams = 100           # 0 turns HTTP/2 off
+//! ```
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use store_ops::auth::{parse_key_hash, ApiKey, Auth, CertIdentity, Grant};
+use store_ops::http::{ClientAuth, HttpConfig, ServerLimits, TlsSettings};
+
+/// `[auth]`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    #[serde(default)]
+    anonymous: Vec<String>,
+    #[serde(default)]
+    keys: Vec<KeyEntry>,
+    #[serde(default)]
+    clients: Vec<ClientEntry>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct KeyEntry {
+    name: String,
+    hash: String,
+    #[serde(default)]
+    scopes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct ClientEntry {
+    name: String,
+    subject: String,
+    #[serde(default)]
+    scopes: Vec<String>,
+}
+
+/// `[http]`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    allowed_hosts: Option<Vec<String>>,
+    #[serde(default)]
+    cors_origins: Vec<String>,
+}
+
+/// `[tls]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
+    client_auth: Option<String>,
+}
+
+/// A duration in the config: seconds, or a human string (`"30s"`,
+/// `"2m"`, `"500ms"`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+enum DurationValue {
+    Secs(u64),
+    Text(String),
+}
+
+impl DurationValue {
+    fn get(&self, name: &str) -> Result<Duration, String> {
+        let d = match self {
+            DurationValue::Secs(s) => Duration::from_secs(*s),
+            DurationValue::Text(t) => {
+                parse_duration(t).map_err(|e| format!("limits.{name}: {e}"))?
+            }
+        };
+        if d.is_zero() {
+            return Err(format!("limits.{name} must be greater than zero"));
+        }
+        Ok(d)
+    }
+}
+
+/// Parses `"30s"`, `"2m"`, `"1h 30m"`, `"500ms"` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. \"30s\", \"2m\")"))
+}
+
+/// `[limits]`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    header_read_timeout: Option<DurationValue>,
+    idle_timeout: Option<DurationValue>,
+    body_read_timeout: Option<DurationValue>,
+    write_timeout: Option<DurationValue>,
+    max_connections: Option<usize>,
+    drain_timeout: Option<DurationValue>,
+    http2_max_streams: Option<u32>,
+}
+
+/// The sections as read from the file (the environment adds
+/// `BLOBPOOL_INSECURE_NO_AUTH` and `BLOBPOOL_LOG_FORMAT` in config.rs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sections {
+    /// `[auth]`.
+    pub auth: Option<AuthSection>,
+    /// `[http]`.
+    pub http: Option<HttpSection>,
+    /// `[tls]`.
+    pub tls: Option<TlsSection>,
+    /// `[limits]`.
+    pub limits: Option<LimitsSection>,
+}
+
+/// Whether `listen` can only be reached from this host.
+pub fn is_loopback(listen: &str) -> bool {
+    if let Ok(addr) = listen.parse::<SocketAddr>() {
+        return addr.ip().is_loopback();
+    }
+    let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
+/// The `Host` names a loopback server answers for by default (a DNS
+/// rebinding page's host name is none of these).
+pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+impl Sections {
+    /// Builds the HTTP configuration for a server listening on `listen`.
+    ///
+    /// Refuses, with the reason: bad scopes or key hashes; certificate
+    /// identities without `tls.client_ca`; `client_auth` without
+    /// `client_ca`; and — unless `insecure_no_auth` — a non-loopback
+    /// `listen` with no identity configured.
+    pub fn http_config(&self, listen: &str, insecure_no_auth: bool) -> Result<HttpConfig, String> {
+        let auth_section = self.auth.clone().unwrap_or_default();
+        let keys = auth_section
+            .keys
+            .iter()
+            .map(|k| {
+                Ok(ApiKey {
+                    name: k.name.clone(),
+                    hash: parse_key_hash(&k.hash)
+                        .map_err(|e| format!("auth.keys {:?}: {e}", k.name))?,
+                    grants: Grant::parse_all(&k.scopes)
+                        .map_err(|e| format!("auth.keys {:?}: {e}", k.name))?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let certs = auth_section
+            .clients
+            .iter()
+            .map(|c| {
+                Ok(CertIdentity {
+                    name: c.name.clone(),
+                    subject: c.subject.clone(),
+                    grants: Grant::parse_all(&c.scopes)
+                        .map_err(|e| format!("auth.clients {:?}: {e}", c.name))?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let anonymous = Grant::parse_all(&auth_section.anonymous)
+            .map_err(|e| format!("auth.anonymous: {e}"))?;
+        let tls = match &self.tls {
+            None => None,
+            Some(t) => {
+                let client_auth = match t.client_auth.as_deref().map(str::trim) {
+                    None | Some("optional") => ClientAuth::Optional,
+                    Some("required") => ClientAuth::Required,
+                    Some(other) => {
+                        return Err(format!(
+                            "tls.client_auth = {other:?}: expected \"optional\" or \"required\""
+                        ))
+                    }
+                };
+                if t.client_ca.is_none() && t.client_auth.is_some() {
+                    return Err("tls.client_auth needs tls.client_ca (the CA that signs client certificates)".into());
+                }
+                Some(TlsSettings {
+                    cert: t.cert.clone(),
+                    key: t.key.clone(),
+                    client_ca: t.client_ca.clone(),
+                    client_auth,
+                })
+            }
+        };
+        if !certs.is_empty() && tls.as_ref().is_none_or(|t| t.client_ca.is_none()) {
+            return Err("auth.clients (certificate identities) need [tls] with client_ca".into());
+        }
+        let auth = if keys.is_empty() && certs.is_empty() {
+            if !anonymous.is_empty() {
+                return Err(
+                    "auth.anonymous is set but no [[auth.keys]] or [[auth.clients]] exist: \
+                     without identities the server is open to everyone anyway"
+                        .into(),
+                );
+            }
+            let mtls_required = tls
+                .as_ref()
+                .is_some_and(|t| t.client_ca.is_some() && t.client_auth == ClientAuth::Required);
+            if !is_loopback(listen) && !insecure_no_auth && !mtls_required {
+                return Err(format!(
+                    "refusing to serve on {listen} without authentication: anyone who can reach \
+                     that address could read, write and delete blobs and run sweeps. Add API keys \
+                     ([[auth.keys]], see `blobpool key new`) or client certificates, listen on \
+                     127.0.0.1, or pass --insecure-no-auth (insecure_no_auth = true) if a proxy in \
+                     front of the server authenticates"
+                ));
+            }
+            Auth::open()
+        } else {
+            Auth::new(keys, certs, anonymous)?
+        };
+        let http = self.http.clone().unwrap_or_default();
+        let allowed_hosts = match http.allowed_hosts {
+            Some(h) => h,
+            None if is_loopback(listen) => LOOPBACK_HOSTS.iter().map(|s| s.to_string()).collect(),
+            None => Vec::new(),
+        };
+        Ok(HttpConfig {
+            auth,
+            allowed_hosts,
+            cors_origins: http.cors_origins,
+            limits: self.limits()?,
+            tls,
+        })
+    }
+
+    fn limits(&self) -> Result<ServerLimits, String> {
+        let mut l = ServerLimits::default();
+        let Some(s) = &self.limits else {
+            return Ok(l);
+        };
+        let set =
+            |v: &Option<DurationValue>, name: &str, into: &mut Duration| -> Result<(), String> {
+                if let Some(v) = v {
+                    *into = v.get(name)?;
+                }
+                Ok(())
+            };
+        set(
+            &s.header_read_timeout,
+            "header_read_timeout",
+            &mut l.header_read_timeout,
+        )?;
+        set(&s.idle_timeout, "idle_timeout", &mut l.idle_timeout)?;
+        set(
+            &s.body_read_timeout,
+            "body_read_timeout",
+            &mut l.body_read_timeout,
+        )?;
+        set(&s.write_timeout, "write_timeout", &mut l.write_timeout)?;
+        set(&s.drain_timeout, "drain_timeout", &mut l.drain_timeout)?;
+        if let Some(n) = s.max_connections {
+            if n == 0 {
+                return Err("limits.max_connections must be at least 1".into());
+            }
+            l.max_connections = n;
+        }
+        if let Some(n) = s.http2_max_streams {
+            l.http2_max_streams = (n > 0).then_some(n);
+        }
+        Ok(l)
+    }
+}
+
+/// `url` with any password replaced by `***` (`scheme://user:***@host`,
+/// and `password=` query parameters), for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let mut out = url.to_string();
+    if let Some(scheme_end) = out.find("://") {
+        let rest_start = scheme_end + 3;
+        let authority_end = out[rest_start..]
+            .find(['/', '?', '#'])
+            .map_or(out.len(), |i| rest_start + i);
+        if let Some(at) = out[rest_start..authority_end].rfind('@') {
+            let userinfo = &out[rest_start..rest_start + at];
+            if let Some(colon) = userinfo.find(':') {
+                let start = rest_start + colon + 1;
+                out.replace_range(start..rest_start + at, "***");
+            }
+        }
+    }
+    if let Some(q) = out.find('?') {
+        let (base, query) = out.split_at(q + 1);
+        let query = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => p.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        out = format!("{base}{query}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sections(toml_text: &str) -> Sections {
+        #[derive(Deserialize)]
+        struct F {
+            auth: Option<AuthSection>,
+            http: Option<HttpSection>,
+            tls: Option<TlsSection>,
+            limits: Option<LimitsSection>,
+        }
+        let f: F = toml::from_str(toml_text).unwrap();
+        Sections {
+            auth: f.auth,
+            http: f.http,
+            tls: f.tls,
+            limits: f.limits,
+        }
+    }
+
+    #[test]
+    fn loopback_addresses_are_recognised() {
+        assert!(is_loopback("127.0.0.1:7070"));
+        assert!(is_loopback("[::1]:7070"));
+        assert!(is_loopback("localhost:7070"));
+        assert!(!is_loopback("0.0.0.0:7070"));
+        assert!(!is_loopback("[::]:7070"));
+        assert!(!is_loopback("blobs.example.com:7070"));
+    }
+
+    #[test]
+    fn an_open_server_off_loopback_is_refused_unless_insisted() {
+        let s = Sections::default();
+        let e = s.http_config("0.0.0.0:7070", false).unwrap_err();
+        assert!(
+            e.contains("without authentication") && e.contains("--insecure-no-auth"),
+            "{e}"
+        );
+        let c = s.http_config("0.0.0.0:7070", true).unwrap();
+        assert!(!c.auth.is_enabled());
+        assert!(c.allowed_hosts.is_empty());
+        let c = s.http_config("127.0.0.1:7070", false).unwrap();
+        assert!(!c.auth.is_enabled());
+        assert_eq!(c.allowed_hosts, LOOPBACK_HOSTS);
+    }
+
+    #[test]
+    fn keys_scopes_and_limits_parse() {
+        let hash = store_ops::auth::hash_key("bpk_x");
+        let s = sections(&format!(
+            r#"
+            [auth]
+            anonymous = ["read:public-*"]
+            [[auth.keys]]
+            name = "ci"
+            hash = "{hash}"
+            scopes = ["read", "write:ci-*"]
+            [http]
+            allowed_hosts = ["blobs.example.com"]
+            [limits]
+            header_read_timeout = "5s"
+            idle_timeout = 30
+            max_connections = 10
+            http2_max_streams = 0
+            "#
+        ));
+        let c = s.http_config("0.0.0.0:7070", false).unwrap();
+        assert!(c.auth.is_enabled());
+        assert_eq!(c.auth.identities(), 1);
+        assert_eq!(c.allowed_hosts, ["blobs.example.com"]);
+        assert_eq!(c.limits.header_read_timeout, Duration::from_secs(5));
+        assert_eq!(c.limits.idle_timeout, Duration::from_secs(30));
+        assert_eq!(c.limits.max_connections, 10);
+        assert_eq!(c.limits.http2_max_streams, None);
+        let id = c.auth.authenticate(Some(b"Bearer bpk_x"), None).unwrap();
+        assert_eq!(id.name(), "ci");
+    }
+
+    #[test]
+    fn bad_sections_are_refused_with_reasons() {
+        let bad = [
+            (
+                r#"[[auth.keys]]
+                name = "a"
+                hash = "nothex"
+                scopes = []"#,
+                "key hash",
+            ),
+            (
+                r#"[[auth.keys]]
+                name = "a"
+                hash = "blake3:0000000000000000000000000000000000000000000000000000000000000000"
+                scopes = ["pull"]"#,
+                "scope",
+            ),
+            (
+                r#"[[auth.clients]]
+                name = "a"
+                subject = "a.internal""#,
+                "client_ca",
+            ),
+            ("[auth]\nanonymous = [\"read\"]", "no [[auth.keys]]"),
+            ("[limits]\nidle_timeout = \"soon\"", "idle_timeout"),
+            ("[limits]\nwrite_timeout = 0", "greater than zero"),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_auth = \"required\"",
+                "client_ca",
+            ),
+        ];
+        for (text, want) in bad {
+            let e = sections(text)
+                .http_config("127.0.0.1:1", false)
+                .unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/x?schema=a"),
+            "postgres://app:***@db:5432/x?schema=a"
+        );
+        assert_eq!(
+            redact_url("postgres://db/x?user=a&password=s3cret"),
+            "postgres://db/x?user=a&password=***"
+        );
+        assert_eq!(redact_url("sqlite://./kv.sqlite"), "sqlite://./kv.sqlite");
+        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+    }
+}

@@ -1,0 +1,185 @@
+//! `blobpool serve` as an operator meets it on a network (issue 12): it
+//! refuses a non-loopback address without identities (unless told it is
+//! insecure on purpose), enforces configured keys, answers only its own
+//! `Host` names on loopback, logs JSON access lines, and never prints a
+//! database password.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
+
+fn cmd(dir: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.current_dir(dir);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("BLOBPOOL_") {
+            c.env_remove(k);
+        }
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+/// A `blobpool serve` child, killed at the end of the test; its stderr
+/// lines arrive on a channel.
+struct Serve {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    /// The lines printed before the address.
+    startup: Vec<String>,
+    base: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn serve(mut c: Command) -> Serve {
+    let mut child = c.stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut startup = Vec::new();
+    let base = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("serve prints its address");
+        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
+            break rest.trim().to_string();
+        }
+        startup.push(line);
+    };
+    Serve {
+        child,
+        lines: rx,
+        startup,
+        base,
+    }
+}
+
+#[test]
+fn a_non_loopback_listen_without_identities_is_refused_before_touching_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cmd(dir.path())
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("without authentication") && err.contains("--insecure-no-auth"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("blobpool-data").exists(),
+        "a refused server created no data"
+    );
+    // Insisting works (behind a proxy that authenticates).
+    std::fs::write(
+        dir.path().join("blobpool.toml"),
+        "insecure_no_auth = true\n",
+    )
+    .unwrap();
+    let mut c = cmd(dir.path());
+    c.args(["serve", "--listen", "0.0.0.0:0"])
+        .env("RUST_LOG", "warn");
+    let s = serve(c);
+    assert!(
+        s.startup.iter().any(|l| l.contains("auth: NONE")),
+        "a startup warning: {:?}",
+        s.startup
+    );
+}
+
+#[tokio::test]
+async fn configured_keys_are_enforced_and_requests_logged_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = store_ops::auth::generate_key();
+    std::fs::write(
+        dir.path().join("blobpool.toml"),
+        format!(
+            "log_format = \"json\"\n\
+             [[auth.keys]]\nname = \"ci\"\nhash = \"{}\"\nscopes = [\"read\", \"write\"]\n",
+            store_ops::auth::hash_key(&key)
+        ),
+    )
+    .unwrap();
+    let mut c = cmd(dir.path());
+    c.args(["serve", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info");
+    let s = serve(c);
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/blobs/docs", s.base);
+    let anon = http.put(&url).body("x").send().await.unwrap();
+    assert_eq!(anon.status(), 401);
+    let ok = http
+        .put(&url)
+        .bearer_auth(&key)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 201);
+    // Loopback without allowed_hosts: only loopback names are answered.
+    let rebound = http
+        .get(format!("{}/health", s.base))
+        .header("host", "attacker.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421);
+    // The access lines are JSON with the identity.
+    let mut identities = Vec::new();
+    while identities.len() < 2 {
+        let line = s
+            .lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("access lines");
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            panic!("a non-JSON log line: {line}");
+        };
+        if v["target"] == "blobpool::access" && v["fields"]["method"] == "PUT" {
+            identities.push(v["fields"]["identity"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(identities, ["anonymous", "ci"]);
+}
+
+#[test]
+fn database_passwords_never_reach_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "postgres://blobpool_nobody:s3cretpw@127.0.0.1:5432/nope",
+        "mysql://blobpool:s3cretpw@127.0.0.1/nope",
+    ] {
+        let out = cmd(dir.path())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("BLOBPOOL_KV", url)
+            .env("RUST_LOG", "debug")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!all.contains("s3cretpw"), "{url}: {all}");
+    }
+}
