@@ -85,7 +85,7 @@ fn args() -> Result<Args, BoxError> {
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit; (soft, hard) after.
-fn raise_nofile() -> std::io::Result<(u64, u64)> {
+fn raise_nofile() -> std::io::Result<(libc::rlim_t, libc::rlim_t)> {
     let mut rl = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -101,7 +101,7 @@ fn raise_nofile() -> std::io::Result<(u64, u64)> {
             return Err(std::io::Error::last_os_error());
         }
     }
-    Ok((rl.rlim_cur as u64, rl.rlim_max as u64))
+    Ok((rl.rlim_cur, rl.rlim_max))
 }
 
 /// This process's resident set size, in MiB.
