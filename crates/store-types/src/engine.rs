@@ -316,6 +316,12 @@ pub trait Engine: Send + Sync + 'static {
 pub trait KvEngine: Engine {
     /// Stores `bytes` under `key` (the caller has verified the digest).
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome>;
+
+    /// The named references this engine's database holds (ADR-024), if it
+    /// can hold them. Default: none.
+    fn refs(&self) -> Option<std::sync::Arc<dyn crate::RefStore>> {
+        None
+    }
 }
 
 /// A large-blob engine: entries are streamed into a stage and published.

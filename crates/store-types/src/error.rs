@@ -105,6 +105,15 @@ pub enum Error {
         /// 2026-12-01T20:05:03Z"`).
         holder: String,
     },
+    /// A reference update's precondition failed (compare-and-swap): the
+    /// reference holds `current` (`None`: it does not exist).
+    #[error("reference {name:?} changed: it now points at {}", match current { Some(d) => d.to_string(), None => "nothing".to_string() })]
+    RefConflict {
+        /// The reference name.
+        name: String,
+        /// What it holds now.
+        current: Option<crate::Digest>,
+    },
     /// A sweep failed after it had already committed work: earlier batches
     /// deleted, rescued or staged entries before `cause` stopped it. The
     /// counts are exact for the committed batches (nothing of the failing

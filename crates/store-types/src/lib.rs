@@ -11,6 +11,7 @@
 //! - the engine descriptor ([`EngineDescriptor`]) the facade judges
 //!   configurations by, without naming engine types;
 //! - the engine-state seam of ADR-012 §5 ([`GcSeam`] and its clause traits);
+//! - named references ([`RefStore`], [`RefName`]) a kv engine may hold;
 //! - the instance lock ([`InstanceLock`]) a non-fleet store holds its data
 //!   with, and the lock-file mechanism of the file-based engines.
 //!
@@ -22,6 +23,7 @@ mod error;
 mod fleet;
 mod instance_lock;
 mod key;
+mod refs;
 mod seam;
 
 pub use digest::{Digest, DIGEST_HEX_LEN};
@@ -33,6 +35,7 @@ pub use error::{Error, ProtectReason, Result};
 pub use fleet::{BoundLivenessTable, FleetBatch, LivenessTable, PinIntent};
 pub use instance_lock::InstanceLock;
 pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};
+pub use refs::{ref_conflict, RefEntry, RefExpect, RefName, RefStore, REF_NAME_MAX_LEN};
 pub use seam::{
     GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
 };

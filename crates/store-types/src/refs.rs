@@ -1,0 +1,206 @@
+//! Named references (issue 13, ADR-024): `(namespace, name) → digest`
+//! rows in the kv engine's database that tell GC an entry is still needed.
+//!
+//! The kv engines that can hold them (`mem`, `sqlite`, `postgres`) answer
+//! [`KvEngine::refs`](crate::KvEngine::refs) with a [`RefStore`]; the
+//! facade (`store_core::Refs`) adds the protocol around it (the entry must
+//! exist and stay pinned while its reference is written) and registers the
+//! references as a liveness source.
+
+use std::fmt;
+
+use async_trait::async_trait;
+
+use crate::{Digest, Error, LivenessTable, Namespace, Result};
+
+/// Longest reference name, in bytes.
+pub const REF_NAME_MAX_LEN: usize = 255;
+
+/// A validated reference name: 1–255 characters of `[A-Za-z0-9._/-]`,
+/// `/`-separated segments that are neither empty nor `.` or `..` (so
+/// names map safely onto paths and URLs: `builds/2026-12-01/app.tar`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RefName(String);
+
+impl RefName {
+    /// Validates `name`.
+    pub fn new(name: impl Into<String>) -> Result<RefName> {
+        let name = name.into();
+        let bad = |why: &str| Err(Error::KeyInvalid(format!("reference name {name:?}: {why}")));
+        if name.is_empty() || name.len() > REF_NAME_MAX_LEN {
+            return bad("1 to 255 characters expected");
+        }
+        if let Some(c) = name
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-')))
+        {
+            return bad(&format!(
+                "{c:?} is not allowed (use A-Z a-z 0-9 . _ / -)"
+            ));
+        }
+        if name.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+            return bad("segments between `/` must not be empty, `.` or `..`");
+        }
+        Ok(RefName(name))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RefName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The precondition of a reference update (compare-and-swap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefExpect {
+    /// Whatever the reference holds, or its absence.
+    Any,
+    /// The reference must not exist (create only).
+    Absent,
+    /// The reference must hold this digest.
+    Digest(Digest),
+}
+
+impl RefExpect {
+    /// Whether `current` satisfies the precondition.
+    pub fn holds(self, current: Option<Digest>) -> bool {
+        match self {
+            RefExpect::Any => true,
+            RefExpect::Absent => current.is_none(),
+            RefExpect::Digest(d) => current == Some(d),
+        }
+    }
+}
+
+/// One reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefEntry {
+    /// The name.
+    pub name: RefName,
+    /// The digest it points at.
+    pub digest: Digest,
+}
+
+/// References held in a kv engine's database.
+///
+/// # Contract
+///
+/// - `set` and `delete` are atomic compare-and-swap operations: the
+///   precondition is checked and the row written in one transaction (or
+///   under one lock); a failed precondition changes nothing and returns
+///   [`Error::RefConflict`] with the current digest.
+/// - A committed `set` is visible to `referenced` (and, for a fleet, to
+///   the liveness table) before `set` returns; durability follows the
+///   engine's commit rules.
+/// - `set` also records the namespace as *using references*
+///   ([`RefStore::uses_refs`]); that mark is never removed by deleting
+///   references (deleting the last reference makes entries garbage, it
+///   does not exempt the namespace from collection).
+/// - Every method is cancel-safe: dropped before it returns, a `set` or
+///   `delete` either committed whole or not at all.
+#[async_trait]
+pub trait RefStore: Send + Sync + 'static {
+    /// Points `name` at `digest` if `expect` holds; returns the previous
+    /// digest.
+    async fn set(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        digest: Digest,
+        expect: RefExpect,
+    ) -> Result<Option<Digest>>;
+
+    /// The digest `name` points at.
+    async fn get(&self, ns: &Namespace, name: &RefName) -> Result<Option<Digest>>;
+
+    /// Removes `name` if `expect` holds; returns the digest it held
+    /// (`None`: there was no such reference and `expect` allowed that).
+    async fn delete(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        expect: RefExpect,
+    ) -> Result<Option<Digest>>;
+
+    /// Up to `limit` references of `ns` whose names start with `prefix`
+    /// and sort after `after`, in name order (byte order).
+    async fn list(
+        &self,
+        ns: &Namespace,
+        prefix: &str,
+        after: Option<&RefName>,
+        limit: usize,
+    ) -> Result<Vec<RefEntry>>;
+
+    /// For each digest, whether any reference of `ns` points at it.
+    async fn referenced(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>>;
+
+    /// Namespaces in which a reference was ever set.
+    async fn ref_namespaces(&self) -> Result<Vec<Namespace>>;
+
+    /// Whether a reference was ever set in `ns`.
+    async fn uses_refs(&self, ns: &Namespace) -> Result<bool> {
+        Ok(self.ref_namespaces().await?.contains(ns))
+    }
+
+    /// The references as a fleet liveness table (namespace and digest
+    /// columns), for engines whose database the fleet shares.
+    fn liveness_table(&self) -> Option<LivenessTable> {
+        None
+    }
+}
+
+/// The [`Error::RefConflict`] of a failed precondition.
+pub fn ref_conflict(name: &RefName, current: Option<Digest>) -> Error {
+    Error::RefConflict {
+        name: name.to_string(),
+        current,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated() {
+        for ok in ["a", "builds/2026-12-01/app.tar", "A_b-c.d", "x/y/z", ".hidden"] {
+            assert!(RefName::new(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "a//b",
+            "/a",
+            "a/",
+            "a/../b",
+            "..",
+            ".",
+            "a b",
+            "a%2F",
+            "ü",
+            "a\\b",
+            &"x".repeat(256),
+        ] {
+            assert!(
+                matches!(RefName::new(bad), Err(Error::KeyInvalid(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn preconditions() {
+        let d = Digest::of(b"x");
+        let e = Digest::of(b"y");
+        assert!(RefExpect::Any.holds(None) && RefExpect::Any.holds(Some(d)));
+        assert!(RefExpect::Absent.holds(None) && !RefExpect::Absent.holds(Some(d)));
+        assert!(RefExpect::Digest(d).holds(Some(d)));
+        assert!(!RefExpect::Digest(d).holds(Some(e)) && !RefExpect::Digest(d).holds(None));
+    }
+}
