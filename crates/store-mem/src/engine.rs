@@ -1,12 +1,13 @@
 //! The [`Engine`], [`KvEngine`] and [`LargeEngine`] implementations.
 
 use std::ops::{Bound, Range};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use store_types::{
     BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, Instance, Key, KvEngine,
-    LargeEngine, Namespace, PublishOutcome, Result, Sharing, StagedWrite,
+    LargeEngine, Namespace, PublishOutcome, RefStore, Result, Sharing, StagedWrite,
 };
 
 use crate::{MemEngine, MemStage};
@@ -129,6 +130,12 @@ impl KvEngine for MemEngine {
                 PublishOutcome::AlreadyPresent
             },
         )
+    }
+
+    /// The engine's references (shared by its clones; see the `refs`
+    /// module).
+    fn refs(&self) -> Option<Arc<dyn RefStore>> {
+        Some(self.refs.clone())
     }
 }
 

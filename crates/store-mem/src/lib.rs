@@ -23,6 +23,14 @@
 //! publishes of one key yield exactly one `Inserted`). Dropping or
 //! aborting a stage frees its chunks and leaves nothing behind.
 //!
+//! # References
+//!
+//! [`KvEngine::refs`](store_types::KvEngine::refs) answers with the
+//! engine's [`RefStore`](store_types::RefStore): a map
+//! `(namespace, name) → digest` behind its own mutex (compare-and-swap is
+//! one critical section), shared by clones like the entries and lost with
+//! them (see the `refs` module).
+//!
 //! # Durability
 //!
 //! None: the descriptor says `durable: false`, `Sharing::ProcessLocal`.
@@ -30,6 +38,7 @@
 //! seam member (`gc_seam` is `None`).
 
 mod engine;
+mod refs;
 mod stage;
 #[cfg(test)]
 mod tests;
@@ -41,6 +50,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use bytes::Bytes;
 use store_types::{Digest, Namespace, Timestamp};
 
+use refs::MemRefs;
 use stage::MemStage;
 
 /// One stored entry.
@@ -60,6 +70,8 @@ type Tables = BTreeMap<Namespace, BTreeMap<Digest, Entry>>;
 #[derive(Clone, Default)]
 pub struct MemEngine {
     tables: Arc<RwLock<Tables>>,
+    /// The named references (`KvEngine::refs`), shared by clones.
+    refs: Arc<MemRefs>,
 }
 
 impl MemEngine {

@@ -178,3 +178,62 @@ async fn corrupt_one_byte_changes_the_content() {
         Err(store_types::Error::Missing)
     );
 }
+
+#[tokio::test]
+async fn references_are_shared_by_clones_only() {
+    use store_types::{RefExpect, RefName};
+    let engine = MemEngine::new();
+    let clone = engine.clone();
+    let other = MemEngine::new();
+    let name = RefName::new("builds/app").unwrap();
+    let d = Digest::of(b"x");
+    let refs = engine.refs().expect("mem holds references");
+    assert_eq!(
+        refs.set(&ns("a"), &name, d, RefExpect::Absent)
+            .await
+            .unwrap(),
+        None
+    );
+    let seen = clone.refs().unwrap();
+    assert_eq!(seen.get(&ns("a"), &name).await.unwrap(), Some(d));
+    assert_eq!(seen.ref_namespaces().await.unwrap(), vec![ns("a")]);
+    let apart = other.refs().unwrap();
+    assert_eq!(apart.get(&ns("a"), &name).await.unwrap(), None);
+    assert!(apart.ref_namespaces().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn reverse_counts_follow_moves_and_deletes() {
+    use store_types::{RefExpect, RefName};
+    let refs = MemEngine::new().refs().unwrap();
+    let (x, y) = (Digest::of(b"x"), Digest::of(b"y"));
+    let (one, two) = (RefName::new("one").unwrap(), RefName::new("two").unwrap());
+    refs.set(&ns("a"), &one, x, RefExpect::Any).await.unwrap();
+    refs.set(&ns("a"), &two, x, RefExpect::Any).await.unwrap();
+    assert_eq!(
+        refs.referenced(&ns("a"), &[x, y]).await.unwrap(),
+        [true, false]
+    );
+    // Re-pointing one of two references keeps x referenced.
+    refs.set(&ns("a"), &one, y, RefExpect::Digest(x))
+        .await
+        .unwrap();
+    assert_eq!(
+        refs.referenced(&ns("a"), &[x, y]).await.unwrap(),
+        [true, true]
+    );
+    // Setting a reference to what it already holds changes no count.
+    refs.set(&ns("a"), &one, y, RefExpect::Any).await.unwrap();
+    refs.delete(&ns("a"), &two, RefExpect::Any).await.unwrap();
+    assert_eq!(
+        refs.referenced(&ns("a"), &[x, y]).await.unwrap(),
+        [false, true]
+    );
+    refs.delete(&ns("a"), &one, RefExpect::Any).await.unwrap();
+    assert_eq!(
+        refs.referenced(&ns("a"), &[x, y]).await.unwrap(),
+        [false, false]
+    );
+    assert!(refs.uses_refs(&ns("a")).await.unwrap());
+    assert_eq!(refs.referenced(&ns("b"), &[x]).await.unwrap(), [false]);
+}
