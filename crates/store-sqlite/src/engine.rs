@@ -9,7 +9,7 @@ use bytes::Bytes;
 use rusqlite::{ErrorCode, OptionalExtension};
 use store_types::{
     BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, GcSeam, Instance, InstanceLock,
-    Key, KvEngine, Namespace, PublishOutcome, Result, Sharing, Timestamp,
+    Key, KvEngine, Namespace, PublishOutcome, RefStore, Result, Sharing, Timestamp,
 };
 
 use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64, SqlResultExt};
@@ -254,6 +254,12 @@ impl KvEngine for SqliteEngine {
                 })
             })
             .await
+    }
+
+    /// The `refs` table (schema v3): compare-and-swap writes on the writer
+    /// thread, reads on the reader pool (see the `refs` module).
+    fn refs(&self) -> Option<Arc<dyn RefStore>> {
+        Some(Arc::new(crate::refs::SqliteRefs::new(self.clone())))
     }
 }
 

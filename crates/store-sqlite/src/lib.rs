@@ -22,6 +22,14 @@
 //!     content    BLOB    NOT NULL,
 //!     UNIQUE (ns, digest)
 //! );
+//! -- v3: named references (KvEngine::refs; see the `refs` module)
+//! CREATE TABLE refs (namespace TEXT NOT NULL, name TEXT NOT NULL,
+//!     digest BLOB NOT NULL CHECK (length(digest) = 32),
+//!     updated_at INTEGER NOT NULL,                                -- unix ms
+//!     PRIMARY KEY (namespace, name)) WITHOUT ROWID;
+//! CREATE INDEX refs_by_digest ON refs (namespace, digest);
+//! CREATE TABLE ref_namespaces (namespace TEXT PRIMARY KEY,
+//!     since INTEGER NOT NULL) WITHOUT ROWID;                      -- unix ms
 //! -- created by GcSchema::ensure_gc_schema only
 //! CREATE TABLE gc_window (ns TEXT NOT NULL, digest BLOB NOT NULL,
 //!     size INTEGER NOT NULL, visible_after INTEGER NOT NULL,      -- unix ms
@@ -57,17 +65,17 @@
 //!
 //! The engine never blocks the async runtime:
 //!
-//! - **Writes** (`put`, `delete_many`, window `stage`/`unstage`, schema
-//!   changes) go over a channel to one dedicated writer thread owning the
-//!   only write connection. It **group-commits**: it drains every queued
+//! - **Writes** (`put`, `delete_many`, window `stage`/`unstage`, reference
+//!   `set`/`delete`, schema changes) go over a channel to one dedicated
+//!   writer thread owning the only write connection. It **group-commits**: it drains every queued
 //!   write (up to 1000, or 64 MiB of payload) into one transaction, commits,
 //!   and only then answers each waiter. (When the previous batch was larger
 //!   than what is queued now, it first waits up to 200 µs for the writers it
 //!   just answered; a lone writer never waits.) Each job that may run several
 //!   statements gets its own savepoint, so one failing job does not fail its
 //!   batch neighbours (details in the `writer` module).
-//! - **Reads** (`meta`, `read`, `has_many`, `scan`, window queries) run on
-//!   tokio's blocking pool with one of [`SqliteOptions::readers`]
+//! - **Reads** (`meta`, `read`, `has_many`, `scan`, window and reference
+//!   queries) run on tokio's blocking pool with one of [`SqliteOptions::readers`]
 //!   connections. In WAL mode they never wait for the writer, and since a
 //!   write is acknowledged only after its commit, every read that starts
 //!   after an acknowledged write sees it.
@@ -86,6 +94,7 @@
 mod engine;
 mod instance_lock;
 mod readers;
+mod refs;
 mod schema;
 mod sql;
 #[cfg(feature = "testing")]

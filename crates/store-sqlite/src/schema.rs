@@ -71,9 +71,33 @@ DROP TABLE entries;
 ALTER TABLE entries_v2 RENAME TO entries;
 ";
 
+/// Version 3: named references (ADR-024, see the `refs` module).
+///
+/// `refs` maps `(namespace, name)` to a digest stored like `entries.digest`
+/// (the 32 raw bytes); names compare with the default `BINARY` collation,
+/// i.e. in byte order, which is the order `list` promises. The
+/// `(namespace, digest)` index answers `referenced`. `ref_namespaces`
+/// records every namespace that ever had a reference (never pruned). Both
+/// tables are `WITHOUT ROWID`: small rows clustered by their key (which
+/// also makes the `TEXT PRIMARY KEY` of `ref_namespaces` NOT NULL).
+const V3_REFS: &str = "
+CREATE TABLE refs (
+    namespace  TEXT    NOT NULL,
+    name       TEXT    NOT NULL,
+    digest     BLOB    NOT NULL CHECK (length(digest) = 32),
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
+CREATE INDEX refs_by_digest ON refs (namespace, digest);
+CREATE TABLE ref_namespaces (
+    namespace TEXT    PRIMARY KEY,
+    since     INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
 /// The migrations, in order. Each runs once, in the same transaction as the
 /// `schema_version` row recording it.
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1_ENTRIES), (2, V2_ENTRIES_ROWID)];
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1_ENTRIES), (2, V2_ENTRIES_ROWID), (3, V3_REFS)];
 
 /// The schema version this build creates and understands.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;

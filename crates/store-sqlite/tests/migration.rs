@@ -116,7 +116,7 @@ async fn read_all(engine: &SqliteEngine, key: &Key) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_v1_file_is_migrated_in_place_with_its_data() {
-    assert_eq!(SCHEMA_VERSION, 2);
+    assert_eq!(SCHEMA_VERSION, 3);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v1.sqlite");
     let rows = fixture();
@@ -125,7 +125,7 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
     let engine = SqliteEngine::open(&path, SqliteOptions::default())
         .await
         .unwrap();
-    assert_eq!(engine.schema_version().await.unwrap(), 2);
+    assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
 
     // Every row, byte for byte, with its recorded size and creation time.
     for r in &rows {
@@ -224,7 +224,16 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
         .unwrap()
         .collect::<rusqlite::Result<_>>()
         .unwrap();
-    assert_eq!(tables, ["entries", "gc_window", "schema_version"]);
+    assert_eq!(
+        tables,
+        [
+            "entries",
+            "gc_window",
+            "ref_namespaces",
+            "refs",
+            "schema_version"
+        ]
+    );
     let versions: Vec<i64> = raw
         .prepare("SELECT version FROM schema_version ORDER BY version")
         .unwrap()
@@ -232,7 +241,7 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
         .unwrap()
         .collect::<rusqlite::Result<_>>()
         .unwrap();
-    assert_eq!(versions, [1, 2]);
+    assert_eq!(versions, [1, 2, 3]);
     let count: i64 = raw
         .query_row("SELECT count(*) FROM entries", [], |r| r.get(0))
         .unwrap();
@@ -247,7 +256,7 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
     let again = SqliteEngine::open(&path, SqliteOptions::default())
         .await
         .unwrap();
-    assert_eq!(again.schema_version().await.unwrap(), 2);
+    assert_eq!(again.schema_version().await.unwrap(), SCHEMA_VERSION);
     assert_eq!(read_all(&again, &fresh_key).await, fresh);
 }
 
@@ -263,7 +272,7 @@ async fn an_empty_v1_file_is_migrated_too() {
     let engine = SqliteEngine::open(&path, SqliteOptions::default())
         .await
         .unwrap();
-    assert_eq!(engine.schema_version().await.unwrap(), 2);
+    assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
     assert!(engine.namespaces().await.unwrap().is_empty());
     let data = b"after".to_vec();
     let key = Key::new(ns("a"), Digest::of(&data));

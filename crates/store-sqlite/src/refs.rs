@@ -1,0 +1,398 @@
+//! Named references ([`RefStore`], ADR-024) in the `refs` and
+//! `ref_namespaces` tables (schema v3).
+//!
+//! # Writes
+//!
+//! `set` and `delete` are jobs of the group-committing writer thread, like
+//! puts: each reads the reference's current digest, checks the
+//! precondition and writes, all inside the writer's transaction (and the
+//! job's own savepoint), so the compare-and-swap is atomic: the writer is
+//! the only write connection of this engine, and `BEGIN IMMEDIATE` keeps
+//! other processes' writers out for the whole transaction. They answer
+//! after the commit, so the durability is the writer's (`synchronous`
+//! setting), as for puts. A failed precondition writes nothing and is not
+//! counted as a failed write ([`crate::SqliteStats::writes_failed`]): it
+//! is an answer, not an error of the database.
+//!
+//! # Reads
+//!
+//! `get`, `list`, `referenced`, `ref_namespaces` and `uses_refs` run on the
+//! reader pool. `list` walks the primary key in name order (`BINARY`
+//! collation: byte order) with a range condition for the prefix
+//! (`name >= prefix AND name < successor(prefix)`), never `LIKE`, which
+//! would treat `_` and `%` as wildcards and fold ASCII case. `referenced`
+//! asks the `(namespace, digest)` index with one statement per
+//! [`REFERENCED_CHUNK`] digests, all in one read transaction.
+//!
+//! # Cancellation
+//!
+//! Every method is cancel-safe. A write job is queued the first time the
+//! future is polled and then runs to its commit whether or not anyone still
+//! waits, so a dropped `set`/`delete` either committed whole or never
+//! started; a dropped read returns its connection to the pool when its
+//! blocking closure ends.
+
+use rusqlite::{Connection, OptionalExtension};
+use store_types::{
+    ref_conflict, Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore, Result,
+};
+
+use crate::sql::{digest_at, namespace_at, to_i64, SqlResultExt};
+use crate::SqliteEngine;
+
+/// Most digests bound into one `referenced` statement.
+pub(crate) const REFERENCED_CHUNK: usize = 500;
+
+const GET: &str = "SELECT digest FROM refs WHERE namespace = ?1 AND name = ?2";
+const UPSERT: &str = "INSERT INTO refs (namespace, name, digest, updated_at)
+                      VALUES (?1, ?2, ?3, ?4)
+                      ON CONFLICT (namespace, name)
+                      DO UPDATE SET digest = excluded.digest, updated_at = excluded.updated_at";
+const MARK_NAMESPACE: &str =
+    "INSERT OR IGNORE INTO ref_namespaces (namespace, since) VALUES (?1, ?2)";
+const DELETE: &str = "DELETE FROM refs WHERE namespace = ?1 AND name = ?2";
+/// `?2` is the inclusive lower bound (the prefix), `?3` the exclusive one
+/// (`after`, or `''` which every name sorts after).
+const LIST_FROM: &str = "SELECT name, digest FROM refs
+                         WHERE namespace = ?1 AND name >= ?2 AND name > ?3
+                         ORDER BY name LIMIT ?4";
+/// [`LIST_FROM`] with `?5` the prefix's successor as exclusive upper bound.
+const LIST_RANGE: &str = "SELECT name, digest FROM refs
+                          WHERE namespace = ?1 AND name >= ?2 AND name > ?3 AND name < ?5
+                          ORDER BY name LIMIT ?4";
+const REF_NAMESPACES: &str = "SELECT namespace FROM ref_namespaces ORDER BY namespace";
+const USES_REFS: &str = "SELECT 1 FROM ref_namespaces WHERE namespace = ?1";
+
+/// The [`RefStore`] of a [`SqliteEngine`] (returned by `KvEngine::refs`).
+pub(crate) struct SqliteRefs {
+    engine: SqliteEngine,
+}
+
+impl SqliteRefs {
+    pub(crate) fn new(engine: SqliteEngine) -> Self {
+        SqliteRefs { engine }
+    }
+}
+
+/// The digest `name` holds, read on `conn`.
+fn current(conn: &Connection, ns: &str, name: &str) -> Result<Option<Digest>> {
+    let mut stmt = conn.prepare_cached(GET).sql()?;
+    let mut rows = stmt.query((ns, name)).sql()?;
+    match rows.next().sql()? {
+        Some(row) => Ok(Some(digest_at(row, 0)?)),
+        None => Ok(None),
+    }
+}
+
+/// The smallest string greater than every string starting with `prefix`,
+/// or `None` when there is none (`prefix` empty or all `U+007F`).
+///
+/// Only for ASCII prefixes (names are ASCII): drops trailing `U+007F`
+/// bytes, then increments the last byte, which stays ASCII.
+fn successor(prefix: &str) -> Option<String> {
+    debug_assert!(prefix.is_ascii());
+    let mut bytes = prefix.as_bytes().to_vec();
+    while bytes.last() == Some(&0x7f) {
+        bytes.pop();
+    }
+    let last = bytes.last_mut()?;
+    *last += 1;
+    String::from_utf8(bytes).ok()
+}
+
+/// One `referenced` statement for `n` digests: `?1` the namespace, then
+/// the digests.
+fn referenced_sql(n: usize) -> String {
+    let mut s =
+        String::from("SELECT DISTINCT digest FROM refs WHERE namespace = ?1 AND digest IN (");
+    for i in 0..n {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push('?');
+        s.push_str(&(i + 2).to_string());
+    }
+    s.push(')');
+    s
+}
+
+/// Which of `digests` a reference of `ns` points at, index-aligned; one
+/// statement per [`REFERENCED_CHUNK`] digests, in one read transaction so
+/// every chunk sees the same snapshot.
+fn referenced_on(conn: &Connection, ns: &str, digests: &[Digest]) -> Result<Vec<bool>> {
+    let multi = digests.len() > REFERENCED_CHUNK;
+    if multi {
+        conn.prepare_cached("BEGIN").sql()?.execute([]).sql()?;
+    }
+    let found = referenced_chunks(conn, ns, digests);
+    if multi {
+        // A read transaction: ending it cannot lose anything.
+        let _ = conn
+            .prepare_cached("COMMIT")
+            .and_then(|mut s| s.execute([]));
+    }
+    let found = found?;
+    Ok(digests
+        .iter()
+        .map(|d| found.contains(d.as_bytes()))
+        .collect())
+}
+
+fn referenced_chunks(
+    conn: &Connection,
+    ns: &str,
+    digests: &[Digest],
+) -> Result<std::collections::HashSet<[u8; 32]>> {
+    let mut found = std::collections::HashSet::new();
+    for chunk in digests.chunks(REFERENCED_CHUNK) {
+        // Padded to a power of two (or the chunk cap) by repeating the last
+        // digest, so few distinct statements stay in the statement cache.
+        let bucket = chunk.len().next_power_of_two().min(REFERENCED_CHUNK);
+        let mut stmt = conn.prepare_cached(&referenced_sql(bucket)).sql()?;
+        stmt.raw_bind_parameter(1, ns).sql()?;
+        let last = chunk[chunk.len() - 1];
+        for i in 0..bucket {
+            let d = chunk.get(i).unwrap_or(&last);
+            stmt.raw_bind_parameter(i + 2, &d.as_bytes()[..]).sql()?;
+        }
+        let mut rows = stmt.raw_query();
+        while let Some(row) = rows.next().sql()? {
+            found.insert(*digest_at(row, 0)?.as_bytes());
+        }
+    }
+    Ok(found)
+}
+
+/// Outcome of a compare-and-swap job: the previous digest, or the current
+/// one when the precondition failed (nothing written).
+type Cas = std::result::Result<Option<Digest>, Option<Digest>>;
+
+#[async_trait::async_trait]
+impl RefStore for SqliteRefs {
+    /// Checks `expect` and upserts the row (and marks the namespace) in one
+    /// job of the writer's transaction; answers after the commit.
+    async fn set(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        digest: Digest,
+        expect: RefExpect,
+    ) -> Result<Option<Digest>> {
+        let (ns_s, name_s) = (ns.as_str().to_owned(), name.as_str().to_owned());
+        let outcome: Cas = self
+            .engine
+            .inner
+            .writer
+            .submit(128, true, move |conn, now| {
+                let old = current(conn, &ns_s, &name_s)?;
+                if !expect.holds(old) {
+                    return Ok(Err(old));
+                }
+                conn.prepare_cached(UPSERT)
+                    .sql()?
+                    .execute((&ns_s, &name_s, &digest.as_bytes()[..], now.0))
+                    .sql()?;
+                conn.prepare_cached(MARK_NAMESPACE)
+                    .sql()?
+                    .execute((&ns_s, now.0))
+                    .sql()?;
+                Ok(Ok(old))
+            })
+            .await?;
+        outcome.map_err(|now| ref_conflict(name, now))
+    }
+
+    async fn get(&self, ns: &Namespace, name: &RefName) -> Result<Option<Digest>> {
+        let (ns, name) = (ns.clone(), name.clone());
+        self.engine
+            .inner
+            .readers
+            .run(move |conn| current(conn, ns.as_str(), name.as_str()))
+            .await
+    }
+
+    /// Checks `expect` and deletes the row in one job of the writer's
+    /// transaction; answers after the commit.
+    async fn delete(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        expect: RefExpect,
+    ) -> Result<Option<Digest>> {
+        let (ns_s, name_s) = (ns.as_str().to_owned(), name.as_str().to_owned());
+        let outcome: Cas = self
+            .engine
+            .inner
+            .writer
+            .submit(64, true, move |conn, _now| {
+                let old = current(conn, &ns_s, &name_s)?;
+                if !expect.holds(old) {
+                    return Ok(Err(old));
+                }
+                if old.is_some() {
+                    conn.prepare_cached(DELETE)
+                        .sql()?
+                        .execute((&ns_s, &name_s))
+                        .sql()?;
+                }
+                Ok(Ok(old))
+            })
+            .await?;
+        outcome.map_err(|now| ref_conflict(name, now))
+    }
+
+    async fn list(
+        &self,
+        ns: &Namespace,
+        prefix: &str,
+        after: Option<&RefName>,
+        limit: usize,
+    ) -> Result<Vec<RefEntry>> {
+        // Names are ASCII: no name starts with a non-ASCII prefix.
+        if limit == 0 || !prefix.is_ascii() {
+            return Ok(Vec::new());
+        }
+        let ns = ns.clone();
+        let prefix = prefix.to_owned();
+        let after = after.map_or_else(String::new, |a| a.as_str().to_owned());
+        self.engine
+            .inner
+            .readers
+            .run(move |conn| {
+                let upper = successor(&prefix);
+                let mut stmt = conn
+                    .prepare_cached(if upper.is_some() {
+                        LIST_RANGE
+                    } else {
+                        LIST_FROM
+                    })
+                    .sql()?;
+                stmt.raw_bind_parameter(1, ns.as_str()).sql()?;
+                stmt.raw_bind_parameter(2, prefix.as_str()).sql()?;
+                stmt.raw_bind_parameter(3, after.as_str()).sql()?;
+                stmt.raw_bind_parameter(4, to_i64(limit)).sql()?;
+                if let Some(upper) = &upper {
+                    stmt.raw_bind_parameter(5, upper.as_str()).sql()?;
+                }
+                let mut rows = stmt.raw_query();
+                let mut out = Vec::with_capacity(limit.min(1024));
+                while let Some(row) = rows.next().sql()? {
+                    let name: String = row.get(0).sql()?;
+                    let name = RefName::new(name).map_err(|e| {
+                        Error::Backend(format!("sqlite: stored reference name invalid: {e}"))
+                    })?;
+                    out.push(RefEntry {
+                        name,
+                        digest: digest_at(row, 1)?,
+                    });
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn referenced(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ns = ns.clone();
+        let digests = digests.to_vec();
+        self.engine
+            .inner
+            .readers
+            .run(move |conn| referenced_on(conn, ns.as_str(), &digests))
+            .await
+    }
+
+    async fn ref_namespaces(&self) -> Result<Vec<Namespace>> {
+        self.engine
+            .inner
+            .readers
+            .run(|conn| {
+                let mut stmt = conn.prepare_cached(REF_NAMESPACES).sql()?;
+                let mut rows = stmt.query([]).sql()?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next().sql()? {
+                    out.push(namespace_at(row, 0)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn uses_refs(&self, ns: &Namespace) -> Result<bool> {
+        let ns = ns.clone();
+        self.engine
+            .inner
+            .readers
+            .run(move |conn| {
+                conn.prepare_cached(USES_REFS)
+                    .sql()?
+                    .query_row([ns.as_str()], |_| Ok(()))
+                    .optional()
+                    .sql()
+                    .map(|row| row.is_some())
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn successors_bound_every_extension() {
+        assert_eq!(successor(""), None);
+        assert_eq!(successor("a").as_deref(), Some("b"));
+        assert_eq!(successor("builds/").as_deref(), Some("builds0"));
+        assert_eq!(successor("a_").as_deref(), Some("a`"));
+        assert_eq!(successor("a\u{7f}").as_deref(), Some("b"));
+        assert_eq!(successor("\u{7f}\u{7f}"), None);
+    }
+
+    #[test]
+    fn referenced_statements_number_from_two() {
+        assert_eq!(
+            referenced_sql(2),
+            "SELECT DISTINCT digest FROM refs WHERE namespace = ?1 AND digest IN (?2,?3)"
+        );
+    }
+
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let mut rows = stmt.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            out.push(row.get::<_, String>(3).unwrap());
+        }
+        out.join(" | ")
+    }
+
+    /// Every statement is an index search, and listings come out of the
+    /// primary key in name order (no sort).
+    #[test]
+    fn statements_use_the_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn =
+            crate::schema::open_writer(&dir.path().join("db.sqlite"), crate::Durability::Full)
+                .unwrap();
+        for sql in [
+            GET,
+            DELETE,
+            LIST_FROM,
+            LIST_RANGE,
+            USES_REFS,
+            REF_NAMESPACES,
+            referenced_sql(4).as_str(),
+        ] {
+            let p = plan(&conn, sql);
+            assert!(!p.contains("TEMP B-TREE"), "{sql}: {p}");
+            if sql != REF_NAMESPACES {
+                assert!(p.contains("SEARCH"), "{sql}: {p}");
+            }
+        }
+        let p = plan(&conn, &referenced_sql(4));
+        assert!(p.contains("refs_by_digest"), "{p}");
+    }
+}
