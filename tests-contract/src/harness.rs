@@ -395,6 +395,16 @@ impl Harness {
         }
     }
 
+    /// The kv engine's named references (`KvEngine::refs`), if it can
+    /// hold them.
+    pub fn kv_refs(&self) -> Option<Arc<dyn store_types::RefStore>> {
+        match &self.kv {
+            Kv::Mem(e) => e.refs(),
+            Kv::Sqlite(e) => e.refs(),
+            Kv::Pg(e) => e.refs(),
+        }
+    }
+
     /// The large engine as a plain engine.
     pub fn large_engine(&self) -> Option<Arc<dyn Engine>> {
         self.large.as_ref().map(|l| -> Arc<dyn Engine> {

@@ -13,6 +13,9 @@
 //! Cases never skip: where a mode changes the expected behaviour (kv-only
 //! rejects what dual-tier stores), the case asserts the behaviour that mode
 //! must show.
+//! The one exception are the engine-level reference cases (`cases/refs.rs`):
+//! they need a kv engine that holds references (`KvEngine::refs`) and,
+//! where it holds none, print a `SKIPPED` note to stderr instead.
 
 pub mod cases;
 pub mod data;
@@ -164,6 +167,14 @@ macro_rules! contract_suite {
             gc::failure_after_committed_batches_reports_counts,
             seam::one_window_host,
             seam::seam_applicability,
+            refs::refs_set_get_delete,
+            refs::refs_compare_and_swap,
+            refs::refs_delete_with_expectation,
+            refs::refs_list_pagination_and_prefixes,
+            refs::refs_referenced_many,
+            refs::refs_namespaces_stay_marked,
+            refs::refs_names_are_opaque,
+            refs::refs_concurrent_compare_and_swap,
         );
         #[test]
         fn gc_model() {

@@ -3,4 +3,5 @@
 pub mod basic;
 pub mod gc;
 pub mod model;
+pub mod refs;
 pub mod seam;

@@ -1,0 +1,568 @@
+//! Named references at the engine level (issue 13, ADR-024): the
+//! [`RefStore`] a composite's kv engine answers `KvEngine::refs` with.
+//!
+//! Every case runs against any kv engine that holds references and is
+//! skipped — with a note on stderr, never a silent pass — where
+//! `KvEngine::refs` is `None`. The cases name no engine.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use store_types::{Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore};
+use tokio::sync::Barrier;
+
+use crate::harness::{ns, Harness, Spec};
+
+/// The composite's references, or `None` (after a note on stderr) when its
+/// kv engine holds none. The harness is returned to keep the storage alive.
+async fn open(spec: Spec, case: &str) -> Option<(Harness, Arc<dyn RefStore>)> {
+    let h = Harness::open(spec).await;
+    match h.kv_refs() {
+        Some(refs) => Some((h, refs)),
+        None => {
+            eprintln!(
+                "SKIPPED refs::{case} on {}: its kv engine holds no references \
+                 (KvEngine::refs is None)",
+                spec.name
+            );
+            None
+        }
+    }
+}
+
+fn name(s: &str) -> RefName {
+    RefName::new(s).expect("valid reference name")
+}
+
+fn other_ns() -> Namespace {
+    Namespace::new("contract-other").expect("valid")
+}
+
+fn d(i: u64) -> Digest {
+    Digest::of(&i.to_le_bytes())
+}
+
+/// Asserts `r` is a [`Error::RefConflict`] naming `n` and `current`.
+#[track_caller]
+fn assert_conflict<T: std::fmt::Debug>(
+    r: store_types::Result<T>,
+    n: &RefName,
+    current: Option<Digest>,
+) {
+    match r {
+        Err(Error::RefConflict { name, current: c }) => {
+            assert_eq!(name, n.as_str());
+            assert_eq!(c, current, "conflict must report the current digest");
+        }
+        other => panic!("expected RefConflict on {n}, got {other:?}"),
+    }
+}
+
+async fn names(refs: &dyn RefStore, ns: &Namespace, prefix: &str) -> Vec<String> {
+    refs.list(ns, prefix, None, 10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name.to_string())
+        .collect()
+}
+
+/// set / get / delete round trip; namespaces are independent.
+pub async fn refs_set_get_delete(spec: Spec) {
+    let Some((_h, refs)) = open(spec, "refs_set_get_delete").await else {
+        return;
+    };
+    let (n, x, y) = (name("builds/2026-12-01/app.tar"), d(1), d(2));
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), None);
+    assert_eq!(
+        refs.set(&ns(), &n, x, RefExpect::Absent).await.unwrap(),
+        None
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(x));
+    assert_eq!(refs.get(&other_ns(), &n).await.unwrap(), None);
+    // Setting what it holds is allowed and returns it.
+    assert_eq!(
+        refs.set(&ns(), &n, x, RefExpect::Any).await.unwrap(),
+        Some(x)
+    );
+    assert_eq!(
+        refs.set(&ns(), &n, y, RefExpect::Any).await.unwrap(),
+        Some(x)
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(y));
+    // The same name in another namespace is another reference.
+    assert_eq!(
+        refs.set(&other_ns(), &n, x, RefExpect::Absent)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(y));
+    assert_eq!(
+        refs.delete(&ns(), &n, RefExpect::Any).await.unwrap(),
+        Some(y)
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), None);
+    assert_eq!(refs.get(&other_ns(), &n).await.unwrap(), Some(x));
+    // Deleting what is not there: `None`, when the expectation allows it.
+    assert_eq!(refs.delete(&ns(), &n, RefExpect::Any).await.unwrap(), None);
+    assert_eq!(
+        refs.delete(&ns(), &n, RefExpect::Absent).await.unwrap(),
+        None
+    );
+    assert!(refs.list(&ns(), "", None, 10).await.unwrap().is_empty());
+    assert_eq!(
+        refs.list(&other_ns(), "", None, 10).await.unwrap(),
+        vec![RefEntry {
+            name: n.clone(),
+            digest: x
+        }]
+    );
+}
+
+/// Compare-and-swap on `set`: a failed precondition reports the current
+/// digest and changes nothing.
+pub async fn refs_compare_and_swap(spec: Spec) {
+    let Some((_h, refs)) = open(spec, "refs_compare_and_swap").await else {
+        return;
+    };
+    let (n, old, new, wrong) = (name("tip"), d(1), d(2), d(3));
+    refs.set(&ns(), &n, old, RefExpect::Absent).await.unwrap();
+
+    assert_conflict(
+        refs.set(&ns(), &n, new, RefExpect::Absent).await,
+        &n,
+        Some(old),
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(old));
+    assert_conflict(
+        refs.set(&ns(), &n, new, RefExpect::Digest(wrong)).await,
+        &n,
+        Some(old),
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(old));
+    assert_eq!(
+        refs.referenced(&ns(), &[old, new]).await.unwrap(),
+        [true, false]
+    );
+
+    assert_eq!(
+        refs.set(&ns(), &n, new, RefExpect::Digest(old))
+            .await
+            .unwrap(),
+        Some(old)
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(new));
+    assert_eq!(
+        refs.referenced(&ns(), &[old, new]).await.unwrap(),
+        [false, true]
+    );
+    // The old expectation is stale now.
+    assert_conflict(
+        refs.set(&ns(), &n, wrong, RefExpect::Digest(old)).await,
+        &n,
+        Some(new),
+    );
+
+    // Expecting a digest of a reference that does not exist: conflict with
+    // `None`, and nothing is created — not even the namespace mark.
+    let fresh = Namespace::new("contract-cas-fresh").unwrap();
+    let m = name("nothing-here");
+    assert_conflict(
+        refs.set(&fresh, &m, new, RefExpect::Digest(old)).await,
+        &m,
+        None,
+    );
+    assert_eq!(refs.get(&fresh, &m).await.unwrap(), None);
+    assert!(!refs.uses_refs(&fresh).await.unwrap());
+    assert!(!refs.ref_namespaces().await.unwrap().contains(&fresh));
+}
+
+/// Compare-and-swap on `delete`.
+pub async fn refs_delete_with_expectation(spec: Spec) {
+    let Some((_h, refs)) = open(spec, "refs_delete_with_expectation").await else {
+        return;
+    };
+    let (n, x, wrong) = (name("release"), d(10), d(11));
+    refs.set(&ns(), &n, x, RefExpect::Any).await.unwrap();
+    assert_conflict(
+        refs.delete(&ns(), &n, RefExpect::Digest(wrong)).await,
+        &n,
+        Some(x),
+    );
+    assert_conflict(refs.delete(&ns(), &n, RefExpect::Absent).await, &n, Some(x));
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(x));
+    assert_eq!(refs.referenced(&ns(), &[x]).await.unwrap(), [true]);
+
+    assert_eq!(
+        refs.delete(&ns(), &n, RefExpect::Digest(x)).await.unwrap(),
+        Some(x)
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), None);
+    assert_eq!(refs.referenced(&ns(), &[x]).await.unwrap(), [false]);
+    assert_conflict(refs.delete(&ns(), &n, RefExpect::Digest(x)).await, &n, None);
+}
+
+/// Listing: name (byte) order, pages with `after` + `limit`, prefixes
+/// taken literally (`_`, `.`, `/` are no wildcards).
+pub async fn refs_list_pagination_and_prefixes(spec: Spec) {
+    let Some((_h, refs)) = open(spec, "refs_list_pagination_and_prefixes").await else {
+        return;
+    };
+    let all = [
+        "a",
+        "a.b",
+        "a.c",
+        "aXb",
+        "a_",
+        "a_b",
+        "a_b/c",
+        "ab",
+        "b",
+        "builds/1",
+        "builds/2",
+        "builds/10",
+        "builds0",
+        "builds_x",
+        "Z",
+        "_x",
+        "-x",
+        "0",
+        "9/9",
+        "z.z",
+    ];
+    let mut want: Vec<(String, Digest)> = Vec::new();
+    for (i, n) in all.iter().enumerate() {
+        let digest = d(100 + i as u64);
+        refs.set(&ns(), &name(n), digest, RefExpect::Absent)
+            .await
+            .unwrap();
+        want.push((n.to_string(), digest));
+    }
+    // Noise in another namespace must never show.
+    refs.set(&other_ns(), &name("a_b"), d(1), RefExpect::Any)
+        .await
+        .unwrap();
+    refs.set(&other_ns(), &name("aa"), d(1), RefExpect::Any)
+        .await
+        .unwrap();
+    want.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+
+    // Whole listing, then pages of 3.
+    let listed: Vec<(String, Digest)> = refs
+        .list(&ns(), "", None, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name.to_string(), e.digest))
+        .collect();
+    assert_eq!(listed, want);
+    let mut paged = Vec::new();
+    let mut after: Option<RefName> = None;
+    loop {
+        let page = refs.list(&ns(), "", after.as_ref(), 3).await.unwrap();
+        assert!(page.len() <= 3);
+        if page.is_empty() {
+            break;
+        }
+        after = Some(page.last().unwrap().name.clone());
+        paged.extend(page.into_iter().map(|e| (e.name.to_string(), e.digest)));
+    }
+    assert_eq!(paged, want);
+    assert!(refs.list(&ns(), "", None, 0).await.unwrap().is_empty());
+
+    let with = |p: &str| -> Vec<String> {
+        want.iter()
+            .filter(|(n, _)| n.starts_with(p))
+            .map(|(n, _)| n.clone())
+            .collect()
+    };
+    for prefix in [
+        "a", "a_", "a.", "a_b", "a_b/", "builds/", "builds/1", "builds", "Z", "z", "_", "-", "9/",
+        "nothing", "%", "a%", "A", "b",
+    ] {
+        let expect = with(prefix);
+        assert_eq!(
+            names(&*refs, &ns(), prefix).await,
+            expect,
+            "prefix {prefix:?}"
+        );
+        // The same listing, a page of 2 at a time.
+        let mut paged = Vec::new();
+        let mut after: Option<RefName> = None;
+        loop {
+            let page = refs.list(&ns(), prefix, after.as_ref(), 2).await.unwrap();
+            if page.is_empty() {
+                break;
+            }
+            after = Some(page.last().unwrap().name.clone());
+            paged.extend(page.into_iter().map(|e| e.name.to_string()));
+        }
+        assert_eq!(paged, expect, "paged prefix {prefix:?}");
+    }
+    // Sanity of the expectations themselves: literal `_` and `.`.
+    assert_eq!(with("a_"), ["a_", "a_b", "a_b/c"]);
+    assert_eq!(with("a."), ["a.b", "a.c"]);
+    assert_eq!(with("builds/"), ["builds/1", "builds/10", "builds/2"]);
+
+    // `after` below the prefix starts at the prefix; at or beyond its end,
+    // nothing is left.
+    assert_eq!(
+        refs.list(&ns(), "builds/", Some(&name("a")), 10)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    let rest: Vec<String> = refs
+        .list(&ns(), "builds/", Some(&name("builds/10")), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name.to_string())
+        .collect();
+    assert_eq!(rest, ["builds/2"]);
+    assert!(refs
+        .list(&ns(), "builds/", Some(&name("builds0")), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(refs
+        .list(&ns(), "", Some(&name("z.z")), 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// `referenced` over more than 500 digests (engines may batch), index
+/// aligned, per namespace, with duplicates in the question.
+pub async fn refs_referenced_many(spec: Spec) {
+    let Some((_h, refs)) = open(spec, "refs_referenced_many").await else {
+        return;
+    };
+    const N: u64 = 1234;
+    let ask: Vec<Digest> = (0..N).map(d).collect();
+    // Referenced positions straddle every chunk boundary an engine might
+    // use (500, 512, 1000, 1024).
+    let hits: BTreeSet<u64> = [
+        0, 1, 255, 256, 499, 500, 501, 511, 512, 513, 777, 999, 1000, 1001, 1023, 1024, 1025, 1233,
+    ]
+    .into_iter()
+    .collect();
+    let sets = hits.iter().map(|&i| {
+        let refs = refs.clone();
+        async move {
+            refs.set(&ns(), &name(&format!("r/{i}")), d(i), RefExpect::Absent)
+                .await
+                .unwrap();
+        }
+    });
+    futures::future::join_all(sets).await;
+    // Two names on one digest; a reference elsewhere does not count here.
+    refs.set(&ns(), &name("again/0"), d(0), RefExpect::Absent)
+        .await
+        .unwrap();
+    refs.set(&other_ns(), &name("r/2"), d(2), RefExpect::Absent)
+        .await
+        .unwrap();
+
+    let got = refs.referenced(&ns(), &ask).await.unwrap();
+    let want: Vec<bool> = (0..N).map(|i| hits.contains(&i)).collect();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "digest #{i}");
+    }
+    // Reversed and with duplicates: still index aligned.
+    let mut twice: Vec<Digest> = ask.iter().rev().copied().collect();
+    twice.extend_from_slice(&ask);
+    let got = refs.referenced(&ns(), &twice).await.unwrap();
+    let want2: Vec<bool> = want.iter().rev().chain(&want).copied().collect();
+    assert_eq!(got, want2);
+    assert_eq!(
+        refs.referenced(&other_ns(), &[d(0), d(2)]).await.unwrap(),
+        [false, true]
+    );
+    assert!(refs.referenced(&ns(), &[]).await.unwrap().is_empty());
+}
+
+/// `ref_namespaces` / `uses_refs`: set marks the namespace for good.
+pub async fn refs_namespaces_stay_marked(spec: Spec) {
+    let Some((_h, refs)) = open(spec, "refs_namespaces_stay_marked").await else {
+        return;
+    };
+    assert!(refs.ref_namespaces().await.unwrap().is_empty());
+    assert!(!refs.uses_refs(&ns()).await.unwrap());
+    let n = name("only");
+    refs.set(&ns(), &n, d(1), RefExpect::Absent).await.unwrap();
+    assert!(refs.uses_refs(&ns()).await.unwrap());
+    refs.delete(&ns(), &n, RefExpect::Any).await.unwrap();
+    assert!(refs.list(&ns(), "", None, 10).await.unwrap().is_empty());
+    // Deleting the last reference does not exempt the namespace.
+    assert!(refs.uses_refs(&ns()).await.unwrap());
+    assert!(!refs.uses_refs(&other_ns()).await.unwrap());
+    refs.set(&other_ns(), &n, d(1), RefExpect::Any)
+        .await
+        .unwrap();
+    let mut got = refs.ref_namespaces().await.unwrap();
+    got.sort();
+    let mut want = vec![ns(), other_ns()];
+    want.sort();
+    assert_eq!(got, want);
+}
+
+/// Names are opaque bytes: no case folding, byte order.
+pub async fn refs_names_are_opaque(spec: Spec) {
+    let Some((_h, refs)) = open(spec, "refs_names_are_opaque").await else {
+        return;
+    };
+    let (upper, lower) = (name("A"), name("a"));
+    refs.set(&ns(), &upper, d(1), RefExpect::Absent)
+        .await
+        .unwrap();
+    // A different name: creating it is not a conflict.
+    refs.set(&ns(), &lower, d(2), RefExpect::Absent)
+        .await
+        .unwrap();
+    assert_eq!(refs.get(&ns(), &upper).await.unwrap(), Some(d(1)));
+    assert_eq!(refs.get(&ns(), &lower).await.unwrap(), Some(d(2)));
+    refs.set(&ns(), &name("B"), d(3), RefExpect::Absent)
+        .await
+        .unwrap();
+    refs.set(&ns(), &name("Ab"), d(4), RefExpect::Absent)
+        .await
+        .unwrap();
+    // Byte order: every upper-case letter sorts before every lower-case one.
+    assert_eq!(names(&*refs, &ns(), "").await, ["A", "Ab", "B", "a"]);
+    assert_eq!(names(&*refs, &ns(), "a").await, ["a"]);
+    assert_eq!(names(&*refs, &ns(), "A").await, ["A", "Ab"]);
+    assert_eq!(
+        refs.delete(&ns(), &lower, RefExpect::Any).await.unwrap(),
+        Some(d(2))
+    );
+    assert_eq!(refs.get(&ns(), &upper).await.unwrap(), Some(d(1)));
+}
+
+/// Concurrency: 16 tasks race a compare-and-swap from the same digest each
+/// round (exactly one wins, the others see the winner's digest), then
+/// CAS-increment a counter with retries (no update is lost).
+pub async fn refs_concurrent_compare_and_swap(spec: Spec) {
+    let Some((_h, refs)) = open(spec, "refs_concurrent_compare_and_swap").await else {
+        return;
+    };
+    const TASKS: u64 = 16;
+    const ROUNDS: u64 = 6;
+    const INCREMENTS: u64 = 4;
+
+    // Rounds: everyone reads, everyone swaps from what it read.
+    let n = name("race");
+    let start = d(1_000_000);
+    refs.set(&ns(), &n, start, RefExpect::Absent).await.unwrap();
+    let barrier = Arc::new(Barrier::new(TASKS as usize));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (refs, barrier, n) = (refs.clone(), barrier.clone(), n.clone());
+            tokio::spawn(async move {
+                let mut outcomes = Vec::new();
+                for round in 0..ROUNDS {
+                    barrier.wait().await;
+                    let seen = refs.get(&ns(), &n).await.unwrap().expect("present");
+                    barrier.wait().await;
+                    let mine = d(round * 1000 + t);
+                    let r = refs.set(&ns(), &n, mine, RefExpect::Digest(seen)).await;
+                    let outcome = match r {
+                        Ok(prev) => {
+                            assert_eq!(prev, Some(seen));
+                            Ok(mine)
+                        }
+                        Err(Error::RefConflict { current, .. }) => Err(current),
+                        Err(e) => panic!("unexpected error: {e}"),
+                    };
+                    outcomes.push((round, seen, outcome));
+                }
+                outcomes
+            })
+        })
+        .collect();
+    let mut per_round: HashMap<u64, Vec<(Digest, Result<Digest, Option<Digest>>)>> = HashMap::new();
+    for task in tasks {
+        for (round, seen, outcome) in task.await.unwrap() {
+            per_round.entry(round).or_default().push((seen, outcome));
+        }
+    }
+    let mut expect_seen = start;
+    for round in 0..ROUNDS {
+        let outcomes = &per_round[&round];
+        assert_eq!(outcomes.len() as u64, TASKS);
+        assert!(
+            outcomes.iter().all(|(seen, _)| *seen == expect_seen),
+            "round {round}: every task read the previous winner"
+        );
+        let winners: Vec<Digest> = outcomes.iter().filter_map(|(_, o)| o.ok()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: exactly one CAS wins");
+        let winner = winners[0];
+        for (_, o) in outcomes {
+            if let Err(current) = o {
+                assert_eq!(
+                    *current,
+                    Some(winner),
+                    "round {round}: losers see the winner"
+                );
+            }
+        }
+        expect_seen = winner;
+    }
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(expect_seen));
+
+    // Counter: CAS-increment with retries; no increment may be lost.
+    let counter = name("counter");
+    let index: Arc<HashMap<Digest, u64>> =
+        Arc::new((0..=TASKS * INCREMENTS).map(|i| (d(i), i)).collect());
+    refs.set(&ns(), &counter, d(0), RefExpect::Absent)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (refs, counter, index) = (refs.clone(), counter.clone(), index.clone());
+            tokio::spawn(async move {
+                let mut conflicts = 0u64;
+                for _ in 0..INCREMENTS {
+                    let mut cur = refs.get(&ns(), &counter).await.unwrap().expect("present");
+                    loop {
+                        let next = d(index[&cur] + 1);
+                        match refs
+                            .set(&ns(), &counter, next, RefExpect::Digest(cur))
+                            .await
+                        {
+                            Ok(prev) => {
+                                assert_eq!(prev, Some(cur));
+                                break;
+                            }
+                            Err(Error::RefConflict {
+                                current: Some(now), ..
+                            }) => {
+                                conflicts += 1;
+                                cur = now;
+                            }
+                            Err(e) => panic!("unexpected error: {e}"),
+                        }
+                    }
+                }
+                conflicts
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        refs.get(&ns(), &counter).await.unwrap(),
+        Some(d(TASKS * INCREMENTS)),
+        "every increment counted once"
+    );
+    assert_eq!(
+        refs.referenced(&ns(), &[d(TASKS * INCREMENTS - 1)])
+            .await
+            .unwrap(),
+        [false]
+    );
+}
