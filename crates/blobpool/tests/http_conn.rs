@@ -915,3 +915,30 @@ async fn http2_over_mutual_tls_names_the_client() {
         (true.into(), "alice".into())
     );
 }
+
+#[tokio::test]
+async fn a_stalled_http2_reader_is_cut_within_the_write_timeout() {
+    let s = start(limits(), None, None).await;
+    let len = 4usize << 20;
+    let data = content(len, 19);
+    let put = reqwest::Client::new()
+        .put(format!("{}/v1/blobs/big2", s.base()))
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success());
+    let (mut sender, task) = h2_client(TcpStream::connect(s.addr).await.unwrap()).await;
+    // The response head arrives; the body is never read, so the stream's
+    // flow-control window is never reopened.
+    let req = hyper::Request::get(format!("http://localhost/v1/blobs/big2/{}", digest(&data)))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    tokio::time::timeout(limits().write_timeout + MARGIN, task)
+        .await
+        .expect("a stalled HTTP/2 reader was not cut")
+        .unwrap();
+    drop(resp);
+}

@@ -28,7 +28,11 @@
 //!   without completing its header block (slowloris), or (c) the connection
 //!   has been idle for [`ServerLimits::idle_timeout`]. A connection whose
 //!   request is still being processed, or whose response is still
-//!   streaming, is never closed by the watchdog.
+//!   streaming, is never closed for idleness. With requests in flight the
+//!   watchdog closes the connection only when a response body handed a
+//!   frame to the writer and was not asked for the next one within
+//!   `write_timeout` (a stalled reader over HTTP/2, where flow control
+//!   blocks the stream while the socket stays writable).
 //!
 //! hyper's own HTTP/1 `header_read_timeout` also runs (with `TokioTimer`),
 //! set to `header_read_timeout + idle_timeout`: hyper starts that timer as
@@ -560,6 +564,13 @@ async fn drive<I>(
                         conn.as_mut().graceful_shutdown();
                         close_by = Some(Instant::now() + IDLE_CLOSE_GRACE);
                     }
+                    Verdict::WriteStalled => {
+                        tracing::debug!(
+                            "connection from {remote}: a response was not read for {:?}, closing",
+                            limits.write_timeout
+                        );
+                        return;
+                    }
                     Verdict::HeaderTimeout => {
                         tracing::debug!(
                             "connection from {remote}: no complete request header within {:?}, closing",
@@ -583,6 +594,10 @@ enum Verdict {
     Keep,
     Idle,
     HeaderTimeout,
+    /// A response body handed a frame to the writer and was not asked for
+    /// the next one for the write timeout: the peer stopped reading (over
+    /// HTTP/2 the socket stays writable, flow control blocks the stream).
+    WriteStalled,
 }
 
 /// Per-connection activity, shared by the IO wrapper, the service wrapper
@@ -601,6 +616,10 @@ struct ConnState {
     /// The connection speaks HTTP/2 (reads are PINGs, SETTINGS, ...: not
     /// the start of a request header).
     h2: AtomicBool,
+    /// Per response body in flight: 1 + when it last handed a frame to the
+    /// writer without being polled since; 0 when it is being polled or
+    /// waits on its own source.
+    responses: std::sync::Mutex<Vec<std::sync::Weak<AtomicU64>>>,
 }
 
 impl ConnState {
@@ -612,6 +631,7 @@ impl ConnState {
             idle_since: AtomicU64::new(0),
             header_since: AtomicU64::new(0),
             h2: AtomicBool::new(false),
+            responses: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -647,11 +667,30 @@ impl ConnState {
         RequestGuard(self.clone())
     }
 
+    /// Registers a response body's stall clock.
+    fn track_response(&self) -> Arc<AtomicU64> {
+        let clock = Arc::new(AtomicU64::new(0));
+        let mut responses = self.responses.lock().unwrap_or_else(|p| p.into_inner());
+        responses.retain(|w| w.strong_count() > 0);
+        responses.push(Arc::downgrade(&clock));
+        clock
+    }
+
     fn verdict(&self, limits: &ServerLimits) -> Verdict {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return Verdict::Keep;
-        }
         let now = self.now_ms();
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            let write_ms = limits.write_timeout.as_millis() as u64;
+            let responses = self.responses.lock().unwrap_or_else(|p| p.into_inner());
+            let stalled = responses.iter().filter_map(|w| w.upgrade()).any(|c| {
+                let handed = c.load(Ordering::SeqCst);
+                handed != 0 && now >= handed - 1 + write_ms
+            });
+            return if stalled {
+                Verdict::WriteStalled
+            } else {
+                Verdict::Keep
+            };
+        }
         let header_ms = limits.header_read_timeout.as_millis() as u64;
         let idle_ms = limits.idle_timeout.as_millis() as u64;
         let idle_since = self.idle_since.load(Ordering::SeqCst);
@@ -730,19 +769,23 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
                 Ok(r) => r,
                 Err(never) => match never {},
             };
+            let handed = guard.0.track_response();
             Ok(resp.map(|inner| GuardedBody {
                 inner,
                 guard: Some(guard),
+                handed,
             }))
         })
     }
 }
 
 /// A response body that keeps its request counted as in flight until it
-/// ends or is dropped.
+/// ends or is dropped, and tells the watchdog how long the writer has not
+/// asked for the next frame.
 struct GuardedBody {
     inner: Body,
     guard: Option<RequestGuard>,
+    handed: Arc<AtomicU64>,
 }
 
 impl HttpBody for GuardedBody {
@@ -754,9 +797,16 @@ impl HttpBody for GuardedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
+        this.handed.store(0, Ordering::SeqCst);
         let r = Pin::new(&mut this.inner).poll_frame(cx);
-        if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            this.guard = None;
+        match &r {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.guard = None,
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some(g) = &this.guard {
+                    this.handed.store(g.0.now_ms() + 1, Ordering::SeqCst);
+                }
+            }
+            Poll::Pending => {}
         }
         r
     }
