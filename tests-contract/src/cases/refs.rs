@@ -442,6 +442,9 @@ pub async fn refs_names_are_opaque(spec: Spec) {
     assert_eq!(refs.get(&ns(), &upper).await.unwrap(), Some(d(1)));
 }
 
+/// One racer's round: the digest it set, or the conflict's current digest.
+type Outcome = Result<Digest, Option<Digest>>;
+
 /// Concurrency: 16 tasks race a compare-and-swap from the same digest each
 /// round (exactly one wins, the others see the winner's digest), then
 /// CAS-increment a counter with retries (no update is lost).
@@ -483,7 +486,7 @@ pub async fn refs_concurrent_compare_and_swap(spec: Spec) {
             })
         })
         .collect();
-    let mut per_round: HashMap<u64, Vec<(Digest, Result<Digest, Option<Digest>>)>> = HashMap::new();
+    let mut per_round: HashMap<u64, Vec<(Digest, Outcome)>> = HashMap::new();
     for task in tasks {
         for (round, seen, outcome) in task.await.unwrap() {
             per_round.entry(round).or_default().push((seen, outcome));
