@@ -50,6 +50,11 @@ impl Direct {
         Direct { store, progress }
     }
 
+    /// The opened store (`ls`, `du`, `verify`).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// Stores `src` in `ns`. The put's pin ends with this process: in a
     /// namespace that a liveness source governs, the entry is garbage for
     /// the next sweeps unless something references it.

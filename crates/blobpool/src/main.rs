@@ -25,6 +25,7 @@
 
 mod config;
 mod direct;
+mod inspect;
 mod output;
 mod progress;
 mod remote;
@@ -260,6 +261,16 @@ enum Command {
     /// API keys for the server's `[[auth.keys]]` (ADR-023).
     #[command(subcommand)]
     Key(KeyCommand),
+    /// List the namespaces, or a namespace's entries (digest, size, tier,
+    /// creation time) in digest order.
+    Ls(inspect::LsArgs),
+    /// Entries and bytes (and pinned and staged entries) per namespace and
+    /// tier.
+    Du(inspect::DuArgs),
+    /// Re-hash stored entries through the verified read path, online and
+    /// rate-limited; report ok, corrupt and missing entries (exit 1 when
+    /// one is corrupt), optionally quarantining corrupt ones.
+    Verify(inspect::VerifyArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -432,6 +443,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Key(k) => key_command(k, json),
+        Command::Ls(a) => inspect::ls(&cli, a).await,
+        Command::Du(a) => inspect::du(&cli, a).await,
+        Command::Verify(a) => inspect::verify(&cli, a).await,
         Command::Get { digest, ns, output } => {
             let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
             let t = target(&cli).await?;

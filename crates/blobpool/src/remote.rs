@@ -573,6 +573,43 @@ impl Remote {
         Ok(())
     }
 
+    /// `GET {path}` (an admin route: `ls`, `du`), decoded from JSON.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<T, CliError> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .map_err(transport)?;
+        if !resp.status().is_success() {
+            return Err(server_error(resp).await);
+        }
+        resp.json().await.map_err(transport)
+    }
+
+    /// `POST {path}` with a JSON body, waiting however long the answer
+    /// takes to start (`verify`), decoded from JSON.
+    pub async fn post_json_slow<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, CliError> {
+        let resp = self
+            .http_slow
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .map_err(transport)?;
+        if !resp.status().is_success() {
+            return Err(server_error(resp).await);
+        }
+        resp.json().await.map_err(transport)
+    }
+
     /// `POST /v1/sweep`.
     pub async fn sweep(&self) -> Result<SweepReport, CliError> {
         // A sweep answers when it is done, however long that takes.

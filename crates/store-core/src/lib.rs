@@ -27,11 +27,16 @@
 mod blob;
 mod builder;
 mod fleet;
+mod inspect;
 mod put;
 mod store;
 
 pub use blob::Blob;
 pub use builder::{Mode, StoreBuilder, DEFAULT_THRESHOLD, MAX_THRESHOLD};
+pub use inspect::{
+    CorruptEntry, EntryInfo, EntryPage, QuarantineOutcome, TierStats, VerifyEvent, VerifyOptions,
+    VerifySummary, MAX_LIST_LIMIT,
+};
 pub use put::PutReceipt;
 pub use store::{Liveness, Store};
 

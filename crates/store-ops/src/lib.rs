@@ -21,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+mod admin;
 pub mod auth;
 mod error;
 pub mod http;
@@ -30,6 +31,10 @@ pub mod payload;
 pub mod range;
 mod tokens;
 
+pub use admin::{
+    NamespacesResponse, StatsResponse, StatsTotal, VerifyRequest, DEFAULT_VERIFY_CONCURRENCY,
+    INVENTORY_REFRESH, MAX_VERIFY_CONCURRENCY,
+};
 pub use error::{ErrorCode, OpsError, TOKEN_CAP_RETRY_AFTER};
 pub use metrics::Metrics;
 pub use ops::{

@@ -30,6 +30,8 @@ pub struct Metrics {
     sweep_rescued: AtomicU64,
     sweep_bytes_freed: AtomicU64,
     errors: [AtomicU64; ErrorCode::ALL.len()],
+    /// The stored-inventory gauges (`crate::admin`).
+    pub(crate) inventory: crate::admin::Inventory,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -248,6 +250,7 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE blobpool_tokens_reserved gauge");
         let _ = writeln!(out, "blobpool_tokens_reserved {}", tokens.reserved);
+        self.inventory.render(&mut out);
         out
     }
 }

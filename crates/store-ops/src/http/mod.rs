@@ -12,11 +12,16 @@
 //! | `POST /v1/sweep` | [`Ops::sweep`] — the `SweepReport` as JSON |
 //! | `GET /health` | [`Ops::health`] |
 //! | `GET /metrics` | [`Ops::render_metrics`] |
+//! | `GET /v1/namespaces` | [`Ops::namespaces`] (admin) |
+//! | `GET /v1/namespaces/{ns}/entries` | [`Ops::list_entries`] (admin) |
+//! | `GET /v1/stats` | [`Ops::stats`] (admin) |
+//! | `POST /v1/verify` | [`Ops::verify`] (admin) |
 //!
 //! Request bodies are never buffered whole (the blob route streams into
 //! the store; `/v1/have` reads at most [`have_body_limit`] bytes), and
 //! blob responses stream out of the store.
 
+mod admin;
 mod body;
 mod gate;
 mod handlers;
@@ -138,6 +143,10 @@ fn routes(ops: Ops) -> Router {
         .route("/v1/have", post(handlers::have))
         .route("/v1/tokens/{token}", delete(handlers::release_token))
         .route("/v1/sweep", post(handlers::sweep))
+        .route("/v1/namespaces", get(admin::namespaces))
+        .route("/v1/namespaces/{ns}/entries", get(admin::entries))
+        .route("/v1/stats", get(admin::stats))
+        .route("/v1/verify", post(admin::verify))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)
@@ -188,11 +197,13 @@ where
         .tokens()
         .ttl()
         .map(|ttl| ops.spawn_token_reaper(reap_interval(ttl)));
+    let inventory = ops.spawn_inventory_refresher();
     let app = router_with(ops, &cfg);
     let result = serve_router(listener, app, cfg.limits, cfg.tls, shutdown).await;
     if let Some(r) = reaper {
         r.abort();
     }
+    inventory.abort();
     result
 }
 
