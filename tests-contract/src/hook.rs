@@ -165,6 +165,10 @@ impl KvEngine for Hooked<dyn KvEngine> {
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome> {
         self.0.put(key, bytes).await
     }
+
+    fn refs(&self) -> Option<Arc<dyn store_types::RefStore>> {
+        self.0.refs()
+    }
 }
 
 #[async_trait]

@@ -37,8 +37,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use store_core::{LivenessSource, Mode, Store, DEFAULT_THRESHOLD};
-use store_types::{Error, Key, KvEngine, LargeEngine, Namespace};
+use store_core::{Mode, Store, DEFAULT_THRESHOLD};
+use store_types::{Error, KvEngine, LargeEngine, Namespace};
 
 /// Default config file, used when present and no `--config` is given.
 pub const DEFAULT_CONFIG_FILE: &str = "blobpool.toml";
@@ -73,7 +73,7 @@ struct FileConfig {
     max_tokens_per_identity: Option<usize>,
     insecure_no_auth: Option<bool>,
     log_format: Option<String>,
-    gc: Option<GcSection>,
+    gc: Option<crate::gc::GcSection>,
     auth: Option<crate::security::AuthSection>,
     http: Option<crate::security::HttpSection>,
     tls: Option<crate::security::TlsSection>,
@@ -111,11 +111,6 @@ pub const DEFAULT_MEM_ONLY_MAX_BLOB_SIZE: u64 = 64 << 20;
 /// cap, `max_tokens`, still applies).
 pub const DEFAULT_MAX_TOKENS_PER_IDENTITY: usize = 10_000;
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GcSection {
-    unreferenced_namespaces: Option<Vec<String>>,
-}
 
 /// A kv engine choice.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,6 +184,8 @@ pub struct Config {
     /// Namespaces registered with a liveness source that reports nothing
     /// live (ADR-017): their unpinned entries are garbage.
     pub unreferenced_namespaces: Vec<Namespace>,
+    /// `[gc]`: policies, liveness tables, scheduled sweeps (ADR-024).
+    pub gc: crate::gc::GcSettings,
     /// `serve`: allow a non-loopback listen address without any identity.
     pub insecure_no_auth: bool,
     /// `serve`: log format.
@@ -398,7 +395,8 @@ impl Config {
                 .collect(),
             None => fc
                 .gc
-                .and_then(|g| g.unreferenced_namespaces)
+                .as_ref()
+                .and_then(|g| g.unreferenced_namespaces.clone())
                 .unwrap_or_default(),
         };
         let fleet = env_bool(env, "BLOBPOOL_FLEET")?
@@ -449,6 +447,12 @@ impl Config {
         } else {
             store_ops::DEFAULT_MAX_BLOB_SIZE
         };
+        let gc = crate::gc::resolve(
+            fc.gc.clone(),
+            unreferenced.clone(),
+            env("BLOBPOOL_GC_INTERVAL"),
+            fleet,
+        )?;
         let unreferenced_namespaces = unreferenced
             .into_iter()
             .map(|n| {
@@ -479,6 +483,7 @@ impl Config {
             max_tokens,
             max_tokens_per_identity,
             unreferenced_namespaces,
+            gc,
             insecure_no_auth: env_bool(env, "BLOBPOOL_INSECURE_NO_AUTH")?
                 .or(fc.insecure_no_auth)
                 .unwrap_or(false),
@@ -549,30 +554,10 @@ impl Config {
             b = b.large_shared(l);
         }
         let store = b.build().await?;
-        for ns in &self.unreferenced_namespaces {
-            store
-                .register_liveness_source(ns.clone(), Arc::new(NothingReferenced))
-                .await
-                .map_err(|e| match e {
-                    Error::Config(m) => {
-                        Error::Config(format!("gc.unreferenced_namespaces ({ns}): {m}"))
-                    }
-                    other => other,
-                })?;
+        for line in self.gc.apply(&store).await? {
+            tracing::info!(target: "blobpool::gc", "namespace policy: {line}");
         }
         Ok(store)
-    }
-}
-
-/// The liveness source of a `gc.unreferenced_namespaces` namespace: nothing
-/// there is referenced, so only pins (pin tokens, in-flight puts) protect
-/// its entries.
-struct NothingReferenced;
-
-#[async_trait::async_trait]
-impl LivenessSource for NothingReferenced {
-    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
-        Ok(vec![false; keys.len()])
     }
 }
 

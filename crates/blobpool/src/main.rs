@@ -25,6 +25,7 @@
 
 mod config;
 mod direct;
+mod gc;
 mod inspect;
 mod output;
 mod progress;

@@ -31,13 +31,18 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
     let store = cfg.open_store().await?;
-    let unreferenced: Vec<&str> = cfg
-        .unreferenced_namespaces
-        .iter()
-        .map(|n| n.as_str())
-        .collect();
-    tracing::info!("store: {store:?}; unreferenced namespaces (swept): {unreferenced:?}");
+    tracing::info!("store: {store:?}");
     let ops = Ops::new(store, cfg.ops_config())?;
+    let scheduler = match cfg.gc.interval {
+        Some(every) => {
+            tracing::info!(target: "blobpool::gc", "scheduled sweeps every {}s (±10%)", every.as_secs());
+            Some(crate::gc::spawn_scheduler(ops.clone(), every))
+        }
+        None => {
+            tracing::info!(target: "blobpool::gc", "no scheduled sweeps (gc.interval unset): POST /v1/sweep runs one");
+            None
+        }
+    };
     log_token_policy(&ops);
     log_security(&cfg, &http);
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
@@ -48,9 +53,14 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         .map_err(|e| CliError::io("cannot read the listen address", e))?;
     let scheme = if http.tls.is_some() { "https" } else { "http" };
     eprintln!("blobpool: listening on {scheme}://{addr}");
-    store_ops::http::serve_with(listener, ops, http, store_ops::http::shutdown_signal())
-        .await
-        .map_err(|e| CliError::io("server failed", e))?;
+    let served = store_ops::http::serve_with(listener, ops, http, store_ops::http::shutdown_signal())
+        .await;
+    if let Some(s) = scheduler {
+        // A sweep cut here is cancel-safe (ADR-021): it stops between
+        // batches' commits.
+        s.abort();
+    }
+    served.map_err(|e| CliError::io("server failed", e))?;
     eprintln!("blobpool: stopped");
     Ok(())
 }

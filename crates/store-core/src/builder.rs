@@ -269,6 +269,8 @@ impl StoreBuilder {
             clock: self.clock,
             owner: self.owner.unwrap_or_else(fleet::random_owner),
             _instance_locks: instance_locks,
+            policies: Default::default(),
+            policy_lock: Default::default(),
         }))
     }
 }

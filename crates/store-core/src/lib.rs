@@ -29,6 +29,7 @@ mod builder;
 mod fleet;
 mod inspect;
 mod put;
+mod refs;
 mod store;
 
 pub use blob::Blob;
@@ -38,6 +39,7 @@ pub use inspect::{
     VerifySummary, MAX_LIST_LIMIT,
 };
 pub use put::PutReceipt;
+pub use refs::{GcPolicy, Refs};
 pub use store::{Liveness, Store};
 
 pub use store_gc::{
@@ -45,5 +47,6 @@ pub use store_gc::{
     ProtectedCounts, SourceId, SweepOptions, SweepReport, SystemClock, FENCE_GRACE,
 };
 pub use store_types::{
-    Digest, Error, Key, LivenessTable, Namespace, Result, Stat, Tier, Timestamp,
+    Digest, Error, Key, LivenessTable, Namespace, RefEntry, RefExpect, RefName, Result, Stat, Tier,
+    Timestamp,
 };

@@ -26,6 +26,10 @@ pub(crate) struct Inner {
     /// The engines' instance locks (non-fleet), released when the last
     /// clone of the store drops.
     pub _instance_locks: Vec<store_types::InstanceLock>,
+    /// GC policies per namespace (ADR-024).
+    pub policies: std::sync::Mutex<crate::refs::PolicyState>,
+    /// Serialises policy changes (their registrations are async).
+    pub policy_lock: tokio::sync::Mutex<()>,
 }
 
 /// A liveness source: an in-process callback (non-fleet) or a named table

@@ -60,6 +60,9 @@ pub enum ErrorCode {
     HostNotAllowed,
     /// The server is at its connection cap (`503`, with a retry delay).
     Overloaded,
+    /// A reference update's precondition (`If-Match` / `If-None-Match`)
+    /// failed (`412`); the message names the current digest.
+    RefConflict,
     /// Anything else: media or backend failure, misconfiguration (`500`).
     /// Its message never reaches clients: they get the request id, the
     /// server log has the cause.
@@ -68,7 +71,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and metrics.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::KeyInvalid,
         ErrorCode::Verification,
         ErrorCode::TooLarge,
@@ -87,6 +90,7 @@ impl ErrorCode {
         ErrorCode::UnsupportedMediaType,
         ErrorCode::HostNotAllowed,
         ErrorCode::Overloaded,
+        ErrorCode::RefConflict,
         ErrorCode::Internal,
     ];
 
@@ -111,6 +115,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::Overloaded => "overloaded",
+            ErrorCode::RefConflict => "ref_conflict",
             ErrorCode::Internal => "internal",
         }
     }
@@ -136,6 +141,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::InvalidRange => 416,
             ErrorCode::HostNotAllowed => 421,
+            ErrorCode::RefConflict => 412,
             ErrorCode::Verification => 422,
             ErrorCode::Internal => 500,
             ErrorCode::TooManyTokens | ErrorCode::Overloaded => 503,
@@ -223,6 +229,7 @@ impl From<Error> for OpsError {
                 Error::TooLarge { .. } => ErrorCode::TooLarge,
                 Error::LengthMismatch { .. } => ErrorCode::LengthMismatch,
                 Error::InvalidRange { .. } => ErrorCode::InvalidRange,
+                Error::RefConflict { .. } => ErrorCode::RefConflict,
                 _ => ErrorCode::Internal,
             },
             message,

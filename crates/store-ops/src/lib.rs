@@ -29,6 +29,7 @@ mod metrics;
 mod ops;
 pub mod payload;
 pub mod range;
+pub mod refs;
 mod tokens;
 
 pub use admin::{

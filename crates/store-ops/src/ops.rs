@@ -434,8 +434,12 @@ impl Ops {
                     )));
                 }
                 let key = Key::new(ns, digests[0]);
+                // A foreign token is refused; an unknown or expired one
+                // answers `present: [false]` below, as ADR-012 §2 says.
                 if let Some(id) = identity {
-                    self.check_owner(id, &token)?;
+                    if self.inner.tokens.lookup(&token).is_some() {
+                        self.check_owner(id, &token)?;
+                    }
                 }
                 // (a) the token must map to a pin on this key, in this
                 // namespace (extending the token's idle deadline, if any)...
@@ -493,7 +497,11 @@ impl Ops {
 
     /// The token's key and owner, if `identity` may act on it: it owns it,
     /// or is an admin. An unknown token is `missing`.
-    fn check_owner(&self, identity: &Identity, token: &str) -> Result<(Key, String), OpsError> {
+    pub(crate) fn check_owner(
+        &self,
+        identity: &Identity,
+        token: &str,
+    ) -> Result<(Key, String), OpsError> {
         let (key, owner) = self
             .inner
             .tokens

@@ -87,6 +87,8 @@ fn route_of(path: &str) -> (&'static str, Option<&str>) {
         ["v1", "have"] => ("/v1/have", None),
         ["v1", "tokens", _] => ("/v1/tokens/{token}", None),
         ["v1", "sweep"] => ("/v1/sweep", None),
+        ["v1", "refs", ns] => ("/v1/refs/{ns}", Some(ns)),
+        ["v1", "refs", ns, ..] => ("/v1/refs/{ns}/{name}", Some(ns)),
         ["v1", "namespaces"] => ("/v1/namespaces", None),
         ["v1", "namespaces", ns, "entries"] => ("/v1/namespaces/{ns}/entries", Some(ns)),
         ["v1", "stats"] => ("/v1/stats", None),

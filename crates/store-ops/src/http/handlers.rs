@@ -36,7 +36,7 @@ pub(crate) fn redacted_message() -> String {
 
 /// The JSON error answer; counts the error. An `internal` error's message
 /// is logged with the request id and replaced by [`redacted_message`].
-fn fail(ops: &Ops, mut e: OpsError) -> Response {
+pub(super) fn fail(ops: &Ops, mut e: OpsError) -> Response {
     ops.metrics().error(e.code);
     let status =
         StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -75,7 +75,7 @@ fn fail(ops: &Ops, mut e: OpsError) -> Response {
 /// Requires `Content-Type: application/json` (parameters allowed): a
 /// browser cannot send it cross-site without a CORS preflight, which this
 /// server answers only for configured origins.
-fn require_json(headers: &HeaderMap) -> Result<(), OpsError> {
+pub(super) fn require_json(headers: &HeaderMap) -> Result<(), OpsError> {
     let ok = headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -92,7 +92,7 @@ fn require_json(headers: &HeaderMap) -> Result<(), OpsError> {
 }
 
 /// One audit line: who did what to which key, and how it ended.
-fn audit(identity: &Identity, action: &str, target: &str, outcome: &str) {
+pub(super) fn audit(identity: &Identity, action: &str, target: &str, outcome: &str) {
     tracing::info!(
         target: "blobpool::audit",
         request_id = %request_id().unwrap_or_default(),
@@ -104,14 +104,14 @@ fn audit(identity: &Identity, action: &str, target: &str, outcome: &str) {
     );
 }
 
-fn outcome<T>(r: &Result<T, OpsError>) -> &'static str {
+pub(super) fn outcome<T>(r: &Result<T, OpsError>) -> &'static str {
     match r {
         Ok(_) => "ok",
         Err(e) => e.code.as_str(),
     }
 }
 
-fn path_error(e: PathRejection) -> OpsError {
+pub(super) fn path_error(e: PathRejection) -> OpsError {
     OpsError::bad_request(format!("invalid path: {e}"))
 }
 

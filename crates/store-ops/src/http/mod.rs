@@ -25,6 +25,7 @@ mod admin;
 mod body;
 mod gate;
 mod handlers;
+mod refs;
 mod server;
 mod tls;
 
@@ -40,8 +41,11 @@ use crate::Ops;
 
 pub use body::have_body_limit;
 pub use gate::HEADER_REQUEST_ID;
-pub use server::{raise_nofile_limit, serve_router, ClientCert, PeerInfo, ServerLimits};
-pub use tls::{ClientAuth, TlsSettings};
+pub use server::{
+    raise_nofile_limit, serve_router, serve_router_with_reloader, ClientCert, PeerInfo,
+    ServerLimits, ACCEPT_BACKOFF, MAX_HEADER_BYTES,
+};
+pub use tls::{ClientAuth, TlsReloader, TlsSettings};
 
 /// Everything the HTTP binding needs beyond the [`Ops`]: who may do what,
 /// which `Host` names and browser origins are accepted, connection limits
@@ -143,6 +147,13 @@ fn routes(ops: Ops) -> Router {
         .route("/v1/have", post(handlers::have))
         .route("/v1/tokens/{token}", delete(handlers::release_token))
         .route("/v1/sweep", post(handlers::sweep))
+        .route("/v1/refs/{ns}", get(refs::list_refs))
+        .route(
+            "/v1/refs/{ns}/{*name}",
+            put(refs::set_ref)
+                .get(refs::get_ref)
+                .delete(refs::delete_ref),
+        )
         .route("/v1/namespaces", get(admin::namespaces))
         .route("/v1/namespaces/{ns}/entries", get(admin::entries))
         .route("/v1/stats", get(admin::stats))

@@ -1153,8 +1153,6 @@ impl RateLimited {
 /// start and log the figure. On macOS the soft limit is capped at
 /// `OPEN_MAX` (10,240) when the hard limit is unlimited. Not supported
 /// off Unix.
-// Until `http/mod.rs` re-exports it, nothing in the crate calls it.
-#[allow(dead_code)]
 pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
     #[cfg(unix)]
     {

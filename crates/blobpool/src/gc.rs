@@ -1,0 +1,353 @@
+//! The `[gc]` section: per-namespace policies, fleet liveness tables and
+//! scheduled sweeps (ADR-024, docs/SERVER.md "Garbage collection").
+//!
+//! ```toml
+//! [gc]
+//! interval = "10m"                    # scheduled sweeps (±10% jitter); unset: on demand only
+//! unreferenced_namespaces = ["tmp"]   # shorthand for policy = "unreferenced"
+//! [gc.namespaces.logs]
+//! max_age = "7d"                      # unreferenced entries older than this are garbage
+//! [gc.namespaces.archive]
+//! policy = "keep"                     # refs | unreferenced | keep
+//! [[gc.liveness_tables]]              # fleet: an application table naming live digests
+//! namespace = "app"
+//! schema = "app"
+//! table = "attachments"
+//! digest_column = "digest"
+//! namespace_column = "ns"             # optional
+//! ```
+//!
+//! A namespace with no policy is `keep` until a reference is first set in
+//! it, `refs` from then on.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use store_core::{GcPolicy, LivenessTable, Namespace, Store};
+use store_types::Error;
+
+/// `[gc.namespaces.NAME]`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NamespacePolicyEntry {
+    policy: Option<String>,
+    max_age: Option<String>,
+}
+
+/// `[[gc.liveness_tables]]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LivenessTableEntry {
+    namespace: String,
+    schema: String,
+    table: String,
+    digest_column: String,
+    namespace_column: Option<String>,
+}
+
+/// `[gc]` as read from the file.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GcSection {
+    pub(crate) unreferenced_namespaces: Option<Vec<String>>,
+    interval: Option<String>,
+    #[serde(default)]
+    namespaces: BTreeMap<String, NamespacePolicyEntry>,
+    #[serde(default)]
+    liveness_tables: Vec<LivenessTableEntry>,
+}
+
+/// The resolved GC settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcSettings {
+    /// Explicit policies, in namespace order.
+    pub policies: Vec<(Namespace, GcPolicy)>,
+    /// Fleet liveness tables.
+    pub tables: Vec<(Namespace, LivenessTable)>,
+    /// Scheduled sweep interval.
+    pub interval: Option<Duration>,
+}
+
+fn parse_policy(ns: &str, e: &NamespacePolicyEntry) -> Result<GcPolicy, String> {
+    let age = e
+        .max_age
+        .as_deref()
+        .map(|a| {
+            crate::security::parse_duration(a)
+                .map_err(|m| format!("gc.namespaces.{ns}.max_age: {m}"))
+        })
+        .transpose()?;
+    match (e.policy.as_deref().map(str::trim), age) {
+        (None | Some("max_age"), Some(d)) if !d.is_zero() => Ok(GcPolicy::MaxAge(d)),
+        (_, Some(_)) if e.policy.as_deref().is_some_and(|p| p != "max_age") => Err(format!(
+            "gc.namespaces.{ns}: max_age goes with no policy (or policy = \"max_age\"), not with policy = {:?}",
+            e.policy.as_deref().unwrap_or_default()
+        )),
+        (_, Some(_)) => Err(format!("gc.namespaces.{ns}.max_age must be greater than zero")),
+        (Some("refs"), None) => Ok(GcPolicy::Refs),
+        (Some("unreferenced"), None) => Ok(GcPolicy::Unreferenced),
+        (Some("keep"), None) => Ok(GcPolicy::Keep),
+        (Some("max_age"), None) => Err(format!("gc.namespaces.{ns}: policy = \"max_age\" needs max_age = \"…\"")),
+        (Some(other), None) => Err(format!(
+            "gc.namespaces.{ns}.policy = {other:?}: expected refs, unreferenced, keep (or max_age = \"7d\")"
+        )),
+        (None, None) => Err(format!("gc.namespaces.{ns}: set policy or max_age")),
+    }
+}
+
+/// Resolves `[gc]` (`unreferenced` comes from the file or the environment,
+/// already split).
+pub fn resolve(
+    section: Option<GcSection>,
+    unreferenced: Vec<String>,
+    interval_env: Option<String>,
+    fleet: bool,
+) -> Result<GcSettings, String> {
+    let section = section.unwrap_or_default();
+    let mut policies: BTreeMap<Namespace, GcPolicy> = BTreeMap::new();
+    for n in unreferenced {
+        let ns = Namespace::new(n.clone())
+            .map_err(|e| format!("gc.unreferenced_namespaces: {n:?}: {e}"))?;
+        policies.insert(ns, GcPolicy::Unreferenced);
+    }
+    for (n, e) in &section.namespaces {
+        let ns = Namespace::new(n.clone()).map_err(|e| format!("gc.namespaces.{n}: {e}"))?;
+        let p = parse_policy(n, e)?;
+        if let Some(prev) = policies.insert(ns, p) {
+            if prev != p {
+                return Err(format!(
+                    "namespace {n}: listed in gc.unreferenced_namespaces and given policy {p} in gc.namespaces"
+                ));
+            }
+        }
+        if fleet && matches!(p, GcPolicy::MaxAge(_)) {
+            return Err(format!(
+                "gc.namespaces.{n}: max_age is not available in a fleet (the age check is an \
+                 in-process probe other nodes could not consult)"
+            ));
+        }
+    }
+    let mut tables = Vec::new();
+    for t in &section.liveness_tables {
+        if !fleet {
+            return Err(
+                "gc.liveness_tables are the fleet form of liveness (fleet = true); a single \
+                 server uses references or the library's in-process sources"
+                    .into(),
+            );
+        }
+        let ns = Namespace::new(t.namespace.clone())
+            .map_err(|e| format!("gc.liveness_tables: namespace {:?}: {e}", t.namespace))?;
+        for (what, v) in [
+            ("schema", &t.schema),
+            ("table", &t.table),
+            ("digest_column", &t.digest_column),
+        ] {
+            if !is_identifier(v) {
+                return Err(format!(
+                    "gc.liveness_tables ({}): {what} {v:?} is not a plain SQL identifier",
+                    t.namespace
+                ));
+            }
+        }
+        let mut table = LivenessTable::new(&t.schema, &t.table, &t.digest_column);
+        if let Some(c) = &t.namespace_column {
+            if !is_identifier(c) {
+                return Err(format!(
+                    "gc.liveness_tables ({}): namespace_column {c:?} is not a plain SQL identifier",
+                    t.namespace
+                ));
+            }
+            table = table.with_namespace_column(c);
+        }
+        tables.push((ns, table));
+    }
+    let interval = match interval_env.or(section.interval) {
+        None => None,
+        Some(s) => {
+            let d = crate::security::parse_duration(&s).map_err(|e| format!("gc.interval: {e}"))?;
+            if d < Duration::from_secs(1) {
+                return Err("gc.interval must be at least 1s".into());
+            }
+            Some(d)
+        }
+    };
+    Ok(GcSettings {
+        policies: policies.into_iter().collect(),
+        tables,
+        interval,
+    })
+}
+
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+impl GcSettings {
+    /// Applies the policies, adopts the namespaces that use references,
+    /// and registers the liveness tables. Returns one human line per
+    /// namespace with a policy.
+    pub async fn apply(&self, store: &Store) -> Result<Vec<String>, Error> {
+        for (ns, p) in &self.policies {
+            store
+                .set_gc_policy(ns.clone(), *p)
+                .await
+                .map_err(|e| in_ns(ns, e))?;
+        }
+        for (ns, t) in &self.tables {
+            store
+                .register_liveness_source(ns.clone(), t.clone())
+                .await
+                .map_err(|e| match e {
+                    Error::Config(m) => Error::Config(format!(
+                        "gc.liveness_tables ({ns}: {}.{}): {m}",
+                        t.schema, t.table
+                    )),
+                    other => other,
+                })?;
+        }
+        store.adopt_ref_namespaces().await?;
+        let mut lines = Vec::new();
+        let mut seen: Vec<Namespace> = self.policies.iter().map(|(n, _)| n.clone()).collect();
+        for ns in store.namespaces().await? {
+            if !seen.contains(&ns) {
+                seen.push(ns);
+            }
+        }
+        seen.sort();
+        for ns in seen {
+            let p = store.effective_gc_policy(&ns);
+            let extra = if self.tables.iter().any(|(n, _)| *n == ns) {
+                " + liveness table"
+            } else {
+                ""
+            };
+            lines.push(format!("{ns}: {p}{extra}"));
+        }
+        Ok(lines)
+    }
+}
+
+fn in_ns(ns: &Namespace, e: Error) -> Error {
+    match e {
+        Error::Config(m) if !m.contains(ns.as_str()) => Error::Config(format!("namespace {ns}: {m}")),
+        other => other,
+    }
+}
+
+/// Runs sweeps every `interval` (±10% jitter, so a fleet's nodes drift
+/// apart; the sweep lock keeps at most one running) until the returned
+/// handle is aborted. Reports go to the log; the ops layer counts them in
+/// the metrics.
+pub fn spawn_scheduler(ops: store_ops::Ops, interval: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(jittered(interval)).await;
+            match ops.sweep().await {
+                Ok(report) => tracing::info!(
+                    target: "blobpool::gc",
+                    "scheduled sweep: {}",
+                    serde_json::to_string(&report).unwrap_or_default()
+                ),
+                Err(e) => tracing::warn!(target: "blobpool::gc", "scheduled sweep failed: {e}"),
+            }
+        }
+    })
+}
+
+/// `d` ± 10%.
+fn jittered(d: Duration) -> Duration {
+    use rand::Rng;
+    let f: f64 = rand::rng().random_range(0.9..1.1);
+    d.mul_f64(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(text: &str) -> Option<GcSection> {
+        #[derive(Deserialize)]
+        struct F {
+            gc: Option<GcSection>,
+        }
+        toml::from_str::<F>(text).unwrap().gc
+    }
+
+    #[test]
+    fn policies_parse() {
+        let s = resolve(
+            section(
+                "[gc]\ninterval = \"10m\"\nunreferenced_namespaces = [\"tmp\"]\n\
+                 [gc.namespaces.logs]\nmax_age = \"7d\"\n[gc.namespaces.archive]\npolicy = \"keep\"\n\
+                 [gc.namespaces.docs]\npolicy = \"refs\"",
+            ),
+            vec!["scratch".into()],
+            None,
+            false,
+        )
+        .unwrap();
+        let p: Vec<(String, GcPolicy)> = s
+            .policies
+            .iter()
+            .map(|(n, p)| (n.to_string(), *p))
+            .collect();
+        assert_eq!(
+            p,
+            [
+                ("archive".to_string(), GcPolicy::Keep),
+                ("docs".to_string(), GcPolicy::Refs),
+                (
+                    "logs".to_string(),
+                    GcPolicy::MaxAge(Duration::from_secs(7 * 86400))
+                ),
+                ("scratch".to_string(), GcPolicy::Unreferenced),
+            ]
+        );
+        assert_eq!(s.interval, Some(Duration::from_secs(600)));
+        for _ in 0..100 {
+            let j = jittered(Duration::from_secs(100));
+            assert!(j >= Duration::from_secs(90) && j <= Duration::from_secs(110));
+        }
+    }
+
+    #[test]
+    fn bad_gc_sections_are_refused() {
+        for (text, fleet, want) in [
+            ("[gc.namespaces.a]\npolicy = \"sometimes\"", false, "expected refs"),
+            ("[gc.namespaces.a]\npolicy = \"keep\"\nmax_age = \"1d\"", false, "max_age goes with"),
+            ("[gc.namespaces.a]\nmax_age = \"soon\"", false, "max_age"),
+            ("[gc.namespaces.a]\nmax_age = \"1d\"", true, "not available in a fleet"),
+            ("[gc.namespaces.A]\npolicy = \"keep\"", false, "gc.namespaces.A"),
+            ("[gc]\ninterval = \"0s\"", false, "at least 1s"),
+            (
+                "[[gc.liveness_tables]]\nnamespace = \"a\"\nschema = \"s\"\ntable = \"t\"\ndigest_column = \"d\"",
+                false,
+                "fleet form",
+            ),
+            (
+                "[[gc.liveness_tables]]\nnamespace = \"a\"\nschema = \"s; drop\"\ntable = \"t\"\ndigest_column = \"d\"",
+                true,
+                "identifier",
+            ),
+        ] {
+            let e = resolve(section(text), vec![], None, fleet).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let e = resolve(
+            section("[gc.namespaces.tmp]\npolicy = \"keep\""),
+            vec!["tmp".into()],
+            None,
+            false,
+        )
+        .unwrap_err();
+        assert!(e.contains("unreferenced_namespaces"), "{e}");
+    }
+}

@@ -1,0 +1,232 @@
+//! `refs/*`: named references over the wire (ADR-024), the ops form of
+//! [`store_core::Refs`].
+
+use serde::{Deserialize, Serialize};
+use store_core::{Digest, Namespace, RefExpect, RefName, Refs};
+
+use crate::auth::{Identity, Scope};
+use crate::error::{ErrorCode, OpsError};
+use crate::Ops;
+
+/// Largest page of a reference listing.
+pub const MAX_REF_PAGE: usize = 1000;
+
+/// `PUT /v1/refs/{ns}/{name}` body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetRefRequest {
+    /// The digest the reference points at (the entry must exist).
+    pub digest: String,
+    /// A pin token of the put that stored the entry: the reference is
+    /// committed while its pin holds, then the token is released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// One reference on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefResponse {
+    /// The namespace.
+    pub namespace: String,
+    /// The reference name.
+    pub name: String,
+    /// The digest it points at.
+    pub digest: String,
+}
+
+/// The answer of a set: the reference, what it held before, and whether
+/// the token was released.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetRefResponse {
+    /// The reference now.
+    #[serde(flatten)]
+    pub reference: RefResponse,
+    /// The digest it held before (`null`: it was created).
+    pub previous: Option<String>,
+    /// Whether the request's pin token was released.
+    pub token_released: bool,
+}
+
+/// A page of a listing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefPage {
+    /// The references, in name order.
+    pub refs: Vec<RefResponse>,
+    /// The `after` of the next page, `null` at the end.
+    pub next: Option<String>,
+}
+
+fn name(s: &str) -> Result<RefName, OpsError> {
+    RefName::new(s).map_err(OpsError::from)
+}
+
+fn namespace(s: &str) -> Result<Namespace, OpsError> {
+    Namespace::new(s).map_err(OpsError::from)
+}
+
+fn digest(s: &str) -> Result<Digest, OpsError> {
+    Digest::parse(s.trim()).map_err(OpsError::from)
+}
+
+/// Parses a precondition from HTTP-style headers: `If-Match: "<digest>"`
+/// (the reference must hold it) or `If-None-Match: *` (it must not exist).
+pub fn expect_from_headers(
+    if_match: Option<&str>,
+    if_none_match: Option<&str>,
+) -> Result<RefExpect, OpsError> {
+    match (if_match, if_none_match) {
+        (Some(_), Some(_)) => Err(OpsError::bad_request(
+            "send If-Match or If-None-Match, not both",
+        )),
+        (Some(m), None) => {
+            let m = m.trim().trim_start_matches("W/").trim_matches('"');
+            Ok(RefExpect::Digest(digest(m).map_err(|_| {
+                OpsError::bad_request("If-Match takes the quoted digest the reference holds now")
+            })?))
+        }
+        (None, Some(n)) if n.trim() == "*" => Ok(RefExpect::Absent),
+        (None, Some(_)) => Err(OpsError::bad_request(
+            "If-None-Match takes only `*` (create the reference only if it does not exist)",
+        )),
+        (None, None) => Ok(RefExpect::Any),
+    }
+}
+
+impl Ops {
+    fn refs(&self) -> Result<Refs, OpsError> {
+        self.store().refs().ok_or_else(|| {
+            OpsError::new(
+                ErrorCode::NotFound,
+                "this server's kv engine holds no references",
+            )
+        })
+    }
+
+    /// Sets a reference for `identity` (scope `write` on the namespace,
+    /// checked here). With a token, the token must be the identity's (or
+    /// the identity an admin) and pin this very entry; it is released once
+    /// the reference is committed.
+    ///
+    /// Cancel-safe: [`Refs::set`] commits whole or not at all; the token is
+    /// released only after the commit (dropped in between, it stays and
+    /// its owner releases it as usual).
+    pub async fn set_ref_as(
+        &self,
+        identity: &Identity,
+        ns: &str,
+        ref_name: &str,
+        req: SetRefRequest,
+        expect: RefExpect,
+    ) -> Result<SetRefResponse, OpsError> {
+        self.authorize(identity, Scope::Write, Some(ns))?;
+        let n = namespace(ns)?;
+        let nm = name(ref_name)?;
+        let d = digest(&req.digest)?;
+        let refs = self.refs()?;
+        if let Some(token) = &req.token {
+            let (key, _) = self.check_owner(identity, token)?;
+            if key.namespace != n || key.digest != d {
+                return Err(OpsError::bad_request(
+                    "the token pins another entry than the one the reference names",
+                ));
+            }
+        }
+        let previous = refs.set(&n, &nm, d, expect).await?;
+        let token_released = match &req.token {
+            Some(t) => self.release_token_as(identity, t).is_ok(),
+            None => false,
+        };
+        Ok(SetRefResponse {
+            reference: RefResponse {
+                namespace: n.to_string(),
+                name: nm.to_string(),
+                digest: d.to_hex(),
+            },
+            previous: previous.map(|p| p.to_hex()),
+            token_released,
+        })
+    }
+
+    /// The reference (scope `read`). `missing` when absent.
+    pub async fn get_ref_as(
+        &self,
+        identity: &Identity,
+        ns: &str,
+        ref_name: &str,
+    ) -> Result<RefResponse, OpsError> {
+        self.authorize(identity, Scope::Read, Some(ns))?;
+        let n = namespace(ns)?;
+        let nm = name(ref_name)?;
+        let d = self
+            .refs()?
+            .get(&n, &nm)
+            .await?
+            .ok_or_else(|| OpsError::new(ErrorCode::Missing, "no such reference"))?;
+        Ok(RefResponse {
+            namespace: n.to_string(),
+            name: nm.to_string(),
+            digest: d.to_hex(),
+        })
+    }
+
+    /// Deletes a reference (scope `write`: reference management, like
+    /// set). Returns the digest it held; `missing` when absent (unless the
+    /// precondition is `Absent`, which is a conflict when it exists).
+    pub async fn delete_ref_as(
+        &self,
+        identity: &Identity,
+        ns: &str,
+        ref_name: &str,
+        expect: RefExpect,
+    ) -> Result<String, OpsError> {
+        self.authorize(identity, Scope::Write, Some(ns))?;
+        let n = namespace(ns)?;
+        let nm = name(ref_name)?;
+        match self.refs()?.delete(&n, &nm, expect).await? {
+            Some(d) => Ok(d.to_hex()),
+            None => Err(OpsError::new(ErrorCode::Missing, "no such reference")),
+        }
+    }
+
+    /// A page of references (scope `read`): names starting with `prefix`,
+    /// after `after`, at most `limit` (≤ [`MAX_REF_PAGE`]).
+    pub async fn list_refs_as(
+        &self,
+        identity: &Identity,
+        ns: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<RefPage, OpsError> {
+        self.authorize(identity, Scope::Read, Some(ns))?;
+        let n = namespace(ns)?;
+        if limit == 0 || limit > MAX_REF_PAGE {
+            return Err(OpsError::bad_request(format!(
+                "limit must be between 1 and {MAX_REF_PAGE}"
+            )));
+        }
+        let after = after.map(name).transpose()?;
+        let mut page = self
+            .refs()?
+            .list(&n, prefix, after.as_ref(), limit + 1)
+            .await?;
+        let more = page.len() > limit;
+        page.truncate(limit);
+        let next = if more {
+            page.last().map(|r| r.name.to_string())
+        } else {
+            None
+        };
+        Ok(RefPage {
+            refs: page
+                .into_iter()
+                .map(|r| RefResponse {
+                    namespace: n.to_string(),
+                    name: r.name.to_string(),
+                    digest: r.digest.to_hex(),
+                })
+                .collect(),
+            next,
+        })
+    }
+}
