@@ -111,7 +111,6 @@ pub const DEFAULT_MEM_ONLY_MAX_BLOB_SIZE: u64 = 64 << 20;
 /// cap, `max_tokens`, still applies).
 pub const DEFAULT_MAX_TOKENS_PER_IDENTITY: usize = 10_000;
 
-
 /// A kv engine choice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvSpec {

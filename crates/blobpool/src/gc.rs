@@ -237,7 +237,9 @@ impl GcSettings {
 
 fn in_ns(ns: &Namespace, e: Error) -> Error {
     match e {
-        Error::Config(m) if !m.contains(ns.as_str()) => Error::Config(format!("namespace {ns}: {m}")),
+        Error::Config(m) if !m.contains(ns.as_str()) => {
+            Error::Config(format!("namespace {ns}: {m}"))
+        }
         other => other,
     }
 }

@@ -53,8 +53,8 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         .map_err(|e| CliError::io("cannot read the listen address", e))?;
     let scheme = if http.tls.is_some() { "https" } else { "http" };
     eprintln!("blobpool: listening on {scheme}://{addr}");
-    let served = store_ops::http::serve_with(listener, ops, http, store_ops::http::shutdown_signal())
-        .await;
+    let served =
+        store_ops::http::serve_with(listener, ops, http, store_ops::http::shutdown_signal()).await;
     if let Some(s) = scheduler {
         // A sweep cut here is cancel-safe (ADR-021): it stops between
         // batches' commits.

@@ -62,7 +62,14 @@ fn zero_window() -> Opts {
 async fn a_reference_set_with_the_put_token_protects_until_it_is_deleted() {
     let s = start(zero_window()).await;
     let (token, d) = s.put_ok("docs", "keep me").await;
-    let r = set_ref(&s, "docs", "release/v1", json!({"digest": d, "token": token}), &[]).await;
+    let r = set_ref(
+        &s,
+        "docs",
+        "release/v1",
+        json!({"digest": d, "token": token}),
+        &[],
+    )
+    .await;
     assert_eq!(r.status(), 201);
     assert_eq!(r.headers()["etag"], format!("\"{d}\""));
     let v: serde_json::Value = r.json().await.unwrap();
@@ -71,12 +78,22 @@ async fn a_reference_set_with_the_put_token_protects_until_it_is_deleted() {
     assert!(s.ops.tokens().lookup(&token).is_none(), "token released");
     // An unreferenced neighbour in the same namespace is garbage now.
     let (t2, loose) = s.put_ok("docs", "loose").await;
-    s.http.delete(s.url(&format!("/v1/tokens/{t2}"))).send().await.unwrap();
+    s.http
+        .delete(s.url(&format!("/v1/tokens/{t2}")))
+        .send()
+        .await
+        .unwrap();
     for _ in 0..2 {
         sweep(&s).await;
     }
-    assert!(exists(&s, "docs", &d).await, "the referenced entry survives");
-    assert!(!exists(&s, "docs", &loose).await, "the unreferenced one went");
+    assert!(
+        exists(&s, "docs", &d).await,
+        "the referenced entry survives"
+    );
+    assert!(
+        !exists(&s, "docs", &loose).await,
+        "the unreferenced one went"
+    );
     // Deleting the last reference makes the entry garbage after the window.
     let r = s
         .http
@@ -91,7 +108,8 @@ async fn a_reference_set_with_the_put_token_protects_until_it_is_deleted() {
     assert!(!exists(&s, "docs", &d).await);
     // The namespace stays a refs namespace after its last reference.
     assert_eq!(
-        s.store().effective_gc_policy(&store_types::Namespace::new("docs").unwrap()),
+        s.store()
+            .effective_gc_policy(&store_types::Namespace::new("docs").unwrap()),
         store_core::GcPolicy::Refs
     );
 }
@@ -100,7 +118,11 @@ async fn a_reference_set_with_the_put_token_protects_until_it_is_deleted() {
 async fn a_namespace_that_never_used_references_is_never_swept() {
     let s = start(zero_window()).await;
     let (t, d) = s.put_ok("legacy", "old data").await;
-    s.http.delete(s.url(&format!("/v1/tokens/{t}"))).send().await.unwrap();
+    s.http
+        .delete(s.url(&format!("/v1/tokens/{t}")))
+        .send()
+        .await
+        .unwrap();
     for _ in 0..2 {
         let report = sweep(&s).await;
         // No namespace has a policy: the sweep has no source at all.
@@ -123,7 +145,14 @@ async fn sweeps_racing_the_set_never_see_the_entry_unprotected() {
     let s = start(zero_window()).await;
     // Make "race" a refs namespace first, so sweeps collect there.
     let (t0, d0) = s.put_ok("race", "anchor").await;
-    set_ref(&s, "race", "anchor", json!({"digest": d0, "token": t0}), &[]).await;
+    set_ref(
+        &s,
+        "race",
+        "anchor",
+        json!({"digest": d0, "token": t0}),
+        &[],
+    )
+    .await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sweeper = {
         let (ops, stop) = (s.ops.clone(), stop.clone());
@@ -166,19 +195,47 @@ async fn compare_and_swap_listing_and_validation() {
     let s = start(Opts::default()).await;
     let (_, a) = s.put_ok("cas", "a").await;
     let (_, b) = s.put_ok("cas", "b").await;
-    let r = set_ref(&s, "cas", "head", json!({"digest": a}), &[("if-none-match", "*")]).await;
+    let r = set_ref(
+        &s,
+        "cas",
+        "head",
+        json!({"digest": a}),
+        &[("if-none-match", "*")],
+    )
+    .await;
     assert_eq!(r.status(), 201);
     // Create-only again: conflict, nothing changed.
-    let r = set_ref(&s, "cas", "head", json!({"digest": b}), &[("if-none-match", "*")]).await;
+    let r = set_ref(
+        &s,
+        "cas",
+        "head",
+        json!({"digest": b}),
+        &[("if-none-match", "*")],
+    )
+    .await;
     let v = assert_error(r, 412, "ref_conflict").await;
     assert!(v["error"]["message"].as_str().unwrap().contains(&a), "{v}");
     // A stale If-Match: conflict.
     let stale = format!("\"{b}\"");
-    let r = set_ref(&s, "cas", "head", json!({"digest": b}), &[("if-match", &stale)]).await;
+    let r = set_ref(
+        &s,
+        "cas",
+        "head",
+        json!({"digest": b}),
+        &[("if-match", &stale)],
+    )
+    .await;
     assert_error(r, 412, "ref_conflict").await;
     // The right one: moved, previous reported.
     let cur = format!("\"{a}\"");
-    let r = set_ref(&s, "cas", "head", json!({"digest": b}), &[("if-match", &cur)]).await;
+    let r = set_ref(
+        &s,
+        "cas",
+        "head",
+        json!({"digest": b}),
+        &[("if-match", &cur)],
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["previous"], a);
@@ -229,7 +286,14 @@ async fn compare_and_swap_listing_and_validation() {
         let r = set_ref(&s, "cas", bad, json!({"digest": a}), &[]).await;
         assert_error(r, 400, "key_invalid").await;
     }
-    let r = set_ref(&s, "cas", "nothing", json!({"digest": digest_of(7, 7)}), &[]).await;
+    let r = set_ref(
+        &s,
+        "cas",
+        "nothing",
+        json!({"digest": digest_of(7, 7)}),
+        &[],
+    )
+    .await;
     assert_error(r, 404, "missing").await;
     let r = s
         .http
