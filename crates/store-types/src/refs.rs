@@ -34,11 +34,12 @@ impl RefName {
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-')))
         {
-            return bad(&format!(
-                "{c:?} is not allowed (use A-Z a-z 0-9 . _ / -)"
-            ));
+            return bad(&format!("{c:?} is not allowed (use A-Z a-z 0-9 . _ / -)"));
         }
-        if name.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+        if name
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+        {
             return bad("segments between `/` must not be empty, `.` or `..`");
         }
         Ok(RefName(name))
@@ -170,7 +171,13 @@ mod tests {
 
     #[test]
     fn names_are_validated() {
-        for ok in ["a", "builds/2026-12-01/app.tar", "A_b-c.d", "x/y/z", ".hidden"] {
+        for ok in [
+            "a",
+            "builds/2026-12-01/app.tar",
+            "A_b-c.d",
+            "x/y/z",
+            ".hidden",
+        ] {
             assert!(RefName::new(ok).is_ok(), "{ok}");
         }
         for bad in [

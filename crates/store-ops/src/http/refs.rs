@@ -72,7 +72,12 @@ pub(super) async fn set_ref(
     };
     let req: SetRefRequest = match serde_json::from_slice(&bytes) {
         Ok(r) => r,
-        Err(e) => return fail(&ops, OpsError::bad_request(format!("invalid ref body: {e}"))),
+        Err(e) => {
+            return fail(
+                &ops,
+                OpsError::bad_request(format!("invalid ref body: {e}")),
+            )
+        }
     };
     let had_token = req.token.is_some();
     let r = ops.set_ref_as(&identity, &ns, &name, req, expect).await;
@@ -133,7 +138,12 @@ pub(super) async fn delete_ref(
         Ok(expect) => ops.delete_ref_as(&identity, &ns, &name, expect).await,
         Err(e) => Err(e),
     };
-    audit(&identity, "delete_ref", &format!("{ns}/{name}"), outcome(&r));
+    audit(
+        &identity,
+        "delete_ref",
+        &format!("{ns}/{name}"),
+        outcome(&r),
+    );
     match r {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => fail(&ops, e),
