@@ -18,6 +18,7 @@ use crate::plumbing::{
     connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces, migrate,
     now_ms, present_many, scan_entries, size_col, sql, to_i64, validate_schema,
 };
+use crate::refs::{PgRefs, REFS_COMPONENT, REFS_STEPS};
 use crate::seam::{PgGcSchema, PgPins, PgSweepLock};
 use crate::window::PgWindow;
 
@@ -83,6 +84,7 @@ impl PostgresEngine {
     pub async fn from_pool(pool: PgPool, schema: &str) -> Result<Self> {
         validate_schema(schema)?;
         migrate(&pool, schema, KV_COMPONENT, KV_STEPS).await?;
+        migrate(&pool, schema, REFS_COMPONENT, REFS_STEPS).await?;
         let instance = instance_identity(&pool, schema).await?;
         let writer = GroupCommit::spawn(pool.clone(), schema);
         Ok(PostgresEngine {
@@ -277,6 +279,14 @@ impl Engine for PostgresEngine {
 impl KvEngine for PostgresEngine {
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome> {
         self.inner.writer.put(key, bytes, now_ms()).await
+    }
+
+    /// The references in `<schema>.ref_names` (see [`crate::refs`]).
+    fn refs(&self) -> Option<Arc<dyn store_types::RefStore>> {
+        Some(Arc::new(PgRefs::new(
+            self.inner.pool.clone(),
+            self.inner.schema.clone(),
+        )))
     }
 }
 

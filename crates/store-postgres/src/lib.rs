@@ -16,6 +16,8 @@
 //! | `entries` | `ns text, digest bytea(32), size bigint, created_at bigint` (unix ms)`, content bytea` | `(ns, digest)` |
 //! | `gc_window` | `ns, digest, size bigint, visible_after bigint` | `(ns, digest)` |
 //! | `gc_pins` | `ns, digest, owner text, expires_at bigint` | `(ns, digest, owner)` |
+//! | `ref_names` | `namespace text, name text, digest bytea(32), updated_at timestamptz` — named references ([`refs`]) | `(namespace, name)` |
+//! | `ref_namespaces` | `namespace text, since timestamptz` | `namespace` |
 //! | `gc_clock` | `one boolean, offset_ms bigint, frozen_at_ms bigint` — a **test hook**, empty in production | `one` (one row at most) |
 //!
 //! `ns` columns use `COLLATE "C"`, so SQL ordering equals [`store_types::Key`]
@@ -38,7 +40,7 @@
 //!
 //! # Migrations
 //!
-//! [`plumbing::migrate`] keeps one version per component (`kv`,
+//! [`plumbing::migrate`] keeps one version per component (`kv`, `refs`,
 //! `gc_window`, `gc_pins`, `pglo`) in `schema_version` and applies each
 //! missing step in its own transaction under a per-schema advisory lock, so
 //! reconnecting is idempotent, concurrent connects are safe and an older
@@ -91,6 +93,7 @@ pub mod fence;
 mod fleet;
 pub mod instance_lock;
 pub mod plumbing;
+pub mod refs;
 mod seam;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -98,5 +101,6 @@ mod window;
 
 pub use batch::{PutStats, MAX_BATCH, MAX_BATCH_BYTES, WRITERS};
 pub use engine::{PostgresEngine, KV_COMPONENT, KV_STEPS};
+pub use refs::{PgRefs, REFS_COMPONENT, REFS_STEPS};
 pub use seam::{PgGcSchema, PgPins, PgSweepLock, GC_PINS_COMPONENT, GC_PINS_STEPS};
 pub use window::PgWindow;

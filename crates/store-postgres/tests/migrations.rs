@@ -50,7 +50,10 @@ async fn reconnecting_is_idempotent() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(rows, 1, "only the kv component before ensure_gc_schema");
+    assert_eq!(
+        rows, 2,
+        "only the kv and refs components before ensure_gc_schema"
+    );
     // Running the steps directly again is a no-op too.
     migrate(&pool, &s.name, KV_COMPONENT, KV_STEPS)
         .await

@@ -1,0 +1,385 @@
+//! Named references (ADR-024): [`PgRefs`], the [`RefStore`] of a
+//! [`PostgresEngine`](crate::PostgresEngine), and the migration component
+//! creating its tables in the engine's schema.
+//!
+//! # Tables
+//!
+//! | table | columns | key |
+//! |---|---|---|
+//! | `ref_names` | `namespace text, name text, digest bytea(32), updated_at timestamptz` | `(namespace, name)`; index `(namespace, digest)` |
+//! | `ref_namespaces` | `namespace text, since timestamptz` | `namespace` |
+//!
+//! Text columns use `COLLATE "C"`, so `list` pages in byte order. The
+//! digest is a 32-byte `bytea`, like `entries.digest`.
+//!
+//! The tables are not called `refs`: the engine's schema is also where a
+//! fleet's embedders keep their own reference tables (the fleet docs and
+//! tests use `<kv schema>.refs (ns, digest)`), and an engine-owned table
+//! must not collide with them. The migration uses plain `CREATE TABLE`, so
+//! a foreign table of the same name fails the connect loudly instead of
+//! being taken for the engine's.
+//!
+//! # Fleet liveness
+//!
+//! [`RefStore::liveness_table`] answers
+//! `LivenessTable::new(schema, "ref_names", "digest").with_namespace_column("namespace")`:
+//! registered per namespace on a fleet store, every node's sweep reads the
+//! rows in its locked arbitration statement (under `READ COMMITTED`, after
+//! its key locks), so a reference committed through any node before that
+//! statement protects its entry.
+//!
+//! # Compare-and-swap
+//!
+//! `set` and `delete` run in one `READ COMMITTED` transaction: the
+//! reference row is read `FOR UPDATE` (writers of one reference queue on
+//! its row lock and each sees the previous writer's committed digest), the
+//! precondition is checked, and the row is updated, inserted or deleted. An
+//! absent row cannot be locked, so the insert is `ON CONFLICT DO NOTHING`:
+//! a racing insert that committed first makes it insert nothing, and the
+//! transaction is retried — now finding (and locking) the winner's row, so
+//! of concurrent `RefExpect::Absent` creates exactly one succeeds. `set`
+//! also inserts the namespace into `ref_namespaces` in the same
+//! transaction (always after the reference row, so writers take their
+//! locks in one order). A transaction dropped before its commit rolls back:
+//! every method is cancel-safe.
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgPool, Postgres};
+use sqlx::{Row, Transaction};
+use store_types::{
+    ref_conflict, Digest, Error, LivenessTable, Namespace, RefEntry, RefExpect, RefName, RefStore,
+    Result,
+};
+
+use crate::plumbing::{db_err, digest_col, digest_params, namespace_col, ordinal_mask, sql};
+
+/// Migration component of the reference tables.
+pub const REFS_COMPONENT: &str = "refs";
+
+/// Name of the reference table (see the module docs for why not `refs`).
+pub const REFS_TABLE: &str = "ref_names";
+
+/// Migration steps of [`REFS_COMPONENT`].
+///
+/// - v1: `ref_names` with its `(namespace, digest)` index, and
+///   `ref_namespaces`.
+pub const REFS_STEPS: &[&str] = &["CREATE TABLE {schema}.ref_names (
+        namespace text COLLATE \"C\" NOT NULL,
+        name text COLLATE \"C\" NOT NULL CHECK (octet_length(name) BETWEEN 1 AND 255),
+        digest bytea NOT NULL CHECK (octet_length(digest) = 32),
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (namespace, name)
+    );
+    CREATE INDEX ref_names_digest ON {schema}.ref_names (namespace, digest);
+    CREATE TABLE {schema}.ref_namespaces (
+        namespace text COLLATE \"C\" PRIMARY KEY,
+        since timestamptz NOT NULL DEFAULT now()
+    )"];
+
+/// How `set` and `delete` begin: the row-lock protocol needs each
+/// statement's fresh snapshot, whatever the server's default isolation.
+const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// Attempts of a `set` whose insert lost to a concurrent insert (each lost
+/// race means the row now exists, so the next attempt locks it; more than
+/// a few only happen when the reference is deleted and re-created
+/// repeatedly in between).
+const SET_ATTEMPTS: usize = 64;
+
+/// The references of one PostgreSQL schema.
+#[derive(Clone, Debug)]
+pub struct PgRefs {
+    pool: PgPool,
+    schema: String,
+}
+
+impl PgRefs {
+    /// References in `schema` (validated, migrated) through `pool`.
+    pub fn new(pool: PgPool, schema: impl Into<String>) -> Self {
+        PgRefs {
+            pool,
+            schema: schema.into(),
+        }
+    }
+
+    fn sql(&self, template: &str) -> sqlx::SqlStr {
+        sql(&self.schema, template)
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
+        self.pool
+            .begin_with(BEGIN_READ_COMMITTED)
+            .await
+            .map_err(db_err)
+    }
+
+    /// The reference's digest, its row locked until `tx` ends (nothing is
+    /// locked when it does not exist).
+    async fn current_for_update(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        ns: &Namespace,
+        name: &RefName,
+    ) -> Result<Option<Digest>> {
+        let row = sqlx::query(self.sql(
+            "SELECT digest FROM {schema}.ref_names WHERE namespace = $1 AND name = $2 FOR UPDATE",
+        ))
+        .bind(ns.as_str())
+        .bind(name.as_str())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        row.map(|r| digest_col(&r, 0)).transpose()
+    }
+
+    /// One attempt of `set`: `Ok(None)` when a concurrent insert won the
+    /// race for an absent row (the caller retries).
+    async fn try_set(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        digest: Digest,
+        expect: RefExpect,
+    ) -> Result<Option<Option<Digest>>> {
+        let mut tx = self.begin().await?;
+        let current = self.current_for_update(&mut tx, ns, name).await?;
+        if !expect.holds(current) {
+            // Roll back now rather than on drop: the row lock must not
+            // outlive the call (a dropped transaction's rollback is only
+            // sent when its connection is next used or returned).
+            tx.rollback().await.map_err(db_err)?;
+            return Err(ref_conflict(name, current));
+        }
+        if current.is_some() {
+            sqlx::query(self.sql(
+                "UPDATE {schema}.ref_names SET digest = $3, updated_at = now()
+                 WHERE namespace = $1 AND name = $2",
+            ))
+            .bind(ns.as_str())
+            .bind(name.as_str())
+            .bind(&digest.as_bytes()[..])
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        } else {
+            let inserted = sqlx::query(self.sql(
+                "INSERT INTO {schema}.ref_names (namespace, name, digest) VALUES ($1, $2, $3)
+                 ON CONFLICT (namespace, name) DO NOTHING",
+            ))
+            .bind(ns.as_str())
+            .bind(name.as_str())
+            .bind(&digest.as_bytes()[..])
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
+            if inserted == 0 {
+                tx.rollback().await.map_err(db_err)?;
+                return Ok(None);
+            }
+        }
+        sqlx::query(self.sql(
+            "INSERT INTO {schema}.ref_namespaces (namespace) VALUES ($1)
+             ON CONFLICT (namespace) DO NOTHING",
+        ))
+        .bind(ns.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(Some(current))
+    }
+}
+
+/// The exclusive upper bound of the names starting with `prefix` (a
+/// prefix of name characters, see [`could_prefix_a_name`]). Every name
+/// character is ASCII below `{`, so incrementing the last one stays ASCII,
+/// and every name sorts below `"\x7f"` (the bound of the empty prefix).
+fn prefix_end(prefix: &str) -> String {
+    let mut bytes = prefix.as_bytes().to_vec();
+    match bytes.pop() {
+        Some(last) if last < 0x7f => {
+            bytes.push(last + 1);
+            String::from_utf8(bytes).unwrap_or_else(|_| "\x7f".to_string())
+        }
+        _ => "\x7f".to_string(),
+    }
+}
+
+/// Whether a name could start with `prefix` (only name characters).
+fn could_prefix_a_name(prefix: &str) -> bool {
+    prefix
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-'))
+}
+
+fn stored_name(name: String) -> Result<RefName> {
+    RefName::new(name)
+        .map_err(|e| Error::Backend(format!("postgres: stored reference name invalid: {e}")))
+}
+
+#[async_trait]
+impl RefStore for PgRefs {
+    async fn set(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        digest: Digest,
+        expect: RefExpect,
+    ) -> Result<Option<Digest>> {
+        for _ in 0..SET_ATTEMPTS {
+            if let Some(previous) = self.try_set(ns, name, digest, expect).await? {
+                return Ok(previous);
+            }
+        }
+        Err(Error::Backend(format!(
+            "postgres: reference {ns}/{name} kept changing under {SET_ATTEMPTS} attempts to set it"
+        )))
+    }
+
+    async fn get(&self, ns: &Namespace, name: &RefName) -> Result<Option<Digest>> {
+        let row = sqlx::query(
+            self.sql("SELECT digest FROM {schema}.ref_names WHERE namespace = $1 AND name = $2"),
+        )
+        .bind(ns.as_str())
+        .bind(name.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_err)?;
+        row.map(|r| digest_col(&r, 0)).transpose()
+    }
+
+    async fn delete(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        expect: RefExpect,
+    ) -> Result<Option<Digest>> {
+        let mut tx = self.begin().await?;
+        let current = self.current_for_update(&mut tx, ns, name).await?;
+        if !expect.holds(current) {
+            // Roll back now rather than on drop: the row lock must not
+            // outlive the call (a dropped transaction's rollback is only
+            // sent when its connection is next used or returned).
+            tx.rollback().await.map_err(db_err)?;
+            return Err(ref_conflict(name, current));
+        }
+        if current.is_none() {
+            // Nothing locked, nothing to delete: the transaction only read.
+            tx.rollback().await.map_err(db_err)?;
+            return Ok(None);
+        }
+        sqlx::query(self.sql("DELETE FROM {schema}.ref_names WHERE namespace = $1 AND name = $2"))
+            .bind(ns.as_str())
+            .bind(name.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(current)
+    }
+
+    async fn list(
+        &self,
+        ns: &Namespace,
+        prefix: &str,
+        after: Option<&RefName>,
+        limit: usize,
+    ) -> Result<Vec<RefEntry>> {
+        if limit == 0 || !could_prefix_a_name(prefix) {
+            return Ok(Vec::new());
+        }
+        // A range over the primary key (byte order under "C"), not LIKE:
+        // `_` in a prefix is a name character, not a wildcard. Every bound
+        // is a plain index condition (no `$n IS NULL OR …`), so even a
+        // generic plan stops at the end of the prefix; B-tree keeps the
+        // tighter of the two lower bounds at run time.
+        let rows = sqlx::query(self.sql(
+            "SELECT name, digest FROM {schema}.ref_names
+             WHERE namespace = $1 AND name >= $2 AND name < $3 AND name > $4
+             ORDER BY name LIMIT $5",
+        ))
+        .bind(ns.as_str())
+        .bind(prefix)
+        .bind(prefix_end(prefix))
+        .bind(after.map_or("", RefName::as_str))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        rows.iter()
+            .map(|r| {
+                Ok(RefEntry {
+                    name: stored_name(r.try_get(0).map_err(db_err)?)?,
+                    digest: digest_col(r, 1)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn referenced(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One statement per batch; the array is unnested and probed
+        // through the (namespace, digest) index (see
+        // `plumbing::present_sql` on why not `= ANY($2)`).
+        let hits: Vec<i64> = sqlx::query_scalar(self.sql(
+            "SELECT q.i FROM unnest($2::bytea[]) WITH ORDINALITY AS q(d, i)
+             WHERE EXISTS (SELECT 1 FROM {schema}.ref_names r
+                           WHERE r.namespace = $1 AND r.digest = q.d)",
+        ))
+        .bind(ns.as_str())
+        .bind(digest_params(digests))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        Ok(ordinal_mask(hits, digests.len()))
+    }
+
+    async fn ref_namespaces(&self) -> Result<Vec<Namespace>> {
+        let rows = sqlx::query(
+            self.sql("SELECT namespace FROM {schema}.ref_namespaces ORDER BY namespace"),
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        rows.iter().map(|r| namespace_col(r, 0)).collect()
+    }
+
+    async fn uses_refs(&self, ns: &Namespace) -> Result<bool> {
+        sqlx::query_scalar(
+            self.sql("SELECT EXISTS (SELECT 1 FROM {schema}.ref_namespaces WHERE namespace = $1)"),
+        )
+        .bind(ns.as_str())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_err)
+    }
+
+    fn liveness_table(&self) -> Option<LivenessTable> {
+        Some(
+            LivenessTable::new(&self.schema, REFS_TABLE, "digest")
+                .with_namespace_column("namespace"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_bounds() {
+        assert_eq!(prefix_end(""), "\x7f");
+        assert_eq!(prefix_end("a"), "b");
+        assert_eq!(prefix_end("builds/"), "builds0");
+        assert_eq!(prefix_end("a_"), "a`");
+        assert_eq!(prefix_end("z"), "{");
+        assert!(could_prefix_a_name("builds/2026-12_a.b"));
+        assert!(could_prefix_a_name(""));
+        assert!(!could_prefix_a_name("a%"));
+        assert!(!could_prefix_a_name("a\0"));
+        assert!(!could_prefix_a_name("ü"));
+    }
+}
