@@ -29,6 +29,7 @@ mod gc;
 mod inspect;
 mod output;
 mod progress;
+mod refcmd;
 mod remote;
 mod security;
 mod serve;
@@ -213,6 +214,11 @@ enum Command {
         /// it (the entry is then protected only by references).
         #[arg(long)]
         release: bool,
+        /// Also point this reference at the entry (set under the put's pin,
+        /// then the pin is released): the entry is kept while the reference
+        /// exists.
+        #[arg(long = "ref", value_name = "NAME", conflicts_with = "release")]
+        ref_name: Option<String>,
     },
     /// Write a blob's verified content to a file or stdout.
     Get {
@@ -272,6 +278,9 @@ enum Command {
     /// rate-limited; report ok, corrupt and missing entries (exit 1 when
     /// one is corrupt), optionally quarantining corrupt ones.
     Verify(inspect::VerifyArgs),
+    /// Named references: `ref set NAME DIGEST`, `ref get NAME`, `ref rm
+    /// NAME`, `ref ls` (a referenced entry is never garbage).
+    Ref(refcmd::RefArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -411,10 +420,23 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             ns,
             expect,
             release,
+            ref_name,
         } => {
             let ns = parse_ns(&ns.namespace)?;
             let expect = expect.as_deref().map(parse_digest).transpose()?;
             let src = Source::parse(file);
+            if let Some(name) = ref_name {
+                let r = match target(&cli).await? {
+                    Target::Direct(d) => {
+                        refcmd::direct_put_with_ref(&d, &ns, &src, expect, name, !cli.quiet)
+                            .await?
+                    }
+                    Target::Remote(remote) => {
+                        refcmd::remote_put_with_ref(&remote, &ns, &src, expect, name).await?
+                    }
+                };
+                return emit(json, &r, |r| r.digest.clone());
+            }
             match target(&cli).await? {
                 Target::Direct(d) => {
                     let r = d.put(&ns, &src, expect).await?;
@@ -444,6 +466,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Key(k) => key_command(k, json),
+        Command::Ref(a) => match target(&cli).await? {
+            Target::Direct(d) => refcmd::run(Some(&d), None, &a.command, json).await,
+            Target::Remote(r) => refcmd::run(None, Some(&r), &a.command, json).await,
+        },
         Command::Ls(a) => inspect::ls(&cli, a).await,
         Command::Du(a) => inspect::du(&cli, a).await,
         Command::Verify(a) => inspect::verify(&cli, a).await,

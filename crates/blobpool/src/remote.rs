@@ -610,6 +610,35 @@ impl Remote {
         resp.json().await.map_err(transport)
     }
 
+    /// A JSON request to `path` (the reference routes): `body` sent as
+    /// `application/json`, `headers` added; the answer's JSON, or `None`
+    /// for an empty (`204`) answer.
+    pub async fn send_json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        headers: &[(&'static str, String)],
+    ) -> Result<Option<serde_json::Value>, CliError> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(b) = body {
+            req = req
+                .header(CONTENT_TYPE, "application/json")
+                .body(b.to_string());
+        }
+        for (k, v) in headers {
+            req = req.header(*k, v);
+        }
+        let resp = req.send().await.map_err(transport)?;
+        if !resp.status().is_success() {
+            return Err(server_error(resp).await);
+        }
+        if resp.status() == StatusCode::NO_CONTENT {
+            return Ok(None);
+        }
+        resp.json().await.map(Some).map_err(transport)
+    }
+
     /// `POST /v1/sweep`.
     pub async fn sweep(&self) -> Result<SweepReport, CliError> {
         // A sweep answers when it is done, however long that takes.
