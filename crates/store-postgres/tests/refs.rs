@@ -511,7 +511,10 @@ async fn the_liveness_table_binds_and_protects_by_namespace() {
         .await
         .unwrap();
     assert!(!bound.digest_is_text);
-    assert_eq!(pins.liveness_tables().await.unwrap(), [bound.clone()]);
+    assert_eq!(
+        pins.liveness_tables().await.unwrap(),
+        std::slice::from_ref(&bound)
+    );
 
     let (ka, kb, kc) = (key_of("a", b"1"), key_of("b", b"1"), key_of("a", b"2"));
     // `b` references the same digest: the table is bound to `a` only, and
