@@ -24,6 +24,7 @@
 //! pins and would sweep or delete entries it still protects.
 
 mod config;
+mod copy;
 mod direct;
 mod gc;
 mod inspect;
@@ -281,6 +282,37 @@ enum Command {
     /// Named references: `ref set NAME DIGEST`, `ref get NAME`, `ref rm
     /// NAME`, `ref ls` (a referenced entry is never garbage).
     Ref(refcmd::RefArgs),
+    /// Copy entries from one store configuration to another (e.g. SQLite +
+    /// local files to PostgreSQL + pg-lo, or to S3): streaming, verified,
+    /// idempotent and resumable (entries the destination has are skipped).
+    #[command(after_help = copy::AFTER_HELP)]
+    Copy {
+        /// Source config file (read without BLOBPOOL_* overrides).
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+        /// Destination config file (read without BLOBPOOL_* overrides).
+        #[arg(long, value_name = "FILE")]
+        to: PathBuf,
+        /// Copy only this namespace (repeatable) [default: all]; with
+        /// --digests, the namespace of bare digests [default: default].
+        #[arg(long = "namespace", short = 'n', value_name = "NS")]
+        namespaces: Vec<String>,
+        /// Copy only the entries listed in FILE (`-`: stdin): one digest or
+        /// `NAMESPACE DIGEST` per line.
+        #[arg(long, value_name = "FILE|-")]
+        digests: Option<String>,
+        /// Entries copied concurrently.
+        #[arg(long, default_value_t = copy::DEFAULT_JOBS,
+              value_parser = clap::value_parser!(u16).range(1..=256))]
+        jobs: u16,
+        /// Copy entries only, no named references.
+        #[arg(long)]
+        no_refs: bool,
+        /// A destination reference pointing at another digest takes the
+        /// source's (else it is a failure).
+        #[arg(long, conflicts_with = "no_refs")]
+        overwrite_refs: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -473,6 +505,31 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Ls(a) => inspect::ls(&cli, a).await,
         Command::Du(a) => inspect::du(&cli, a).await,
         Command::Verify(a) => inspect::verify(&cli, a).await,
+        Command::Copy {
+            from,
+            to,
+            namespaces,
+            digests,
+            jobs,
+            no_refs,
+            overwrite_refs,
+        } => {
+            if cli.server.is_some() {
+                return Err(CliError::usage(
+                    "copy does not take --server: it opens --from and --to directly",
+                ));
+            }
+            let opts = copy::CopyOpts {
+                from: from.clone(),
+                to: to.clone(),
+                selection: copy::selection(namespaces, digests.as_deref())?,
+                jobs: usize::from(*jobs),
+                progress: !cli.quiet,
+                refs: !*no_refs,
+                overwrite_refs: *overwrite_refs,
+            };
+            copy::run(opts, json).await
+        }
         Command::Get { digest, ns, output } => {
             let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
             let t = target(&cli).await?;
