@@ -244,31 +244,10 @@ fn in_ns(ns: &Namespace, e: Error) -> Error {
     }
 }
 
-/// Runs sweeps every `interval` (±10% jitter, so a fleet's nodes drift
-/// apart; the sweep lock keeps at most one running) until the returned
-/// handle is aborted. Reports go to the log; the ops layer counts them in
-/// the metrics.
+/// Runs sweeps every `interval` (±10% jitter) until the returned handle
+/// is aborted ([`store_ops::Ops::spawn_sweep_scheduler`]).
 pub fn spawn_scheduler(ops: store_ops::Ops, interval: Duration) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(jittered(interval)).await;
-            match ops.sweep().await {
-                Ok(report) => tracing::info!(
-                    target: "blobpool::gc",
-                    "scheduled sweep: {}",
-                    serde_json::to_string(&report).unwrap_or_default()
-                ),
-                Err(e) => tracing::warn!(target: "blobpool::gc", "scheduled sweep failed: {e}"),
-            }
-        }
-    })
-}
-
-/// `d` ± 10%.
-fn jittered(d: Duration) -> Duration {
-    use rand::Rng;
-    let f: f64 = rand::rng().random_range(0.9..1.1);
-    d.mul_f64(f)
+    ops.spawn_sweep_scheduler(interval)
 }
 
 #[cfg(test)]
@@ -314,10 +293,6 @@ mod tests {
             ]
         );
         assert_eq!(s.interval, Some(Duration::from_secs(600)));
-        for _ in 0..100 {
-            let j = jittered(Duration::from_secs(100));
-            assert!(j >= Duration::from_secs(90) && j <= Duration::from_secs(110));
-        }
     }
 
     #[test]

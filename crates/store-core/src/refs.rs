@@ -12,7 +12,7 @@
 //! | policy | garbage is | registered source |
 //! |---|---|---|
 //! | `Refs` | unpinned entries no reference points at | the references (fleet: the refs table) |
-//! | `Unreferenced` | every unpinned entry | one that reports nothing live (fleet: the refs table, so references still protect) |
+//! | `Unreferenced` | every unpinned, unreferenced entry, from the first sweep on | the references if the engine holds any, else a source reporting nothing live |
 //! | `Keep` | nothing: never swept | none |
 //! | `MaxAge(d)` | unpinned, unreferenced entries older than `d` | references + age (non-fleet only) |
 //!
@@ -40,8 +40,10 @@ use crate::Store;
 pub enum GcPolicy {
     /// Entries no reference points at (and no pin holds) are garbage.
     Refs,
-    /// Every unpinned entry is garbage (only pins protect; in a fleet,
-    /// references protect too).
+    /// Every unpinned entry no reference points at is garbage, from the
+    /// first sweep on (`Refs` waits for the namespace's first reference
+    /// only when it is the implicit default). References always protect:
+    /// no policy deletes a referenced entry.
     Unreferenced,
     /// Nothing is ever swept.
     Keep,
@@ -307,9 +309,16 @@ impl Store {
                 made.push(Registration::Source(id));
             }
             GcPolicy::Unreferenced => {
-                let id = self
-                    .register_liveness_source(ns.clone(), Arc::new(NothingReferenced))
-                    .await?;
+                let id = match refs {
+                    Some(refs) => {
+                        self.register_liveness_source(ns.clone(), Arc::new(RefsSource { refs }))
+                            .await?
+                    }
+                    None => {
+                        self.register_liveness_source(ns.clone(), Arc::new(NothingReferenced))
+                            .await?
+                    }
+                };
                 made.push(Registration::Source(id));
             }
             GcPolicy::MaxAge(max_age) => {

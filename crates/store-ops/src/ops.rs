@@ -120,6 +120,12 @@ fn effective_token_ttl(fleet: bool, cfg: &OpsConfig) -> Result<Option<Duration>,
     }
 }
 
+/// `d` ± 10%.
+fn jittered(d: Duration) -> Duration {
+    use rand::Rng;
+    d.mul_f64(rand::rng().random_range(0.9..1.1))
+}
+
 /// At most one "cap reached" warning per this interval.
 const CAP_WARNING_EVERY: Duration = Duration::from_secs(60);
 
@@ -577,6 +583,35 @@ impl Ops {
         })
     }
 
+    /// Spawns a task running [`Ops::sweep`] every `every` ±10% (jitter, so
+    /// the nodes of a fleet drift apart; the fleet sweep lock keeps at most
+    /// one sweep running and a node that finds it held reports
+    /// `aborted: sweeper_lock`). Each report goes to the `blobpool::gc`
+    /// log target and to the sweep metrics. The task stops by itself once
+    /// every clone of this `Ops` is dropped, or when aborted (a sweep in
+    /// progress then finishes its batch: sweeps run as tasks of their own,
+    /// ADR-021).
+    pub fn spawn_sweep_scheduler(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(jittered(every)).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let ops = Ops { inner };
+                match ops.sweep().await {
+                    Ok(report) => tracing::info!(
+                        target: "blobpool::gc",
+                        "scheduled sweep: {}",
+                        serde_json::to_string(&report).unwrap_or_default()
+                    ),
+                    Err(e) => {
+                        tracing::warn!(target: "blobpool::gc", "scheduled sweep failed: {e}")
+                    }
+                }
+            }
+        })
+    }
+
     /// A streaming read of the entry, or of one byte range of it.
     ///
     /// `missing` when absent; `invalid_range` (with the size) for an
@@ -799,6 +834,17 @@ mod tests {
         assert!(m.contains("pin_ttl must be set"), "{m}");
         let m = config_error(effective_token_ttl(true, &cfg(secs(10), None)));
         assert!(m.contains("pin_ttl must be set"), "{m}");
+    }
+
+    #[test]
+    fn scheduled_sweeps_are_jittered_within_ten_percent() {
+        for _ in 0..200 {
+            let j = jittered(Duration::from_secs(100));
+            assert!(
+                j >= Duration::from_secs(90) && j <= Duration::from_secs(110),
+                "{j:?}"
+            );
+        }
     }
 
     #[test]

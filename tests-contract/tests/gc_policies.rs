@@ -1,0 +1,222 @@
+//! Per-namespace GC policies (ADR-024) with exact sweep counts, on every
+//! kv engine that holds references in one process (mem, sqlite): `refs`,
+//! `unreferenced`, `keep`, `max_age` (with an injected clock), and the
+//! implicit default (`keep` until the first reference, `refs` after).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use store_core::{
+    GcPolicy, Key, ManualClock, Mode, Namespace, RefExpect, RefName, Store, SweepOptions,
+    SweepReport, Timestamp,
+};
+use store_types::KvEngine;
+use tests_contract::data::content;
+
+enum Kv {
+    Mem,
+    Sqlite,
+}
+
+struct Env {
+    store: Store,
+    clock: ManualClock,
+    _dir: tempfile::TempDir,
+}
+
+async fn env(kv: Kv) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let engine: Arc<dyn KvEngine> = match kv {
+        Kv::Mem => Arc::new(store_mem::MemEngine::new()),
+        Kv::Sqlite => Arc::new(
+            store_sqlite::SqliteEngine::open(
+                dir.path().join("kv.sqlite"),
+                store_sqlite::SqliteOptions::default(),
+            )
+            .await
+            .unwrap(),
+        ),
+    };
+    // Entries are stamped with the wall clock; the policy's age check reads
+    // the store's clock, which starts there and is moved by the test.
+    let clock = ManualClock::new(Timestamp::now());
+    let store = Store::builder()
+        .kv_shared(engine)
+        .mode(Mode::KvOnly { threshold: 1 << 20 })
+        .window(Duration::ZERO)
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .await
+        .unwrap();
+    Env {
+        store,
+        clock,
+        _dir: dir,
+    }
+}
+
+fn ns(s: &str) -> Namespace {
+    Namespace::new(s).unwrap()
+}
+
+/// Puts `n` unpinned entries into `ns` (receipts dropped).
+async fn put_many(s: &Store, ns: &Namespace, seed: u64, n: usize) -> Vec<Key> {
+    let mut keys = Vec::new();
+    for i in 0..n {
+        let r = s
+            .put(ns, &content(seed + i as u64, 64)[..], None, None)
+            .await
+            .unwrap();
+        keys.push(r.key().clone());
+    }
+    keys
+}
+
+/// Two sweeps (window 0: stage, then delete); the reports.
+async fn two_sweeps(s: &Store) -> (SweepReport, SweepReport) {
+    let a = s.sweep(SweepOptions::default()).await.unwrap();
+    let b = s.sweep(SweepOptions::default()).await.unwrap();
+    (a, b)
+}
+
+fn counts(r: &SweepReport, ns: &Namespace) -> (u64, u64, u64) {
+    r.namespaces
+        .get(ns)
+        .map(|c| (c.staged, c.deleted, c.protected.live))
+        .unwrap_or_default()
+}
+
+async fn policies(kv: Kv) {
+    let e = env(kv).await;
+    let s = &e.store;
+    let refs = s.refs().expect("this kv engine holds references");
+    let (r_ns, u_ns, k_ns, a_ns, d_ns) = (ns("r"), ns("u"), ns("k"), ns("a"), ns("d"));
+    s.set_gc_policy(r_ns.clone(), GcPolicy::Refs).await.unwrap();
+    s.set_gc_policy(u_ns.clone(), GcPolicy::Unreferenced)
+        .await
+        .unwrap();
+    s.set_gc_policy(k_ns.clone(), GcPolicy::Keep).await.unwrap();
+    s.set_gc_policy(a_ns.clone(), GcPolicy::MaxAge(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let r = put_many(s, &r_ns, 100, 4).await;
+    let u = put_many(s, &u_ns, 200, 3).await;
+    let k = put_many(s, &k_ns, 300, 2).await;
+    let a = put_many(s, &a_ns, 400, 3).await;
+    let d = put_many(s, &d_ns, 500, 2).await;
+    let name = |n: &str| RefName::new(n).unwrap();
+    // One reference in each of r, u, a and k.
+    for (n, key) in [
+        (&r_ns, &r[0]),
+        (&u_ns, &u[0]),
+        (&a_ns, &a[0]),
+        (&k_ns, &k[0]),
+    ] {
+        refs.set(n, &name("keep"), key.digest, RefExpect::Absent)
+            .await
+            .unwrap();
+    }
+
+    let (first, second) = two_sweeps(s).await;
+    // refs: 3 unreferenced staged then deleted, 1 live.
+    assert_eq!(counts(&first, &r_ns), (3, 0, 1), "{first:?}");
+    assert_eq!(counts(&second, &r_ns).1, 3, "{second:?}");
+    // unreferenced: references still protect; the rest goes.
+    assert_eq!(counts(&first, &u_ns), (2, 0, 1), "{first:?}");
+    assert_eq!(counts(&second, &u_ns).1, 2, "{second:?}");
+    // keep: never swept, even with a reference set in it.
+    assert!(first.unswept_namespaces.contains(&k_ns), "{first:?}");
+    // max_age 1h: everything is young, nothing staged.
+    assert_eq!(counts(&first, &a_ns), (0, 0, 3), "{first:?}");
+    // d: no policy, no reference: the implicit keep.
+    assert!(first.unswept_namespaces.contains(&d_ns), "{first:?}");
+    assert_eq!(s.effective_gc_policy(&d_ns), GcPolicy::Keep);
+
+    // Two hours later the unreferenced old entries in `a` are garbage.
+    e.clock.advance(Duration::from_secs(2 * 3600));
+    let (first, second) = two_sweeps(s).await;
+    assert_eq!(counts(&first, &a_ns), (2, 0, 1), "{first:?}");
+    assert_eq!(counts(&second, &a_ns).1, 2, "{second:?}");
+
+    // The first reference in `d` makes it a refs namespace.
+    refs.set(&d_ns, &name("one"), d[0].digest, RefExpect::Absent)
+        .await
+        .unwrap();
+    assert_eq!(s.effective_gc_policy(&d_ns), GcPolicy::Refs);
+    let (first, second) = two_sweeps(s).await;
+    assert_eq!(counts(&first, &d_ns), (1, 0, 1), "{first:?}");
+    assert_eq!(counts(&second, &d_ns).1, 1, "{second:?}");
+
+    // What survived: exactly the referenced entries and `keep`'s.
+    for key in [&r[0], &u[0], &a[0], &d[0], &k[0], &k[1]] {
+        assert!(s.has(key).await.unwrap(), "{key} lost");
+    }
+    for key in r[1..].iter().chain(&u[1..]).chain(&a[1..]).chain(&d[1..]) {
+        assert!(!s.has(key).await.unwrap(), "{key} kept");
+    }
+
+    // Deleting the last reference of `d` makes its entry garbage; the
+    // namespace stays `refs` (the mark is sticky).
+    refs.delete(&d_ns, &name("one"), RefExpect::Any)
+        .await
+        .unwrap();
+    let (_, second) = two_sweeps(s).await;
+    assert_eq!(counts(&second, &d_ns).1, 1, "{second:?}");
+    assert!(!s.has(&d[0]).await.unwrap());
+    assert_eq!(s.effective_gc_policy(&d_ns), GcPolicy::Refs);
+}
+
+#[tokio::test]
+async fn policies_on_mem() {
+    policies(Kv::Mem).await;
+}
+
+#[tokio::test]
+async fn policies_on_sqlite() {
+    policies(Kv::Sqlite).await;
+}
+
+#[tokio::test]
+async fn a_reopened_store_adopts_namespaces_that_use_references() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.sqlite");
+    let open = || async {
+        let kv = store_sqlite::SqliteEngine::open(&path, store_sqlite::SqliteOptions::default())
+            .await
+            .unwrap();
+        Store::builder()
+            .kv(kv)
+            .mode(Mode::KvOnly { threshold: 1 << 20 })
+            .window(Duration::ZERO)
+            .build()
+            .await
+            .unwrap()
+    };
+    let n = ns("docs");
+    {
+        let s = open().await;
+        let kept = put_many(&s, &n, 1, 1).await;
+        s.refs()
+            .unwrap()
+            .set(
+                &n,
+                &RefName::new("k").unwrap(),
+                kept[0].digest,
+                RefExpect::Any,
+            )
+            .await
+            .unwrap();
+    }
+    let s = open().await;
+    // Without adoption the namespace is unswept…
+    assert_eq!(s.effective_gc_policy(&n), GcPolicy::Keep);
+    assert_eq!(s.adopt_ref_namespaces().await.unwrap(), vec![n.clone()]);
+    assert_eq!(s.effective_gc_policy(&n), GcPolicy::Refs);
+    let garbage = put_many(&s, &n, 50, 2).await;
+    let (first, second) = two_sweeps(&s).await;
+    assert_eq!(counts(&first, &n), (2, 0, 1), "{first:?}");
+    assert_eq!(counts(&second, &n).1, 2, "{second:?}");
+    for g in &garbage {
+        assert!(!s.has(g).await.unwrap());
+    }
+}
