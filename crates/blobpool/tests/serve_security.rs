@@ -183,3 +183,73 @@ fn database_passwords_never_reach_the_terminal() {
         assert!(!all.contains("s3cretpw"), "{url}: {all}");
     }
 }
+
+/// Out of file descriptors: with a 64-descriptor limit, 150 idle
+/// connections exhaust the server's table; it neither exits nor spins, and
+/// once they close it serves again.
+#[test]
+fn running_out_of_file_descriptors_is_survived() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Command::new("sh");
+    c.current_dir(dir.path())
+        .args([
+            "-c",
+            &format!("ulimit -n 64 && exec {BIN} serve --listen 127.0.0.1:0"),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("BLOBPOOL_") {
+            c.env_remove(k);
+        }
+    }
+    let s = serve(c);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let held: Vec<std::net::TcpStream> = (0..150)
+        .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
+        .collect();
+    assert!(held.len() > 64, "only {} connections opened", held.len());
+    std::thread::sleep(Duration::from_millis(500));
+    let mut s = s;
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "the server exited when it ran out of descriptors"
+    );
+    drop(held);
+    // The server recovers: health answers within a few seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(body) = get(&addr, "/health") {
+            assert!(body.contains("\"status\":\"ok\""), "{body}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no answer after the flood"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // It said why it could not accept (rate-limited), and did not spin.
+    let mut saw = false;
+    while let Ok(line) = s.lines.recv_timeout(Duration::from_millis(200)) {
+        saw |= line.to_ascii_lowercase().contains("descriptor")
+            || line.contains("EMFILE")
+            || line.to_ascii_lowercase().contains("too many open files");
+    }
+    assert!(saw, "no accept-error line was logged");
+}
+
+/// A raw `GET path` answer body, `None` if the connection fails.
+fn get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).ok()?;
+    resp.split("\r\n\r\n").nth(1).map(str::to_string)
+}
