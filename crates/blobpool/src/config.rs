@@ -1,19 +1,20 @@
 //! Configuration: defaults < TOML file < `BLOBPOOL_*` environment < flags.
 //!
 //! ```toml
+//! # data_dir = "/srv/blobpool"                # root of the default store (DIR/kv.sqlite, DIR/large)
 //! kv = "sqlite://./blobpool-data/kv.sqlite"   # sqlite://PATH | postgres://…[?schema=S] | mem://
 //! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | s3://BUCKET/PREFIX | object+file:///PATH | mem:// | none
 //! mode = "dual-tier"                          # mem-only | kv-only | dual-tier (default: derived)
-//! threshold = 65536                           # bytes; kv/large boundary (kv-only: the size limit)
+//! threshold = "64KiB"                         # size; kv/large boundary (kv-only: the size limit)
 //! fleet = false                               # ADR-012 §3 fleet admission
-//! window = 3600                               # delete window, seconds
-//! pin_ttl = 900                               # fleet pin-row lifetime, seconds
+//! window = "1h"                               # delete window, duration
+//! pin_ttl = "15m"                             # fleet pin-row lifetime, duration
 //! schema = "blobpool"                         # PostgreSQL schema when the URL has no ?schema=
 //! shared_media = false                        # file:// large tier is on media shared by the fleet
 //! fsync = true                                # file:// large tier fsyncs publishes
 //! listen = "127.0.0.1:7070"                   # serve: listen address
-//! max_blob_size = 17179869184                 # serve: largest accepted put, bytes
-//! # token_ttl = 900                           # serve: pin-token idle lifetime, seconds
+//! max_blob_size = "16GiB"                     # serve: largest accepted put, size
+//! # token_ttl = "15m"                         # serve: pin-token idle lifetime, duration
 //!                                             #   (unset: none outside a fleet, pin_ttl in one)
 //! max_tokens = 100000                         # serve: cap on live pin tokens (+ puts in flight)
 //! max_tokens_per_identity = 10000             # serve: the same cap per identity
@@ -24,13 +25,33 @@
 //! unreferenced_namespaces = ["tmp"]           # namespaces whose entries nothing references
 //! ```
 //!
+//! Units: a duration is an integer of seconds or a humantime string
+//! (`"90s"`, `"15m"`, `"1h 30m"`); a size is an integer of bytes or a
+//! `bytesize` string (`"64KiB"` = 65536, `"64KB"` = 64000, `"4GiB"`,
+//! `"1.5MiB"`). The environment and the flags take the same forms.
+//!
 //! The server's `[auth]`, `[http]`, `[tls]` and `[limits]` sections are
 //! described in `security.rs` (and docs/SERVER.md, Security).
 //!
 //! Every key has an environment override: `BLOBPOOL_KV`, `BLOBPOOL_LARGE`,
-//! `BLOBPOOL_MODE`, … and `BLOBPOOL_GC_UNREFERENCED_NAMESPACES` (comma
-//! separated). Relative paths in `sqlite://` and `file://` URLs are relative
-//! to the working directory.
+//! `BLOBPOOL_MODE`, `BLOBPOOL_DATA_DIR`, … and
+//! `BLOBPOOL_GC_UNREFERENCED_NAMESPACES` (comma separated). `--data-dir` is
+//! a global flag; `serve` also takes `--kv`, `--large`, `--mode`,
+//! `--threshold`, `--fleet`, `--window` and `--max-blob-size` (plus
+//! `--listen`, `--insecure-no-auth`, `--log-format`), see [`StoreFlags`].
+//! Relative paths in `sqlite://` and `file://` URLs and in `data_dir` are
+//! relative to the working directory.
+//!
+//! The default store is `sqlite://DIR/kv.sqlite` + `file://DIR/large` with
+//! DIR = `data_dir` (default `./blobpool-data`). Setting `kv` alone means
+//! no large tier (kv-only: blobs above `threshold` are refused), on
+//! purpose: a remote kv must not silently get a local-disk large tier.
+//! [`Config::describe`] states the resulting shape in one line (logged by
+//! `serve`). `data_dir` roots only the default kv (and large) tier, so it
+//! is an error when `kv` is set too: it would have no effect.
+//!
+//! Every error names where the bad value came from: `config file
+//! PATH:LINE:COL: key`, `environment BLOBPOOL_…` or `flag --…`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,45 +60,323 @@ use std::time::Duration;
 use serde::Deserialize;
 use store_core::{Mode, Store, DEFAULT_THRESHOLD};
 use store_types::{Error, KvEngine, LargeEngine, Namespace};
+use toml::Spanned;
 
 /// Default config file, used when present and no `--config` is given.
 pub const DEFAULT_CONFIG_FILE: &str = "blobpool.toml";
-/// Default kv engine URL.
-pub const DEFAULT_KV: &str = "sqlite://./blobpool-data/kv.sqlite";
-/// Default large engine URL.
-pub const DEFAULT_LARGE: &str = "file://./blobpool-data/large";
+/// Default root of the default store (`data_dir`).
+pub const DEFAULT_DATA_DIR: &str = "./blobpool-data";
 /// Default listen address of `serve`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// Default PostgreSQL schema.
 pub const DEFAULT_SCHEMA: &str = "blobpool";
+
+/// A scalar value in the TOML file. Each key's parser types it (so that
+/// `threshold = "64KiB"` and `threshold = 65536` both work) and reports
+/// a wrong one with the key's line and column.
+#[derive(Clone, Debug, PartialEq)]
+enum Scalar {
+    Str(String),
+    Int(i64),
+    Bool(bool),
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string, an integer or a boolean")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Str(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar::Int(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Scalar, E> {
+                i64::try_from(v)
+                    .map(Scalar::Int)
+                    .map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar::Bool(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Scalar {
+    fn text(self) -> Result<String, String> {
+        match self {
+            Scalar::Str(s) => Ok(s),
+            other => Err(format!("expected a string, got {}", other.shown())),
+        }
+    }
+
+    fn boolean(self) -> Result<bool, String> {
+        match self {
+            Scalar::Bool(b) => Ok(b),
+            Scalar::Str(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(format!("{v:?}: expected true or false")),
+            },
+            other => Err(format!("expected true or false, got {}", other.shown())),
+        }
+    }
+
+    fn size(self) -> Result<u64, String> {
+        match self {
+            Scalar::Int(n) => {
+                u64::try_from(n).map_err(|_| format!("{n}: a size cannot be negative"))
+            }
+            Scalar::Str(s) => parse_size(&s),
+            other => Err(format!(
+                "expected a size (bytes, or e.g. \"64KiB\"), got {}",
+                other.shown()
+            )),
+        }
+    }
+
+    fn duration(self) -> Result<Duration, String> {
+        match self {
+            Scalar::Int(n) => u64::try_from(n)
+                .map(Duration::from_secs)
+                .map_err(|_| format!("{n}: a duration cannot be negative")),
+            Scalar::Str(s) => crate::security::parse_duration(&s),
+            other => Err(format!(
+                "expected a duration (seconds, or e.g. \"15m\"), got {}",
+                other.shown()
+            )),
+        }
+    }
+
+    fn count(self) -> Result<usize, String> {
+        match self {
+            Scalar::Int(n) => usize::try_from(n).map_err(|_| format!("{n}: must not be negative")),
+            Scalar::Str(s) => s.trim().parse::<usize>().map_err(|e| format!("{s:?}: {e}")),
+            other => Err(format!("expected an integer, got {}", other.shown())),
+        }
+    }
+
+    fn shown(&self) -> String {
+        match self {
+            Scalar::Str(s) => format!("{s:?}"),
+            Scalar::Int(n) => n.to_string(),
+            Scalar::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+/// Parses a size: plain bytes or a `bytesize` string (`"64KiB"`,
+/// `"4 GiB"`, `"1.5MB"`; `KiB` = 1024, `KB` = 1000).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if let Ok(n) = t.parse::<u64>() {
+        return Ok(n);
+    }
+    let n = t
+        .parse::<bytesize::ByteSize>()
+        .map_err(|_| {
+            format!("{s:?} is not a size (bytes, or e.g. \"64KiB\", \"4GiB\", \"1.5MB\")")
+        })?
+        .as_u64();
+    // bytesize saturates on overflow.
+    if n == u64::MAX {
+        return Err(format!("{s:?} is too large"));
+    }
+    Ok(n)
+}
+
+/// A size for humans: exact binary units when they fit (`64 KiB`), else
+/// bytes.
+pub fn format_size(n: u64) -> String {
+    for (unit, shift) in [
+        ("EiB", 60),
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", n >> shift);
+        }
+    }
+    format!("{n} bytes")
+}
 
 /// The TOML file's shape. Unknown keys are errors (typos must not pass
 /// silently).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    kv: Option<String>,
-    large: Option<String>,
-    mode: Option<String>,
-    threshold: Option<u64>,
-    fleet: Option<bool>,
-    window: Option<u64>,
-    pin_ttl: Option<u64>,
-    schema: Option<String>,
-    shared_media: Option<bool>,
-    fsync: Option<bool>,
-    listen: Option<String>,
-    max_blob_size: Option<u64>,
-    token_ttl: Option<u64>,
-    max_tokens: Option<usize>,
-    max_tokens_per_identity: Option<usize>,
-    insecure_no_auth: Option<bool>,
-    log_format: Option<String>,
+    data_dir: Option<Spanned<Scalar>>,
+    kv: Option<Spanned<Scalar>>,
+    large: Option<Spanned<Scalar>>,
+    mode: Option<Spanned<Scalar>>,
+    threshold: Option<Spanned<Scalar>>,
+    fleet: Option<Spanned<Scalar>>,
+    window: Option<Spanned<Scalar>>,
+    pin_ttl: Option<Spanned<Scalar>>,
+    schema: Option<Spanned<Scalar>>,
+    shared_media: Option<Spanned<Scalar>>,
+    fsync: Option<Spanned<Scalar>>,
+    listen: Option<Spanned<Scalar>>,
+    max_blob_size: Option<Spanned<Scalar>>,
+    token_ttl: Option<Spanned<Scalar>>,
+    max_tokens: Option<Spanned<Scalar>>,
+    max_tokens_per_identity: Option<Spanned<Scalar>>,
+    insecure_no_auth: Option<Spanned<Scalar>>,
+    log_format: Option<Spanned<Scalar>>,
     gc: Option<crate::gc::GcSection>,
     auth: Option<crate::security::AuthSection>,
     http: Option<crate::security::HttpSection>,
     tls: Option<crate::security::TlsSection>,
     limits: Option<crate::security::LimitsSection>,
+}
+
+/// Command-line overrides of config keys: `serve`'s store flags, and the
+/// global `--data-dir` (set by `main`). Values are parsed like the
+/// environment's, so errors name the flag.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct StoreFlags {
+    /// Root of the default store (set from the global --data-dir).
+    #[arg(skip)]
+    pub data_dir: Option<String>,
+    /// kv engine: sqlite://PATH, postgres://…[?schema=S] or mem://
+    /// [config `kv`, env BLOBPOOL_KV].
+    #[arg(long, value_name = "URL")]
+    pub kv: Option<String>,
+    /// Large engine: file://PATH, pglo://…, s3://BUCKET/PREFIX,
+    /// object+file:///PATH, mem:// or none [config `large`].
+    #[arg(long, value_name = "URL")]
+    pub large: Option<String>,
+    /// mem-only, kv-only or dual-tier [default: derived from the tiers].
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<String>,
+    /// kv/large boundary (kv-only: the size limit), e.g. 64KiB or bytes.
+    #[arg(long, value_name = "SIZE")]
+    pub threshold: Option<String>,
+    /// Fleet admission (ADR-012 §3); --fleet=false turns a configured
+    /// fleet off.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub fleet: Option<String>,
+    /// Delete window, e.g. 1h or seconds.
+    #[arg(long, value_name = "DURATION")]
+    pub window: Option<String>,
+    /// Largest accepted put, e.g. 4GiB or bytes.
+    #[arg(long, value_name = "SIZE")]
+    pub max_blob_size: Option<String>,
+}
+
+/// Where a value came from, for error messages.
+#[derive(Clone, Debug)]
+enum Origin {
+    /// `config file PATH:LINE:COL: key`.
+    File(String),
+    /// `environment NAME`.
+    Env(String),
+    /// `flag --NAME`.
+    Flag(String),
+    /// The built-in default.
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Origin::File(at) => write!(f, "config file {at}"),
+            Origin::Env(name) => write!(f, "environment {name}"),
+            Origin::Flag(name) => write!(f, "flag {name}"),
+            Origin::Default => f.write_str("the default"),
+        }
+    }
+}
+
+impl Origin {
+    fn err(&self, e: impl std::fmt::Display) -> String {
+        format!("{self}: {e}")
+    }
+}
+
+/// 1-based line and column of byte `offset` in `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+/// The layers of the configuration: flags > environment > file.
+struct Layers<'a> {
+    /// The file's name in messages and its text (for line and column).
+    path: String,
+    text: String,
+    env: &'a dyn Fn(&str) -> Option<String>,
+    flags: &'a StoreFlags,
+}
+
+impl Layers<'_> {
+    /// A key's value and origin: its flag, else `BLOBPOOL_KEY`, else the
+    /// file's value.
+    fn pick(
+        &self,
+        key: &str,
+        flag: Option<&String>,
+        file: &Option<Spanned<Scalar>>,
+    ) -> Option<(Scalar, Origin)> {
+        if let Some(v) = flag {
+            return Some((
+                Scalar::Str(v.clone()),
+                Origin::Flag(format!("--{}", key.replace('_', "-"))),
+            ));
+        }
+        let name = format!("BLOBPOOL_{}", key.to_ascii_uppercase());
+        if let Some(v) = (self.env)(&name) {
+            return Some((Scalar::Str(v), Origin::Env(name)));
+        }
+        file.as_ref().map(|s| {
+            let (line, col) = line_col(&self.text, s.span().start);
+            (
+                s.get_ref().clone(),
+                Origin::File(format!("{}:{line}:{col}: {key}", self.path)),
+            )
+        })
+    }
+
+    /// [`Self::pick`], typed by `parse`; a bad value's error names its
+    /// origin.
+    fn get<T>(
+        &self,
+        key: &str,
+        flag: Option<&String>,
+        file: &Option<Spanned<Scalar>>,
+        parse: impl FnOnce(Scalar) -> Result<T, String>,
+    ) -> Result<Option<(T, Origin)>, String> {
+        match self.pick(key, flag, file) {
+            None => Ok(None),
+            Some((v, origin)) => match parse(v) {
+                Ok(t) => Ok(Some((t, origin))),
+                Err(e) => Err(origin.err(e)),
+            },
+        }
+    }
+
+    /// The file's origin for a whole section (no line: serde's typed
+    /// sections do not keep spans).
+    fn section(&self, name: &str) -> Origin {
+        Origin::File(format!("{}: [{name}]", self.path))
+    }
 }
 
 /// The server's log format.
@@ -193,34 +492,6 @@ pub struct Config {
     pub sections: crate::security::Sections,
 }
 
-fn env_parse<T: std::str::FromStr>(
-    env: &dyn Fn(&str) -> Option<String>,
-    name: &str,
-) -> Result<Option<T>, String>
-where
-    T::Err: std::fmt::Display,
-{
-    match env(name) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<T>()
-            .map(Some)
-            .map_err(|e| format!("{name}={v:?}: {e}")),
-    }
-}
-
-fn env_bool(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<bool>, String> {
-    match env(name) {
-        None => Ok(None),
-        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Ok(Some(true)),
-            "0" | "false" | "no" | "off" => Ok(Some(false)),
-            _ => Err(format!("{name}={v:?}: expected true or false")),
-        },
-    }
-}
-
 /// Splits `schema=` out of a PostgreSQL URL's query string.
 fn split_schema(url: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {
@@ -322,6 +593,45 @@ fn parse_mode(s: &str, threshold: u64) -> Result<Mode, String> {
     }
 }
 
+/// An explicit `mode` must fit the tiers: caught here, with origins, rather
+/// than by the store builder at open.
+fn check_mode_tiers(
+    mode: Mode,
+    origin: &Origin,
+    kv_url: &Option<(String, Origin)>,
+    large_url: &Option<(String, Origin)>,
+    has_large: bool,
+) -> Result<(), String> {
+    let name = match mode {
+        Mode::MemOnly => "mem-only",
+        Mode::KvOnly { .. } => "kv-only",
+        Mode::DualTier { .. } => "dual-tier",
+    };
+    match (mode, has_large) {
+        (Mode::DualTier { .. }, false) => {
+            let why = match (large_url, kv_url) {
+                (Some((_, o)), _) => format!("large is none ({o})"),
+                (None, Some((_, o))) => format!(
+                    "kv is set ({o}) and large is not, which leaves no large tier; \
+                     set large (e.g. \"file://DIR/large\")"
+                ),
+                (None, None) => "there is none".to_string(),
+            };
+            Err(origin.err(format!("mode dual-tier needs a large tier, but {why}")))
+        }
+        (Mode::MemOnly | Mode::KvOnly { .. }, true) => {
+            let why = match large_url {
+                Some((_, o)) => format!("large is set ({o})"),
+                None => "the default store has one (set large = \"none\")".to_string(),
+            };
+            Err(origin.err(format!(
+                "mode {name} has no large tier, but {why}; use dual-tier or drop large"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 impl Config {
     /// Loads the configuration: `file` (or `./blobpool.toml` when present),
     /// then the environment through `env`.
@@ -329,163 +639,272 @@ impl Config {
         file: Option<&Path>,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, String> {
-        let fc = match file {
+        Self::load_with(file, env, &StoreFlags::default())
+    }
+
+    /// [`Self::load`], then the command-line `flags` over both.
+    pub fn load_with(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &StoreFlags,
+    ) -> Result<Config, String> {
+        let (fc, path, text) = match file {
             Some(p) => Self::read_file(p)?,
             None if Path::new(DEFAULT_CONFIG_FILE).is_file() => {
                 Self::read_file(Path::new(DEFAULT_CONFIG_FILE))?
             }
-            None => FileConfig::default(),
+            None => (FileConfig::default(), String::new(), String::new()),
         };
-        Self::resolve(fc, env)
+        Self::resolve(
+            fc,
+            &Layers {
+                path,
+                text,
+                env,
+                flags,
+            },
+        )
     }
 
     /// Parses a TOML text (no file, no environment), for tests and tools.
     #[cfg(test)]
     pub fn from_toml(text: &str) -> Result<Config, String> {
-        let fc: FileConfig = toml::from_str(text).map_err(|e| format!("config: {e}"))?;
-        Self::resolve(fc, &|_| None)
+        Self::from_layers(text, &|_| None, &StoreFlags::default())
     }
 
-    fn read_file(p: &Path) -> Result<FileConfig, String> {
+    /// A TOML text (named `<toml>` in messages) under `env` and `flags`.
+    #[cfg(test)]
+    fn from_layers(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &StoreFlags,
+    ) -> Result<Config, String> {
+        let fc = Self::parse_file(text, "<toml>")?;
+        Self::resolve(
+            fc,
+            &Layers {
+                path: "<toml>".into(),
+                text: text.into(),
+                env,
+                flags,
+            },
+        )
+    }
+
+    /// Parses a config file's text; a syntax or type error reads `config
+    /// file PATH:LINE:COL: message` on one line.
+    fn parse_file(text: &str, path: &str) -> Result<FileConfig, String> {
+        toml::from_str(text).map_err(|e: toml::de::Error| {
+            let at = match e.span() {
+                Some(span) => {
+                    let (line, col) = line_col(text, span.start);
+                    format!("{path}:{line}:{col}")
+                }
+                None => path.to_string(),
+            };
+            let msg = e.message().trim().replace('\n', "; ");
+            format!("config file {at}: {msg}")
+        })
+    }
+
+    fn read_file(p: &Path) -> Result<(FileConfig, String, String), String> {
+        let path = p.display().to_string();
         let text = std::fs::read_to_string(p)
-            .map_err(|e| format!("cannot read config file {}: {e}", p.display()))?;
-        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", p.display()))
+            .map_err(|e| format!("cannot read config file {path}: {e}"))?;
+        let fc = Self::parse_file(&text, &path)?;
+        Ok((fc, path, text))
     }
 
-    fn resolve(fc: FileConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
-        let schema = env("BLOBPOOL_SCHEMA")
-            .or(fc.schema)
-            .unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
-        let kv_url = env("BLOBPOOL_KV").or(fc.kv);
-        let large_url = env("BLOBPOOL_LARGE").or(fc.large);
-        // The embedded default applies only when neither tier is chosen.
-        let (kv_url, large_url) = match (kv_url, large_url) {
-            (None, None) => (DEFAULT_KV.to_string(), Some(DEFAULT_LARGE.to_string())),
-            (None, large) => (DEFAULT_KV.to_string(), large),
-            (Some(kv), large) => (kv, large),
+    fn resolve(fc: FileConfig, l: &Layers) -> Result<Config, String> {
+        let f = l.flags;
+        let text = |s: Scalar| s.text();
+        let schema = l
+            .get("schema", None, &fc.schema, text)?
+            .map_or_else(|| DEFAULT_SCHEMA.to_string(), |(s, _)| s);
+        let kv_url = l.get("kv", f.kv.as_ref(), &fc.kv, text)?;
+        let large_url = l.get("large", f.large.as_ref(), &fc.large, text)?;
+        let data_dir = l.get("data_dir", f.data_dir.as_ref(), &fc.data_dir, |s| {
+            let d = s.text()?;
+            if d.trim().is_empty() {
+                return Err("data_dir must not be empty".to_string());
+            }
+            Ok(PathBuf::from(d.trim()))
+        })?;
+        // The embedded default roots at data_dir; it applies only to a kv
+        // (and large) tier left unset. kv set and large unset: kv-only
+        // (no large tier), stated by `describe`.
+        let root = data_dir
+            .as_ref()
+            .map_or_else(|| PathBuf::from(DEFAULT_DATA_DIR), |(d, _)| d.clone());
+        let kv = match &kv_url {
+            Some((url, origin)) => {
+                if let Some((_, dir_origin)) = &data_dir {
+                    return Err(dir_origin.err(format!(
+                        "data_dir has no effect because kv is set ({origin}): data_dir is the \
+                         root of the default SQLite kv and local-file large tier; drop one of \
+                         them (for a large tier next to that kv, set large = \"file://DIR/large\")"
+                    )));
+                }
+                parse_kv(url, &schema).map_err(|e| origin.err(e))?
+            }
+            None => KvSpec::Sqlite(root.join("kv.sqlite")),
         };
-        let kv = parse_kv(&kv_url, &schema)?;
-        let large = match large_url {
-            Some(u) => parse_large(&u, &schema)?,
-            None => None,
+        let large = match (&kv_url, &large_url) {
+            (_, Some((url, origin))) => parse_large(url, &schema).map_err(|e| origin.err(e))?,
+            (None, None) => Some(LargeSpec::File(root.join("large"))),
+            (Some(_), None) => None,
         };
-        let threshold = env_parse::<u64>(env, "BLOBPOOL_THRESHOLD")?
-            .or(fc.threshold)
-            .unwrap_or(DEFAULT_THRESHOLD);
-        let mode = match env("BLOBPOOL_MODE").or(fc.mode) {
-            Some(m) => parse_mode(&m, threshold)?,
+        let threshold = l
+            .get(
+                "threshold",
+                f.threshold.as_ref(),
+                &fc.threshold,
+                Scalar::size,
+            )?
+            .map_or(DEFAULT_THRESHOLD, |(t, _)| t);
+        let mode = match l.get("mode", f.mode.as_ref(), &fc.mode, text)? {
+            Some((m, origin)) => {
+                let mode = parse_mode(&m, threshold).map_err(|e| origin.err(e))?;
+                check_mode_tiers(mode, &origin, &kv_url, &large_url, large.is_some())?;
+                mode
+            }
             None => match (&kv, &large) {
                 (KvSpec::Mem, None) => Mode::MemOnly,
                 (_, None) => Mode::KvOnly { threshold },
                 (_, Some(_)) => Mode::DualTier { threshold },
             },
         };
-        let secs = |env_name: &str, v: Option<u64>, d: u64| -> Result<Duration, String> {
-            Ok(Duration::from_secs(
-                env_parse::<u64>(env, env_name)?.or(v).unwrap_or(d),
-            ))
+        let unreferenced = match (l.env)("BLOBPOOL_GC_UNREFERENCED_NAMESPACES") {
+            Some(list) => (
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+                Origin::Env("BLOBPOOL_GC_UNREFERENCED_NAMESPACES".into()),
+            ),
+            None => (
+                fc.gc
+                    .as_ref()
+                    .and_then(|g| g.unreferenced_namespaces.clone())
+                    .unwrap_or_default(),
+                l.section("gc"),
+            ),
         };
-        let unreferenced = match env("BLOBPOOL_GC_UNREFERENCED_NAMESPACES") {
-            Some(list) => list
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect(),
-            None => fc
-                .gc
-                .as_ref()
-                .and_then(|g| g.unreferenced_namespaces.clone())
-                .unwrap_or_default(),
-        };
-        let fleet = env_bool(env, "BLOBPOOL_FLEET")?
-            .or(fc.fleet)
-            .unwrap_or(false);
-        let pin_ttl = secs("BLOBPOOL_PIN_TTL", fc.pin_ttl, 900)?;
-        let token_ttl = env_parse::<u64>(env, "BLOBPOOL_TOKEN_TTL")?
-            .or(fc.token_ttl)
-            .map(Duration::from_secs);
-        match token_ttl {
-            Some(t) if t.is_zero() => {
-                return Err(
+        let fleet = l
+            .get("fleet", f.fleet.as_ref(), &fc.fleet, Scalar::boolean)?
+            .is_some_and(|(b, _)| b);
+        let (pin_ttl, pin_origin) = l
+            .get("pin_ttl", None, &fc.pin_ttl, Scalar::duration)?
+            .unwrap_or((Duration::from_secs(900), Origin::Default));
+        let token_ttl = l.get("token_ttl", None, &fc.token_ttl, Scalar::duration)?;
+        match &token_ttl {
+            Some((t, origin)) if t.is_zero() => {
+                return Err(origin.err(
                     "token_ttl = 0: the idle lifetime must be at least 1 second \
-                     (leave token_ttl unset for no idle expiry outside a fleet)"
-                        .into(),
-                )
-            }
-            Some(t) if fleet && t > pin_ttl => {
-                return Err(format!(
-                    "token_ttl = {} exceeds pin_ttl = {}: in fleet mode a pin token must not \
-                     outlive the pin row it renews (ADR-018)",
-                    t.as_secs(),
-                    pin_ttl.as_secs()
+                     (leave token_ttl unset for no idle expiry outside a fleet)",
                 ))
+            }
+            Some((t, origin)) if fleet && *t > pin_ttl => {
+                return Err(origin.err(format!(
+                    "token_ttl = {} exceeds pin_ttl = {} ({pin_origin}): in fleet mode a pin \
+                     token must not outlive the pin row it renews (ADR-018)",
+                    humantime::format_duration(*t),
+                    humantime::format_duration(pin_ttl),
+                )))
             }
             _ => {}
         }
-        let max_tokens = env_parse::<usize>(env, "BLOBPOOL_MAX_TOKENS")?
-            .or(fc.max_tokens)
-            .unwrap_or(store_ops::DEFAULT_MAX_TOKENS);
-        if max_tokens == 0 {
-            return Err("max_tokens = 0 would refuse every put; it must be at least 1".into());
-        }
-        let max_tokens_per_identity = env_parse::<usize>(env, "BLOBPOOL_MAX_TOKENS_PER_IDENTITY")?
-            .or(fc.max_tokens_per_identity)
-            .unwrap_or(DEFAULT_MAX_TOKENS_PER_IDENTITY);
-        if max_tokens_per_identity == 0 {
-            return Err(
-                "max_tokens_per_identity = 0 would refuse every put; it must be at least 1".into(),
-            );
-        }
-        let log_format = match env("BLOBPOOL_LOG_FORMAT").or(fc.log_format) {
-            Some(f) => f.parse::<LogFormat>()?,
-            None => LogFormat::Text,
+        let token_ttl = token_ttl.map(|(t, _)| t);
+        let max_tokens = match l.get("max_tokens", None, &fc.max_tokens, Scalar::count)? {
+            Some((0, origin)) => {
+                return Err(
+                    origin.err("max_tokens = 0 would refuse every put; it must be at least 1")
+                )
+            }
+            Some((n, _)) => n,
+            None => store_ops::DEFAULT_MAX_TOKENS,
         };
+        let max_tokens_per_identity = match l.get(
+            "max_tokens_per_identity",
+            None,
+            &fc.max_tokens_per_identity,
+            Scalar::count,
+        )? {
+            Some((0, origin)) => {
+                return Err(origin.err(
+                    "max_tokens_per_identity = 0 would refuse every put; it must be at least 1",
+                ))
+            }
+            Some((n, _)) => n,
+            None => DEFAULT_MAX_TOKENS_PER_IDENTITY,
+        };
+        let log_format = l
+            .get("log_format", None, &fc.log_format, |s| {
+                s.text()?.parse::<LogFormat>()
+            })?
+            .map_or(LogFormat::Text, |(f, _)| f);
         let default_max_blob = if mode == Mode::MemOnly {
             DEFAULT_MEM_ONLY_MAX_BLOB_SIZE
         } else {
             store_ops::DEFAULT_MAX_BLOB_SIZE
         };
-        let gc = crate::gc::resolve(
-            fc.gc.clone(),
-            unreferenced.clone(),
-            env("BLOBPOOL_GC_INTERVAL"),
-            fleet,
-        )?;
+        let interval_env = (l.env)("BLOBPOOL_GC_INTERVAL");
+        let gc_origin = match &interval_env {
+            Some(_) => Origin::Env("BLOBPOOL_GC_INTERVAL".into()),
+            None => l.section("gc"),
+        };
+        let gc = crate::gc::resolve(fc.gc.clone(), unreferenced.0.clone(), interval_env, fleet)
+            .map_err(|e| {
+                if e.starts_with("gc.interval") {
+                    gc_origin.err(e)
+                } else {
+                    l.section("gc").err(e)
+                }
+            })?;
         let unreferenced_namespaces = unreferenced
+            .0
             .into_iter()
             .map(|n| {
-                Namespace::new(n.clone())
-                    .map_err(|e| format!("gc.unreferenced_namespaces: {n:?}: {e}"))
+                Namespace::new(n.clone()).map_err(|e| {
+                    unreferenced
+                        .1
+                        .err(format!("gc.unreferenced_namespaces: {n:?}: {e}"))
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let flag = |key: &str, file: &Option<Spanned<Scalar>>, default: bool| {
+            l.get(key, None, file, Scalar::boolean)
+                .map(|v| v.map_or(default, |(b, _)| b))
+        };
         Ok(Config {
             kv,
             large,
             mode,
             fleet,
-            window: secs("BLOBPOOL_WINDOW", fc.window, 3600)?,
+            window: l
+                .get("window", f.window.as_ref(), &fc.window, Scalar::duration)?
+                .map_or(Duration::from_secs(3600), |(d, _)| d),
             pin_ttl,
-            shared_media: env_bool(env, "BLOBPOOL_SHARED_MEDIA")?
-                .or(fc.shared_media)
-                .unwrap_or(false),
-            fsync: env_bool(env, "BLOBPOOL_FSYNC")?
-                .or(fc.fsync)
-                .unwrap_or(true),
-            listen: env("BLOBPOOL_LISTEN")
-                .or(fc.listen)
-                .unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
-            max_blob_size: env_parse::<u64>(env, "BLOBPOOL_MAX_BLOB_SIZE")?
-                .or(fc.max_blob_size)
-                .unwrap_or(default_max_blob),
+            shared_media: flag("shared_media", &fc.shared_media, false)?,
+            fsync: flag("fsync", &fc.fsync, true)?,
+            listen: l
+                .get("listen", None, &fc.listen, text)?
+                .map_or_else(|| DEFAULT_LISTEN.to_string(), |(s, _)| s),
+            max_blob_size: l
+                .get(
+                    "max_blob_size",
+                    f.max_blob_size.as_ref(),
+                    &fc.max_blob_size,
+                    Scalar::size,
+                )?
+                .map_or(default_max_blob, |(n, _)| n),
             token_ttl,
             max_tokens,
             max_tokens_per_identity,
             unreferenced_namespaces,
             gc,
-            insecure_no_auth: env_bool(env, "BLOBPOOL_INSECURE_NO_AUTH")?
-                .or(fc.insecure_no_auth)
-                .unwrap_or(false),
+            insecure_no_auth: flag("insecure_no_auth", &fc.insecure_no_auth, false)?,
             log_format,
             sections: crate::security::Sections {
                 auth: fc.auth,
@@ -494,6 +913,58 @@ impl Config {
                 limits: fc.limits,
             },
         })
+    }
+
+    /// The store's shape in one line, passwords redacted, e.g. `store: kv
+    /// sqlite ./blobpool-data/kv.sqlite, large file ./blobpool-data/large,
+    /// dual-tier above 64 KiB, not fleet` or `store: kv postgres
+    /// postgres://u:***@db/pool (schema blobpool), no large tier: kv-only,
+    /// blobs above 64 KiB are refused, not fleet`.
+    pub fn describe(&self) -> String {
+        use crate::security::redact_url;
+        let kv = match &self.kv {
+            KvSpec::Sqlite(p) => format!("kv sqlite {}", p.display()),
+            KvSpec::Postgres { url, schema } => {
+                format!("kv postgres {} (schema {schema})", redact_url(url))
+            }
+            KvSpec::Mem => "kv mem (in memory, lost on exit)".to_string(),
+        };
+        let large = match &self.large {
+            None => "no large tier".to_string(),
+            Some(LargeSpec::File(p)) => format!(
+                "large file {}{}{}",
+                p.display(),
+                if self.shared_media {
+                    " (shared media)"
+                } else {
+                    ""
+                },
+                if self.fsync { "" } else { " (no fsync)" }
+            ),
+            Some(LargeSpec::PgLo { url, schema }) => {
+                format!("large pg-lo {} (schema {schema})", redact_url(url))
+            }
+            Some(LargeSpec::Object(url)) => format!("large object {}", redact_url(url)),
+            Some(LargeSpec::Mem) => "large mem (in memory, lost on exit)".to_string(),
+        };
+        let mode = match self.mode {
+            Mode::MemOnly => "mem-only".to_string(),
+            Mode::KvOnly { threshold } => format!(
+                "kv-only, blobs above {} are refused",
+                format_size(threshold)
+            ),
+            Mode::DualTier { threshold } => format!("dual-tier above {}", format_size(threshold)),
+        };
+        let sep = if self.large.is_none() { ": " } else { ", " };
+        let fleet = if self.fleet {
+            format!(
+                "fleet (pin_ttl {})",
+                humantime::format_duration(self.pin_ttl)
+            )
+        } else {
+            "not fleet".to_string()
+        };
+        format!("store: {kv}, {large}{sep}{mode}, {fleet}")
     }
 
     /// The ops-layer limits of `serve`. `Ops::new` resolves the token TTL:
@@ -717,9 +1188,7 @@ mod tests {
 
     #[test]
     fn environment_overrides_the_file() {
-        let fc: FileConfig =
-            toml::from_str("kv = \"mem://\"\nwindow = 5\n[gc]\nunreferenced_namespaces = [\"a\"]")
-                .unwrap();
+        let text = "kv = \"mem://\"\nwindow = 5\n[gc]\nunreferenced_namespaces = [\"a\"]";
         let env = env_of(&[
             ("BLOBPOOL_KV", "sqlite:///var/kv.db"),
             ("BLOBPOOL_LARGE", "file:///var/large"),
@@ -729,7 +1198,7 @@ mod tests {
             ("BLOBPOOL_MODE", "dual-tier"),
             ("BLOBPOOL_THRESHOLD", "1024"),
         ]);
-        let c = Config::resolve(fc, &env).unwrap();
+        let c = Config::from_layers(text, &env, &StoreFlags::default()).unwrap();
         assert_eq!(c.kv, KvSpec::Sqlite("/var/kv.db".into()));
         assert_eq!(c.large, Some(LargeSpec::File("/var/large".into())));
         assert_eq!(c.window, Duration::ZERO);
@@ -755,9 +1224,12 @@ mod tests {
         let c = Config::from_toml("fleet = true\npin_ttl = 60\ntoken_ttl = 60").unwrap();
         assert_eq!(c.token_ttl, Some(Duration::from_secs(60)));
         let e = Config::from_toml("fleet = true\npin_ttl = 60\ntoken_ttl = 61").unwrap_err();
-        assert!(e.contains("token_ttl = 61 exceeds pin_ttl = 60"), "{e}");
+        assert!(
+            e.contains("<toml>:3:13: token_ttl: token_ttl = 1m 1s exceeds pin_ttl = 1m (config file <toml>:2:11: pin_ttl)"),
+            "{e}"
+        );
         let env = env_of(&[("BLOBPOOL_FLEET", "true"), ("BLOBPOOL_TOKEN_TTL", "901")]);
-        assert!(Config::resolve(FileConfig::default(), &env).is_err());
+        assert!(Config::from_layers("", &env, &StoreFlags::default()).is_err());
         let e = Config::from_toml("token_ttl = 0").unwrap_err();
         assert!(e.contains("token_ttl = 0"), "{e}");
         let e = Config::from_toml("max_tokens = 0").unwrap_err();
@@ -778,6 +1250,248 @@ mod tests {
             assert!(Config::from_toml(bad).is_err(), "{bad:?} must be rejected");
         }
         let env = env_of(&[("BLOBPOOL_FLEET", "maybe")]);
-        assert!(Config::resolve(FileConfig::default(), &env).is_err());
+        assert!(Config::from_layers("", &env, &StoreFlags::default()).is_err());
+    }
+    fn flags() -> StoreFlags {
+        StoreFlags::default()
+    }
+
+    #[test]
+    fn durations_and_sizes_take_human_units_or_plain_numbers() {
+        let c = Config::from_toml(
+            "window = \"1h\"\npin_ttl = \"15m\"\ntoken_ttl = \"10m\"\n\
+             threshold = \"64KiB\"\nmax_blob_size = \"4GiB\"",
+        )
+        .unwrap();
+        assert_eq!(c.window, Duration::from_secs(3600));
+        assert_eq!(c.pin_ttl, Duration::from_secs(900));
+        assert_eq!(c.token_ttl, Some(Duration::from_secs(600)));
+        assert_eq!(c.mode, Mode::DualTier { threshold: 65536 });
+        assert_eq!(c.max_blob_size, 4 << 30);
+        // Integers keep working: seconds and bytes.
+        let c = Config::from_toml("window = 60\nthreshold = 1000\nmax_blob_size = 5").unwrap();
+        assert_eq!(c.window, Duration::from_secs(60));
+        assert_eq!(c.mode, Mode::DualTier { threshold: 1000 });
+        assert_eq!(c.max_blob_size, 5);
+        // The environment and the flags take the same forms.
+        let env = env_of(&[
+            ("BLOBPOOL_WINDOW", "1h 30m"),
+            ("BLOBPOOL_PIN_TTL", "120"),
+            ("BLOBPOOL_THRESHOLD", "1.5 KiB"),
+            ("BLOBPOOL_MAX_BLOB_SIZE", "1MB"),
+        ]);
+        let c = Config::from_layers("", &env, &flags()).unwrap();
+        assert_eq!(c.window, Duration::from_secs(5400));
+        assert_eq!(c.pin_ttl, Duration::from_secs(120));
+        assert_eq!(c.mode, Mode::DualTier { threshold: 1536 });
+        assert_eq!(c.max_blob_size, 1_000_000);
+        let f = StoreFlags {
+            threshold: Some("128".into()),
+            window: Some("2m".into()),
+            max_blob_size: Some("2KiB".into()),
+            ..flags()
+        };
+        let c = Config::from_layers("threshold = \"1MiB\"", &env, &f).unwrap();
+        assert_eq!(c.mode, Mode::DualTier { threshold: 128 });
+        assert_eq!(c.window, Duration::from_secs(120));
+        assert_eq!(c.max_blob_size, 2048);
+        assert_eq!(parse_size("64kb"), Ok(64_000));
+        for bad in ["", "big", "-1", "5 parsecs", "99999999999EiB"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(format_size(65536), "64 KiB");
+        assert_eq!(format_size(65537), "65537 bytes");
+        assert_eq!(format_size(16 << 30), "16 GiB");
+        assert_eq!(format_size(0), "0 bytes");
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_column() {
+        let text = "kv = \"mem://\"\n\n  window = \"soon\"\n";
+        let e = Config::from_toml(text).unwrap_err();
+        assert!(
+            e.starts_with("config file <toml>:3:12: window: \"soon\""),
+            "{e}"
+        );
+        let e = Config::from_toml("mode = \"fast\"").unwrap_err();
+        assert!(
+            e.starts_with("config file <toml>:1:8: mode: unknown mode \"fast\""),
+            "{e}"
+        );
+        let e = Config::from_toml("threshold = true").unwrap_err();
+        assert!(
+            e.starts_with("config file <toml>:1:13: threshold: expected a size"),
+            "{e}"
+        );
+        let e = Config::from_toml("max_blob_size = -1").unwrap_err();
+        assert!(e.contains("<toml>:1:17: max_blob_size"), "{e}");
+        let e = Config::from_toml("fleet = 1").unwrap_err();
+        assert!(
+            e.contains("<toml>:1:9: fleet: expected true or false"),
+            "{e}"
+        );
+        let e =
+            Config::from_toml("kv = \"postgres://u:pw@h/db\"\nmode = \"dual-tier\"").unwrap_err();
+        assert!(
+            e.starts_with("config file <toml>:2:8: mode: mode dual-tier needs a large tier")
+                && e.contains("kv is set (config file <toml>:1:6: kv)"),
+            "{e}"
+        );
+        // toml's own errors (syntax, unknown keys, non-scalars) on one line.
+        for (text, at) in [
+            ("typo_key = 1", "<toml>:1:1: unknown field `typo_key`"),
+            ("kv = [1]", "<toml>:1:6: invalid type"),
+            ("kv = ", "<toml>:1:"),
+        ] {
+            let e = Config::from_toml(text).unwrap_err();
+            assert!(e.starts_with(&format!("config file {at}")), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_environment_variable_or_the_flag() {
+        let env = env_of(&[("BLOBPOOL_THRESHOLD", "lots")]);
+        let e = Config::from_layers("threshold = 5", &env, &flags()).unwrap_err();
+        assert!(
+            e.starts_with("environment BLOBPOOL_THRESHOLD: \"lots\""),
+            "{e}"
+        );
+        let env = env_of(&[("BLOBPOOL_FLEET", "maybe")]);
+        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        assert!(
+            e.starts_with("environment BLOBPOOL_FLEET: \"maybe\""),
+            "{e}"
+        );
+        let env = env_of(&[("BLOBPOOL_KV", "redis://u:secret@h")]);
+        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        assert!(
+            e.starts_with("environment BLOBPOOL_KV: unsupported kv URL"),
+            "{e}"
+        );
+        assert!(!e.contains("secret"), "{e}");
+        let env = env_of(&[("BLOBPOOL_GC_INTERVAL", "never")]);
+        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        assert!(
+            e.starts_with("environment BLOBPOOL_GC_INTERVAL: gc.interval"),
+            "{e}"
+        );
+        let e = Config::from_toml("[gc]\nunreferenced_namespaces = [\"../x\"]").unwrap_err();
+        assert!(
+            e.starts_with("config file <toml>: [gc]: gc.unreferenced_namespaces"),
+            "{e}"
+        );
+        let env = env_of(&[("BLOBPOOL_TOKEN_TTL", "0")]);
+        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        assert!(
+            e.starts_with("environment BLOBPOOL_TOKEN_TTL: token_ttl = 0"),
+            "{e}"
+        );
+        // A flag wins over the environment, and its error names it.
+        let env = env_of(&[("BLOBPOOL_MODE", "kv-only")]);
+        let f = StoreFlags {
+            mode: Some("turbo".into()),
+            ..flags()
+        };
+        let e = Config::from_layers("", &env, &f).unwrap_err();
+        assert!(e.starts_with("flag --mode: unknown mode \"turbo\""), "{e}");
+        let f = StoreFlags {
+            max_blob_size: Some("4 parsecs".into()),
+            ..flags()
+        };
+        let e = Config::from_layers("", &env_of(&[]), &f).unwrap_err();
+        assert!(e.starts_with("flag --max-blob-size: \"4 parsecs\""), "{e}");
+        let f = StoreFlags {
+            fleet: Some("false".into()),
+            ..flags()
+        };
+        let env = env_of(&[("BLOBPOOL_FLEET", "true")]);
+        assert!(!Config::from_layers("", &env, &f).unwrap().fleet);
+    }
+
+    #[test]
+    fn data_dir_roots_the_default_store() {
+        let c = Config::from_toml("data_dir = \"/srv/bp\"").unwrap();
+        assert_eq!(c.kv, KvSpec::Sqlite("/srv/bp/kv.sqlite".into()));
+        assert_eq!(c.large, Some(LargeSpec::File("/srv/bp/large".into())));
+        // The environment and the flag, each over the one before.
+        let env = env_of(&[("BLOBPOOL_DATA_DIR", "env-dir")]);
+        let c = Config::from_layers("data_dir = \"file-dir\"", &env, &flags()).unwrap();
+        assert_eq!(c.kv, KvSpec::Sqlite("env-dir/kv.sqlite".into()));
+        let f = StoreFlags {
+            data_dir: Some("flag-dir/".into()),
+            ..flags()
+        };
+        let c = Config::from_layers("data_dir = \"file-dir\"", &env, &f).unwrap();
+        assert_eq!(c.kv, KvSpec::Sqlite("flag-dir/kv.sqlite".into()));
+        assert_eq!(c.large, Some(LargeSpec::File("flag-dir/large".into())));
+        // Large set elsewhere: data_dir still roots the default kv.
+        let c = Config::from_toml("data_dir = \"/srv/bp\"\nlarge = \"s3://bucket/pool\"").unwrap();
+        assert_eq!(c.kv, KvSpec::Sqlite("/srv/bp/kv.sqlite".into()));
+        assert_eq!(c.large, Some(LargeSpec::Object("s3://bucket/pool".into())));
+        // kv set: data_dir would have no effect, which is an error naming both.
+        let env = env_of(&[("BLOBPOOL_KV", "mem://")]);
+        let e = Config::from_layers("data_dir = \"/srv/bp\"", &env, &flags()).unwrap_err();
+        assert!(
+            e.starts_with("config file <toml>:1:12: data_dir: data_dir has no effect because kv is set (environment BLOBPOOL_KV)"),
+            "{e}"
+        );
+        let e = Config::from_toml("data_dir = \" \"").unwrap_err();
+        assert!(e.contains("data_dir must not be empty"), "{e}");
+    }
+
+    #[test]
+    fn describe_states_the_shape_in_one_line() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(
+            c.describe(),
+            "store: kv sqlite ./blobpool-data/kv.sqlite, large file ./blobpool-data/large, \
+             dual-tier above 64 KiB, not fleet"
+        );
+        let c = Config::from_toml("kv = \"postgres://u:s3cret@db/pool?password=s3cret\"").unwrap();
+        let d = c.describe();
+        assert_eq!(
+            d,
+            "store: kv postgres postgres://u:***@db/pool?password=*** (schema blobpool), \
+             no large tier: kv-only, blobs above 64 KiB are refused, not fleet"
+        );
+        let c = Config::from_toml(
+            "kv = \"postgres://db/pool?schema=t\"\nlarge = \"pglo://u:pw@db/pool\"\n\
+             fleet = true\npin_ttl = \"5m\"\nthreshold = \"1MiB\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.describe(),
+            "store: kv postgres postgres://db/pool (schema t), large pg-lo postgres://u:***@db/pool \
+             (schema blobpool), dual-tier above 1 MiB, fleet (pin_ttl 5m)"
+        );
+        let c = Config::from_toml("kv = \"mem://\"").unwrap();
+        assert_eq!(
+            c.describe(),
+            "store: kv mem (in memory, lost on exit), no large tier: mem-only, not fleet"
+        );
+        let c = Config::from_toml("large = \"s3://b/p\"\nshared_media = true").unwrap();
+        assert!(
+            c.describe().contains("large object s3://b/p, dual-tier"),
+            "{}",
+            c.describe()
+        );
+        assert!(!c.describe().contains('\n'));
+    }
+
+    #[test]
+    fn an_explicit_mode_must_fit_the_tiers() {
+        let e = Config::from_toml("mode = \"kv-only\"").unwrap_err();
+        assert!(
+            e.contains("mode kv-only has no large tier, but the default store has one"),
+            "{e}"
+        );
+        let e = Config::from_toml("large = \"none\"\nmode = \"dual-tier\"").unwrap_err();
+        assert!(
+            e.contains("but large is none (config file <toml>:1:9: large)"),
+            "{e}"
+        );
+        let c = Config::from_toml("large = \"none\"\nmode = \"kv-only\"").unwrap();
+        assert_eq!(c.large, None);
     }
 }

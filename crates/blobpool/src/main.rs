@@ -53,8 +53,10 @@ use crate::transfer::{Sink, Source};
 const AFTER_HELP: &str = "\
 Configuration: --config FILE (default ./blobpool.toml when present), then
 BLOBPOOL_* environment variables (BLOBPOOL_KV, BLOBPOOL_LARGE, BLOBPOOL_MODE,
-BLOBPOOL_THRESHOLD, BLOBPOOL_FLEET, BLOBPOOL_WINDOW, BLOBPOOL_PIN_TTL, ...).
-Without any, the store is SQLite + local files under ./blobpool-data.
+BLOBPOOL_THRESHOLD, BLOBPOOL_FLEET, BLOBPOOL_WINDOW, BLOBPOOL_PIN_TTL, ...),
+then flags. Durations: seconds or 90s, 15m, 1h; sizes: bytes or 64KiB, 4GiB.
+Without any, the store is SQLite + local files under ./blobpool-data
+(--data-dir DIR, BLOBPOOL_DATA_DIR or data_dir to move it).
 
 Examples:
   blobpool serve                              # http://127.0.0.1:7070
@@ -72,6 +74,12 @@ struct Cli {
     /// TOML config file [default: ./blobpool.toml if present].
     #[arg(long, global = true, env = "BLOBPOOL_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
+
+    /// Root of the default store (DIR/kv.sqlite and DIR/large) instead of
+    /// ./blobpool-data [env: BLOBPOOL_DATA_DIR, config: data_dir]; an
+    /// error when `kv` is set.
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
 
     /// Talk to a running server (e.g. http://127.0.0.1:7070) instead of
     /// opening the store directly.
@@ -190,6 +198,8 @@ enum Command {
         /// config, else text].
         #[arg(long, value_name = "FORMAT", value_parser = parse_log_format)]
         log_format: Option<LogFormat>,
+        #[command(flatten)]
+        store: config::StoreFlags,
     },
     /// Store a file (or stdin with `-`); prints its digest.
     ///
@@ -384,7 +394,16 @@ fn parse_digest(s: &str) -> Result<Digest, CliError> {
 }
 
 fn load_config(cli: &Cli) -> Result<Config, CliError> {
-    Config::load(cli.config.as_deref(), &|k| std::env::var(k).ok()).map_err(CliError::config)
+    load_config_with(cli, None)
+}
+
+/// The configuration under `serve`'s store flags and the global
+/// `--data-dir`.
+fn load_config_with(cli: &Cli, store: Option<&config::StoreFlags>) -> Result<Config, CliError> {
+    let mut flags = store.cloned().unwrap_or_default();
+    flags.data_dir = cli.data_dir.as_ref().map(|d| d.display().to_string());
+    Config::load_with(cli.config.as_deref(), &|k| std::env::var(k).ok(), &flags)
+        .map_err(CliError::config)
 }
 
 fn remote_opts(cli: &Cli) -> RemoteOpts {
@@ -415,6 +434,11 @@ async fn target(cli: &Cli) -> Result<Target, CliError> {
         Some(url) => Ok(Target::Remote(remote(cli, url)?)),
         None => {
             let cfg = load_config(cli)?;
+            // The store's shape, for a person at a terminal (like the
+            // progress bars; scripts see only their results).
+            if progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                eprintln!("blobpool: {}", cfg.describe());
+            }
             let store = cfg
                 .open_store()
                 .await
@@ -431,11 +455,12 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             listen,
             insecure_no_auth,
             log_format,
+            store,
         } => {
             if cli.server.is_some() {
                 return Err(CliError::usage("serve does not take --server"));
             }
-            let mut cfg = load_config(&cli)?;
+            let mut cfg = load_config_with(&cli, Some(store))?;
             if let Some(l) = listen {
                 cfg.listen = l.clone();
             }

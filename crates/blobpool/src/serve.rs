@@ -31,7 +31,7 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
     let store = cfg.open_store().await?;
-    tracing::info!("store: {store:?}");
+    tracing::info!("{}", cfg.describe());
     let ops = Ops::new(store, cfg.ops_config())?;
     let scheduler = match cfg.gc.interval {
         Some(every) => {
