@@ -106,11 +106,21 @@ impl PgRefs {
         sql(&self.schema, template)
     }
 
+    /// A `READ COMMITTED` transaction that the server ends by itself if
+    /// its client goes quiet inside it (a `set`/`delete` future dropped
+    /// between its locked read and its commit holds the row lock only
+    /// until sqlx's queued rollback runs or, at worst, this timeout).
     async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
-        self.pool
+        let mut tx = self
+            .pool
             .begin_with(BEGIN_READ_COMMITTED)
             .await
-            .map_err(db_err)
+            .map_err(db_err)?;
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '30s'")
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        Ok(tx)
     }
 
     /// The reference's digest, its row locked until `tx` ends (nothing is
