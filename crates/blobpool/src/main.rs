@@ -485,8 +485,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             if let Some(name) = ref_name {
                 let r = match target(&cli).await? {
                     Target::Direct(d) => {
-                        refcmd::direct_put_with_ref(&d, &ns, &src, expect, name, !cli.quiet)
-                            .await?
+                        refcmd::direct_put_with_ref(&d, &ns, &src, expect, name, !cli.quiet).await?
                     }
                     Target::Remote(remote) => {
                         refcmd::remote_put_with_ref(&remote, &ns, &src, expect, name).await?
