@@ -1370,7 +1370,7 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains("secret"), "{e}");
-        let env = env_of(&[("BLOBPOOL_GC_INTERVAL", "never")]);
+        let env = env_of(&[("BLOBPOOL_GC_INTERVAL", "soon")]);
         let e = Config::from_layers("", &env, &flags()).unwrap_err();
         assert!(
             e.starts_with("environment BLOBPOOL_GC_INTERVAL: gc.interval"),

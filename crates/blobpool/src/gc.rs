@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [gc]
-//! interval = "10m"                    # scheduled sweeps (±10% jitter); unset: on demand only
+//! interval = "10m"                    # scheduled sweeps (±10% jitter); default 15m; "off": on demand only
 //! unreferenced_namespaces = ["tmp"]   # shorthand for policy = "unreferenced"
 //! [gc.namespaces.logs]
 //! max_age = "7d"                      # unreferenced entries older than this are garbage
@@ -26,6 +26,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use store_core::{GcPolicy, LivenessTable, Namespace, Store};
 use store_types::Error;
+
+/// Default `gc.interval`: a sweep every 15 minutes. Safe by default: only
+/// namespaces with a policy, or that use references, are swept
+/// (ADR-024), and garbage waits out the delete window first.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15 * 60);
 
 /// `[gc.namespaces.NAME]`.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -164,7 +169,8 @@ pub fn resolve(
         tables.push((ns, table));
     }
     let interval = match interval_env.or(section.interval) {
-        None => None,
+        None => Some(DEFAULT_INTERVAL),
+        Some(s) if matches!(s.trim(), "off" | "none" | "never") => None,
         Some(s) => {
             let d = crate::security::parse_duration(&s).map_err(|e| format!("gc.interval: {e}"))?;
             if d < Duration::from_secs(1) {
@@ -293,6 +299,12 @@ mod tests {
             ]
         );
         assert_eq!(s.interval, Some(Duration::from_secs(600)));
+        let d = resolve(None, vec![], None, false).unwrap();
+        assert_eq!(d.interval, Some(DEFAULT_INTERVAL));
+        let off = resolve(section("[gc]\ninterval = \"off\""), vec![], None, false).unwrap();
+        assert_eq!(off.interval, None);
+        let env_off = resolve(None, vec![], Some("off".into()), false).unwrap();
+        assert_eq!(env_off.interval, None);
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
             Some(crate::gc::spawn_scheduler(ops.clone(), every))
         }
         None => {
-            tracing::info!(target: "blobpool::gc", "no scheduled sweeps (gc.interval unset): POST /v1/sweep runs one");
+            tracing::info!(target: "blobpool::gc", "no scheduled sweeps (gc.interval = \"off\"): POST /v1/sweep runs one");
             None
         }
     };
