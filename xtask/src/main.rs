@@ -4,9 +4,12 @@
 //!   workspace (PostgreSQL tests included: they fail, never skip, without
 //!   a server at `DATABASE_URL`).
 //! - `bench [--quick]`: the benchmark suite and its ratio table.
+//! - `arch`: the architecture invariants (who may depend on whom; the
+//!   facade and the ops layer name no engine); `ci` runs it first.
 
 use std::process::{Command, ExitCode};
 
+mod arch;
 mod bench;
 
 fn main() -> ExitCode {
@@ -14,8 +17,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
+        Some("arch") => arch::check(),
         _ => {
-            eprintln!("usage: cargo xtask ci | bench [--quick]");
+            eprintln!("usage: cargo xtask ci | bench [--quick] | arch");
             return ExitCode::from(2);
         }
     };
@@ -44,6 +48,7 @@ pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
 }
 
 fn ci() -> Result<(), String> {
+    arch::check()?;
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&[
         "clippy",
