@@ -226,7 +226,11 @@ impl Store {
     /// until every media delete has finished; dropping this future only
     /// stops waiting for the answer (the delete may still complete).
     pub async fn delete(&self, key: &Key) -> Result<()> {
-        self.inner.gc.delete(key).await.map(|_| ())
+        let r = self.inner.gc.delete(key).await.map(|_| ());
+        if r.is_ok() {
+            tracing::info!(target: "store_core::gc", %key, "direct delete");
+        }
+        r
     }
 
     /// Pins an existing entry; `None` when absent. Pin first, then look:
@@ -365,7 +369,27 @@ impl Store {
     /// future stops it at the next batch boundary, after the batch in
     /// progress has finished its deletes under protection.
     pub async fn sweep(&self, opts: SweepOptions) -> Result<SweepReport> {
-        self.inner.gc.sweep(&opts).await
+        let r = self.inner.gc.sweep(&opts).await;
+        match &r {
+            // A sweep that deletes data says so, whoever called it.
+            Ok(rep) => tracing::info!(
+                target: "store_core::gc",
+                owner = %self.inner.owner,
+                aborted = ?rep.aborted,
+                scanned = rep.total.scanned,
+                staged = rep.total.staged,
+                deleted = rep.total.deleted,
+                rescued = rep.total.rescued,
+                bytes_freed = rep.total.bytes_freed,
+                unswept = rep.unswept_namespaces.len(),
+                duration_ms = rep.duration.as_millis() as u64,
+                "sweep"
+            ),
+            Err(e) => {
+                tracing::warn!(target: "store_core::gc", owner = %self.inner.owner, "sweep failed: {e}")
+            }
+        }
+        r
     }
 
     /// The instance's delete window (its one window host).
