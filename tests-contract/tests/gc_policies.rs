@@ -164,6 +164,22 @@ async fn policies(kv: Kv) {
     assert_eq!(counts(&second, &d_ns).1, 1, "{second:?}");
     assert!(!s.has(&d[0]).await.unwrap());
     assert_eq!(s.effective_gc_policy(&d_ns), GcPolicy::Refs);
+
+    // Changing a policy undoes the old registrations: `u` set to keep is
+    // no longer swept, and set back to unreferenced it is again.
+    s.set_gc_policy(u_ns.clone(), GcPolicy::Keep).await.unwrap();
+    let late = put_many(s, &u_ns, 600, 2).await;
+    let (first, _) = two_sweeps(s).await;
+    assert!(first.unswept_namespaces.contains(&u_ns), "{first:?}");
+    for key in &late {
+        assert!(s.has(key).await.unwrap(), "{key} swept under keep");
+    }
+    s.set_gc_policy(u_ns.clone(), GcPolicy::Unreferenced)
+        .await
+        .unwrap();
+    let (first, second) = two_sweeps(s).await;
+    assert_eq!(counts(&first, &u_ns), (2, 0, 1), "{first:?}");
+    assert_eq!(counts(&second, &u_ns).1, 2, "{second:?}");
 }
 
 #[tokio::test]

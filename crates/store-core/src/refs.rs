@@ -63,6 +63,7 @@ impl std::fmt::Display for GcPolicy {
 }
 
 /// What this store registered for a namespace, to undo it.
+#[derive(Clone)]
 enum Registration {
     Source(SourceId),
     Table(LivenessTable),
@@ -199,11 +200,11 @@ impl Store {
     /// probe no other node could consult) and any policy but `Keep` when the
     /// engine's references are not a table the fleet shares.
     ///
-    /// Cancel-safe: the policy table is updated only after the new
-    /// registration succeeded; a fleet registration dropped midway is one
-    /// idempotent statement. Dropped between deregistering the old and
-    /// registering the new, the namespace is left with neither (never
-    /// swept: the safe side).
+    /// Cancel-safe: the old registrations are undone first and the new
+    /// ones made after, and the policy table never forgets a registration
+    /// that may exist (see `activate`); dropped half-way, the namespace is
+    /// left with no source of this store's (never swept: the safe side)
+    /// and the next call finishes the change.
     pub async fn set_gc_policy(&self, ns: Namespace, policy: GcPolicy) -> Result<()> {
         let _serial = self.inner.policy_lock.lock().await;
         self.activate(&ns, policy).await?;
@@ -251,14 +252,18 @@ impl Store {
     async fn ensure_refs_policy(&self, ns: &Namespace) -> Result<bool> {
         {
             let st = self.policies();
-            if st.explicit.contains_key(ns) || st.active.contains_key(ns) {
+            if st.explicit.contains_key(ns)
+                || st.active.get(ns).is_some_and(|(p, _)| *p != GcPolicy::Keep)
+            {
                 return Ok(false);
             }
         }
         let _serial = self.inner.policy_lock.lock().await;
         {
             let st = self.policies();
-            if st.explicit.contains_key(ns) || st.active.contains_key(ns) {
+            if st.explicit.contains_key(ns)
+                || st.active.get(ns).is_some_and(|(p, _)| *p != GcPolicy::Keep)
+            {
                 return Ok(false);
             }
         }
@@ -273,93 +278,104 @@ impl Store {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers what `policy` needs for `ns`, then undoes the previous
-    /// registrations. Callers hold `policy_lock`.
+    /// Undoes this store's registrations for `ns`, then makes what
+    /// `policy` needs. Callers hold `policy_lock`.
+    ///
+    /// Cancel-safe in the sense that matters: the policy table never
+    /// forgets a registration that may exist. An old registration leaves
+    /// the table only after it was undone; a new in-process source is
+    /// recorded in the same poll as it is made; a fleet table is recorded
+    /// before its (idempotent) registration statement, so a later policy
+    /// change undoes it even if this call was dropped mid-statement.
+    /// Dropped between the two halves, the namespace has no source of
+    /// ours: it is not swept, the safe side.
     async fn activate(&self, ns: &Namespace, policy: GcPolicy) -> Result<()> {
         let refs = self.inner.kv.refs();
         let fleet = self.is_fleet();
-        let mut made = Vec::new();
-        match policy {
-            GcPolicy::Keep => {}
-            GcPolicy::Refs | GcPolicy::Unreferenced if fleet => {
-                let table = refs
-                    .as_ref()
+        // Everything that can be refused is refused before anything changes.
+        let table = match policy {
+            GcPolicy::Refs | GcPolicy::Unreferenced if fleet => Some(
+                refs.as_ref()
                     .and_then(|r| r.liveness_table())
                     .ok_or_else(|| {
                         Error::Config(format!(
                             "namespace {ns}: policy {policy} in a fleet needs references in the \
                          shared database (a PostgreSQL kv engine)"
                         ))
-                    })?;
-                self.register_liveness_source(ns.clone(), table.clone())
-                    .await?;
-                made.push(Registration::Table(table));
-            }
+                    })?,
+            ),
             GcPolicy::MaxAge(_) if fleet => {
                 return Err(Error::Config(format!(
                     "namespace {ns}: max_age is not available in a fleet (the age check is an \
                      in-process probe other nodes could not consult)"
                 )))
             }
-            GcPolicy::Refs => {
-                let refs = refs.ok_or_else(|| no_refs(ns, policy))?;
-                let id = self
-                    .register_liveness_source(ns.clone(), Arc::new(RefsSource { refs }))
-                    .await?;
-                made.push(Registration::Source(id));
+            GcPolicy::Refs if refs.is_none() => return Err(no_refs(ns, policy)),
+            _ => None,
+        };
+        // 1. Undo the old registrations, newest first.
+        loop {
+            let last = {
+                let st = self.policies();
+                st.active.get(ns).and_then(|(_, regs)| regs.last().cloned())
+            };
+            let Some(r) = last else { break };
+            match &r {
+                Registration::Source(id) => {
+                    self.deregister_liveness_source(*id).await?;
+                }
+                Registration::Table(t) => {
+                    self.deregister_liveness_table(ns, t).await?;
+                }
             }
-            GcPolicy::Unreferenced => {
-                let id = match refs {
-                    Some(refs) => {
-                        self.register_liveness_source(ns.clone(), Arc::new(RefsSource { refs }))
-                            .await?
-                    }
-                    None => {
-                        self.register_liveness_source(ns.clone(), Arc::new(NothingReferenced))
-                            .await?
-                    }
-                };
-                made.push(Registration::Source(id));
-            }
-            GcPolicy::MaxAge(max_age) => {
-                let source = AgeSource {
-                    refs,
-                    kv: self.inner.kv.clone(),
-                    large: self.inner.large.clone(),
-                    clock: self.inner.clock.clone(),
-                    max_age,
-                };
-                let id = self
-                    .register_liveness_source(ns.clone(), Arc::new(source))
-                    .await?;
-                made.push(Registration::Source(id));
+            if let Some((_, regs)) = self.policies().active.get_mut(ns) {
+                regs.pop();
             }
         }
-        let old = self
-            .policies()
+        self.policies()
             .active
-            .insert(ns.clone(), (policy, made))
-            .map(|(_, regs)| regs)
-            .unwrap_or_default();
-        for r in old {
-            match r {
-                Registration::Source(id) => {
-                    self.deregister_liveness_source(id).await?;
-                }
-                // The same table may have been registered again just now
-                // (Refs ↔ Unreferenced in a fleet): keep it then.
-                Registration::Table(t) => {
-                    let still = self.policies().active.get(ns).is_some_and(|(_, regs)| {
-                        regs.iter()
-                            .any(|r| matches!(r, Registration::Table(n) if *n == t))
-                    });
-                    if !still {
-                        self.deregister_liveness_table(ns, &t).await?;
-                    }
-                }
+            .insert(ns.clone(), (GcPolicy::Keep, Vec::new()));
+        // 2. Make the new one.
+        let source: Option<Arc<dyn LivenessSource>> = match (policy, table) {
+            (GcPolicy::Keep, _) => None,
+            (_, Some(table)) => {
+                self.record(ns, Registration::Table(table.clone()));
+                self.register_liveness_source(ns.clone(), table).await?;
+                None
             }
+            (GcPolicy::Refs, None) => Some(Arc::new(RefsSource {
+                refs: refs.expect("checked above"),
+            })),
+            (GcPolicy::Unreferenced, None) => match refs {
+                Some(refs) => Some(Arc::new(RefsSource { refs })),
+                None => Some(Arc::new(NothingReferenced)),
+            },
+            (GcPolicy::MaxAge(max_age), None) => Some(Arc::new(AgeSource {
+                refs,
+                kv: self.inner.kv.clone(),
+                large: self.inner.large.clone(),
+                clock: self.inner.clock.clone(),
+                max_age,
+            })),
+        };
+        if let Some(source) = source {
+            let id = self.register_liveness_source(ns.clone(), source).await?;
+            self.record(ns, Registration::Source(id));
+        }
+        if let Some((p, _)) = self.policies().active.get_mut(ns) {
+            *p = policy;
         }
         Ok(())
+    }
+
+    /// Adds a registration to `ns`'s entry of the policy table.
+    fn record(&self, ns: &Namespace, r: Registration) {
+        self.policies()
+            .active
+            .entry(ns.clone())
+            .or_insert((GcPolicy::Keep, Vec::new()))
+            .1
+            .push(r);
     }
 }
 
