@@ -21,8 +21,8 @@
 //! collation: byte order) with a range condition for the prefix
 //! (`name >= prefix AND name < successor(prefix)`), never `LIKE`, which
 //! would treat `_` and `%` as wildcards and fold ASCII case. `referenced`
-//! asks the `(namespace, digest)` index with one statement per
-//! [`REFERENCED_CHUNK`] digests, all in one read transaction.
+//! asks the `(namespace, digest)` index through the engine's one batched
+//! existence query ([`sql::present_in`], as `has_many` does).
 //!
 //! # Cancellation
 //!
@@ -37,11 +37,8 @@ use store_types::{
     ref_conflict, Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore, Result,
 };
 
-use crate::sql::{digest_at, namespace_at, to_i64, SqlResultExt};
+use crate::sql::{self, digest_at, namespace_at, to_i64, SqlResultExt};
 use crate::SqliteEngine;
-
-/// Most digests bound into one `referenced` statement.
-pub(crate) const REFERENCED_CHUNK: usize = 500;
 
 const GET: &str = "SELECT digest FROM refs WHERE namespace = ?1 AND name = ?2";
 const UPSERT: &str = "INSERT INTO refs (namespace, name, digest, updated_at)
@@ -100,68 +97,9 @@ fn successor(prefix: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-/// One `referenced` statement for `n` digests: `?1` the namespace, then
-/// the digests.
-fn referenced_sql(n: usize) -> String {
-    let mut s =
-        String::from("SELECT DISTINCT digest FROM refs WHERE namespace = ?1 AND digest IN (");
-    for i in 0..n {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push('?');
-        s.push_str(&(i + 2).to_string());
-    }
-    s.push(')');
-    s
-}
-
-/// Which of `digests` a reference of `ns` points at, index-aligned; one
-/// statement per [`REFERENCED_CHUNK`] digests, in one read transaction so
-/// every chunk sees the same snapshot.
-fn referenced_on(conn: &Connection, ns: &str, digests: &[Digest]) -> Result<Vec<bool>> {
-    let multi = digests.len() > REFERENCED_CHUNK;
-    if multi {
-        conn.prepare_cached("BEGIN").sql()?.execute([]).sql()?;
-    }
-    let found = referenced_chunks(conn, ns, digests);
-    if multi {
-        // A read transaction: ending it cannot lose anything.
-        let _ = conn
-            .prepare_cached("COMMIT")
-            .and_then(|mut s| s.execute([]));
-    }
-    let found = found?;
-    Ok(digests
-        .iter()
-        .map(|d| found.contains(d.as_bytes()))
-        .collect())
-}
-
-fn referenced_chunks(
-    conn: &Connection,
-    ns: &str,
-    digests: &[Digest],
-) -> Result<std::collections::HashSet<[u8; 32]>> {
-    let mut found = std::collections::HashSet::new();
-    for chunk in digests.chunks(REFERENCED_CHUNK) {
-        // Padded to a power of two (or the chunk cap) by repeating the last
-        // digest, so few distinct statements stay in the statement cache.
-        let bucket = chunk.len().next_power_of_two().min(REFERENCED_CHUNK);
-        let mut stmt = conn.prepare_cached(&referenced_sql(bucket)).sql()?;
-        stmt.raw_bind_parameter(1, ns).sql()?;
-        let last = chunk[chunk.len() - 1];
-        for i in 0..bucket {
-            let d = chunk.get(i).unwrap_or(&last);
-            stmt.raw_bind_parameter(i + 2, &d.as_bytes()[..]).sql()?;
-        }
-        let mut rows = stmt.raw_query();
-        while let Some(row) = rows.next().sql()? {
-            found.insert(*digest_at(row, 0)?.as_bytes());
-        }
-    }
-    Ok(found)
-}
+/// The table and namespace column [`sql::present_in`] reads references
+/// from.
+const REFS_BY_NAMESPACE: &str = "refs.namespace";
 
 /// Outcome of a compare-and-swap job: the previous digest, or the current
 /// one when the precondition failed (nothing written).
@@ -300,7 +238,7 @@ impl RefStore for SqliteRefs {
         self.engine
             .inner
             .readers
-            .run(move |conn| referenced_on(conn, ns.as_str(), &digests))
+            .run(move |conn| sql::present_in(conn, REFS_BY_NAMESPACE, ns.as_str(), &digests))
             .await
     }
 
@@ -354,8 +292,8 @@ mod tests {
     #[test]
     fn referenced_statements_number_from_two() {
         assert_eq!(
-            referenced_sql(2),
-            "SELECT DISTINCT digest FROM refs WHERE namespace = ?1 AND digest IN (?2,?3)"
+            sql::present_sql(REFS_BY_NAMESPACE, 2),
+            "SELECT digest FROM refs WHERE namespace = ?1 AND digest IN (?2,?3)"
         );
     }
 
@@ -384,7 +322,7 @@ mod tests {
             LIST_RANGE,
             USES_REFS,
             REF_NAMESPACES,
-            referenced_sql(4).as_str(),
+            sql::present_sql(REFS_BY_NAMESPACE, 4).as_str(),
         ] {
             let p = plan(&conn, sql);
             assert!(!p.contains("TEMP B-TREE"), "{sql}: {p}");
@@ -392,7 +330,7 @@ mod tests {
                 assert!(p.contains("SEARCH"), "{sql}: {p}");
             }
         }
-        let p = plan(&conn, &referenced_sql(4));
+        let p = plan(&conn, &sql::present_sql(REFS_BY_NAMESPACE, 4));
         assert!(p.contains("refs_by_digest"), "{p}");
     }
 }

@@ -85,8 +85,10 @@ fn placeholders(n: usize) -> String {
 }
 
 /// Which of `digests` appear in `table` under `ns`, index-aligned.
+/// `table` is a table name, optionally followed by its namespace column
+/// (`"refs.namespace"`; default `ns`).
 ///
-/// Runs one `SELECT digest FROM {table} WHERE ns = ?1 AND digest IN (...)`
+/// Runs one `SELECT digest FROM {table} WHERE {ns column} = ?1 AND digest IN (...)`
 /// per [`IN_CHUNK`] digests (so exactly one statement for the usual call of
 /// up to 1024 digests), inside one read transaction so every chunk sees the
 /// same snapshot.
@@ -126,11 +128,7 @@ fn present_chunks(
     let mut found = HashSet::with_capacity(digests.len());
     for chunk in digests.chunks(IN_CHUNK) {
         let bucket = chunk.len().next_power_of_two();
-        let sql = format!(
-            "SELECT digest FROM {table} WHERE ns = ?1 AND digest IN ({})",
-            placeholders(bucket)
-        );
-        let mut stmt = conn.prepare_cached(&sql).sql()?;
+        let mut stmt = conn.prepare_cached(&present_sql(table, bucket)).sql()?;
         stmt.raw_bind_parameter(1, ns).sql()?;
         let last = chunk[chunk.len() - 1];
         for i in 0..bucket {
@@ -143,6 +141,15 @@ fn present_chunks(
         }
     }
     Ok(found)
+}
+
+/// The statement [`present_in`] runs for `n` digests (`table` as there).
+pub(crate) fn present_sql(table: &str, n: usize) -> String {
+    let (table, ns_col) = table.split_once('.').unwrap_or((table, "ns"));
+    format!(
+        "SELECT digest FROM {table} WHERE {ns_col} = ?1 AND digest IN ({})",
+        placeholders(n)
+    )
 }
 
 #[cfg(test)]

@@ -5,46 +5,19 @@
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Extension, Path, State};
-use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use super::gate::request_id;
-use super::handlers::redacted_message;
+use super::handlers::{audit, fail, require_json};
 use crate::admin::VerifyRequest;
 use crate::auth::{Identity, Scope};
-use crate::error::{ErrorCode, OpsError};
+use crate::error::OpsError;
 use crate::Ops;
 
 /// Largest accepted `POST /v1/verify` body.
 const VERIFY_BODY_LIMIT: usize = 4096;
-
-/// The JSON error answer (as the blob routes answer theirs): counted,
-/// internal messages replaced by the request id.
-fn fail(ops: &Ops, mut e: OpsError) -> Response {
-    ops.metrics().error(e.code);
-    let status =
-        StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let id = request_id().unwrap_or_default();
-    if status.is_server_error() {
-        tracing::warn!(request_id = %id, "{e}");
-    } else {
-        tracing::debug!(request_id = %id, "{e}");
-    }
-    if e.code == ErrorCode::Internal {
-        e.message = redacted_message();
-    }
-    let mut resp = (status, Json(e.body())).into_response();
-    if e.code == ErrorCode::Unauthorized {
-        resp.headers_mut().insert(
-            axum::http::header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"blobpool\""),
-        );
-    }
-    resp
-}
 
 fn answer<T: Serialize>(ops: &Ops, r: Result<T, OpsError>) -> Response {
     match r {
@@ -150,19 +123,8 @@ pub(super) async fn verify(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let json = headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
-    if !json {
-        return fail(
-            &ops,
-            OpsError::new(
-                ErrorCode::UnsupportedMediaType,
-                "this route takes Content-Type: application/json",
-            ),
-        );
+    if let Err(e) = require_json(&headers) {
+        return fail(&ops, e);
     }
     if let Err(e) = ops.authorize(&identity, Scope::Admin, None) {
         return fail(&ops, e);
@@ -199,14 +161,6 @@ pub(super) async fn verify(
         ),
         Err(e) => e.code.as_str().to_string(),
     };
-    tracing::info!(
-        target: "blobpool::audit",
-        request_id = %request_id().unwrap_or_default(),
-        identity = identity.name(),
-        action = "verify",
-        target = "-",
-        outcome = %summary,
-        "audit"
-    );
+    audit(&identity, "verify", "-", &summary);
     answer(&ops, r)
 }

@@ -62,6 +62,11 @@ pub(super) async fn set_ref(
     if let Err(e) = require_json(&headers) {
         return fail(&ops, e);
     }
+    // Before the body is read: an unauthorised client costs no more than
+    // its headers.
+    if let Err(e) = ops.authorize(&identity, crate::auth::Scope::Write, Some(&ns)) {
+        return fail(&ops, e);
+    }
     let expect = match precondition(&headers) {
         Ok(x) => x,
         Err(e) => return fail(&ops, e),
