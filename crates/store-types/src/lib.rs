@@ -12,11 +12,14 @@
 //!   configurations by, without naming engine types;
 //! - the engine-state seam of ADR-012 §5 ([`GcSeam`] and its clause traits);
 //! - named references ([`RefStore`], [`RefName`]) a kv engine may hold;
+//! - the crash switch ([`crash::CrashSwitch`]) the engines' crash models
+//!   report durability points to (tests only);
 //! - the instance lock ([`InstanceLock`]) a non-fleet store holds its data
 //!   with, and the lock-file mechanism of the file-based engines.
 //!
 //! Architecture invariant: nothing here names a concrete engine.
 
+pub mod crash;
 mod digest;
 mod engine;
 mod error;
