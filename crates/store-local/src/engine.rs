@@ -19,10 +19,12 @@ impl Engine for LocalEngine {
     /// Removes stage files no live put holds (their `flock` is free):
     /// leftovers of puts interrupted since the engine opened.
     async fn maintain(&self, _now: store_types::Timestamp) -> Result<u64> {
-        let dir = self.inner.stage_dir.clone();
-        let removed = tokio::task::spawn_blocking(move || crate::fsio::remove_orphan_stages(&dir))
-            .await
-            .map_err(|e| store_types::Error::Io(format!("stage cleanup task failed: {e}")))??;
+        let inner = self.inner.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            crate::fsio::remove_orphan_stages(&inner.seam, &inner.stage_dir)
+        })
+        .await
+        .map_err(|e| store_types::Error::Io(format!("stage cleanup task failed: {e}")))??;
         Ok(removed as u64)
     }
 
@@ -92,7 +94,7 @@ impl Engine for LocalEngine {
             let mut freed = Vec::with_capacity(keys.len());
             let mut touched = BTreeSet::new();
             for key in &keys {
-                let size = fsio::delete_entry(&inner.content_path(key))?;
+                let size = fsio::delete_entry(&inner.seam, &inner.content_path(key))?;
                 if size.is_some() {
                     touched.insert(inner.fan_dir(key));
                 }
@@ -100,7 +102,7 @@ impl Engine for LocalEngine {
             }
             if inner.options.fsync {
                 for dir in &touched {
-                    fsio::fsync_dir(dir)?;
+                    fsio::fsync_dir(&inner.seam, dir, "local: delete: fsync fan-out dir")?;
                 }
             }
             Ok(freed)

@@ -142,9 +142,12 @@
 //! `local` is not a GC seam member: its delete-window staging is
 //! in-process (`gc_seam` is `None`).
 
+#[cfg(feature = "crash-model")]
+pub mod crash;
 mod engine;
 mod fsio;
 mod reader;
+mod seam;
 mod stage;
 #[cfg(any(test, feature = "testing"))]
 mod testing;
@@ -158,6 +161,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use store_types::{Error, Key, Namespace, Result};
+
+use crate::seam::Seam;
 
 /// Name of the stage directory under the root. It can never collide with
 /// a namespace, which cannot start with `.`.
@@ -214,6 +219,9 @@ pub(crate) struct Inner {
     /// Directories whose own entry in their parent is known durable (only
     /// maintained with `fsync` on).
     durable_dirs: Mutex<HashSet<PathBuf>>,
+    /// The file-system calls a crash model watches (plain `std::fs` calls
+    /// without one).
+    seam: Seam,
 }
 
 impl LocalEngine {
@@ -225,9 +233,45 @@ impl LocalEngine {
     /// Stage files held by live stages of other instances are kept.
     pub async fn open(root: impl AsRef<Path>, options: LocalOptions) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        let inner = tokio::task::spawn_blocking(move || Inner::open(&root, options))
-            .await
-            .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
+        let inner =
+            tokio::task::spawn_blocking(move || Inner::open(&root, options, Seam::default()))
+                .await
+                .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
+        Ok(LocalEngine {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Opens an engine like [`LocalEngine::open`], watched by the crash
+    /// `model` (feature `crash-model`): the root as it is now (created if
+    /// needed) is the model's durable image, every durability point from
+    /// here on — including those of this open — is reported to the
+    /// model's switch, and once the switch crashes every file-system call
+    /// of this engine fails. See [`crash`] and ADR-029.
+    ///
+    /// Cancel-safe (the blocking part runs to its end).
+    #[cfg(feature = "crash-model")]
+    pub async fn open_with_crash_model(
+        root: impl AsRef<Path>,
+        options: LocalOptions,
+        model: &crash::CrashModel,
+    ) -> Result<Self> {
+        let root = root.as_ref().to_path_buf();
+        let model = model.clone();
+        let inner = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&root).map_err(|e| fsio::io_err("creating", &root, e))?;
+            let root = root
+                .canonicalize()
+                .map_err(|e| fsio::io_err("resolving", &root, e))?;
+            let seam = Seam::with_model(
+                model
+                    .attach(&root)
+                    .map_err(|e| fsio::io_err("attaching the crash model to", &root, e))?,
+            );
+            Inner::open(&root, options, seam)
+        })
+        .await
+        .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
         Ok(LocalEngine {
             inner: Arc::new(inner),
         })
@@ -255,8 +299,9 @@ impl fmt::Debug for LocalEngine {
 
 impl Inner {
     /// The blocking part of [`LocalEngine::open`].
-    fn open(root: &Path, options: LocalOptions) -> Result<Self> {
-        std::fs::create_dir_all(root).map_err(|e| fsio::io_err("creating", root, e))?;
+    fn open(root: &Path, options: LocalOptions, seam: Seam) -> Result<Self> {
+        seam.create_dir_all(root)
+            .map_err(|e| fsio::io_err("creating", root, e))?;
         let root = root
             .canonicalize()
             .map_err(|e| fsio::io_err("resolving", root, e))?;
@@ -267,7 +312,8 @@ impl Inner {
             )));
         }
         let stage_dir = root.join(STAGE_DIR);
-        std::fs::create_dir_all(&stage_dir).map_err(|e| fsio::io_err("creating", &stage_dir, e))?;
+        seam.create_dir_all(&stage_dir)
+            .map_err(|e| fsio::io_err("creating", &stage_dir, e))?;
         let inner = Inner {
             root,
             stage_dir,
@@ -275,8 +321,9 @@ impl Inner {
             salt: fsio::random_salt(),
             next_stage: AtomicU64::new(0),
             durable_dirs: Mutex::new(HashSet::new()),
+            seam,
         };
-        let removed = fsio::remove_orphan_stages(&inner.stage_dir)?;
+        let removed = fsio::remove_orphan_stages(&inner.seam, &inner.stage_dir)?;
         if removed > 0 {
             tracing::info!(
                 root = %inner.root.display(),
@@ -286,13 +333,14 @@ impl Inner {
         } else {
             tracing::debug!(root = %inner.root.display(), "no orphan stage files");
         }
-        fsio::probe_hard_links(&inner.stage_dir, || inner.next_stage_name())?;
+        fsio::probe_hard_links(&inner.seam, &inner.stage_dir, || inner.next_stage_name())?;
         if options.fsync {
             // The root and the stage directory may have just been created.
-            fsio::fsync_dir(&inner.stage_dir)?;
-            fsio::fsync_dir(&inner.root)?;
+            let seam = &inner.seam;
+            fsio::fsync_dir(seam, &inner.stage_dir, "local: open: fsync stage dir")?;
+            fsio::fsync_dir(seam, &inner.root, "local: open: fsync root")?;
             if let Some(parent) = inner.root.parent() {
-                fsio::fsync_dir(parent)?;
+                fsio::fsync_dir(seam, parent, "local: open: fsync root's parent")?;
             }
         }
         Ok(inner)
