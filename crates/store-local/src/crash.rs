@@ -77,7 +77,10 @@ struct Model {
 
 #[derive(Default)]
 struct State {
-    /// The canonical root while attached.
+    /// The directory to watch, if not the engine's root
+    /// ([`CrashModel::watching`]).
+    requested: Option<PathBuf>,
+    /// The canonical watched directory while attached.
     root: Option<PathBuf>,
     /// Bumped by every attach and every crash: seams of an older epoch
     /// belong to a dead process and refuse everything.
@@ -142,6 +145,44 @@ impl CrashModel {
         }
     }
 
+    /// Watches `dir`, which must exist and hold the engine's root (at any
+    /// depth, existing or not), instead of the root itself: the creation
+    /// of the root and of its missing parents is then part of the image.
+    /// Everything under `dir` is rebuilt by a restore — give a directory
+    /// of the test's own.
+    pub fn watching(self, dir: impl Into<PathBuf>) -> Self {
+        self.state().requested = Some(dir.into());
+        self
+    }
+
+    /// The directory the model watches for an engine rooted at `root`: the
+    /// one given to [`CrashModel::watching`], else the root (created if
+    /// needed), canonical.
+    pub(crate) fn watched_dir(&self, root: &Path) -> io::Result<PathBuf> {
+        let requested = self.state().requested.clone();
+        match requested {
+            Some(dir) => {
+                let dir = dir.canonicalize()?;
+                let abs = std::path::absolute(root)?;
+                if !abs.starts_with(&dir) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "crash model: root {} is not under the watched {}",
+                            abs.display(),
+                            dir.display()
+                        ),
+                    ));
+                }
+                Ok(dir)
+            }
+            None => {
+                fs::create_dir_all(root)?;
+                root.canonicalize()
+            }
+        }
+    }
+
     /// The switch the model reports durability points to.
     pub fn switch(&self) -> &CrashSwitch {
         &self.inner.switch
@@ -154,8 +195,9 @@ impl CrashModel {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts watching the canonical `root`: its present content is the
-    /// durable image. Any engine attached before is dead from now on.
+    /// Starts watching the canonical directory `root`: its present content
+    /// is the durable image. Any engine attached before is dead from now
+    /// on.
     pub(crate) fn attach(&self, root: &Path) -> io::Result<Attached> {
         let mut st = self.state();
         st.epoch += 1;
@@ -191,7 +233,8 @@ impl CrashModel {
     /// drop it, [`CrashSwitch::reset`] the switch (once every model on it
     /// is restored) and open the engine again on the root.
     ///
-    /// Blocking file-system work; returns the root and what was rebuilt.
+    /// Blocking file-system work; returns the watched directory (the
+    /// engine's root unless [`CrashModel::watching`]) and what was rebuilt.
     pub fn crash_and_restore(&self) -> io::Result<(PathBuf, RestoreReport)> {
         self.inner.switch.crash_now();
         let mut st = self.state();

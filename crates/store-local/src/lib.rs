@@ -137,7 +137,12 @@
 //! comparisons with peers that never fsync, **not crash-safe** (a crash
 //! may leave acknowledged entries missing or truncated, which reads report
 //! as verification failures), and the descriptor says `durable: false`.
-//! Deletes are fsynced too when `fsync` is on.
+//! Deletes are fsynced too when `fsync` is on — including one that finds
+//! the entry already gone, whose fan-out directory is fsynced as well (the
+//! unlink it saw may be another process's, not yet durable). An open that
+//! creates the root, or parents of it, fsyncs each new directory's parent.
+//! The crash model (feature `crash-model`, module `crash`, ADR-029) checks
+//! these at every durability point.
 //!
 //! `local` is not a GC seam member: its delete-window staging is
 //! in-process (`gc_seam` is `None`).
@@ -244,7 +249,8 @@ impl LocalEngine {
 
     /// Opens an engine like [`LocalEngine::open`], watched by the crash
     /// `model` (feature `crash-model`): the root as it is now (created if
-    /// needed) is the model's durable image, every durability point from
+    /// needed), or the directory given to
+    /// [`crash::CrashModel::watching`], is the model's durable image, every durability point from
     /// here on — including those of this open — is reported to the
     /// model's switch, and once the switch crashes every file-system call
     /// of this engine fails. See [`crash`] and ADR-029.
@@ -259,13 +265,9 @@ impl LocalEngine {
         let root = root.as_ref().to_path_buf();
         let model = model.clone();
         let inner = tokio::task::spawn_blocking(move || {
-            std::fs::create_dir_all(&root).map_err(|e| fsio::io_err("creating", &root, e))?;
-            let root = root
-                .canonicalize()
-                .map_err(|e| fsio::io_err("resolving", &root, e))?;
+            let attach = |root: &Path| model.attach(&model.watched_dir(root)?);
             let seam = Seam::with_model(
-                model
-                    .attach(&root)
+                attach(&root)
                     .map_err(|e| fsio::io_err("attaching the crash model to", &root, e))?,
             );
             Inner::open(&root, options, seam)
@@ -300,6 +302,12 @@ impl fmt::Debug for LocalEngine {
 impl Inner {
     /// The blocking part of [`LocalEngine::open`].
     fn open(root: &Path, options: LocalOptions, seam: Seam) -> Result<Self> {
+        // How many directories (the root and missing parents) this open
+        // creates: each one's name in its parent must be made durable.
+        let created = root
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err())
+            .count();
         seam.create_dir_all(root)
             .map_err(|e| fsio::io_err("creating", root, e))?;
         let root = root
@@ -339,8 +347,14 @@ impl Inner {
             let seam = &inner.seam;
             fsio::fsync_dir(seam, &inner.stage_dir, "local: open: fsync stage dir")?;
             fsio::fsync_dir(seam, &inner.root, "local: open: fsync root")?;
-            if let Some(parent) = inner.root.parent() {
-                fsio::fsync_dir(seam, parent, "local: open: fsync root's parent")?;
+            // The root's parent always (the root may have been created by
+            // someone else just now), and the parent of every directory
+            // this open created, deepest first. Found by the crash model
+            // (ADR-029, finding 1): with only the root's parent fsynced,
+            // a crash could take away a new root with new parents, and
+            // every acknowledged put in it.
+            for parent in inner.root.ancestors().skip(1).take(created.max(1)) {
+                fsio::fsync_dir(seam, parent, "local: open: fsync a new dir's parent")?;
             }
         }
         Ok(inner)

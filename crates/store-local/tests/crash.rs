@@ -278,6 +278,12 @@ async fn check(engine: &LocalEngine, world: &World, context: &str) {
 /// A crash scenario: a setup on a plain engine (durable before the model
 /// starts) and a run on the engine watched by the model.
 trait Scenario {
+    /// The engine's root under the test's directory `dir`, and whether the
+    /// model watches `dir` (the root's creation is then part of the image)
+    /// rather than the root.
+    fn root(&self, dir: &Path) -> (std::path::PathBuf, bool) {
+        (dir.join("root"), false)
+    }
     /// Prepares `root` before the model attaches.
     async fn setup(&self, root: &Path, world: &mut World, rng: &mut Rng);
     /// The operations whose every durability point is crashed at.
@@ -288,12 +294,15 @@ trait Scenario {
 /// check. Returns the durability points seen.
 async fn life<S: Scenario>(scenario: &S, seed: u64, crash_at: Option<u64>) -> u64 {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
+    let (root, watch_dir) = scenario.root(dir.path());
     let switch = CrashSwitch::new();
     let mut world = World::new(switch.clone());
     let mut rng = Rng(seed);
     scenario.setup(&root, &mut world, &mut rng).await;
-    let model = CrashModel::with_seed(switch.clone(), seed ^ crash_at.unwrap_or(0));
+    let mut model = CrashModel::with_seed(switch.clone(), seed ^ crash_at.unwrap_or(0));
+    if watch_dir {
+        model = model.watching(dir.path());
+    }
     if let Some(n) = crash_at {
         switch.arm(n);
     }
@@ -306,7 +315,7 @@ async fn life<S: Scenario>(scenario: &S, seed: u64, crash_at: Option<u64>) -> u6
     if crash_at.is_none() {
         assert!(!switch.crashed());
     }
-    let (root, report) = model.crash_and_restore().unwrap();
+    let (_, report) = model.crash_and_restore().unwrap();
     switch.reset();
     let context = format!(
         "seed {seed}, crash at {crash_at:?} of {points} ({:?}), restored {report:?}",
@@ -357,6 +366,27 @@ impl Scenario for Puts {
 #[tokio::test]
 async fn puts_survive_a_crash_at_every_durability_point() {
     crash_everywhere(Puts).await;
+}
+
+/// Puts into a root the open creates, with parents it creates too: their
+/// names must be made durable as well (finding 1 of ADR-029).
+struct PutsIntoNewRoot;
+
+impl Scenario for PutsIntoNewRoot {
+    fn root(&self, dir: &Path) -> (std::path::PathBuf, bool) {
+        (dir.join("x").join("y").join("root"), true)
+    }
+
+    async fn setup(&self, _: &Path, _: &mut World, _: &mut Rng) {}
+
+    async fn run(&self, engine: &LocalEngine, world: &mut World, rng: &mut Rng) {
+        Puts.run(engine, world, rng).await;
+    }
+}
+
+#[tokio::test]
+async fn a_new_root_and_its_new_parents_survive_a_crash_at_every_durability_point() {
+    crash_everywhere(PutsIntoNewRoot).await;
 }
 
 /// Publishes of keys already present (durable from before, and just put),
@@ -569,4 +599,44 @@ async fn the_dead_engine_fails_and_changes_nothing() {
         .await
         .unwrap();
     assert_eq!(read_all(&engine, &key).await.unwrap(), data);
+}
+
+/// Another process on this machine has unlinked an entry but not yet
+/// fsynced its directory; a delete that then finds the entry gone and
+/// returns must still leave it durably gone (finding 2 of ADR-029), as an
+/// `AlreadyPresent` publish makes the name it found durable.
+#[tokio::test]
+async fn a_delete_that_finds_the_entry_just_unlinked_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let switch = CrashSwitch::new();
+    let model = CrashModel::new(switch.clone());
+    let engine = LocalEngine::open_with_crash_model(dir.path(), LocalOptions::default(), &model)
+        .await
+        .unwrap();
+    let data = b"deleted twice".to_vec();
+    let key = Key::new(ns("a"), Digest::of(&data));
+    put_chunked(&engine, &key, &data, &[4]).await.unwrap();
+    let path = engine
+        .root()
+        .join("a")
+        .join(key.digest.prefix2())
+        .join(key.digest.to_hex());
+    fs::remove_file(&path).unwrap(); // The other process's unlink.
+    assert_eq!(
+        engine
+            .delete_many(&key.namespace, &[key.digest])
+            .await
+            .unwrap(),
+        vec![None]
+    );
+    drop(engine);
+    model.crash_and_restore().unwrap();
+    switch.reset();
+    let engine = LocalEngine::open(dir.path(), LocalOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        engine.meta(&key).await.unwrap().is_none(),
+        "the acknowledged delete was undone"
+    );
 }
