@@ -249,11 +249,12 @@ impl LocalEngine {
 
     /// Opens an engine like [`LocalEngine::open`], watched by the crash
     /// `model` (feature `crash-model`): the root as it is now (created if
-    /// needed), or the directory given to
-    /// [`crash::CrashModel::watching`], is the model's durable image, every durability point from
-    /// here on — including those of this open — is reported to the
-    /// model's switch, and once the switch crashes every file-system call
-    /// of this engine fails. See [`crash`] and ADR-029.
+    /// needed), or the directory given to [`crash::CrashModel::watching`],
+    /// is the model's durable image; every durability point from here on —
+    /// including those of this open — is reported to the model's switch;
+    /// once the switch crashes, every file-system call of this engine that
+    /// changes something fails. One engine per model at a time: attaching
+    /// another makes the first one dead. See [`crash`] and ADR-029.
     ///
     /// Cancel-safe (the blocking part runs to its end).
     #[cfg(feature = "crash-model")]
