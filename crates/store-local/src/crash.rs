@@ -34,6 +34,10 @@
 //! stronger ordering journaling file systems give (ext4 commits a new
 //! file's name with its data), metadata other than names and bytes
 //! (modes, times, sizes of directories), and files outside the root.
+//! Files a test creates behind the engine's back while it runs (planted
+//! orphans, junk) are known by inode number only: should one reuse the
+//! number of a file the engine created and removed, the model takes it
+//! for that file.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
