@@ -19,10 +19,12 @@ impl Engine for LocalEngine {
     /// Removes stage files no live put holds (their `flock` is free):
     /// leftovers of puts interrupted since the engine opened.
     async fn maintain(&self, _now: store_types::Timestamp) -> Result<u64> {
-        let dir = self.inner.stage_dir.clone();
-        let removed = tokio::task::spawn_blocking(move || crate::fsio::remove_orphan_stages(&dir))
-            .await
-            .map_err(|e| store_types::Error::Io(format!("stage cleanup task failed: {e}")))??;
+        let inner = self.inner.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            crate::fsio::remove_orphan_stages(&inner.seam, &inner.stage_dir)
+        })
+        .await
+        .map_err(|e| store_types::Error::Io(format!("stage cleanup task failed: {e}")))??;
         Ok(removed as u64)
     }
 
@@ -84,7 +86,11 @@ impl Engine for LocalEngine {
     }
 
     /// Removes the files in one blocking task, then (with `fsync` on)
-    /// fsyncs each affected fan-out directory once.
+    /// fsyncs each affected fan-out directory once. A key found absent
+    /// counts as affected too: another process may have unlinked it and
+    /// not yet fsynced the directory, and a returned delete must be
+    /// durable (ADR-029, finding 2). Fan-out directories that do not
+    /// exist never held the entry and are skipped.
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
         let inner = self.inner.clone();
         let keys: Vec<_> = digests.iter().map(|d| Key::new(ns.clone(), *d)).collect();
@@ -92,15 +98,17 @@ impl Engine for LocalEngine {
             let mut freed = Vec::with_capacity(keys.len());
             let mut touched = BTreeSet::new();
             for key in &keys {
-                let size = fsio::delete_entry(&inner.content_path(key))?;
-                if size.is_some() {
-                    touched.insert(inner.fan_dir(key));
-                }
+                let size = fsio::delete_entry(&inner.seam, &inner.content_path(key))?;
+                touched.insert(inner.fan_dir(key));
                 freed.push(size);
             }
             if inner.options.fsync {
                 for dir in &touched {
-                    fsio::fsync_dir(dir)?;
+                    match inner.seam.sync_dir(dir, "local: delete: fsync fan-out dir") {
+                        Ok(()) => {}
+                        Err(e) if is_absent(&e) => {}
+                        Err(e) => return Err(io_err("fsyncing directory", dir, e)),
+                    }
                 }
             }
             Ok(freed)

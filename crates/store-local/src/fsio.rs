@@ -11,6 +11,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use store_types::{Digest, EntryMeta, Error, Namespace, Result, Timestamp};
 
+use crate::seam::Seam;
+
 /// Runs `f` on the blocking pool and flattens a panic into [`Error::Io`].
 pub(crate) async fn blocking<T, F>(f: F) -> Result<T>
 where
@@ -48,19 +50,11 @@ pub(crate) fn random_salt() -> u64 {
 }
 
 /// Fsyncs a directory so that entries created or removed in it are
-/// durable. A no-op where directories cannot be opened (non-Unix).
-pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_err("fsyncing directory", dir, e))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = dir;
-        Ok(())
-    }
+/// durable (a durability point, labelled `label`). A no-op where
+/// directories cannot be opened (non-Unix).
+pub(crate) fn fsync_dir(seam: &Seam, dir: &Path, label: &'static str) -> Result<()> {
+    seam.sync_dir(dir, label)
+        .map_err(|e| io_err("fsyncing directory", dir, e))
 }
 
 /// What a lock probe learnt about a stage file.
@@ -122,7 +116,7 @@ pub(crate) fn probe_stage(path: &Path) -> StageProbe {
 /// probed — locking unsupported or failing (`ENOLCK`, `EIO`, …), or the
 /// file not openable read-write — is kept (see [`probe_stage`]); one
 /// warning per run reports how many.
-pub(crate) fn remove_orphan_stages(stage_dir: &Path) -> Result<usize> {
+pub(crate) fn remove_orphan_stages(seam: &Seam, stage_dir: &Path) -> Result<usize> {
     let entries = fs::read_dir(stage_dir).map_err(|e| io_err("listing", stage_dir, e))?;
     let mut removed = 0;
     let mut unknown = 0usize;
@@ -142,7 +136,7 @@ pub(crate) fn remove_orphan_stages(stage_dir: &Path) -> Result<usize> {
                 continue;
             }
         };
-        match fs::remove_file(&path) {
+        match seam.remove_file(&path) {
             Ok(()) => removed += 1,
             Err(e) if is_absent(&e) => {}
             Err(e) => return Err(io_err("removing orphan stage file", &path, e)),
@@ -163,6 +157,7 @@ pub(crate) fn remove_orphan_stages(stage_dir: &Path) -> Result<usize> {
 /// instance's orphan sweep still remove it first (`NotFound`), the probe
 /// is retried under a new name.
 pub(crate) fn probe_hard_links(
+    seam: &Seam,
     stage_dir: &Path,
     mut next_name: impl FnMut() -> String,
 ) -> Result<()> {
@@ -171,14 +166,18 @@ pub(crate) fn probe_hard_links(
         let name = next_name();
         let probe = stage_dir.join(&name);
         let link = stage_dir.join(format!("{name}.link"));
-        let file = File::create_new(&probe).map_err(|e| io_err("creating", &probe, e))?;
+        let file = seam
+            .create_new(&probe)
+            .map_err(|e| io_err("creating", &probe, e))?;
         let _ = file.try_lock();
-        let linked = fs::hard_link(&probe, &link);
-        let _ = fs::remove_file(&probe);
-        let _ = fs::remove_file(&link);
+        let linked = seam.hard_link(&probe, &link);
+        let _ = seam.remove_file(&probe);
+        let _ = seam.remove_file(&link);
         match linked {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound && attempts < 3 => attempts += 1,
+            // A crashed process is not a file system without hard links.
+            Err(e) if seam.alive().is_err() => return Err(io_err("linking", &link, e)),
             Err(e) => {
                 return Err(Error::Config(format!(
                     "the local engine needs a file system with hard links (for no-clobber \
@@ -215,14 +214,14 @@ pub(crate) fn stat_entry(path: &Path) -> Result<Option<EntryMeta>> {
 /// Deletes the entry at `path`, returning its size (`None` if it was
 /// already absent). Like every lookup, this follows a symlink an operator
 /// may have placed there (and removes the link, not its target).
-pub(crate) fn delete_entry(path: &Path) -> Result<Option<u64>> {
+pub(crate) fn delete_entry(seam: &Seam, path: &Path) -> Result<Option<u64>> {
     let size = match fs::metadata(path) {
         Ok(m) if m.is_file() => m.len(),
         Ok(_) => return Ok(None),
         Err(e) if is_absent(&e) => return Ok(None),
         Err(e) => return Err(io_err("stat", path, e)),
     };
-    match fs::remove_file(path) {
+    match seam.remove_file(path) {
         Ok(()) => Ok(Some(size)),
         Err(e) if is_absent(&e) => Ok(None),
         Err(e) => Err(io_err("removing", path, e)),

@@ -137,14 +137,22 @@
 //! comparisons with peers that never fsync, **not crash-safe** (a crash
 //! may leave acknowledged entries missing or truncated, which reads report
 //! as verification failures), and the descriptor says `durable: false`.
-//! Deletes are fsynced too when `fsync` is on.
+//! Deletes are fsynced too when `fsync` is on — including one that finds
+//! the entry already gone, whose fan-out directory is fsynced as well (the
+//! unlink it saw may be another process's, not yet durable). An open that
+//! creates the root, or parents of it, fsyncs each new directory's parent.
+//! The crash model (feature `crash-model`, module `crash`, ADR-029) checks
+//! these at every durability point.
 //!
 //! `local` is not a GC seam member: its delete-window staging is
 //! in-process (`gc_seam` is `None`).
 
+#[cfg(feature = "crash-model")]
+pub mod crash;
 mod engine;
 mod fsio;
 mod reader;
+mod seam;
 mod stage;
 #[cfg(any(test, feature = "testing"))]
 mod testing;
@@ -158,6 +166,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use store_types::{Error, Key, Namespace, Result};
+
+use crate::seam::Seam;
 
 /// Name of the stage directory under the root. It can never collide with
 /// a namespace, which cannot start with `.`.
@@ -214,6 +224,9 @@ pub(crate) struct Inner {
     /// Directories whose own entry in their parent is known durable (only
     /// maintained with `fsync` on).
     durable_dirs: Mutex<HashSet<PathBuf>>,
+    /// The file-system calls a crash model watches (plain `std::fs` calls
+    /// without one).
+    seam: Seam,
 }
 
 impl LocalEngine {
@@ -225,9 +238,43 @@ impl LocalEngine {
     /// Stage files held by live stages of other instances are kept.
     pub async fn open(root: impl AsRef<Path>, options: LocalOptions) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        let inner = tokio::task::spawn_blocking(move || Inner::open(&root, options))
-            .await
-            .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
+        let inner =
+            tokio::task::spawn_blocking(move || Inner::open(&root, options, Seam::default()))
+                .await
+                .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
+        Ok(LocalEngine {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Opens an engine like [`LocalEngine::open`], watched by the crash
+    /// `model` (feature `crash-model`): the root as it is now (created if
+    /// needed), or the directory given to [`crash::CrashModel::watching`],
+    /// is the model's durable image; every durability point from here on —
+    /// including those of this open — is reported to the model's switch;
+    /// once the switch crashes, every file-system call of this engine that
+    /// changes something fails. One engine per model at a time: attaching
+    /// another makes the first one dead. See [`crash`] and ADR-029.
+    ///
+    /// Cancel-safe (the blocking part runs to its end).
+    #[cfg(feature = "crash-model")]
+    pub async fn open_with_crash_model(
+        root: impl AsRef<Path>,
+        options: LocalOptions,
+        model: &crash::CrashModel,
+    ) -> Result<Self> {
+        let root = root.as_ref().to_path_buf();
+        let model = model.clone();
+        let inner = tokio::task::spawn_blocking(move || {
+            let attach = |root: &Path| model.attach(&model.watched_dir(root)?);
+            let seam = Seam::with_model(
+                attach(&root)
+                    .map_err(|e| fsio::io_err("attaching the crash model to", &root, e))?,
+            );
+            Inner::open(&root, options, seam)
+        })
+        .await
+        .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
         Ok(LocalEngine {
             inner: Arc::new(inner),
         })
@@ -255,8 +302,15 @@ impl fmt::Debug for LocalEngine {
 
 impl Inner {
     /// The blocking part of [`LocalEngine::open`].
-    fn open(root: &Path, options: LocalOptions) -> Result<Self> {
-        std::fs::create_dir_all(root).map_err(|e| fsio::io_err("creating", root, e))?;
+    fn open(root: &Path, options: LocalOptions, seam: Seam) -> Result<Self> {
+        // How many directories (the root and missing parents) this open
+        // creates: each one's name in its parent must be made durable.
+        let created = root
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err())
+            .count();
+        seam.create_dir_all(root)
+            .map_err(|e| fsio::io_err("creating", root, e))?;
         let root = root
             .canonicalize()
             .map_err(|e| fsio::io_err("resolving", root, e))?;
@@ -267,7 +321,8 @@ impl Inner {
             )));
         }
         let stage_dir = root.join(STAGE_DIR);
-        std::fs::create_dir_all(&stage_dir).map_err(|e| fsio::io_err("creating", &stage_dir, e))?;
+        seam.create_dir_all(&stage_dir)
+            .map_err(|e| fsio::io_err("creating", &stage_dir, e))?;
         let inner = Inner {
             root,
             stage_dir,
@@ -275,8 +330,9 @@ impl Inner {
             salt: fsio::random_salt(),
             next_stage: AtomicU64::new(0),
             durable_dirs: Mutex::new(HashSet::new()),
+            seam,
         };
-        let removed = fsio::remove_orphan_stages(&inner.stage_dir)?;
+        let removed = fsio::remove_orphan_stages(&inner.seam, &inner.stage_dir)?;
         if removed > 0 {
             tracing::info!(
                 root = %inner.root.display(),
@@ -286,13 +342,20 @@ impl Inner {
         } else {
             tracing::debug!(root = %inner.root.display(), "no orphan stage files");
         }
-        fsio::probe_hard_links(&inner.stage_dir, || inner.next_stage_name())?;
+        fsio::probe_hard_links(&inner.seam, &inner.stage_dir, || inner.next_stage_name())?;
         if options.fsync {
             // The root and the stage directory may have just been created.
-            fsio::fsync_dir(&inner.stage_dir)?;
-            fsio::fsync_dir(&inner.root)?;
-            if let Some(parent) = inner.root.parent() {
-                fsio::fsync_dir(parent)?;
+            let seam = &inner.seam;
+            fsio::fsync_dir(seam, &inner.stage_dir, "local: open: fsync stage dir")?;
+            fsio::fsync_dir(seam, &inner.root, "local: open: fsync root")?;
+            // The root's parent always (the root may have been created by
+            // someone else just now), and the parent of every directory
+            // this open created, deepest first. Found by the crash model
+            // (ADR-029, finding 1): with only the root's parent fsynced,
+            // a crash could take away a new root with new parents, and
+            // every acknowledged put in it.
+            for parent in inner.root.ancestors().skip(1).take(created.max(1)) {
+                fsio::fsync_dir(seam, parent, "local: open: fsync a new dir's parent")?;
             }
         }
         Ok(inner)

@@ -15,6 +15,7 @@ use store_types::{Error, Key, Namespace, PublishOutcome, Result, StagedWrite};
 use tokio::sync::Notify;
 
 use crate::fsio::{blocking, fsync_dir, io_err, is_absent};
+use crate::seam::Seam;
 use crate::Inner;
 
 /// Bytes queued before a writer call is started: callers that send small
@@ -39,6 +40,8 @@ const CREATE_ATTEMPTS: usize = 8;
 struct StageFile {
     file: File,
     path: PathBuf,
+    /// The engine's seam (a dead process removes nothing).
+    seam: Seam,
     /// Set once the stage name has been unlinked by a publish.
     gone: bool,
 }
@@ -46,8 +49,8 @@ struct StageFile {
 impl Drop for StageFile {
     fn drop(&mut self) {
         if !self.gone {
-            if let Err(e) = fs::remove_file(&self.path) {
-                if !is_absent(&e) {
+            if let Err(e) = self.seam.remove_file(&self.path) {
+                if !is_absent(&e) && self.seam.alive().is_ok() {
                     tracing::warn!(path = %self.path.display(), error = %e,
                         "could not remove stage file; it will be removed at next open");
                 }
@@ -67,7 +70,7 @@ fn create_stage_file(inner: &Inner) -> Result<StageFile> {
     let mut last = None;
     for _ in 0..CREATE_ATTEMPTS {
         let path = inner.stage_dir.join(inner.next_stage_name());
-        let file = match File::create_new(&path) {
+        let file = match inner.seam.create_new(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(io_err("creating stage file", &path, e)),
@@ -75,6 +78,7 @@ fn create_stage_file(inner: &Inner) -> Result<StageFile> {
         let stage = StageFile {
             file,
             path,
+            seam: inner.seam.clone(),
             gone: false,
         };
         match stage.file.try_lock() {
@@ -123,6 +127,10 @@ fn still_linked(stage: &StageFile) -> Result<bool> {
 /// Appends `chunks` to the stage file: one `writev` per call where the
 /// kernel takes it all (small chunks are not copied to be coalesced).
 fn write_chunks(stage: &StageFile, chunks: &[Bytes]) -> Result<()> {
+    stage
+        .seam
+        .alive()
+        .map_err(|e| io_err("writing stage file", &stage.path, e))?;
     let mut slices: Vec<IoSlice<'_>> = chunks.iter().map(|c| IoSlice::new(c)).collect();
     let mut bufs = &mut slices[..];
     IoSlice::advance_slices(&mut bufs, 0); // Skips empty leading slices.
@@ -193,15 +201,18 @@ fn publish(inner: &Inner, mut stage: StageFile, size: u64, key: &Key) -> Result<
         return already_present(inner, &fan_dir); // `stage` drops: removed.
     }
     if fsync {
-        stage
-            .file
-            .sync_data()
+        inner
+            .seam
+            .sync_data(&stage.file, &stage.path, "local: publish: fdatasync stage")
             .map_err(|e| io_err("fsyncing stage file", &stage.path, e))?;
     }
-    fs::create_dir_all(&fan_dir).map_err(|e| io_err("creating", &fan_dir, e))?;
+    inner
+        .seam
+        .create_dir_all(&fan_dir)
+        .map_err(|e| io_err("creating", &fan_dir, e))?;
     let mut attempt = 1;
     loop {
-        let e = match fs::hard_link(&stage.path, &target) {
+        let e = match inner.seam.hard_link(&stage.path, &target) {
             Ok(()) => break,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => e,
             Err(e) => return Err(io_err("publishing to", &target, e)),
@@ -222,7 +233,7 @@ fn publish(inner: &Inner, mut stage: StageFile, size: u64, key: &Key) -> Result<
     }
     // The entry is visible and complete. Unlinking the stage name is
     // housekeeping: if it fails, the orphan sweep at next open finishes it.
-    match fs::remove_file(&stage.path) {
+    match inner.seam.remove_file(&stage.path) {
         Ok(()) => stage.gone = true,
         Err(e) => tracing::warn!(path = %stage.path.display(), error = %e,
             "could not unlink a published stage name"),
@@ -247,7 +258,7 @@ fn replace_unusable(
 ) -> Result<PublishOutcome> {
     tracing::warn!(path = %target.display(), why,
         "an unusable file holds the entry's name; replacing it");
-    fs::rename(&stage.path, target).map_err(|e| {
+    inner.seam.rename(&stage.path, target).map_err(|e| {
         Error::Io(format!(
             "the entry's name {} is taken by something unusable ({why}) that could not be \
              replaced: {e}",
@@ -276,12 +287,16 @@ fn already_present(inner: &Inner, fan_dir: &Path) -> Result<PublishOutcome> {
 /// Makes a new name in `fan_dir` durable, and the chain of directories
 /// above it up to the root unless already known durable.
 fn make_durable(inner: &Inner, fan_dir: &Path) -> Result<()> {
-    fsync_dir(fan_dir)?;
+    fsync_dir(&inner.seam, fan_dir, "local: publish: fsync fan-out dir")?;
     let mut synced = Vec::new();
     let mut dir = fan_dir;
     while dir != inner.root && !inner.is_known_durable(dir) {
         let Some(parent) = dir.parent() else { break };
-        fsync_dir(parent)?;
+        fsync_dir(
+            &inner.seam,
+            parent,
+            "local: publish: fsync new dir's parent",
+        )?;
         synced.push(dir);
         dir = parent;
     }

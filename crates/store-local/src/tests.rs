@@ -646,7 +646,11 @@ async fn a_stage_locked_through_another_open_file_is_kept_and_an_unheld_one_remo
     holder.try_lock().unwrap();
 
     assert_eq!(
-        crate::fsio::remove_orphan_stages(&dir.path().join(".stage")).unwrap(),
+        crate::fsio::remove_orphan_stages(
+            &crate::seam::Seam::default(),
+            &dir.path().join(".stage")
+        )
+        .unwrap(),
         1
     );
     assert!(held.exists(), "the held stage is kept");
