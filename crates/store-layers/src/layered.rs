@@ -28,6 +28,11 @@ use crate::layer::{wrong_reply, Call, EngineLayer, Reply};
 /// so the layer sees their writes, publish and abort. Layers compose by
 /// nesting: `Layered::new(Arc::new(Layered::new(inner, a)), b)` runs `b`
 /// outside `a` (see [`crate::LayerStack`] for the builder form).
+///
+/// Cancel safety: each method is exactly as cancel-safe as the inner
+/// engine's, provided the layers keep the [`EngineLayer`] contract (a
+/// dropped call drops the inner call with it); `descriptor`, `gc_seam`,
+/// `refs` and `joint_pin_publish` pass through without the layer.
 pub struct Layered<E: ?Sized> {
     inner: Arc<E>,
     layer: Arc<dyn EngineLayer>,
@@ -315,7 +320,6 @@ impl StagedWrite for LayeredStage {
         let mut call = Call::new(crate::Op::Publish, kind, tier);
         call.ns = Some(&ns);
         call.digest = Some(&key.digest);
-        call.len = 0;
         let reply = layer
             .around(
                 call,

@@ -417,3 +417,49 @@ async fn tracing_spans_each_operation() {
         "{failed}"
     );
 }
+
+/// A lost acknowledgement: the kv put takes effect, the caller sees the
+/// error; a retry finds the entry (dedup) and it verifies.
+#[tokio::test]
+async fn a_lost_acknowledgement_never_leaves_a_wrong_entry() {
+    let f = open(
+        FaultPlan::new(6).rule(
+            Rule::on(Op::Put)
+                .nth(1)
+                .fail_after(ErrorKind::ConnectionAborted),
+        ),
+        false,
+    )
+    .await;
+    let data = content(6, 200);
+    let err = f.put(&data).await.expect_err("the acknowledgement is lost");
+    assert!(
+        err.to_string().contains("after the engine answered"),
+        "{err}"
+    );
+    let key = f.put(&data).await.unwrap();
+    assert_eq!(&f.get(&key).await.unwrap()[..], &data[..]);
+}
+
+/// A fixed delay holds the call for at least that long, and only the
+/// operation it names.
+#[tokio::test]
+async fn a_delay_holds_the_call() {
+    let faults = FaultLayer::new(
+        FaultPlan::new(7).rule(Rule::on(Op::Meta).delay(Duration::from_millis(200))),
+    );
+    let kv = LayerStack::new()
+        .layer(faults.clone())
+        .kv(Arc::new(MemEngine::new()));
+    let key = Key::new(ns(), Digest::of(b"x"));
+    let start = std::time::Instant::now();
+    assert_eq!(kv.meta(&key).await.unwrap(), None);
+    assert!(start.elapsed() >= Duration::from_millis(200));
+    assert!(!kv.has_many(&ns(), &[key.digest]).await.unwrap()[0]);
+    let injected: Vec<Op> = faults.injections().iter().map(|i| i.op).collect();
+    assert_eq!(
+        injected,
+        vec![Op::Meta],
+        "only the named operation is delayed"
+    );
+}
