@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 
 type OnEnter = Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
-/// Controls a [`Hooked`] engine's deletes.
+/// Controls the deletes of an engine wrapped by [`hooked_kv`] or [`hooked_large`].
 pub struct DeleteHook {
     armed: AtomicBool,
     fail: AtomicBool,

@@ -263,7 +263,7 @@ impl<E: Engine + ?Sized> Layered<E> {
 /// the layer (as [`Op::Write`](crate::Op::Write), `Publish`,
 /// `PublishPinned`, `Abort`) and then to the inner stage. Dropping it
 /// drops the inner stage (the engine's own drop cleanup).
-pub struct LayeredStage {
+pub(crate) struct LayeredStage {
     inner: Box<dyn StagedWrite>,
     layer: Arc<dyn EngineLayer>,
     kind: &'static str,
@@ -271,14 +271,6 @@ pub struct LayeredStage {
     ns: Namespace,
     expected: Option<Digest>,
     written: u64,
-}
-
-impl LayeredStage {
-    /// How many bytes were written to the stage so far (through this
-    /// wrapper, successfully).
-    pub fn written(&self) -> u64 {
-        self.written
-    }
 }
 
 #[deny(clippy::missing_trait_methods)]

@@ -51,6 +51,6 @@ mod trace;
 
 pub use fault::{Fault, FaultLayer, FaultPlan, Injection, Rule, When};
 pub use layer::{BoxFuture, Call, EngineLayer, Next, Op, Reply};
-pub use layered::{LayerStack, Layered, LayeredStage};
+pub use layered::{LayerStack, Layered};
 pub use metrics::{render_prometheus, MetricsLayer, MetricsSnapshot};
 pub use trace::TraceLayer;
