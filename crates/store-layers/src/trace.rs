@@ -12,7 +12,8 @@ use crate::metrics::error_variant;
 /// Emits, per operation, a `debug` span `engine_op` with fields `op`,
 /// `engine`, `tier`, `ns`, `digest` (when the call addresses one), `count`
 /// (digests of a batch), `offset`/`len` (writes and ranged reads), and
-/// inside it one event: `debug` with `result` and `elapsed_us` on
+/// `result`/`elapsed_us` recorded when the call completes (shown by a
+/// subscriber that logs span closes); inside it one event: `debug` with `result` and `elapsed_us` on
 /// success, `warn` with the error, its variant and `elapsed_us` on
 /// failure. Absent keys are answers, not errors (they log at debug).
 ///
@@ -72,6 +73,8 @@ impl EngineLayer for TraceLayer {
             count = Empty,
             offset = Empty,
             len = Empty,
+            result = Empty,
+            elapsed_us = Empty,
         );
         if !span.is_disabled() {
             if let Some(t) = call.tier {
@@ -91,11 +94,19 @@ impl EngineLayer for TraceLayer {
                 span.record("len", call.len);
             }
         }
+        let recorder = span.clone();
         Box::pin(
             async move {
                 let start = Instant::now();
                 let result = next.await;
                 let elapsed_us = start.elapsed().as_micros() as u64;
+                if !recorder.is_disabled() {
+                    recorder.record("elapsed_us", elapsed_us);
+                    match &result {
+                        Ok(reply) => recorder.record("result", describe(reply).as_str()),
+                        Err(e) => recorder.record("result", error_variant(e)),
+                    };
+                }
                 match &result {
                     Ok(reply) => {
                         if tracing::enabled!(tracing::Level::DEBUG) {
