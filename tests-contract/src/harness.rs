@@ -16,8 +16,6 @@ use store_postgres::PostgresEngine;
 use store_sqlite::{SqliteEngine, SqliteOptions};
 use store_types::{Engine, Key, KvEngine, LargeEngine, Timestamp};
 
-use crate::hook::Hooked;
-
 /// The threshold every tiered composite runs the suite with: small, so the
 /// boundary cases are cheap, and far below any engine's limits.
 pub const THRESHOLD: u64 = 4096;
@@ -85,6 +83,8 @@ pub struct Spec {
     pub large: Option<LargeSpec>,
     /// `mem-only` mode instead of kv-only.
     pub mem_only: bool,
+    /// Both engines wrapped in engine layers ([`crate::layered::wrap`]).
+    pub layered: bool,
 }
 
 impl Spec {
@@ -197,7 +197,7 @@ impl Harness {
 
     /// Opens `spec` with the tier that big blobs go to (the large tier, or
     /// the kv tier of a kv-only or mem-only composite) wrapped in a
-    /// [`crate::hook::Hooked`] engine controlled by `hook`.
+    /// [`crate::hook`] wrapper controlled by `hook`.
     pub async fn open_hooked(
         spec: Spec,
         opts: Opts,
@@ -310,13 +310,16 @@ impl Harness {
         if let Some(hook) = &env.hook {
             match (large_dyn.take(), spec.mode()) {
                 (Some(l), Mode::DualTier { .. }) => {
-                    large_dyn = Some(Arc::new(Hooked(l, hook.clone())));
+                    large_dyn = Some(crate::hook::hooked_large(l, hook.clone()));
                 }
                 (l, _) => {
                     large_dyn = l;
-                    kv_dyn = Arc::new(Hooked(kv_dyn, hook.clone()));
+                    kv_dyn = crate::hook::hooked_kv(kv_dyn, hook.clone());
                 }
             }
+        }
+        if spec.layered {
+            (kv_dyn, large_dyn) = crate::layered::wrap(kv_dyn, large_dyn);
         }
         b = b.kv_shared(kv_dyn);
         if let Some(l) = large_dyn {

@@ -22,6 +22,7 @@ pub mod data;
 pub mod fleet;
 mod harness;
 pub mod hook;
+pub mod layered;
 pub mod pg;
 pub mod support;
 
@@ -33,6 +34,7 @@ pub const MEM_ONLY: Spec = Spec {
     kv: KvSpec::Mem,
     large: None,
     mem_only: true,
+    layered: false,
 };
 /// kv-only on mem.
 pub const KV_MEM: Spec = Spec {
@@ -40,6 +42,7 @@ pub const KV_MEM: Spec = Spec {
     kv: KvSpec::Mem,
     large: None,
     mem_only: false,
+    layered: false,
 };
 /// kv-only on sqlite.
 pub const KV_SQLITE: Spec = Spec {
@@ -47,6 +50,7 @@ pub const KV_SQLITE: Spec = Spec {
     kv: KvSpec::Sqlite,
     large: None,
     mem_only: false,
+    layered: false,
 };
 /// dual-tier sqlite + local.
 pub const SQLITE_LOCAL: Spec = Spec {
@@ -54,6 +58,7 @@ pub const SQLITE_LOCAL: Spec = Spec {
     kv: KvSpec::Sqlite,
     large: Some(LargeSpec::Local),
     mem_only: false,
+    layered: false,
 };
 /// dual-tier mem + local (ADR-012 §6.3).
 pub const MEM_LOCAL: Spec = Spec {
@@ -61,6 +66,7 @@ pub const MEM_LOCAL: Spec = Spec {
     kv: KvSpec::Mem,
     large: Some(LargeSpec::Local),
     mem_only: false,
+    layered: false,
 };
 /// dual-tier mem + mem.
 pub const MEM_MEM: Spec = Spec {
@@ -68,6 +74,7 @@ pub const MEM_MEM: Spec = Spec {
     kv: KvSpec::Mem,
     large: Some(LargeSpec::Mem),
     mem_only: false,
+    layered: false,
 };
 /// kv-only on postgres.
 pub const KV_POSTGRES: Spec = Spec {
@@ -75,6 +82,7 @@ pub const KV_POSTGRES: Spec = Spec {
     kv: KvSpec::Postgres,
     large: None,
     mem_only: false,
+    layered: false,
 };
 /// dual-tier postgres + pg-lo on the same instance.
 pub const POSTGRES_PGLO: Spec = Spec {
@@ -82,6 +90,7 @@ pub const POSTGRES_PGLO: Spec = Spec {
     kv: KvSpec::Postgres,
     large: Some(LargeSpec::PgLo),
     mem_only: false,
+    layered: false,
 };
 /// dual-tier postgres + local.
 pub const POSTGRES_LOCAL: Spec = Spec {
@@ -89,6 +98,7 @@ pub const POSTGRES_LOCAL: Spec = Spec {
     kv: KvSpec::Postgres,
     large: Some(LargeSpec::Local),
     mem_only: false,
+    layered: false,
 };
 /// dual-tier sqlite + pg-lo (dual SQL: the window lives on sqlite only).
 pub const SQLITE_PGLO: Spec = Spec {
@@ -96,6 +106,7 @@ pub const SQLITE_PGLO: Spec = Spec {
     kv: KvSpec::Sqlite,
     large: Some(LargeSpec::PgLo),
     mem_only: false,
+    layered: false,
 };
 /// dual-tier mem + pg-lo (the window lives on pg-lo).
 pub const MEM_PGLO: Spec = Spec {
@@ -103,6 +114,7 @@ pub const MEM_PGLO: Spec = Spec {
     kv: KvSpec::Mem,
     large: Some(LargeSpec::PgLo),
     mem_only: false,
+    layered: false,
 };
 
 /// dual-tier sqlite + object store over `InMemory`.
@@ -111,6 +123,7 @@ pub const SQLITE_OBJECT_MEM: Spec = Spec {
     kv: KvSpec::Sqlite,
     large: Some(LargeSpec::Object(ObjectBackend::Memory)),
     mem_only: false,
+    layered: false,
 };
 /// dual-tier mem + object store over `LocalFileSystem` (`file://`).
 pub const MEM_OBJECT_FS: Spec = Spec {
@@ -118,6 +131,7 @@ pub const MEM_OBJECT_FS: Spec = Spec {
     kv: KvSpec::Mem,
     large: Some(LargeSpec::Object(ObjectBackend::LocalFs)),
     mem_only: false,
+    layered: false,
 };
 /// dual-tier postgres + object store over S3 (the moto test server).
 pub const POSTGRES_OBJECT_S3: Spec = Spec {
@@ -125,6 +139,15 @@ pub const POSTGRES_OBJECT_S3: Spec = Spec {
     kv: KvSpec::Postgres,
     large: Some(LargeSpec::Object(ObjectBackend::S3)),
     mem_only: false,
+    layered: false,
+};
+
+/// dual-tier sqlite + local, both engines wrapped in the tracing, metrics
+/// and (no-fault) fault-injection layers of `store-layers`.
+pub const SQLITE_LOCAL_LAYERED: Spec = Spec {
+    name: "sqlite+local (layered)",
+    layered: true,
+    ..SQLITE_LOCAL
 };
 
 /// Generates every contract case as a separately named test for one

@@ -43,3 +43,6 @@ mod mem_object_fs {
 mod postgres_object_s3 {
     tests_contract::contract_suite!(tests_contract::POSTGRES_OBJECT_S3);
 }
+mod sqlite_local_layered {
+    tests_contract::contract_suite!(tests_contract::SQLITE_LOCAL_LAYERED);
+}

@@ -11,7 +11,7 @@ use store_core::{GcAbortCause, Key, Namespace, Store, SweepOptions, FENCE_GRACE}
 use store_types::{Digest, KvEngine, LargeEngine};
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
-use tests_contract::hook::{DeleteHook, Hooked};
+use tests_contract::hook::{hooked_large, DeleteHook};
 use tests_contract::THRESHOLD;
 
 fn ns() -> Namespace {
@@ -32,7 +32,7 @@ fn big(seed: u64) -> Vec<u8> {
 async fn hooked_node(env: &FleetEnv, owner: &str, hook: &Arc<DeleteHook>) -> Store {
     let kv: Arc<dyn KvEngine> = Arc::new(env.kv().await);
     let large = env.large_engine().await.expect("a large tier");
-    let large: Arc<dyn LargeEngine> = Arc::new(Hooked(large, hook.clone()));
+    let large: Arc<dyn LargeEngine> = hooked_large(large, hook.clone());
     let store = env
         .builder(owner, kv, Some(large))
         .build()

@@ -18,7 +18,7 @@ use store_ops::{Ops, OpsConfig};
 use store_sqlite::{SqliteEngine, SqliteOptions};
 use store_types::LargeEngine;
 use tests_contract::data::content;
-use tests_contract::hook::{DeleteHook, Hooked};
+use tests_contract::hook::{hooked_large, DeleteHook};
 use tests_contract::support::LiveSet;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -40,7 +40,7 @@ async fn setup(dir: &std::path::Path, hook: &Arc<DeleteHook>) -> (Store, Vec<u8>
     );
     let store = Store::builder()
         .kv(kv)
-        .large_shared(Arc::new(Hooked(large, hook.clone())))
+        .large_shared(hooked_large(large, hook.clone()))
         .mode(Mode::DualTier { threshold: 4096 })
         .window(Duration::ZERO)
         .build()

@@ -1,0 +1,335 @@
+//! The forwarding base forwards everything: a recording engine that
+//! overrides every method (the default-bodied ones too, with answers no
+//! default gives) is wrapped, every method is called through the wrapper,
+//! and each must reach the engine and come back unchanged.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use store_layers::{
+    EngineLayer, FaultLayer, FaultPlan, LayerStack, Layered, MetricsLayer, TraceLayer,
+};
+use store_types::{
+    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, GcSeam, Instance, InstanceLock,
+    Key, KvEngine, LargeEngine, Namespace, PinIntent, PublishOutcome, RefStore, Result, Sharing,
+    StagedWrite, Timestamp,
+};
+use tokio::io::AsyncReadExt;
+
+type Log = Arc<Mutex<Vec<&'static str>>>;
+
+/// An engine that records each method called and answers with values no
+/// trait default would give.
+struct Recorder {
+    log: Log,
+}
+
+impl Recorder {
+    fn note(&self, m: &'static str) {
+        self.log.lock().unwrap().push(m);
+    }
+}
+
+struct RecStage {
+    log: Log,
+}
+
+impl RecStage {
+    fn note(&self, m: &'static str) {
+        self.log.lock().unwrap().push(m);
+    }
+}
+
+fn meta() -> EntryMeta {
+    EntryMeta {
+        size: 7,
+        created_at: Timestamp(42),
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl Engine for Recorder {
+    fn descriptor(&self) -> EngineDescriptor {
+        self.note("descriptor");
+        EngineDescriptor {
+            kind: "recorder",
+            instance: Instance::Other("recorder://".into()),
+            sharing: Sharing::ProcessLocal,
+            durable: false,
+        }
+    }
+    async fn meta(&self, _key: &Key) -> Result<Option<EntryMeta>> {
+        self.note("meta");
+        Ok(Some(meta()))
+    }
+    async fn has_many(&self, _ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        self.note("has_many");
+        Ok(vec![true; digests.len()])
+    }
+    async fn read(&self, _key: &Key) -> Result<Option<BlobReader>> {
+        self.note("read");
+        Ok(Some(BlobReader::from_bytes(Bytes::from_static(b"content"))))
+    }
+    async fn read_range(&self, _key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        self.note("read_range");
+        let all = b"content";
+        Ok(Some(BlobReader::from_bytes(Bytes::copy_from_slice(
+            &all[range.start as usize..range.end as usize],
+        ))))
+    }
+    async fn delete_many(&self, _ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
+        self.note("delete_many");
+        Ok(vec![Some(7); digests.len()])
+    }
+    async fn namespaces(&self) -> Result<Vec<Namespace>> {
+        self.note("namespaces");
+        Ok(vec![ns()])
+    }
+    async fn scan(
+        &self,
+        _ns: &Namespace,
+        _after: Option<Digest>,
+        _limit: usize,
+    ) -> Result<Vec<(Digest, u64)>> {
+        self.note("scan");
+        Ok(vec![(Digest::of(b"content"), 7)])
+    }
+    fn gc_seam(&self) -> Option<GcSeam> {
+        self.note("gc_seam");
+        None
+    }
+    async fn maintain(&self, _now: Timestamp) -> Result<u64> {
+        self.note("maintain");
+        Ok(3)
+    }
+    async fn lock_instance(&self) -> Result<Option<InstanceLock>> {
+        self.note("lock_instance");
+        Err(Error::InstanceLocked {
+            resource: "the recorder".into(),
+            holder: "a test".into(),
+        })
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl KvEngine for Recorder {
+    async fn put(&self, _key: &Key, _bytes: Bytes) -> Result<PublishOutcome> {
+        self.note("put");
+        Ok(PublishOutcome::AlreadyPresent)
+    }
+    fn refs(&self) -> Option<Arc<dyn RefStore>> {
+        self.note("refs");
+        None
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl LargeEngine for Recorder {
+    async fn stage(&self, _ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
+        self.note("stage");
+        Ok(Box::new(RecStage {
+            log: self.log.clone(),
+        }))
+    }
+    async fn stage_expecting(
+        &self,
+        _ns: &Namespace,
+        _digest: &Digest,
+    ) -> Result<Box<dyn StagedWrite>> {
+        self.note("stage_expecting");
+        Ok(Box::new(RecStage {
+            log: self.log.clone(),
+        }))
+    }
+    fn joint_pin_publish(&self) -> bool {
+        self.note("joint_pin_publish");
+        true
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl StagedWrite for RecStage {
+    async fn write(&mut self, _chunk: Bytes) -> Result<()> {
+        self.note("write");
+        Ok(())
+    }
+    async fn publish(self: Box<Self>, _key: &Key) -> Result<PublishOutcome> {
+        self.note("publish");
+        Ok(PublishOutcome::Inserted)
+    }
+    async fn abort(self: Box<Self>) -> Result<()> {
+        self.note("abort");
+        Ok(())
+    }
+    async fn publish_pinned(
+        self: Box<Self>,
+        _key: &Key,
+        _pin: &PinIntent,
+    ) -> Result<PublishOutcome> {
+        self.note("publish_pinned");
+        Ok(PublishOutcome::AlreadyPresent)
+    }
+}
+
+fn ns() -> Namespace {
+    Namespace::new("fwd").unwrap()
+}
+
+fn key() -> Key {
+    Key::new(ns(), Digest::of(b"content"))
+}
+
+/// Calls every method of the three engine traits and of a stage through
+/// `kv` and `large`, checking each answer is the recorder's.
+async fn call_everything(kv: &dyn KvEngine, large: &dyn LargeEngine) {
+    let k = key();
+    let d = [k.digest];
+    assert_eq!(kv.descriptor().kind, "recorder");
+    assert_eq!(kv.meta(&k).await.unwrap(), Some(meta()));
+    assert_eq!(kv.has_many(&ns(), &d).await.unwrap(), vec![true]);
+    let mut buf = Vec::new();
+    let r = kv.read(&k).await.unwrap().unwrap();
+    assert_eq!(r.len, 7);
+    {
+        let mut rd = r.reader;
+        rd.read_to_end(&mut buf).await.unwrap()
+    };
+    assert_eq!(buf, b"content");
+    buf.clear();
+    let r = kv.read_range(&k, 1..4).await.unwrap().unwrap();
+    {
+        let mut rd = r.reader;
+        rd.read_to_end(&mut buf).await.unwrap()
+    };
+    assert_eq!(buf, b"ont");
+    assert_eq!(kv.delete_many(&ns(), &d).await.unwrap(), vec![Some(7)]);
+    assert_eq!(kv.namespaces().await.unwrap(), vec![ns()]);
+    assert_eq!(kv.scan(&ns(), None, 10).await.unwrap(), vec![(k.digest, 7)]);
+    assert!(kv.gc_seam().is_none());
+    assert_eq!(kv.maintain(Timestamp(1)).await.unwrap(), 3);
+    assert!(matches!(
+        kv.lock_instance().await,
+        Err(Error::InstanceLocked { .. })
+    ));
+    assert_eq!(
+        kv.put(&k, Bytes::from_static(b"content")).await.unwrap(),
+        PublishOutcome::AlreadyPresent
+    );
+    assert!(kv.refs().is_none());
+
+    assert!(large.joint_pin_publish());
+    let mut s = large.stage(&ns()).await.unwrap();
+    s.write(Bytes::from_static(b"con")).await.unwrap();
+    assert_eq!(s.publish(&k).await.unwrap(), PublishOutcome::Inserted);
+    let s = large.stage_expecting(&ns(), &k.digest).await.unwrap();
+    s.abort().await.unwrap();
+    let s = large.stage(&ns()).await.unwrap();
+    let pin = PinIntent {
+        owner: "test".into(),
+        now: Timestamp(1),
+        ttl: Duration::from_secs(1),
+        host: Instance::Process,
+    };
+    assert_eq!(
+        s.publish_pinned(&k, &pin).await.unwrap(),
+        PublishOutcome::AlreadyPresent
+    );
+}
+
+const EVERY_METHOD: [&str; 20] = [
+    "descriptor",
+    "meta",
+    "has_many",
+    "read",
+    "read_range",
+    "delete_many",
+    "namespaces",
+    "scan",
+    "gc_seam",
+    "maintain",
+    "lock_instance",
+    "put",
+    "refs",
+    "joint_pin_publish",
+    "stage",
+    "write",
+    "publish",
+    "stage_expecting",
+    "abort",
+    "publish_pinned",
+];
+
+fn assert_all_reached(log: &Log) {
+    let log = log.lock().unwrap();
+    for m in EVERY_METHOD {
+        assert!(log.contains(&m), "{m} never reached the engine: {log:?}");
+    }
+}
+
+/// A layer that changes nothing (the trait's default `around`).
+struct Nothing;
+impl EngineLayer for Nothing {}
+
+#[tokio::test]
+async fn one_layer_forwards_every_method() {
+    let log = Log::default();
+    let rec = Arc::new(Recorder { log: log.clone() });
+    let kv = Layered::new(rec.clone() as Arc<dyn KvEngine>, Nothing);
+    let large = Layered::new(rec as Arc<dyn LargeEngine>, Nothing);
+    call_everything(&kv, &large).await;
+    assert_all_reached(&log);
+}
+
+#[tokio::test]
+async fn the_shipped_stack_forwards_every_method() {
+    let log = Log::default();
+    let rec = Arc::new(Recorder { log: log.clone() });
+    let metrics = MetricsLayer::new();
+    let stack = LayerStack::new()
+        .layer(FaultLayer::new(FaultPlan::none()))
+        .layer(metrics.clone())
+        .layer(TraceLayer::new());
+    let kv = stack.kv(rec.clone());
+    let large = stack.large(rec);
+    call_everything(&*kv, &*large).await;
+    assert_all_reached(&log);
+    // The layers saw the operations they forwarded.
+    let snap = metrics.snapshot();
+    let kv = snap
+        .engine("recorder", Some(store_types::Tier::Kv))
+        .expect("kv counted");
+    assert_eq!(kv.op(store_layers::Op::Put).calls, 1);
+    assert_eq!(
+        kv.op(store_layers::Op::LockInstance)
+            .errors_of("instance_locked"),
+        1
+    );
+    assert_eq!(kv.bytes_read, 10, "7 bytes read whole, 3 ranged");
+    let large = snap
+        .engine("recorder", Some(store_types::Tier::Large))
+        .expect("large counted");
+    assert_eq!(large.op(store_layers::Op::Write).calls, 1);
+    assert_eq!(large.bytes_written, 3);
+    assert_eq!(large.stages_open, 0);
+}
+
+#[tokio::test]
+async fn nested_wrappers_forward_every_method() {
+    let log = Log::default();
+    let rec = Arc::new(Recorder { log: log.clone() });
+    let inner = Arc::new(Layered::new(rec as Arc<dyn LargeEngine>, Nothing));
+    let outer = Layered::new(inner, TraceLayer::new());
+    let kv = Layered::new(
+        Arc::new(Recorder { log: log.clone() }) as Arc<dyn KvEngine>,
+        Nothing,
+    );
+    call_everything(&kv, &outer).await;
+    assert_all_reached(&log);
+}
