@@ -91,6 +91,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "crash-model")]
+pub mod crash;
 mod engine;
 mod instance_lock;
 mod readers;
@@ -137,6 +139,11 @@ pub struct SqliteOptions {
     pub durability: Durability,
     /// Number of read connections (0 is treated as 1). Default 4.
     pub readers: usize,
+    /// The name of a registered SQLite VFS every connection of the engine
+    /// (writer and readers) opens the file with; `None` (default) is
+    /// SQLite's default VFS. The crash model's tests set it to
+    /// `store_sqlite::crash::CrashModel::vfs_name` (feature `crash-model`).
+    pub vfs: Option<String>,
 }
 
 impl Default for SqliteOptions {
@@ -144,6 +151,7 @@ impl Default for SqliteOptions {
         SqliteOptions {
             durability: Durability::Full,
             readers: 4,
+            vfs: None,
         }
     }
 }
@@ -224,11 +232,12 @@ impl SqliteEngine {
                 Error::Io(format!("sqlite: cannot create {}: {e}", parent.display()))
             })?;
         }
-        let writer_conn = schema::open_writer(path, options.durability)?;
+        let vfs = options.vfs.as_deref();
+        let writer_conn = schema::open_writer(path, options.durability, vfs)?;
         let canonical = std::fs::canonicalize(path)
             .map_err(|e| Error::Io(format!("sqlite: cannot resolve {}: {e}", path.display())))?;
         let readers = (0..options.readers.max(1))
-            .map(|_| schema::open_reader(&canonical))
+            .map(|_| schema::open_reader(&canonical, vfs))
             .collect::<Result<Vec<_>>>()?;
         let writer = Writer::spawn(writer_conn)?;
         tracing::debug!(path = %canonical.display(), ?options, "sqlite engine opened");
