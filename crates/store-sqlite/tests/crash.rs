@@ -24,6 +24,9 @@
 //!   never corrupts and never half-applies;
 //! - an operation on several rows (`delete_many`, `stage`, `unstage`) is
 //!   all or nothing;
+//! - in the scenarios that acknowledge one operation at a time, lost
+//!   commits are a suffix: an acknowledged operation is never lost while a
+//!   later one survived (the WAL ends at its first bad frame);
 //! - window rows keep the earliest `visible_after` and the staged size
 //!   (`INSERT OR IGNORE`), and an unstaged or never-staged key has no row.
 //!
@@ -284,6 +287,11 @@ impl Data {
 }
 
 impl Scenario {
+    /// Whether the run issues one operation at a time (no concurrent puts).
+    fn sequential(self) -> bool {
+        !matches!(self, Scenario::GroupCommitPuts | Scenario::DedupPut)
+    }
+
     /// The state before the crashed run (made durable by a clean close).
     async fn setup(self, path: &Path, opts: &SqliteOptions, d: &Data) {
         if self == Scenario::MigrateV1 {
@@ -509,8 +517,15 @@ fn image(path: &Path) -> Image {
 }
 
 /// Checks `after` against `before` and the operations (see the module
-/// docs); `promised`: every acknowledged operation must have survived.
-fn check(before: &Image, done: &[Done], after: &Image, promised: bool) -> Result<(), String> {
+/// docs); `promised`: every acknowledged operation must have survived;
+/// `sequential`: the operations were acknowledged one after the other.
+fn check(
+    before: &Image,
+    done: &[Done],
+    after: &Image,
+    promised: bool,
+    sequential: bool,
+) -> Result<(), String> {
     let mut items: BTreeSet<&Item> = before.keys().chain(after.keys()).collect();
     for op in done {
         items.extend(op.changes.iter().map(|(i, _)| i));
@@ -562,9 +577,29 @@ fn check(before: &Image, done: &[Done], after: &Image, promised: bool) -> Result
             applied.entry(ops[0].0).or_default().insert(at == 1);
         }
     }
+    let mut took_effect = BTreeMap::new();
     for (i, seen) in applied {
         if seen.len() > 1 {
             return Err(format!("{} was applied only in part", done[i].what));
+        }
+        took_effect.insert(i, seen.contains(&true));
+    }
+    if sequential {
+        // Commits are lost only as a suffix (the WAL ends at the first bad
+        // frame): an acknowledged operation never disappears while a later
+        // one survived.
+        let acked: Vec<(usize, bool)> = took_effect
+            .iter()
+            .filter(|(i, _)| done[**i].acked)
+            .map(|(i, t)| (*i, *t))
+            .collect();
+        for w in acked.windows(2) {
+            if let [(lost, false), (kept, true)] = w {
+                return Err(format!(
+                    "{} was lost but the later {} survived",
+                    done[*lost].what, done[*kept].what
+                ));
+            }
         }
     }
     Ok(())
@@ -667,7 +702,7 @@ async fn run_once(
         "{context}"
     );
     let promised = durability == Durability::Full || loss == Loss::ProcessCrash;
-    if let Err(e) = check(&before, &done, &after, promised) {
+    if let Err(e) = check(&before, &done, &after, promised, scenario.sequential()) {
         panic!("{context}: {e}");
     }
     if crash_at.is_none() {
