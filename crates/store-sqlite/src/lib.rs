@@ -86,8 +86,16 @@
 //! commit fsyncs the WAL, so an acknowledged write survives power loss.
 //! [`Durability::Normal`] is `synchronous=NORMAL`: an acknowledged write
 //! survives a process crash but the last commits may be lost on power loss
-//! or an OS crash. Either way the engine describes itself as `durable` (the
-//! descriptor's definition is "survives a process crash").
+//! or an OS crash (a suffix of them; the file is never corrupted and no
+//! write is half-applied). Either way the engine describes itself as
+//! `durable` (the descriptor's definition is "survives a process crash").
+//!
+//! After a commit fails with an I/O error (a failed WAL fsync), the
+//! transaction's outcome is unknown until the file is opened again, so the
+//! engine refuses every further write (reads keep working); reopen it.
+//!
+//! These promises are checked at every durability point by the crash model
+//! (feature `crash-model`, module `crash`; ADR-029 "## SQLite").
 
 #![warn(missing_docs)]
 

@@ -620,7 +620,8 @@ async fn run_once(
     seed: u64,
     crash_at: Option<u64>,
     loss: Loss,
-) -> Vec<&'static str> {
+    second: Option<u64>,
+) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kv.sqlite");
     let switch = CrashSwitch::new();
@@ -667,6 +668,36 @@ async fn run_once(
         "{scenario:?} {durability:?} seed {seed} crash at {crash_at:?}/{points} ({trace:?}) \
          {loss:?}: restored {report}"
     );
+    let mut done = done;
+    let mut second_points = 0;
+    if let Some(m) = second {
+        // A second crash, during the first reopen: its recovery, a put and
+        // its close (`m == 0`: none, to count the points). That put is one
+        // more unacknowledged-or-not operation of the run.
+        switch.arm(m);
+        let through_model = SqliteOptions {
+            vfs: Some(model.vfs_name().into()),
+            ..opts.clone()
+        };
+        if let Ok(e) = SqliteEngine::open(&path, through_model).await {
+            let b = b"during the reopen".to_vec();
+            let mut op = put(&e, key("second", &b), b).await;
+            // Whether acknowledged or not, the second power loss may lose
+            // it under NORMAL; under FULL an acknowledged one must stay.
+            op.acked &= durability == Durability::Full;
+            done.push(op);
+            drop(e);
+        }
+        model.wait_closed(Duration::from_secs(30)).unwrap();
+        second_points = switch.points();
+        model
+            .restore(Loss::PowerLoss {
+                seed: seed ^ m.rotate_left(17),
+            })
+            .unwrap_or_else(|err| panic!("{context}: second restore: {err}"));
+        switch.reset();
+    }
+    let context = format!("{context}; second crash at {second:?}/{second_points}");
     let reopen = SqliteOptions {
         vfs: if crash_at.unwrap_or(0).is_multiple_of(2) {
             None
@@ -705,13 +736,24 @@ async fn run_once(
     if let Err(e) = check(&before, &done, &after, promised, scenario.sequential()) {
         panic!("{context}: {e}");
     }
-    if crash_at.is_none() {
+    if crash_at.is_none() && second.is_none() {
         assert!(
             done.iter().all(|d| d.acked),
             "{context}: uncrashed run failed"
         );
     }
-    trace
+    Run {
+        trace,
+        second_points,
+    }
+}
+
+/// What [`run_once`] counted.
+struct Run {
+    /// The labels of the crashed run's durability points.
+    trace: Vec<&'static str>,
+    /// The points of the second life (with a second crash).
+    second_points: u64,
 }
 
 /// Counts the points of `scenario`, then crashes at each of them, for
@@ -719,7 +761,9 @@ async fn run_once(
 async fn crash_at_every_point(scenario: Scenario, durability: Durability) {
     let mut total = 0;
     for seed in 0..seeds() {
-        let trace = run_once(scenario, durability, seed, None, Loss::ProcessCrash).await;
+        let trace = run_once(scenario, durability, seed, None, Loss::ProcessCrash, None)
+            .await
+            .trace;
         let points = trace.len() as u64;
         if seed == 0 {
             eprintln!("{scenario:?} {durability:?}: {points} points {trace:?}");
@@ -733,13 +777,42 @@ async fn crash_at_every_point(scenario: Scenario, durability: Durability) {
                     seed: seed.wrapping_mul(1_000_003).wrapping_add(n),
                 },
             ] {
-                run_once(scenario, durability, seed, Some(n), loss).await;
+                run_once(scenario, durability, seed, Some(n), loss, None).await;
                 total += 1;
             }
         }
     }
     eprintln!("{scenario:?} {durability:?}: {total} crashes checked");
     assert!(total > 0);
+}
+
+/// A crash during the recovery of a crash: for every point `n` of the
+/// scenario and every point `m` of the first reopen (recovery, a put, the
+/// close), power is lost twice; nothing the first crash kept may go.
+async fn crash_twice(scenario: Scenario, durability: Durability) {
+    let seed = 0;
+    let first = run_once(scenario, durability, seed, None, Loss::ProcessCrash, None).await;
+    let mut total = 0;
+    for n in 1..=first.trace.len() as u64 {
+        let loss = Loss::PowerLoss { seed: n };
+        let count = run_once(scenario, durability, seed, Some(n), loss, Some(0)).await;
+        for m in 1..=count.second_points + 1 {
+            run_once(scenario, durability, seed, Some(n), loss, Some(m)).await;
+            total += 1;
+        }
+    }
+    eprintln!("{scenario:?} {durability:?}: {total} double crashes checked");
+    assert!(total > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_during_recovery_full() {
+    crash_twice(Scenario::GcWindow, Durability::Full).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_during_recovery_normal() {
+    crash_twice(Scenario::Checkpoint, Durability::Normal).await;
 }
 
 macro_rules! crash_tests {
