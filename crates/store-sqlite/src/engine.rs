@@ -286,7 +286,8 @@ mod plan_tests {
     fn key_lookups_use_the_unique_index() {
         let dir = tempfile::tempdir().unwrap();
         let conn =
-            schema::open_writer(&dir.path().join("db.sqlite"), crate::Durability::Full).unwrap();
+            schema::open_writer(&dir.path().join("db.sqlite"), crate::Durability::Full, None)
+                .unwrap();
         let has_many = "SELECT digest FROM entries WHERE ns = ?1 AND digest IN (?2, ?3, ?4)";
         for sql in [META, READ, READ_RANGE, SCAN, NAMESPACES, DELETE, has_many] {
             let p = plan(&conn, sql);

@@ -86,11 +86,21 @@
 //! commit fsyncs the WAL, so an acknowledged write survives power loss.
 //! [`Durability::Normal`] is `synchronous=NORMAL`: an acknowledged write
 //! survives a process crash but the last commits may be lost on power loss
-//! or an OS crash. Either way the engine describes itself as `durable` (the
-//! descriptor's definition is "survives a process crash").
+//! or an OS crash (a suffix of them; the file is never corrupted and no
+//! write is half-applied). Either way the engine describes itself as
+//! `durable` (the descriptor's definition is "survives a process crash").
+//!
+//! After a commit fails with an I/O error (a failed WAL fsync), the
+//! transaction's outcome is unknown until the file is opened again, so the
+//! engine refuses every further write (reads keep working); reopen it.
+//!
+//! These promises are checked at every durability point by the crash model
+//! (feature `crash-model`, module `crash`; ADR-029 "## SQLite").
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "crash-model")]
+pub mod crash;
 mod engine;
 mod instance_lock;
 mod readers;
@@ -137,6 +147,11 @@ pub struct SqliteOptions {
     pub durability: Durability,
     /// Number of read connections (0 is treated as 1). Default 4.
     pub readers: usize,
+    /// The name of a registered SQLite VFS every connection of the engine
+    /// (writer and readers) opens the file with; `None` (default) is
+    /// SQLite's default VFS. The crash model's tests set it to
+    /// `store_sqlite::crash::CrashModel::vfs_name` (feature `crash-model`).
+    pub vfs: Option<String>,
 }
 
 impl Default for SqliteOptions {
@@ -144,6 +159,7 @@ impl Default for SqliteOptions {
         SqliteOptions {
             durability: Durability::Full,
             readers: 4,
+            vfs: None,
         }
     }
 }
@@ -224,11 +240,12 @@ impl SqliteEngine {
                 Error::Io(format!("sqlite: cannot create {}: {e}", parent.display()))
             })?;
         }
-        let writer_conn = schema::open_writer(path, options.durability)?;
+        let vfs = options.vfs.as_deref();
+        let writer_conn = schema::open_writer(path, options.durability, vfs)?;
         let canonical = std::fs::canonicalize(path)
             .map_err(|e| Error::Io(format!("sqlite: cannot resolve {}: {e}", path.display())))?;
         let readers = (0..options.readers.max(1))
-            .map(|_| schema::open_reader(&canonical))
+            .map(|_| schema::open_reader(&canonical, vfs))
             .collect::<Result<Vec<_>>>()?;
         let writer = Writer::spawn(writer_conn)?;
         tracing::debug!(path = %canonical.display(), ?options, "sqlite engine opened");

@@ -312,9 +312,12 @@ mod tests {
     #[test]
     fn statements_use_the_indexes() {
         let dir = tempfile::tempdir().unwrap();
-        let conn =
-            crate::schema::open_writer(&dir.path().join("db.sqlite"), crate::Durability::Full)
-                .unwrap();
+        let conn = crate::schema::open_writer(
+            &dir.path().join("db.sqlite"),
+            crate::Durability::Full,
+            None,
+        )
+        .unwrap();
         for sql in [
             GET,
             DELETE,

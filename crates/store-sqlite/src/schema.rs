@@ -113,10 +113,15 @@ CREATE TABLE IF NOT EXISTS gc_window (
 ) WITHOUT ROWID;
 ";
 
-/// Opens one connection to `path` with the common settings. No URI
-/// interpretation: the path is a file name.
-fn open_connection(path: &Path, flags: OpenFlags) -> Result<Connection> {
-    let conn = Connection::open_with_flags(path, flags).sql()?;
+/// Opens one connection to `path` with the common settings, through the
+/// VFS named `vfs` (`None`: SQLite's default). No URI interpretation: the
+/// path is a file name.
+fn open_connection(path: &Path, flags: OpenFlags, vfs: Option<&str>) -> Result<Connection> {
+    let conn = match vfs {
+        None => Connection::open_with_flags(path, flags),
+        Some(vfs) => Connection::open_with_flags_and_vfs(path, flags, vfs),
+    }
+    .sql()?;
     // First, before any statement that may touch the file's locks (schema
     // reads, the WAL switch, the migration's BEGIN IMMEDIATE).
     conn.busy_timeout(BUSY_TIMEOUT).sql()?;
@@ -127,11 +132,15 @@ fn open_connection(path: &Path, flags: OpenFlags) -> Result<Connection> {
 
 /// Opens the writer connection: creates the file, switches it to WAL,
 /// applies the durability setting and runs the migrations.
-pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connection> {
+pub(crate) fn open_writer(
+    path: &Path,
+    durability: Durability,
+    vfs: Option<&str>,
+) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let mut conn = open_connection(path, flags)?;
+    let mut conn = open_connection(path, flags, vfs)?;
     switch_to_wal(&conn, path)?;
     let sync = match durability {
         Durability::Full => "FULL",
@@ -197,9 +206,9 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 }
 
 /// Opens a read connection (`query_only`, so a bug cannot write through it).
-pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
+pub(crate) fn open_reader(path: &Path, vfs: Option<&str>) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = open_connection(path, flags)?;
+    let conn = open_connection(path, flags, vfs)?;
     conn.pragma_update(None, "query_only", true).sql()?;
     conn.pragma_update(None, "cache_size", -8 * 1024).sql()?;
     Ok(conn)

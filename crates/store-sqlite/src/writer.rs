@@ -35,8 +35,19 @@
 //!   succeeded in the lost transaction, together with the rest of the batch,
 //!   in a fresh transaction. Every round either commits or removes at least
 //!   one job, so this terminates.
-//! - If `BEGIN` or `COMMIT` itself fails, nothing of the transaction is
-//!   durable and every job in it is answered with that error.
+//! - If `BEGIN` or `COMMIT` itself fails, every job in the transaction is
+//!   answered with that error.
+//! - If `COMMIT` fails with an I/O error (`SQLITE_IOERR*`, e.g. a failed
+//!   WAL fsync), the outcome of that transaction is unknown: its frames may
+//!   all be in the WAL, invisible to this process (the wal-index was not
+//!   advanced) but replayed by the recovery after a restart. A later
+//!   transaction that writes nothing (a delete of an absent key, an
+//!   `unstage` of that transaction's row, a put answered `AlreadyPresent`)
+//!   would then be acknowledged against a state the restart contradicts.
+//!   So the writer stops: it answers every later write with that I/O
+//!   error until the engine is reopened (the recovery of the next open
+//!   settles the outcome). Reads keep working. This is PostgreSQL's answer
+//!   to a failed fsync; the crash model found it (ADR-029 "## SQLite").
 //! - A panicking job is caught and treated as a failed job.
 //!
 //! A caller that stops waiting (drops its future) does not cancel its job:
@@ -203,7 +214,13 @@ fn stopped() -> Error {
 fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) {
     tracing::debug!("sqlite writer thread started");
     let mut last_batch = 1;
+    // Set when a COMMIT failed with an I/O error (see the module docs).
+    let mut stopped_by: Option<Error> = None;
     while let Ok(first) = rx.recv() {
+        if let Some(e) = &stopped_by {
+            fail_all(std::iter::once(first).chain(rx.try_iter()), e, counters);
+            continue;
+        }
         let mut bytes = first.cost();
         let mut batch = VecDeque::with_capacity(last_batch.max(16));
         batch.push_back(first);
@@ -231,7 +248,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) 
             batch.push_back(job);
         }
         last_batch = batch.len();
-        run_batch(&conn, batch, counters);
+        stopped_by = run_batch(&conn, batch, counters);
     }
     tracing::debug!("sqlite writer thread exiting");
 }
@@ -242,12 +259,18 @@ fn exec(conn: &Connection, sql: &str) -> Result<()> {
 }
 
 /// Runs a batch of jobs in as few transactions as possible (normally one).
-fn run_batch(conn: &Connection, mut pending: VecDeque<Box<dyn Job>>, counters: &Counters) {
+/// Returns the error of a `COMMIT` that failed with an I/O error: the
+/// writer must stop writing (see the module docs).
+fn run_batch(
+    conn: &Connection,
+    mut pending: VecDeque<Box<dyn Job>>,
+    counters: &Counters,
+) -> Option<Error> {
     while !pending.is_empty() {
         if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
             tracing::warn!(error = %e, jobs = pending.len(), "sqlite: cannot begin write transaction");
             fail_all(pending.drain(..), &e, counters);
-            return;
+            return None;
         }
         let now = Timestamp::now();
         let mut done: Vec<Box<dyn Job>> = Vec::with_capacity(pending.len());
@@ -278,7 +301,7 @@ fn run_batch(conn: &Connection, mut pending: VecDeque<Box<dyn Job>>, counters: &
         if lost {
             continue;
         }
-        match exec(conn, "COMMIT") {
+        match commit(conn) {
             Ok(()) => {
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 counters
@@ -291,13 +314,38 @@ fn run_batch(conn: &Connection, mut pending: VecDeque<Box<dyn Job>>, counters: &
                     job.complete(Ok(()));
                 }
             }
-            Err(e) => {
+            Err((e, io)) => {
                 tracing::warn!(error = %e, jobs = done.len(), "sqlite: commit failed");
                 if !conn.is_autocommit() {
                     let _ = exec(conn, "ROLLBACK");
                 }
-                fail_all(done.into_iter(), &e, counters);
+                fail_all(done.into_iter().chain(pending.drain(..)), &e, counters);
+                if io {
+                    tracing::error!(
+                        error = %e,
+                        "sqlite: a commit failed with an I/O error; its outcome is unknown \
+                         until the database is reopened, so this engine accepts no more writes"
+                    );
+                    return Some(e);
+                }
+                return None;
             }
+        }
+    }
+    None
+}
+
+/// `COMMIT`; on failure the error and whether it is an I/O error (the
+/// transaction's outcome is then unknown, see the module docs).
+fn commit(conn: &Connection) -> std::result::Result<(), (Error, bool)> {
+    let result = conn
+        .prepare_cached("COMMIT")
+        .and_then(|mut stmt| stmt.execute([]));
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let io = e.sqlite_error_code() == Some(rusqlite::ErrorCode::SystemIoFailure);
+            Err((crate::sql::sql_err(e), io))
         }
     }
 }

@@ -169,6 +169,7 @@ async fn writes_survive_a_reopen_in_both_durabilities() {
         let opts = SqliteOptions {
             durability,
             readers: 1,
+            ..SqliteOptions::default()
         };
         let engine = SqliteEngine::open(&path, opts.clone()).await.unwrap();
         assert_eq!(engine.durability(), durability);
