@@ -145,6 +145,7 @@
 mod engine;
 mod fsio;
 mod reader;
+mod registration;
 mod stage;
 #[cfg(any(test, feature = "testing"))]
 mod testing;
@@ -157,6 +158,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub use registration::REGISTRATION;
 use store_types::{Error, Key, Namespace, Result};
 
 /// Name of the stage directory under the root. It can never collide with
