@@ -40,6 +40,11 @@ impl EngineFactory for PgLoFactory {
         true
     }
 
+    fn store_id(&self, url: &EngineUrl, options: &Options) -> String {
+        let (driver, schema) = target(url, options);
+        format!("{driver}#schema={schema}")
+    }
+
     fn check(&self, _url: &EngineUrl, _tier: Tier, _options: &Options) -> Result<()> {
         Ok(())
     }

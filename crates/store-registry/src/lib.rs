@@ -299,9 +299,13 @@ impl EngineSpec {
     }
 
     /// Whether `self` and `other` name the same stored data: the same
-    /// engine, URL and options, and not private.
+    /// engine and [`EngineFactory::store_id`], and not private (two opens
+    /// of `mem://` are two stores).
     pub fn same_store(&self, other: &EngineSpec) -> bool {
-        self == other && !self.is_private()
+        self.engine() == other.engine()
+            && self.factory.store_id(&self.url, &self.options)
+                == other.factory.store_id(&other.url, &other.options)
+            && !self.is_private()
     }
 
     /// Opens the kv engine.

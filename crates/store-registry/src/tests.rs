@@ -78,6 +78,20 @@ fn urls_resolve_to_their_engines() {
     assert!(spec.is_private() && !spec.same_store(&spec.clone()));
     let spec = r().resolve("sqlite://x", Tier::Kv, &o).unwrap();
     assert!(spec.same_store(&spec.clone()) && !spec.is_networked());
+    let unsynced = Options {
+        fsync: false,
+        ..Options::default()
+    };
+    assert!(spec.same_store(&r().resolve("sqlite://x", Tier::Kv, &unsynced).unwrap()));
+    let pg = |url: &str, schema: &str| {
+        let o = Options {
+            schema: schema.into(),
+            ..Options::default()
+        };
+        r().resolve(url, Tier::Kv, &o).unwrap()
+    };
+    assert!(pg("postgres://h/db", "a").same_store(&pg("postgres://h/db?schema=a", "b")));
+    assert!(!pg("postgres://h/db", "a").same_store(&pg("postgres://h/db", "b")));
     assert_eq!(r().resolve_large(" none ", &o).unwrap(), None);
 }
 

@@ -352,6 +352,15 @@ pub trait EngineFactory: Send + Sync + 'static {
         false
     }
 
+    /// What identifies the stored data `url` names, for "is this the same
+    /// store" checks (copying a store onto itself): by default the URL;
+    /// engines whose options choose the data (a PostgreSQL schema) add
+    /// them.
+    fn store_id(&self, url: &EngineUrl, options: &Options) -> String {
+        let _ = options;
+        url.as_str().to_string()
+    }
+
     /// Whether every operation is a network round trip (PostgreSQL, object
     /// stores): test suites size their loops by it.
     fn networked(&self, url: &EngineUrl) -> bool {
