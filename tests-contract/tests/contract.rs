@@ -43,3 +43,6 @@ mod mem_object_fs {
 mod postgres_object_s3 {
     tests_contract::contract_suite!(tests_contract::POSTGRES_OBJECT_S3);
 }
+mod example_example {
+    tests_contract::contract_suite!(tests_contract::EXAMPLE_EXAMPLE);
+}
