@@ -165,7 +165,7 @@ impl Env {
             }
         }
         let mut options = Options::default();
-        if let Some(bucket) = &self.bucket {
+        if let Some(bucket) = self.bucket.as_ref().filter(|_| template.contains("{s3}")) {
             url = url.replace("{s3}", &format!("s3://{}", bucket.name));
             for (k, v) in bucket.config() {
                 options.params.insert(k.to_string(), v);
@@ -314,7 +314,13 @@ impl Harness {
                 .map(|l| hooks(l, "large"))
         };
         let db_clock = match host {
-            Some(h) if h.set_clock(clock.now()).await.expect("set the database clock") => Some(h),
+            Some(h)
+                if h.set_clock(clock.now())
+                    .await
+                    .expect("set the database clock") =>
+            {
+                Some(h)
+            }
             _ => None,
         };
         Harness {

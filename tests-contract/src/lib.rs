@@ -38,15 +38,21 @@ pub const KV_MEM: Spec = Spec::kv("kv-only mem", "mem://", false);
 /// kv-only on sqlite.
 pub const KV_SQLITE: Spec = Spec::kv("kv-only sqlite", "sqlite://{dir}/kv.sqlite", false);
 /// dual-tier sqlite + local.
-pub const SQLITE_LOCAL: Spec =
-    Spec::dual("sqlite+local", "sqlite://{dir}/kv.sqlite", "file://{dir}/large");
+pub const SQLITE_LOCAL: Spec = Spec::dual(
+    "sqlite+local",
+    "sqlite://{dir}/kv.sqlite",
+    "file://{dir}/large",
+);
 /// dual-tier mem + local (ADR-012 §6.3).
 pub const MEM_LOCAL: Spec = Spec::dual("mem+local", "mem://", "file://{dir}/large");
 /// dual-tier mem + mem.
 pub const MEM_MEM: Spec = Spec::dual("mem+mem", "mem://", "mem://");
 /// kv-only on postgres.
-pub const KV_POSTGRES: Spec =
-    Spec::kv("kv-only postgres", "postgres://{pg}?schema={kv_schema}", false);
+pub const KV_POSTGRES: Spec = Spec::kv(
+    "kv-only postgres",
+    "postgres://{pg}?schema={kv_schema}",
+    false,
+);
 /// dual-tier postgres + pg-lo on the same instance.
 pub const POSTGRES_PGLO: Spec = Spec::dual(
     "postgres+pg-lo",
