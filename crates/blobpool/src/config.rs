@@ -3,7 +3,7 @@
 //! ```toml
 //! # data_dir = "/srv/blobpool"                # root of the default store (DIR/kv.sqlite, DIR/large)
 //! kv = "sqlite://./blobpool-data/kv.sqlite"   # sqlite://PATH | postgres://…[?schema=S] | mem://
-//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | s3://BUCKET/PREFIX | object+file:///PATH | mem:// | none
+//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | s3://BUCKET/PREFIX | gs://… | az://… | http(s)://… | object+file:///PATH | mem:// | none
 //! mode = "dual-tier"                          # mem-only | kv-only | dual-tier (default: derived)
 //! threshold = "64KiB"                         # size; kv/large boundary (kv-only: the size limit)
 //! fleet = false                               # ADR-012 §3 fleet admission
@@ -49,6 +49,12 @@
 //! [`Config::describe`] states the resulting shape in one line (logged by
 //! `serve`). `data_dir` roots only the default kv (and large) tier, so it
 //! is an error when `kv` is set too: it would have no effect.
+//!
+//! The URLs are the engine registry's (store-registry, ADR-027, table in
+//! docs/ENGINES.md): [`registry`] checks them at load and opens them in
+//! [`Config::open_store`]. Object-store URLs take the engine's settings in
+//! their query (`s3://bucket/pool?part_size=16MiB`); an unknown one is an
+//! error naming it.
 //!
 //! Every error names where the bad value came from: `config file
 //! PATH:LINE:COL: key`, `environment BLOBPOOL_…` or `flag --…`.
@@ -250,8 +256,9 @@ pub struct StoreFlags {
     /// [config `kv`, env BLOBPOOL_KV].
     #[arg(long, value_name = "URL")]
     pub kv: Option<String>,
-    /// Large engine: file://PATH, pglo://…, s3://BUCKET/PREFIX,
-    /// object+file:///PATH, mem:// or none [config `large`].
+    /// Large engine: file://PATH, pglo://…, s3://BUCKET/PREFIX, gs://…,
+    /// az://…, http(s)://…, object+file:///PATH, mem:// or none [config
+    /// `large`].
     #[arg(long, value_name = "URL")]
     pub large: Option<String>,
     /// mem-only, kv-only or dual-tier [default: derived from the tiers].
@@ -1379,6 +1386,30 @@ mod tests {
             c.describe()
         );
         assert!(!c.describe().contains('\n'));
+    }
+
+    #[test]
+    fn engine_urls_and_settings_are_checked_at_load() {
+        let e = Config::from_toml("large = \"s3://b/p?part_sise=1MiB\"").unwrap_err();
+        assert!(
+            e.starts_with(
+                "config file <toml>:1:9: large: \"s3://b/p\": unknown option \"part_sise\" \
+                 for the object engine"
+            ),
+            "{e}"
+        );
+        let e = Config::from_toml("kv = \"file:///srv/x\"").unwrap_err();
+        assert!(
+            e.contains("kv: \"file:///srv/x\" is a large engine (local), not a kv engine"),
+            "{e}"
+        );
+        let c = Config::from_toml("large = \"gs://bucket/pool?part_size=16MiB\"").unwrap();
+        assert_eq!(
+            c.large.as_ref().unwrap().describe(),
+            "object gs://bucket/pool"
+        );
+        let c = Config::from_toml("large = \"az://container/pool\"").unwrap();
+        assert_eq!(c.large.as_ref().unwrap().engine(), "object");
     }
 
     #[test]
