@@ -28,8 +28,9 @@ pub mod support;
 pub use harness::{ns, Harness, ObjectBackend, Opts, Spec, THRESHOLD};
 
 // The composites: engines by registry URL (store-registry; placeholders
-// in `harness`). Adding one is a line here and a line in
-// `tests/contract.rs`.
+// in `harness`). A dual-tier composite may also be written in place, in
+// its one line of `tests/contract.rs`:
+// `contract_suite!("name", "kv URL", "large URL")`.
 
 /// mem-only: kv=mem, no large tier, any size.
 pub const MEM_ONLY: Spec = Spec::kv("mem-only", "mem://", true);
@@ -94,14 +95,15 @@ pub const POSTGRES_OBJECT_S3: Spec = Spec::dual(
     "postgres://{pg}?schema={kv_schema}",
     "{s3}/pool?multipart_threshold=8KiB&part_size=5MiB",
 );
-/// dual-tier on the toy engine of docs/ENGINES.md ("Adding an engine"),
-/// both tiers.
-pub const EXAMPLE_EXAMPLE: Spec = Spec::dual("example+example", "example://", "example://");
 
 /// Generates every contract case as a separately named test for one
 /// composite.
 #[macro_export]
 macro_rules! contract_suite {
+    // A dual-tier composite in place: name, kv URL, large URL.
+    ($name:literal, $kv:literal, $large:literal) => {
+        $crate::contract_suite!($crate::Spec::dual($name, $kv, $large));
+    };
     ($spec:expr) => {
         $crate::__async_cases!($spec;
             basic::put_get_round_trip,

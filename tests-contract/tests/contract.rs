@@ -43,6 +43,7 @@ mod mem_object_fs {
 mod postgres_object_s3 {
     tests_contract::contract_suite!(tests_contract::POSTGRES_OBJECT_S3);
 }
+// The toy engine of docs/ENGINES.md ("Adding an engine"), both tiers.
 mod example_example {
-    tests_contract::contract_suite!(tests_contract::EXAMPLE_EXAMPLE);
+    tests_contract::contract_suite!("example+example", "example://", "example://");
 }

@@ -88,9 +88,7 @@ impl CrashSwitch {
         let at = self.inner.crash_at.load(Ordering::SeqCst);
         if self.crashed() || (at != 0 && n >= at) {
             self.inner.crashed.store(true, Ordering::SeqCst);
-            return Err(Crashed {
-                at: at.min(n).max(1),
-            });
+            return Err(Crashed { at: at.min(n).max(1) });
         }
         Ok(())
     }
