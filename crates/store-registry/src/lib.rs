@@ -12,7 +12,7 @@
 //! ```
 //!
 //! Each engine crate exports a `REGISTRATION` (an
-//! [`EngineFactory`](store_types::registry::EngineFactory), vocabulary of
+//! [`EngineFactory`], vocabulary of
 //! `store-types`); [`Registry::default`] lists them, one line per engine,
 //! each behind the engine's cargo feature (`mem`, `sqlite`, `postgres`,
 //! `pglo`, `local`, `object`; `s3`, `gcs`, `azure`, `http` for object-store
