@@ -1,14 +1,17 @@
 //! Stores under test, each in a scratch directory or a fresh PostgreSQL
 //! schema that is dropped afterwards.
+//!
+//! Stores are opened by engine URL through the engine registry
+//! (store-registry, ADR-027), like the binary's. The two fixtures that
+//! hand back their engine for its counters ([`sqlite_store`],
+//! [`postgres_store`]: `stats()`, which no engine trait carries) open the
+//! engine type itself.
 
 use std::path::Path;
 use std::sync::Mutex;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use store_core::{Mode, Namespace, Store, MAX_THRESHOLD};
-use store_local::{LocalEngine, LocalOptions};
-use store_mem::MemEngine;
-use store_pglo::PgLoEngine;
 use store_postgres::plumbing::sql;
 use store_postgres::PostgresEngine;
 use store_sqlite::{Durability, SqliteEngine, SqliteOptions};
@@ -34,14 +37,42 @@ pub fn ns() -> Namespace {
     Namespace::new("bench").expect("valid namespace")
 }
 
+/// A store over the engines `kv` and `large` name (registry URLs, e.g.
+/// `sqlite://DIR/kv.sqlite`, `file://DIR/large`), in `mode` (default: the
+/// builder's).
+pub async fn open_store(
+    kv: &str,
+    large: Option<&str>,
+    options: &store_registry::Options,
+    mode: Option<Mode>,
+) -> BenchResult<Store> {
+    let registry = store_registry::Registry::default();
+    let mut b = Store::builder().kv_shared(registry.open_kv(kv, options).await.map_err(err)?);
+    if let Some(large) = large {
+        if let Some(l) = registry.open_large(large, options).await.map_err(err)? {
+            b = b.large_shared(l);
+        }
+    }
+    if let Some(mode) = mode {
+        b = b.mode(mode);
+    }
+    b.build().await.map_err(err)
+}
+
+/// A `file://` or `sqlite://` URL of `path`.
+fn url(scheme: &str, path: &Path) -> String {
+    format!("{scheme}://{}", path.display())
+}
+
 /// A store with only the in-memory engine (`MemOnly`).
 pub async fn mem_store() -> BenchResult<Store> {
-    Store::builder()
-        .kv(MemEngine::new())
-        .mode(Mode::MemOnly)
-        .build()
-        .await
-        .map_err(err)
+    open_store(
+        "mem://",
+        None,
+        &store_registry::Options::default(),
+        Some(Mode::MemOnly),
+    )
+    .await
 }
 
 /// A kv-only store over SQLite at `dir/kv.sqlite` (any size up to
@@ -74,39 +105,29 @@ pub async fn sqlite_store(
 /// `dir/large` (dual-tier with threshold 0; the kv tier is an in-memory
 /// engine that only ever holds the empty entry).
 pub async fn local_store(dir: &Path, fsync: bool) -> BenchResult<Store> {
-    let large = LocalEngine::open(
-        dir.join("large"),
-        LocalOptions {
-            shared_media: false,
-            fsync,
-        },
+    let options = store_registry::Options {
+        fsync,
+        ..store_registry::Options::default()
+    };
+    open_store(
+        "mem://",
+        Some(&url("file", &dir.join("large"))),
+        &options,
+        Some(Mode::DualTier { threshold: 0 }),
     )
     .await
-    .map_err(err)?;
-    Store::builder()
-        .kv(MemEngine::new())
-        .large(large)
-        .mode(Mode::DualTier { threshold: 0 })
-        .build()
-        .await
-        .map_err(err)
 }
 
 /// The default composite: SQLite (`synchronous=FULL`) for entries up to the
 /// default 64 KiB threshold, durable local files above it.
 pub async fn composite_store(dir: &Path) -> BenchResult<Store> {
-    let kv = SqliteEngine::open(dir.join("kv.sqlite"), SqliteOptions::default())
-        .await
-        .map_err(err)?;
-    let large = LocalEngine::open(dir.join("large"), LocalOptions::default())
-        .await
-        .map_err(err)?;
-    Store::builder()
-        .kv(kv)
-        .large(large)
-        .build()
-        .await
-        .map_err(err)
+    open_store(
+        &url("sqlite", &dir.join("kv.sqlite")),
+        Some(&url("file", &dir.join("large"))),
+        &store_registry::Options::default(),
+        None,
+    )
+    .await
 }
 
 /// A kv-only store over the PostgreSQL engine in `pg`'s schema.
@@ -128,16 +149,18 @@ pub async fn postgres_store(pg: &PgScope) -> BenchResult<(Store, PostgresEngine)
 /// A store whose every non-empty entry goes to the pg-lo engine in `pg`'s
 /// schema (dual-tier, threshold 0, in-memory kv).
 pub async fn pglo_store(pg: &PgScope) -> BenchResult<Store> {
-    let large = PgLoEngine::connect(&pg.url, &pg.schema)
-        .await
-        .map_err(err)?;
-    Store::builder()
-        .kv(MemEngine::new())
-        .large(large)
-        .mode(Mode::DualTier { threshold: 0 })
-        .build()
-        .await
-        .map_err(err)
+    let rest = pg.url.split_once("://").map_or(&pg.url[..], |(_, r)| r);
+    let options = store_registry::Options {
+        schema: pg.schema.clone(),
+        ..store_registry::Options::default()
+    };
+    open_store(
+        "mem://",
+        Some(&format!("pglo://{rest}")),
+        &options,
+        Some(Mode::DualTier { threshold: 0 }),
+    )
+    .await
 }
 
 /// Removes every regular file below `dir` (directories stay), ignoring

@@ -1,72 +1,49 @@
 //! Composites (engine combinations) and the harness that opens them.
+//!
+//! A composite names its engines by registry URL (store-registry,
+//! ADR-027), so the harness opens every engine the same way and reaches
+//! each one's test hooks (corruption, stage counts, database clocks,
+//! reopen of in-memory data) through [`store_registry::Testing`]: it names
+//! no engine. URL templates may use
+//!
+//! - `{dir}`: the composite's scratch directory (kept across reopen);
+//! - `{pg}`: the test database (`DATABASE_URL`) after its `postgres://`,
+//!   with `{kv_schema}` and `{lo_schema}` two fresh schemas (dropped
+//!   afterwards);
+//! - `{s3}`: `s3://BUCKET` of a fresh bucket on the S3 test server
+//!   (`BLOBPOOL_TEST_S3_ENDPOINT`), whose client settings the harness adds
+//!   to the options.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use store_core::{Clock, ManualClock, Mode, Namespace, Store};
-use store_local::{LocalEngine, LocalOptions};
-use store_mem::MemEngine;
-use store_object::object_store::memory::InMemory;
-use store_object::object_store::ObjectStore;
 use store_object::s3_testing::TestBucket;
-use store_object::{ObjectEngine, ObjectOptions};
-use store_pglo::PgLoEngine;
-use store_postgres::testing::{advance_db_clock, set_db_clock};
-use store_postgres::PostgresEngine;
-use store_sqlite::{SqliteEngine, SqliteOptions};
-use store_types::{Engine, Key, KvEngine, LargeEngine, Timestamp};
+use store_object::ObjectOptions;
+use store_registry::{EngineSpec, Opened, Options, Registry, Testing};
+use store_types::{Engine, Key, KvEngine, LargeEngine, Tier, Timestamp};
 
 /// The threshold every tiered composite runs the suite with: small, so the
 /// boundary cases are cheap, and far below any engine's limits.
 pub const THRESHOLD: u64 = 4096;
 
-/// A kv engine choice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvSpec {
-    /// `store-mem`.
-    Mem,
-    /// `store-sqlite` in a temp dir.
-    Sqlite,
-    /// `store-postgres` in a fresh schema.
-    Postgres,
-}
-
-/// A large engine choice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LargeSpec {
-    /// `store-mem`.
-    Mem,
-    /// `store-local` in a temp dir.
-    Local,
-    /// `store-pglo` in a fresh schema.
-    PgLo,
-    /// `store-object` over an object_store backend.
-    Object(ObjectBackend),
-}
-
-/// The object_store backend of a [`LargeSpec::Object`].
+/// The object-store engine options of the fleet tests over S3, which open
+/// their engines directly (`fleet.rs`): a low multipart threshold so most
+/// large-tier blobs go through staging and copy-if-not-exists, and S3's
+/// smallest part size. The contract composites say the same in their URLs
+/// (`?multipart_threshold=8KiB&part_size=5MiB`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ObjectBackend {
-    /// `InMemory` (kept across reopen).
-    Memory,
-    /// `LocalFileSystem` in a temp dir (`file://`).
-    LocalFs,
-    /// A fresh bucket on the S3-compatible test server
-    /// (`BLOBPOOL_TEST_S3_ENDPOINT`, moto).
+    /// A bucket on the S3-compatible test server.
     S3,
 }
 
 impl ObjectBackend {
-    /// Engine options for the contract suite: a low multipart threshold so
-    /// most large-tier blobs go through staging and copy-if-not-exists.
+    /// The engine options.
     pub fn options(self) -> ObjectOptions {
         ObjectOptions {
             multipart_threshold: 8 << 10,
-            part_size: if self == ObjectBackend::S3 {
-                5 << 20
-            } else {
-                1 << 20
-            },
+            part_size: 5 << 20,
             ..ObjectOptions::default()
         }
     }
@@ -77,10 +54,10 @@ impl ObjectBackend {
 pub struct Spec {
     /// Display name.
     pub name: &'static str,
-    /// The kv engine.
-    pub kv: KvSpec,
-    /// The large engine (dual-tier) or none.
-    pub large: Option<LargeSpec>,
+    /// The kv engine's URL template.
+    pub kv: &'static str,
+    /// The large engine's URL template (dual-tier) or none.
+    pub large: Option<&'static str>,
     /// `mem-only` mode instead of kv-only.
     pub mem_only: bool,
     /// Both engines wrapped in engine layers ([`crate::layered::wrap`]).
@@ -88,6 +65,28 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// A kv-only composite (`mem_only`: mem-only mode instead).
+    pub const fn kv(name: &'static str, kv: &'static str, mem_only: bool) -> Spec {
+        Spec {
+            name,
+            kv,
+            large: None,
+            mem_only,
+            layered: false,
+        }
+    }
+
+    /// A dual-tier composite.
+    pub const fn dual(name: &'static str, kv: &'static str, large: &'static str) -> Spec {
+        Spec {
+            name,
+            kv,
+            large: Some(large),
+            mem_only: false,
+            layered: false,
+        }
+    }
+
     /// The store mode this composite runs in.
     pub fn mode(&self) -> Mode {
         if self.mem_only {
@@ -103,19 +102,18 @@ impl Spec {
         }
     }
 
-    /// Whether the instance's window host is durable (a SQL engine).
-    pub fn durable_window(&self) -> bool {
-        matches!(self.kv, KvSpec::Sqlite | KvSpec::Postgres) || self.large == Some(LargeSpec::PgLo)
+    fn templates(&self) -> impl Iterator<Item = &'static str> {
+        std::iter::once(self.kv).chain(self.large)
     }
 
-    /// Whether any engine needs PostgreSQL.
+    /// Whether any engine needs PostgreSQL (`{pg}`).
     pub fn uses_postgres(&self) -> bool {
-        self.kv == KvSpec::Postgres || self.large == Some(LargeSpec::PgLo)
+        self.templates().any(|t| t.contains("{pg}"))
     }
 
-    /// Whether the large tier needs the S3 test server.
+    /// Whether the large tier needs the S3 test server (`{s3}`).
     pub fn uses_s3(&self) -> bool {
-        self.large == Some(LargeSpec::Object(ObjectBackend::S3))
+        self.templates().any(|t| t.contains("{s3}"))
     }
 }
 
@@ -134,29 +132,51 @@ impl Default for Opts {
     }
 }
 
-pub(crate) enum Kv {
-    Mem(MemEngine),
-    Sqlite(Arc<SqliteEngine>),
-    Pg(Arc<PostgresEngine>),
-}
-
-pub(crate) enum Large {
-    Mem(MemEngine),
-    Local(Arc<LocalEngine>),
-    PgLo(Arc<PgLoEngine>),
-    Object(Arc<ObjectEngine>),
+/// The registry the suite opens engines with (every engine, their test
+/// hooks, S3, and the toy engine).
+fn registry() -> &'static Registry {
+    static REGISTRY: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(Registry::default)
 }
 
 /// Storage that outlives a store instance (so tests can reopen).
 pub struct Env {
     dir: tempfile::TempDir,
     pg: Option<crate::pg::PgSchemas>,
-    /// The `InMemory` object store of [`ObjectBackend::Memory`].
-    object_mem: Arc<dyn ObjectStore>,
-    /// The bucket of [`ObjectBackend::S3`].
+    /// The bucket of `{s3}`.
     bucket: Option<TestBucket>,
     /// Holds deletes of the tier big blobs go to (see [`Harness::open_hooked`]).
     hook: Option<Arc<crate::hook::DeleteHook>>,
+}
+
+impl Env {
+    /// The engine a URL template names, placeholders filled in.
+    fn resolve(&self, template: &str, tier: Tier) -> EngineSpec {
+        let mut url = template.replace("{dir}", &self.dir.path().display().to_string());
+        if let Some(pg) = &self.pg {
+            let rest = pg.url.split_once("://").map_or(&pg.url[..], |(_, r)| r);
+            url = url
+                .replace("{pg}", rest)
+                .replace("{kv_schema}", &pg.kv_schema)
+                .replace("{lo_schema}", &pg.lo_schema);
+            // A DATABASE_URL with a query of its own: the template's
+            // `?schema=` joins it.
+            if let Some(first) = url.find('?') {
+                let (head, tail) = url.split_at(first + 1);
+                url = format!("{head}{}", tail.replace('?', "&"));
+            }
+        }
+        let mut options = Options::default();
+        if let Some(bucket) = self.bucket.as_ref().filter(|_| template.contains("{s3}")) {
+            url = url.replace("{s3}", &format!("s3://{}", bucket.name));
+            for (k, v) in bucket.config() {
+                options.params.insert(k.to_string(), v);
+            }
+        }
+        registry()
+            .resolve(&url, tier, &options)
+            .unwrap_or_else(|e| panic!("composite URL {template:?}: {e}"))
+    }
 }
 
 /// An opened composite.
@@ -171,17 +191,24 @@ pub struct Harness {
     /// The options it was opened with.
     pub opts: Opts,
     env: Arc<Env>,
-    kv: Kv,
-    large: Option<Large>,
-    /// The pool and schema of the window host when it is PostgreSQL: its
-    /// GC clock (`gc_now()`, which judges the window there) is kept stopped
-    /// at `clock`'s reading.
-    db_clock: Option<(sqlx::PgPool, String)>,
+    kv: Opened<dyn KvEngine>,
+    large: Option<Opened<dyn LargeEngine>>,
+    /// The hooks of the window host when it judges by a clock of its own
+    /// (PostgreSQL's `gc_now()`), which is kept stopped at `clock`'s
+    /// reading.
+    db_clock: Option<Arc<dyn Testing>>,
 }
 
 /// The namespace most cases use.
 pub fn ns() -> Namespace {
     Namespace::new("contract").expect("valid")
+}
+
+/// `opened`'s test hooks; the suite needs every engine to have them.
+fn hooks<E: ?Sized>(opened: &Opened<E>, what: &str) -> Arc<dyn Testing> {
+    opened.testing.clone().unwrap_or_else(|| {
+        panic!("the {what} engine has no test hooks (its crate's `testing` feature)")
+    })
 }
 
 impl Harness {
@@ -225,12 +252,25 @@ impl Harness {
         let env = Arc::new(Env {
             dir,
             pg,
-            object_mem: Arc::new(InMemory::new()),
             bucket,
             hook,
         });
+        let kv = env
+            .resolve(spec.kv, Tier::Kv)
+            .open_kv()
+            .await
+            .expect("open the kv engine");
+        let large = match spec.large {
+            None => None,
+            Some(t) => Some(
+                env.resolve(t, Tier::Large)
+                    .open_large()
+                    .await
+                    .expect("open the large engine"),
+            ),
+        };
         let clock = ManualClock::new(Timestamp(1_000_000));
-        Self::build(spec, opts, env, clock, None, None).await
+        Self::build(spec, opts, env, clock, kv, large).await
     }
 
     async fn build(
@@ -238,75 +278,15 @@ impl Harness {
         opts: Opts,
         env: Arc<Env>,
         clock: ManualClock,
-        mem_kv: Option<MemEngine>,
-        mem_large: Option<MemEngine>,
+        kv: Opened<dyn KvEngine>,
+        large: Option<Opened<dyn LargeEngine>>,
     ) -> Harness {
-        let kv = match spec.kv {
-            KvSpec::Mem => Kv::Mem(mem_kv.unwrap_or_default()),
-            KvSpec::Sqlite => Kv::Sqlite(Arc::new(
-                SqliteEngine::open(env.dir.path().join("kv.sqlite"), SqliteOptions::default())
-                    .await
-                    .expect("open sqlite"),
-            )),
-            KvSpec::Postgres => {
-                let pg = env.pg.as_ref().expect("postgres env");
-                Kv::Pg(Arc::new(
-                    PostgresEngine::connect(&pg.url, &pg.kv_schema)
-                        .await
-                        .expect("open postgres"),
-                ))
-            }
-        };
-        let large = match spec.large {
-            None => None,
-            Some(LargeSpec::Mem) => Some(Large::Mem(mem_large.unwrap_or_default())),
-            Some(LargeSpec::Local) => Some(Large::Local(Arc::new(
-                LocalEngine::open(env.dir.path().join("large"), LocalOptions::default())
-                    .await
-                    .expect("open local"),
-            ))),
-            Some(LargeSpec::PgLo) => {
-                let pg = env.pg.as_ref().expect("postgres env");
-                Some(Large::PgLo(Arc::new(
-                    PgLoEngine::connect(&pg.url, &pg.lo_schema)
-                        .await
-                        .expect("open pg-lo"),
-                )))
-            }
-            Some(LargeSpec::Object(backend)) => {
-                let options = backend.options();
-                let engine = match backend {
-                    ObjectBackend::Memory => {
-                        ObjectEngine::new(env.object_mem.clone(), options).await
-                    }
-                    ObjectBackend::LocalFs => {
-                        let url = format!("file://{}", env.dir.path().join("objects").display());
-                        ObjectEngine::from_url(&url, options).await
-                    }
-                    ObjectBackend::S3 => {
-                        let bucket = env.bucket.as_ref().expect("S3 env");
-                        Ok(bucket.engine("pool", options).await)
-                    }
-                };
-                Some(Large::Object(Arc::new(engine.expect("open object engine"))))
-            }
-        };
         let mut b = Store::builder()
             .mode(spec.mode())
             .window(opts.window)
             .clock(Arc::new(clock.clone()));
-        let mut kv_dyn: Arc<dyn KvEngine> = match &kv {
-            Kv::Mem(e) => Arc::new(e.clone()),
-            Kv::Sqlite(e) => e.clone(),
-            Kv::Pg(e) => e.clone(),
-        };
-        let mut large_dyn: Option<Arc<dyn LargeEngine>> = match &large {
-            None => None,
-            Some(Large::Mem(e)) => Some(Arc::new(e.clone())),
-            Some(Large::Local(e)) => Some(e.clone()),
-            Some(Large::PgLo(e)) => Some(e.clone()),
-            Some(Large::Object(e)) => Some(e.clone()),
-        };
+        let mut kv_dyn = kv.engine.clone();
+        let mut large_dyn = large.as_ref().map(|l| l.engine.clone());
         if let Some(hook) = &env.hook {
             match (large_dyn.take(), spec.mode()) {
                 (Some(l), Mode::DualTier { .. }) => {
@@ -326,19 +306,28 @@ impl Harness {
             b = b.large_shared(l);
         }
         let store = b.build().await.expect("build store");
-        // The window host judges by its own clock when it is PostgreSQL
-        // (the kv engine when SQL-backed, else pg-lo): stop that clock at
-        // the injected clock's reading, so the two agree exactly.
-        let db_clock = match (&kv, &large) {
-            (Kv::Pg(e), _) => Some((e.pool().clone(), e.schema().to_string())),
-            (Kv::Mem(_), Some(Large::PgLo(e))) => Some((e.pool().clone(), e.schema().to_string())),
+        // The window host is the kv engine when it is a seam member, else
+        // the large engine when that is one. When it judges by its own
+        // clock (PostgreSQL), stop that clock at the injected clock's
+        // reading, so the two agree exactly.
+        let host = if kv.engine.gc_seam().is_some() {
+            Some(hooks(&kv, "kv"))
+        } else {
+            large
+                .as_ref()
+                .filter(|l| l.engine.gc_seam().is_some())
+                .map(|l| hooks(l, "large"))
+        };
+        let db_clock = match host {
+            Some(h)
+                if h.set_clock(clock.now())
+                    .await
+                    .expect("set the database clock") =>
+            {
+                Some(h)
+            }
             _ => None,
         };
-        if let Some((pool, schema)) = &db_clock {
-            set_db_clock(pool, schema, clock.now())
-                .await
-                .expect("set the database clock");
-        }
         Harness {
             store,
             clock,
@@ -356,8 +345,8 @@ impl Harness {
     /// window, the database's clock, which judges the window there.
     pub async fn advance(&self, d: Duration) {
         self.clock.advance(d);
-        if let Some((pool, schema)) = &self.db_clock {
-            advance_db_clock(pool, schema, d)
+        if let Some(h) = &self.db_clock {
+            h.advance_clock(d)
                 .await
                 .expect("advance the database clock");
         }
@@ -378,46 +367,61 @@ impl Harness {
             db_clock: _,
         } = self;
         drop(store);
-        let mem_kv = match kv {
-            Kv::Mem(e) => Some(e),
-            _ => None,
+        let kv_again = hooks(&kv, "kv").reopen_kv().await;
+        let large_again = match &large {
+            Some(l) => hooks(l, "large").reopen_large().await,
+            None => None,
         };
-        let mem_large = match large {
-            Some(Large::Mem(e)) => Some(e),
-            _ => None,
+        drop((kv, large));
+        let kv = match kv_again {
+            Some(again) => again.expect("reopen the kv engine"),
+            None => env
+                .resolve(spec.kv, Tier::Kv)
+                .open_kv()
+                .await
+                .expect("reopen the kv engine"),
         };
-        Self::build(spec, opts, env, clock, mem_kv, mem_large).await
+        let large = match (spec.large, large_again) {
+            (None, _) => None,
+            (Some(_), Some(again)) => Some(again.expect("reopen the large engine")),
+            (Some(t), None) => Some(
+                env.resolve(t, Tier::Large)
+                    .open_large()
+                    .await
+                    .expect("reopen the large engine"),
+            ),
+        };
+        Self::build(spec, opts, env, clock, kv, large).await
     }
 
     /// The kv engine as a plain engine.
     pub fn kv_engine(&self) -> Arc<dyn Engine> {
-        match &self.kv {
-            Kv::Mem(e) => Arc::new(e.clone()),
-            Kv::Sqlite(e) => e.clone(),
-            Kv::Pg(e) => e.clone(),
-        }
+        self.kv.engine.clone()
     }
 
     /// The kv engine's named references (`KvEngine::refs`), if it can
     /// hold them.
     pub fn kv_refs(&self) -> Option<Arc<dyn store_types::RefStore>> {
-        match &self.kv {
-            Kv::Mem(e) => e.refs(),
-            Kv::Sqlite(e) => e.refs(),
-            Kv::Pg(e) => e.refs(),
-        }
+        self.kv.engine.refs()
     }
 
     /// The large engine as a plain engine.
     pub fn large_engine(&self) -> Option<Arc<dyn Engine>> {
-        self.large.as_ref().map(|l| -> Arc<dyn Engine> {
-            match l {
-                Large::Mem(e) => Arc::new(e.clone()),
-                Large::Local(e) => e.clone(),
-                Large::PgLo(e) => e.clone(),
-                Large::Object(e) => e.clone(),
-            }
-        })
+        self.large
+            .as_ref()
+            .map(|l| -> Arc<dyn Engine> { l.engine.clone() })
+    }
+
+    /// Whether the instance's window host is durable: some engine is a
+    /// seam member with window clauses (a SQL engine), so the window
+    /// lives in a table rather than in the process.
+    pub fn durable_window(&self) -> bool {
+        self.kv
+            .engine
+            .gc_seam()
+            .into_iter()
+            .chain(self.large.as_ref().and_then(|l| l.engine.gc_seam()))
+            .any(|s| s.window.is_some())
     }
 
     /// Flips a stored byte of `key`, in whichever tier holds it.
@@ -428,31 +432,23 @@ impl Harness {
             .await
             .unwrap()
             .expect("entry to corrupt");
-        match (stat.tier, &self.kv, &self.large) {
-            (store_types::Tier::Kv, Kv::Mem(e), _) => e.corrupt_one_byte(key).unwrap(),
-            (store_types::Tier::Kv, Kv::Sqlite(e), _) => e.corrupt_one_byte(key).await.unwrap(),
-            (store_types::Tier::Kv, Kv::Pg(e), _) => e.corrupt_one_byte(key).await.unwrap(),
-            (store_types::Tier::Large, _, Some(Large::Mem(e))) => e.corrupt_one_byte(key).unwrap(),
-            (store_types::Tier::Large, _, Some(Large::Local(e))) => {
-                e.corrupt_one_byte(key).await.unwrap()
-            }
-            (store_types::Tier::Large, _, Some(Large::PgLo(e))) => {
-                e.corrupt_one_byte(key).await.unwrap()
-            }
-            (store_types::Tier::Large, _, Some(Large::Object(e))) => {
-                e.corrupt_one_byte(key).await.unwrap()
-            }
-            (tier, _, None) => panic!("{tier} entry in a store without a large tier"),
-        }
+        let hooks = match (stat.tier, &self.large) {
+            (Tier::Kv, _) => hooks(&self.kv, "kv"),
+            (Tier::Large, Some(l)) => hooks(l, "large"),
+            (tier, None) => panic!("{tier} entry in a store without a large tier"),
+        };
+        hooks.corrupt_one_byte(key).await.unwrap();
     }
 
     /// Stage files (or stage objects) left in the large tier (0 for
     /// engines without them).
     pub async fn stage_files(&self) -> usize {
         match &self.large {
-            Some(Large::Local(e)) => e.stage_file_count().expect("count stage files"),
-            Some(Large::Object(e)) => e.stage_object_count().await.expect("count stage objects"),
-            _ => 0,
+            Some(l) => hooks(l, "large")
+                .stage_files()
+                .await
+                .expect("count stage files"),
+            None => 0,
         }
     }
 

@@ -26,121 +26,76 @@ pub mod layered;
 pub mod pg;
 pub mod support;
 
-pub use harness::{ns, Harness, KvSpec, LargeSpec, ObjectBackend, Opts, Spec, THRESHOLD};
+pub use harness::{ns, Harness, ObjectBackend, Opts, Spec, THRESHOLD};
+
+// The composites: engines by registry URL (store-registry; placeholders
+// in `harness`). A dual-tier composite may also be written in place, in
+// its one line of `tests/contract.rs`:
+// `contract_suite!("name", "kv URL", "large URL")`.
 
 /// mem-only: kv=mem, no large tier, any size.
-pub const MEM_ONLY: Spec = Spec {
-    name: "mem-only",
-    kv: KvSpec::Mem,
-    large: None,
-    mem_only: true,
-    layered: false,
-};
+pub const MEM_ONLY: Spec = Spec::kv("mem-only", "mem://", true);
 /// kv-only on mem.
-pub const KV_MEM: Spec = Spec {
-    name: "kv-only mem",
-    kv: KvSpec::Mem,
-    large: None,
-    mem_only: false,
-    layered: false,
-};
+pub const KV_MEM: Spec = Spec::kv("kv-only mem", "mem://", false);
 /// kv-only on sqlite.
-pub const KV_SQLITE: Spec = Spec {
-    name: "kv-only sqlite",
-    kv: KvSpec::Sqlite,
-    large: None,
-    mem_only: false,
-    layered: false,
-};
+pub const KV_SQLITE: Spec = Spec::kv("kv-only sqlite", "sqlite://{dir}/kv.sqlite", false);
 /// dual-tier sqlite + local.
-pub const SQLITE_LOCAL: Spec = Spec {
-    name: "sqlite+local",
-    kv: KvSpec::Sqlite,
-    large: Some(LargeSpec::Local),
-    mem_only: false,
-    layered: false,
-};
+pub const SQLITE_LOCAL: Spec = Spec::dual(
+    "sqlite+local",
+    "sqlite://{dir}/kv.sqlite",
+    "file://{dir}/large",
+);
 /// dual-tier mem + local (ADR-012 §6.3).
-pub const MEM_LOCAL: Spec = Spec {
-    name: "mem+local",
-    kv: KvSpec::Mem,
-    large: Some(LargeSpec::Local),
-    mem_only: false,
-    layered: false,
-};
+pub const MEM_LOCAL: Spec = Spec::dual("mem+local", "mem://", "file://{dir}/large");
 /// dual-tier mem + mem.
-pub const MEM_MEM: Spec = Spec {
-    name: "mem+mem",
-    kv: KvSpec::Mem,
-    large: Some(LargeSpec::Mem),
-    mem_only: false,
-    layered: false,
-};
+pub const MEM_MEM: Spec = Spec::dual("mem+mem", "mem://", "mem://");
 /// kv-only on postgres.
-pub const KV_POSTGRES: Spec = Spec {
-    name: "kv-only postgres",
-    kv: KvSpec::Postgres,
-    large: None,
-    mem_only: false,
-    layered: false,
-};
+pub const KV_POSTGRES: Spec = Spec::kv(
+    "kv-only postgres",
+    "postgres://{pg}?schema={kv_schema}",
+    false,
+);
 /// dual-tier postgres + pg-lo on the same instance.
-pub const POSTGRES_PGLO: Spec = Spec {
-    name: "postgres+pg-lo",
-    kv: KvSpec::Postgres,
-    large: Some(LargeSpec::PgLo),
-    mem_only: false,
-    layered: false,
-};
+pub const POSTGRES_PGLO: Spec = Spec::dual(
+    "postgres+pg-lo",
+    "postgres://{pg}?schema={kv_schema}",
+    "pglo://{pg}?schema={lo_schema}",
+);
 /// dual-tier postgres + local.
-pub const POSTGRES_LOCAL: Spec = Spec {
-    name: "postgres+local",
-    kv: KvSpec::Postgres,
-    large: Some(LargeSpec::Local),
-    mem_only: false,
-    layered: false,
-};
+pub const POSTGRES_LOCAL: Spec = Spec::dual(
+    "postgres+local",
+    "postgres://{pg}?schema={kv_schema}",
+    "file://{dir}/large",
+);
 /// dual-tier sqlite + pg-lo (dual SQL: the window lives on sqlite only).
-pub const SQLITE_PGLO: Spec = Spec {
-    name: "sqlite+pg-lo",
-    kv: KvSpec::Sqlite,
-    large: Some(LargeSpec::PgLo),
-    mem_only: false,
-    layered: false,
-};
+pub const SQLITE_PGLO: Spec = Spec::dual(
+    "sqlite+pg-lo",
+    "sqlite://{dir}/kv.sqlite",
+    "pglo://{pg}?schema={lo_schema}",
+);
 /// dual-tier mem + pg-lo (the window lives on pg-lo).
-pub const MEM_PGLO: Spec = Spec {
-    name: "mem+pg-lo",
-    kv: KvSpec::Mem,
-    large: Some(LargeSpec::PgLo),
-    mem_only: false,
-    layered: false,
-};
+pub const MEM_PGLO: Spec = Spec::dual("mem+pg-lo", "mem://", "pglo://{pg}?schema={lo_schema}");
 
-/// dual-tier sqlite + object store over `InMemory`.
-pub const SQLITE_OBJECT_MEM: Spec = Spec {
-    name: "sqlite+object(memory)",
-    kv: KvSpec::Sqlite,
-    large: Some(LargeSpec::Object(ObjectBackend::Memory)),
-    mem_only: false,
-    layered: false,
-};
+/// dual-tier sqlite + object store over `InMemory` (a low multipart
+/// threshold, so most large-tier blobs go through staging and
+/// copy-if-not-exists).
+pub const SQLITE_OBJECT_MEM: Spec = Spec::dual(
+    "sqlite+object(memory)",
+    "sqlite://{dir}/kv.sqlite",
+    "object+memory://?multipart_threshold=8KiB&part_size=1MiB",
+);
 /// dual-tier mem + object store over `LocalFileSystem` (`file://`).
-pub const MEM_OBJECT_FS: Spec = Spec {
-    name: "mem+object(file)",
-    kv: KvSpec::Mem,
-    large: Some(LargeSpec::Object(ObjectBackend::LocalFs)),
-    mem_only: false,
-    layered: false,
-};
+pub const MEM_OBJECT_FS: Spec = Spec::dual(
+    "mem+object(file)",
+    "mem://",
+    "object+file://{dir}/objects?multipart_threshold=8KiB&part_size=1MiB",
+);
 /// dual-tier postgres + object store over S3 (the moto test server).
-pub const POSTGRES_OBJECT_S3: Spec = Spec {
-    name: "postgres+object(s3)",
-    kv: KvSpec::Postgres,
-    large: Some(LargeSpec::Object(ObjectBackend::S3)),
-    mem_only: false,
-    layered: false,
-};
+pub const POSTGRES_OBJECT_S3: Spec = Spec::dual(
+    "postgres+object(s3)",
+    "postgres://{pg}?schema={kv_schema}",
+    "{s3}/pool?multipart_threshold=8KiB&part_size=5MiB",
+);
 
 /// dual-tier sqlite + local, both engines wrapped in the tracing, metrics
 /// and (no-fault) fault-injection layers of `store-layers`.
@@ -154,6 +109,10 @@ pub const SQLITE_LOCAL_LAYERED: Spec = Spec {
 /// composite.
 #[macro_export]
 macro_rules! contract_suite {
+    // A dual-tier composite in place: name, kv URL, large URL.
+    ($name:literal, $kv:literal, $large:literal) => {
+        $crate::contract_suite!($crate::Spec::dual($name, $kv, $large));
+    };
     ($spec:expr) => {
         $crate::__async_cases!($spec;
             basic::put_get_round_trip,

@@ -46,3 +46,7 @@ mod postgres_object_s3 {
 mod sqlite_local_layered {
     tests_contract::contract_suite!(tests_contract::SQLITE_LOCAL_LAYERED);
 }
+// The toy engine of docs/ENGINES.md ("Adding an engine"), both tiers.
+mod example_example {
+    tests_contract::contract_suite!("example+example", "example://", "example://");
+}

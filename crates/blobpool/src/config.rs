@@ -3,7 +3,7 @@
 //! ```toml
 //! # data_dir = "/srv/blobpool"                # root of the default store (DIR/kv.sqlite, DIR/large)
 //! kv = "sqlite://./blobpool-data/kv.sqlite"   # sqlite://PATH | postgres://…[?schema=S] | mem://
-//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | s3://BUCKET/PREFIX | object+file:///PATH | mem:// | none
+//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | s3://BUCKET/PREFIX | gs://… | az://… | http(s)://… | object+file:///PATH | mem:// | none
 //! mode = "dual-tier"                          # mem-only | kv-only | dual-tier (default: derived)
 //! threshold = "64KiB"                         # size; kv/large boundary (kv-only: the size limit)
 //! fleet = false                               # ADR-012 §3 fleet admission
@@ -50,16 +50,21 @@
 //! `serve`). `data_dir` roots only the default kv (and large) tier, so it
 //! is an error when `kv` is set too: it would have no effect.
 //!
+//! The URLs are the engine registry's (store-registry, ADR-027, table in
+//! docs/ENGINES.md): [`registry`] checks them at load and opens them in
+//! [`Config::open_store`]. Object-store URLs take the engine's settings in
+//! their query (`s3://bucket/pool?part_size=16MiB`); an unknown one is an
+//! error naming it.
+//!
 //! Every error names where the bad value came from: `config file
 //! PATH:LINE:COL: key`, `environment BLOBPOOL_…` or `flag --…`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use store_core::{Mode, Store, DEFAULT_THRESHOLD};
-use store_types::{Error, KvEngine, LargeEngine, Namespace};
+use store_types::{Error, Namespace};
 use toml::Spanned;
 
 /// Default config file, used when present and no `--config` is given.
@@ -69,7 +74,7 @@ pub const DEFAULT_DATA_DIR: &str = "./blobpool-data";
 /// Default listen address of `serve`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// Default PostgreSQL schema.
-pub const DEFAULT_SCHEMA: &str = "blobpool";
+pub const DEFAULT_SCHEMA: &str = store_registry::DEFAULT_SCHEMA;
 
 /// A scalar value in the TOML file. Each key's parser types it (so that
 /// `threshold = "64KiB"` and `threshold = 65536` both work) and reports
@@ -251,8 +256,9 @@ pub struct StoreFlags {
     /// [config `kv`, env BLOBPOOL_KV].
     #[arg(long, value_name = "URL")]
     pub kv: Option<String>,
-    /// Large engine: file://PATH, pglo://…, s3://BUCKET/PREFIX,
-    /// object+file:///PATH, mem:// or none [config `large`].
+    /// Large engine: file://PATH, pglo://…, s3://BUCKET/PREFIX, gs://…,
+    /// az://…, http(s)://…, object+file:///PATH, mem:// or none [config
+    /// `large`].
     #[arg(long, value_name = "URL")]
     pub large: Option<String>,
     /// mem-only, kv-only or dual-tier [default: derived from the tiers].
@@ -410,50 +416,44 @@ pub const DEFAULT_MEM_ONLY_MAX_BLOB_SIZE: u64 = 64 << 20;
 /// cap, `max_tokens`, still applies).
 pub const DEFAULT_MAX_TOKENS_PER_IDENTITY: usize = 10_000;
 
-/// A kv engine choice.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KvSpec {
-    /// `sqlite://PATH`.
-    Sqlite(PathBuf),
-    /// `postgres://…`: the connection URL (without `schema=`) and schema.
-    Postgres {
-        /// Connection URL handed to the driver.
-        url: String,
-        /// Schema holding the tables.
-        schema: String,
-    },
-    /// `mem://`.
-    Mem,
+/// A checked engine choice: the engine a URL names in the registry
+/// (store-registry, ADR-027), its URL and options.
+pub use store_registry::EngineSpec;
+
+/// The engines this binary can open: every engine crate of the default
+/// build plus the S3, GCS, Azure and HTTP object-store backends.
+pub fn registry() -> &'static store_registry::Registry {
+    static REGISTRY: std::sync::OnceLock<store_registry::Registry> = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(store_registry::Registry::default)
 }
 
-/// A large engine choice.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LargeSpec {
-    /// `file://PATH`.
-    File(PathBuf),
-    /// `pglo://…` or `postgres+lo://…`: the `postgres://` connection URL
-    /// and schema.
-    PgLo {
-        /// Connection URL handed to the driver.
-        url: String,
-        /// Schema holding the tables.
-        schema: String,
-    },
-    /// `s3://bucket/prefix` (settings from `AWS_*` variables),
-    /// `object+file:///abs/path` or `object+memory://`: an object-store
-    /// large tier (`store-object`), with the URL it takes.
-    Object(String),
-    /// `mem://`.
-    Mem,
+/// The registry's message for a configuration error (its `Display` adds
+/// a "configuration error:" prefix the origin already implies).
+fn config_message(e: Error) -> String {
+    match e {
+        Error::Config(m) => m,
+        other => other.to_string(),
+    }
+}
+
+/// The registry options of a configuration: its `schema`,
+/// `shared_media` and `fsync`.
+fn engine_options(schema: &str, shared_media: bool, fsync: bool) -> store_registry::Options {
+    store_registry::Options {
+        schema: schema.to_string(),
+        shared_media,
+        fsync,
+        ..store_registry::Options::default()
+    }
 }
 
 /// The resolved configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// The kv engine.
-    pub kv: KvSpec,
+    pub kv: EngineSpec,
     /// The large engine, if any.
-    pub large: Option<LargeSpec>,
+    pub large: Option<EngineSpec>,
     /// The dispatch mode.
     pub mode: Mode,
     /// Fleet admission.
@@ -492,94 +492,23 @@ pub struct Config {
     pub sections: crate::security::Sections,
 }
 
-/// Splits `schema=` out of a PostgreSQL URL's query string.
-fn split_schema(url: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_string(), None);
-    };
-    let mut schema = None;
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|p| {
-            if let Some(v) = p.strip_prefix("schema=") {
-                schema = Some(v.to_string());
-                false
-            } else {
-                !p.is_empty()
-            }
-        })
-        .collect();
-    let url = if rest.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    (url, schema)
-}
-
-fn path_of(url: &str, scheme: &str) -> Result<PathBuf, String> {
-    let p = &url[scheme.len()..];
-    if p.is_empty() {
-        return Err(format!("{url:?}: missing path after {scheme}"));
-    }
-    Ok(PathBuf::from(p))
-}
-
-/// Parses a kv engine URL.
-pub fn parse_kv(url: &str, default_schema: &str) -> Result<KvSpec, String> {
-    let url = url.trim();
-    if url.starts_with("sqlite://") {
-        return Ok(KvSpec::Sqlite(path_of(url, "sqlite://")?));
-    }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let (url, schema) = split_schema(url);
-        return Ok(KvSpec::Postgres {
-            url,
-            schema: schema.unwrap_or_else(|| default_schema.to_string()),
-        });
-    }
-    if url == "mem://" || url == "mem:" || url == "mem" {
-        return Ok(KvSpec::Mem);
-    }
-    Err(format!(
-        "unsupported kv URL {:?}: expected sqlite://PATH, postgres://…, or mem://",
-        crate::security::redact_url(url)
-    ))
+/// Parses a kv engine URL (`sqlite://PATH`, `postgres://…[?schema=S]`,
+/// `mem://`, … any kv engine of [`registry`]) with the configuration's
+/// `options`.
+pub fn parse_kv(url: &str, options: &store_registry::Options) -> Result<EngineSpec, String> {
+    registry()
+        .resolve(url, store_types::Tier::Kv, options)
+        .map_err(config_message)
 }
 
 /// Parses a large engine URL (`None` for `none` or an empty string).
-pub fn parse_large(url: &str, default_schema: &str) -> Result<Option<LargeSpec>, String> {
-    let url = url.trim();
-    if url.is_empty() || url == "none" {
-        return Ok(None);
-    }
-    if url.starts_with("file://") {
-        return Ok(Some(LargeSpec::File(path_of(url, "file://")?)));
-    }
-    for scheme in ["pglo://", "postgres+lo://", "postgresql+lo://"] {
-        if let Some(rest) = url.strip_prefix(scheme) {
-            let (url, schema) = split_schema(&format!("postgres://{rest}"));
-            return Ok(Some(LargeSpec::PgLo {
-                url,
-                schema: schema.unwrap_or_else(|| default_schema.to_string()),
-            }));
-        }
-    }
-    if url == "mem://" || url == "mem:" || url == "mem" {
-        return Ok(Some(LargeSpec::Mem));
-    }
-    if url.starts_with("s3://") {
-        return Ok(Some(LargeSpec::Object(url.to_string())));
-    }
-    if let Some(rest) = url.strip_prefix("object+") {
-        if rest.starts_with("file://") || rest.starts_with("memory://") {
-            return Ok(Some(LargeSpec::Object(rest.to_string())));
-        }
-    }
-    Err(format!(
-        "unsupported large URL {:?}: expected file://PATH, pglo://…, postgres+lo://…, s3://BUCKET/PREFIX, object+file:///PATH, object+memory://, mem://, or none",
-        crate::security::redact_url(url)
-    ))
+pub fn parse_large(
+    url: &str,
+    options: &store_registry::Options,
+) -> Result<Option<EngineSpec>, String> {
+    registry()
+        .resolve_large(url, options)
+        .map_err(config_message)
 }
 
 fn parse_mode(s: &str, threshold: u64) -> Result<Mode, String> {
@@ -736,6 +665,17 @@ impl Config {
         let root = data_dir
             .as_ref()
             .map_or_else(|| PathBuf::from(DEFAULT_DATA_DIR), |(d, _)| d.clone());
+        let flag = |key: &str, file: &Option<Spanned<Scalar>>, default: bool| {
+            l.get(key, None, file, Scalar::boolean)
+                .map(|v| v.map_or(default, |(b, _)| b))
+        };
+        let shared_media = flag("shared_media", &fc.shared_media, false)?;
+        let fsync = flag("fsync", &fc.fsync, true)?;
+        let options = engine_options(&schema, shared_media, fsync);
+        let sqlite = |path: PathBuf| {
+            parse_kv(&format!("sqlite://{}", path.display()), &options)
+                .map_err(|e| Origin::Default.err(e))
+        };
         let kv = match &kv_url {
             Some((url, origin)) => {
                 if let Some((_, dir_origin)) = &data_dir {
@@ -745,13 +685,20 @@ impl Config {
                          them (for a large tier next to that kv, set large = \"file://DIR/large\")"
                     )));
                 }
-                parse_kv(url, &schema).map_err(|e| origin.err(e))?
+                parse_kv(url, &options).map_err(|e| origin.err(e))?
             }
-            None => KvSpec::Sqlite(root.join("kv.sqlite")),
+            None => sqlite(root.join("kv.sqlite"))?,
         };
         let large = match (&kv_url, &large_url) {
-            (_, Some((url, origin))) => parse_large(url, &schema).map_err(|e| origin.err(e))?,
-            (None, None) => Some(LargeSpec::File(root.join("large"))),
+            (_, Some((url, origin))) => parse_large(url, &options).map_err(|e| origin.err(e))?,
+            (None, None) => Some(
+                parse_large(
+                    &format!("file://{}", root.join("large").display()),
+                    &options,
+                )
+                .map_err(|e| Origin::Default.err(e))?
+                .expect("a file:// URL names a large tier"),
+            ),
             (Some(_), None) => None,
         };
         let threshold = l
@@ -768,8 +715,10 @@ impl Config {
                 check_mode_tiers(mode, &origin, &kv_url, &large_url, large.is_some())?;
                 mode
             }
+            // A kv tier private to the process (mem://) and no large
+            // tier: everything lives in memory.
             None => match (&kv, &large) {
-                (KvSpec::Mem, None) => Mode::MemOnly,
+                (kv, None) if kv.is_private() => Mode::MemOnly,
                 (_, None) => Mode::KvOnly { threshold },
                 (_, Some(_)) => Mode::DualTier { threshold },
             },
@@ -873,10 +822,6 @@ impl Config {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let flag = |key: &str, file: &Option<Spanned<Scalar>>, default: bool| {
-            l.get(key, None, file, Scalar::boolean)
-                .map(|v| v.map_or(default, |(b, _)| b))
-        };
         Ok(Config {
             kv,
             large,
@@ -886,8 +831,8 @@ impl Config {
                 .get("window", f.window.as_ref(), &fc.window, Scalar::duration)?
                 .map_or(Duration::from_secs(3600), |(d, _)| d),
             pin_ttl,
-            shared_media: flag("shared_media", &fc.shared_media, false)?,
-            fsync: flag("fsync", &fc.fsync, true)?,
+            shared_media,
+            fsync,
             listen: l
                 .get("listen", None, &fc.listen, text)?
                 .map_or_else(|| DEFAULT_LISTEN.to_string(), |(s, _)| s),
@@ -921,31 +866,10 @@ impl Config {
     /// postgres://u:***@db/pool (schema blobpool), no large tier: kv-only,
     /// blobs above 64 KiB are refused, not fleet`.
     pub fn describe(&self) -> String {
-        use crate::security::redact_url;
-        let kv = match &self.kv {
-            KvSpec::Sqlite(p) => format!("kv sqlite {}", p.display()),
-            KvSpec::Postgres { url, schema } => {
-                format!("kv postgres {} (schema {schema})", redact_url(url))
-            }
-            KvSpec::Mem => "kv mem (in memory, lost on exit)".to_string(),
-        };
+        let kv = format!("kv {}", self.kv.describe());
         let large = match &self.large {
             None => "no large tier".to_string(),
-            Some(LargeSpec::File(p)) => format!(
-                "large file {}{}{}",
-                p.display(),
-                if self.shared_media {
-                    " (shared media)"
-                } else {
-                    ""
-                },
-                if self.fsync { "" } else { " (no fsync)" }
-            ),
-            Some(LargeSpec::PgLo { url, schema }) => {
-                format!("large pg-lo {} (schema {schema})", redact_url(url))
-            }
-            Some(LargeSpec::Object(url)) => format!("large object {}", redact_url(url)),
-            Some(LargeSpec::Mem) => "large mem (in memory, lost on exit)".to_string(),
+            Some(l) => format!("large {}", l.describe()),
         };
         let mode = match self.mode {
             Mode::MemOnly => "mem-only".to_string(),
@@ -983,36 +907,10 @@ impl Config {
     /// Opens the engines and builds the store, registering the
     /// `gc.unreferenced_namespaces` sources.
     pub async fn open_store(&self) -> Result<Store, Error> {
-        let kv: Arc<dyn KvEngine> = match &self.kv {
-            KvSpec::Sqlite(path) => Arc::new(
-                store_sqlite::SqliteEngine::open(path, store_sqlite::SqliteOptions::default())
-                    .await?,
-            ),
-            KvSpec::Postgres { url, schema } => {
-                Arc::new(store_postgres::PostgresEngine::connect(url, schema).await?)
-            }
-            KvSpec::Mem => Arc::new(store_mem::MemEngine::new()),
-        };
-        let large: Option<Arc<dyn LargeEngine>> = match &self.large {
+        let kv = self.kv.open_kv().await?.engine;
+        let large = match &self.large {
+            Some(l) => Some(l.open_large().await?.engine),
             None => None,
-            Some(LargeSpec::File(root)) => Some(Arc::new(
-                store_local::LocalEngine::open(
-                    root,
-                    store_local::LocalOptions {
-                        shared_media: self.shared_media,
-                        fsync: self.fsync,
-                    },
-                )
-                .await?,
-            )),
-            Some(LargeSpec::PgLo { url, schema }) => Some(Arc::new(
-                store_pglo::PgLoEngine::connect(url, schema).await?,
-            )),
-            Some(LargeSpec::Object(url)) => Some(Arc::new(
-                store_object::ObjectEngine::from_url(url, store_object::ObjectOptions::default())
-                    .await?,
-            )),
-            Some(LargeSpec::Mem) => Some(Arc::new(store_mem::MemEngine::new())),
         };
         let mut b = Store::builder()
             .kv_shared(kv)
@@ -1035,6 +933,20 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The URL a tier resolved to.
+    fn url(spec: &EngineSpec) -> &str {
+        spec.url().as_str()
+    }
+
+    /// The large tier's URL, if any.
+    fn large_url(c: &Config) -> Option<&str> {
+        c.large.as_ref().map(url)
+    }
+
+    fn opts(schema: &str) -> store_registry::Options {
+        engine_options(schema, false, true)
+    }
+
     fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |k| {
             pairs
@@ -1047,11 +959,10 @@ mod tests {
     #[test]
     fn the_default_is_sqlite_plus_local_files() {
         let c = Config::from_toml("").unwrap();
-        assert_eq!(c.kv, KvSpec::Sqlite("./blobpool-data/kv.sqlite".into()));
-        assert_eq!(
-            c.large,
-            Some(LargeSpec::File("./blobpool-data/large".into()))
-        );
+        assert_eq!(url(&c.kv), "sqlite://./blobpool-data/kv.sqlite");
+        assert_eq!(large_url(&c), Some("file://./blobpool-data/large"));
+        assert_eq!(c.kv.engine(), "sqlite");
+        assert_eq!(c.large.as_ref().unwrap().engine(), "local");
         assert_eq!(
             c.mode,
             Mode::DualTier {
@@ -1094,18 +1005,19 @@ mod tests {
 
     #[test]
     fn object_store_urls_select_the_object_engine() {
-        for (url, want) in [
-            ("s3://bucket/pool", "s3://bucket/pool"),
-            ("object+file:///srv/pool", "file:///srv/pool"),
-            ("object+memory://", "memory://"),
+        for (u, want) in [
+            ("s3://bucket/pool", "object s3://bucket/pool"),
+            ("object+file:///srv/pool", "object file:///srv/pool"),
+            ("object+memory://", "object memory://"),
         ] {
+            let spec = parse_large(u, &opts("s")).unwrap().unwrap();
             assert_eq!(
-                parse_large(url, "s").unwrap(),
-                Some(LargeSpec::Object(want.into())),
-                "{url}"
+                (spec.engine(), spec.describe().as_str()),
+                ("object", want),
+                "{u}"
             );
         }
-        assert!(parse_large("object+ftp://x", "s").is_err());
+        assert!(parse_large("object+ftp://x", &opts("s")).is_err());
     }
 
     #[tokio::test]
@@ -1145,34 +1057,31 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            c.kv,
-            KvSpec::Postgres {
-                url: "postgres://u:p@db:5432/pool?sslmode=disable".into(),
-                schema: "tenant_a".into()
-            }
+            c.kv.describe(),
+            "postgres postgres://u:***@db:5432/pool?sslmode=disable (schema tenant_a)"
         );
         assert_eq!(
-            c.large,
-            Some(LargeSpec::PgLo {
-                url: "postgres://u:p@db:5432/pool".into(),
-                schema: "fallback".into()
-            })
+            c.large.as_ref().unwrap().describe(),
+            "pg-lo postgres://u:***@db:5432/pool (schema fallback)"
         );
         assert!(c.fleet);
         assert_eq!(c.pin_ttl, Duration::from_secs(60));
         assert_eq!(
-            parse_large("postgres+lo://h/db?schema=s", "x").unwrap(),
-            Some(LargeSpec::PgLo {
-                url: "postgres://h/db".into(),
-                schema: "s".into()
-            })
+            parse_large("postgres+lo://h/db?schema=s", &opts("x"))
+                .unwrap()
+                .unwrap()
+                .describe(),
+            "pg-lo postgres://h/db (schema s)"
         );
     }
 
     #[test]
     fn modes_are_derived_from_the_tiers() {
         let c = Config::from_toml("kv = \"mem://\"").unwrap();
-        assert_eq!((c.kv, c.large, c.mode), (KvSpec::Mem, None, Mode::MemOnly));
+        assert_eq!(
+            (url(&c.kv), large_url(&c), c.mode),
+            ("mem://", None, Mode::MemOnly)
+        );
         let c = Config::from_toml("kv = \"sqlite://x.db\"\nthreshold = 10").unwrap();
         assert_eq!(c.mode, Mode::KvOnly { threshold: 10 });
         let c = Config::from_toml("kv = \"mem://\"\nlarge = \"file:///tmp/l\"").unwrap();
@@ -1199,8 +1108,8 @@ mod tests {
             ("BLOBPOOL_THRESHOLD", "1024"),
         ]);
         let c = Config::from_layers(text, &env, &StoreFlags::default()).unwrap();
-        assert_eq!(c.kv, KvSpec::Sqlite("/var/kv.db".into()));
-        assert_eq!(c.large, Some(LargeSpec::File("/var/large".into())));
+        assert_eq!(url(&c.kv), "sqlite:///var/kv.db");
+        assert_eq!(large_url(&c), Some("file:///var/large"));
         assert_eq!(c.window, Duration::ZERO);
         assert_eq!(c.mode, Mode::DualTier { threshold: 1024 });
         let names: Vec<&str> = c
@@ -1412,23 +1321,23 @@ mod tests {
     #[test]
     fn data_dir_roots_the_default_store() {
         let c = Config::from_toml("data_dir = \"/srv/bp\"").unwrap();
-        assert_eq!(c.kv, KvSpec::Sqlite("/srv/bp/kv.sqlite".into()));
-        assert_eq!(c.large, Some(LargeSpec::File("/srv/bp/large".into())));
+        assert_eq!(url(&c.kv), "sqlite:///srv/bp/kv.sqlite");
+        assert_eq!(large_url(&c), Some("file:///srv/bp/large"));
         // The environment and the flag, each over the one before.
         let env = env_of(&[("BLOBPOOL_DATA_DIR", "env-dir")]);
         let c = Config::from_layers("data_dir = \"file-dir\"", &env, &flags()).unwrap();
-        assert_eq!(c.kv, KvSpec::Sqlite("env-dir/kv.sqlite".into()));
+        assert_eq!(url(&c.kv), "sqlite://env-dir/kv.sqlite");
         let f = StoreFlags {
             data_dir: Some("flag-dir/".into()),
             ..flags()
         };
         let c = Config::from_layers("data_dir = \"file-dir\"", &env, &f).unwrap();
-        assert_eq!(c.kv, KvSpec::Sqlite("flag-dir/kv.sqlite".into()));
-        assert_eq!(c.large, Some(LargeSpec::File("flag-dir/large".into())));
+        assert_eq!(url(&c.kv), "sqlite://flag-dir/kv.sqlite");
+        assert_eq!(large_url(&c), Some("file://flag-dir/large"));
         // Large set elsewhere: data_dir still roots the default kv.
         let c = Config::from_toml("data_dir = \"/srv/bp\"\nlarge = \"s3://bucket/pool\"").unwrap();
-        assert_eq!(c.kv, KvSpec::Sqlite("/srv/bp/kv.sqlite".into()));
-        assert_eq!(c.large, Some(LargeSpec::Object("s3://bucket/pool".into())));
+        assert_eq!(url(&c.kv), "sqlite:///srv/bp/kv.sqlite");
+        assert_eq!(large_url(&c), Some("s3://bucket/pool"));
         // kv set: data_dir would have no effect, which is an error naming both.
         let env = env_of(&[("BLOBPOOL_KV", "mem://")]);
         let e = Config::from_layers("data_dir = \"/srv/bp\"", &env, &flags()).unwrap_err();
@@ -1477,6 +1386,30 @@ mod tests {
             c.describe()
         );
         assert!(!c.describe().contains('\n'));
+    }
+
+    #[test]
+    fn engine_urls_and_settings_are_checked_at_load() {
+        let e = Config::from_toml("large = \"s3://b/p?part_sise=1MiB\"").unwrap_err();
+        assert!(
+            e.starts_with(
+                "config file <toml>:1:9: large: \"s3://b/p\": unknown option \"part_sise\" \
+                 for the object engine"
+            ),
+            "{e}"
+        );
+        let e = Config::from_toml("kv = \"file:///srv/x\"").unwrap_err();
+        assert!(
+            e.contains("kv: \"file:///srv/x\" is a large engine (local), not a kv engine"),
+            "{e}"
+        );
+        let c = Config::from_toml("large = \"gs://bucket/pool?part_size=16MiB\"").unwrap();
+        assert_eq!(
+            c.large.as_ref().unwrap().describe(),
+            "object gs://bucket/pool"
+        );
+        let c = Config::from_toml("large = \"az://container/pool\"").unwrap();
+        assert_eq!(c.large.as_ref().unwrap().engine(), "object");
     }
 
     #[test]

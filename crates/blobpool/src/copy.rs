@@ -32,7 +32,7 @@ use store_core::{Refs, Store};
 use store_types::{Digest, Error, Key, Namespace, RefEntry, RefExpect, RefName};
 use tokio::sync::mpsc;
 
-use crate::config::{Config, KvSpec, LargeSpec};
+use crate::config::Config;
 use crate::output::{emit, missing, CliError};
 use crate::progress::ProgressRead;
 
@@ -287,11 +287,11 @@ async fn open(cfg: &Config, path: &Path, side: &str) -> Result<Store, CliError> 
 /// Refuses a copy of a store onto itself (mem:// tiers are private to
 /// each open, so two of them never are the same).
 fn same_store(src: &Config, dst: &Config) -> Option<&'static str> {
-    if src.kv == dst.kv && src.kv != KvSpec::Mem {
+    if src.kv.same_store(&dst.kv) {
         return Some("kv");
     }
     match (&src.large, &dst.large) {
-        (Some(a), Some(b)) if a == b && *a != LargeSpec::Mem => Some("large"),
+        (Some(a), Some(b)) if a.same_store(b) => Some("large"),
         _ => None,
     }
 }

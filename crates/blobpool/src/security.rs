@@ -309,41 +309,11 @@ impl Sections {
     }
 }
 
-/// `url` with any password replaced by `***` (`scheme://user:***@host`,
-/// and `password=` query parameters), for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    let mut out = url.to_string();
-    if let Some(scheme_end) = out.find("://") {
-        let rest_start = scheme_end + 3;
-        let authority_end = out[rest_start..]
-            .find(['/', '?', '#'])
-            .map_or(out.len(), |i| rest_start + i);
-        if let Some(at) = out[rest_start..authority_end].rfind('@') {
-            let userinfo = &out[rest_start..rest_start + at];
-            if let Some(colon) = userinfo.find(':') {
-                let start = rest_start + colon + 1;
-                out.replace_range(start..rest_start + at, "***");
-            }
-        }
-    }
-    if let Some(q) = out.find('?') {
-        let (base, query) = out.split_at(q + 1);
-        let query = query
-            .split('&')
-            .map(|p| match p.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => p.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join("&");
-        out = format!("{base}{query}");
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    // The one redaction, shared with the engine registry.
     use super::*;
+    use store_types::registry::redact_url;
 
     fn sections(toml_text: &str) -> Sections {
         #[derive(Deserialize)]

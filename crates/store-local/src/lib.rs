@@ -152,6 +152,7 @@ pub mod crash;
 mod engine;
 mod fsio;
 mod reader;
+mod registration;
 mod seam;
 mod stage;
 #[cfg(any(test, feature = "testing"))]
@@ -165,6 +166,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub use registration::REGISTRATION;
 use store_types::{Error, Key, Namespace, Result};
 
 use crate::seam::Seam;

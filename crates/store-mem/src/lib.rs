@@ -39,6 +39,7 @@
 
 mod engine;
 mod refs;
+mod registration;
 mod stage;
 #[cfg(test)]
 mod tests;
@@ -51,6 +52,7 @@ use bytes::Bytes;
 use store_types::{Digest, Namespace, Timestamp};
 
 use refs::MemRefs;
+pub use registration::REGISTRATION;
 use stage::MemStage;
 
 /// One stored entry.

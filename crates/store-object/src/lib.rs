@@ -114,6 +114,7 @@
 
 mod engine;
 mod reader;
+mod registration;
 mod retry;
 #[cfg(all(feature = "s3", any(test, feature = "testing")))]
 pub mod s3_testing;
@@ -136,6 +137,7 @@ use object_store::{CopyMode, CopyOptions, ObjectStore, PutMode, PutOptions};
 use store_types::{Digest, Error, Instance, Key, Namespace, Result, Sharing, Timestamp};
 
 pub use object_store;
+pub use registration::REGISTRATION;
 pub use retry::RetryPolicy;
 pub use url::{backend_from_url, Backend};
 

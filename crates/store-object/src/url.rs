@@ -110,10 +110,40 @@ where
             })
         }
         "s3" => s3(url, rest, config),
-        other => Err(Error::Config(format!(
-            "unsupported object store URL scheme {other:?} (memory://, file://, s3://)"
-        ))),
+        _ => parsed(url, config),
     }
+}
+
+/// Any other scheme object_store knows (`gs://`, `az://`, `abfs://`,
+/// `http(s)://`, …) through [`object_store::parse_url_opts`], with
+/// `config` as its options (e.g. `google_service_account`). The backend
+/// must be compiled in (features `gcs`, `azure`, `http`).
+fn parsed(url: &str, config: Vec<(String, String)>) -> Result<Backend> {
+    let shown = store_types::registry::redact_url(url);
+    let parsed = ::url::Url::parse(url)
+        .map_err(|e| Error::Config(format!("object store URL {shown:?}: {e}")))?;
+    let ordered_listing = !matches!(parsed.scheme(), "http" | "https");
+    let (store, prefix) = object_store::parse_url_opts(&parsed, config).map_err(|e| {
+        Error::Config(format!(
+            "object store URL {shown:?}: {e} (memory://, file://, s3://, and gs://, az://, \
+             http(s):// when built with store-object's gcs, azure, http features)"
+        ))
+    })?;
+    let mut label = parsed.clone();
+    let _ = label.set_password(None);
+    let _ = label.set_username("");
+    label.set_query(None);
+    label.set_fragment(None);
+    let label = label.to_string().trim_end_matches('/').to_string();
+    Ok(Backend {
+        store: Arc::from(store),
+        prefix,
+        instance: Instance::Other(label.clone()),
+        label,
+        sharing: Sharing::SharedService,
+        durable: true,
+        ordered_listing,
+    })
 }
 
 fn parse_prefix(p: &str) -> Result<Path> {

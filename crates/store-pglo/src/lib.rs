@@ -65,7 +65,9 @@
 #![warn(missing_docs)]
 
 mod engine;
+mod registration;
 mod stage;
 
 pub use engine::{PgLoEngine, PGLO_COMPONENT, PGLO_STEPS};
+pub use registration::REGISTRATION;
 pub use stage::PgLoStage;

@@ -94,6 +94,7 @@ mod fleet;
 pub mod instance_lock;
 pub mod plumbing;
 pub mod refs;
+pub mod registration;
 mod seam;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -102,5 +103,6 @@ mod window;
 pub use batch::{PutStats, MAX_BATCH, MAX_BATCH_BYTES, WRITERS};
 pub use engine::{PostgresEngine, KV_COMPONENT, KV_STEPS};
 pub use refs::{PgRefs, REFS_COMPONENT, REFS_STEPS};
+pub use registration::REGISTRATION;
 pub use seam::{PgGcSchema, PgPins, PgSweepLock, GC_PINS_COMPONENT, GC_PINS_STEPS};
 pub use window::PgWindow;

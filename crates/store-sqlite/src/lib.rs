@@ -105,6 +105,7 @@ mod engine;
 mod instance_lock;
 mod readers;
 mod refs;
+mod registration;
 mod schema;
 mod sql;
 #[cfg(feature = "testing")]
@@ -124,6 +125,7 @@ use store_types::{Error, Result};
 use crate::readers::Readers;
 use crate::writer::Writer;
 
+pub use crate::registration::REGISTRATION;
 pub use crate::schema::SCHEMA_VERSION;
 
 /// Largest blob a put accepts: SQLite's default `SQLITE_MAX_LENGTH`.

@@ -12,6 +12,8 @@
 //!   configurations by, without naming engine types;
 //! - the engine-state seam of ADR-012 §5 ([`GcSeam`] and its clause traits);
 //! - named references ([`RefStore`], [`RefName`]) a kv engine may hold;
+//! - the engine-registration vocabulary ([`registry`]: the
+//!   `EngineFactory` each engine crate exports, ADR-027);
 //! - the crash switch ([`crash::CrashSwitch`]) the engines' crash models
 //!   report durability points to (tests only);
 //! - the instance lock ([`InstanceLock`]) a non-fleet store holds its data
@@ -27,6 +29,7 @@ mod fleet;
 mod instance_lock;
 mod key;
 mod refs;
+pub mod registry;
 mod seam;
 
 pub use digest::{Digest, DIGEST_HEX_LEN};

@@ -468,7 +468,7 @@ pub async fn window_survives_restart(spec: Spec) {
     let staged = h.store.window().staged_count().await.unwrap();
     h.advance(Duration::from_secs(61)).await;
     let rep = sweep(&h).await.total;
-    if h.spec.durable_window() {
+    if h.durable_window() {
         assert_eq!(staged, 3, "the durable window keeps staged rows");
         assert_eq!((rep.deleted, rep.rescued), (2, 1));
         assert_eq!((rep.scanned, rep.protected.live, rep.staged), (1, 1, 0));

@@ -20,7 +20,10 @@ struct Row {
     tables: &'static [&'static str],
 }
 
-fn row(kind: &str) -> Option<Row> {
+/// `member`: whether the engine says it is a seam member. An engine that
+/// is not needs no row (a new non-SQL engine passes as it is); a member
+/// without one fails, so a new SQL engine's clauses get checked.
+fn row(kind: &str, member: bool) -> Option<Row> {
     match kind {
         "postgres" => Some(Row {
             window: true,
@@ -47,6 +50,7 @@ fn row(kind: &str) -> Option<Row> {
             tables: &["gc_clock", "gc_window"],
         }),
         "mem" | "local" | "object" => None,
+        _ if !member => None,
         other => panic!("engine kind {other} has no row in the applicability table"),
     }
 }
@@ -74,7 +78,7 @@ pub async fn one_window_host(spec: Spec) {
                 .count();
         }
     }
-    assert_eq!(window_tables, usize::from(h.spec.durable_window()));
+    assert_eq!(window_tables, usize::from(h.durable_window()));
 }
 
 /// Each engine's capability answer matches its row, and `ensure_gc_schema`
@@ -84,7 +88,7 @@ pub async fn seam_applicability(spec: Spec) {
     for e in engines(&h) {
         let kind = e.descriptor().kind;
         let seam = e.gc_seam();
-        let Some(want) = row(kind) else {
+        let Some(want) = row(kind, seam.is_some()) else {
             assert!(seam.is_none(), "{kind} is not a seam member");
             continue;
         };

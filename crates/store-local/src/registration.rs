@@ -1,0 +1,110 @@
+//! The engine's registry entry (ADR-027): `file://PATH`, large tier.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
+use store_types::{Error, LargeEngine, Result, Tier};
+
+use crate::{LocalEngine, LocalOptions};
+
+/// `file://PATH` (relative to the working directory; `file:///abs` for
+/// an absolute one). Takes [`Options::shared_media`] and
+/// [`Options::fsync`].
+pub static REGISTRATION: &dyn EngineFactory = &LocalFactory;
+
+/// The factory behind [`REGISTRATION`].
+struct LocalFactory;
+
+fn root(url: &EngineUrl) -> Result<&Path> {
+    if url.rest().is_empty() {
+        return Err(Error::Config(format!(
+            "{url:?}: missing path after file://"
+        )));
+    }
+    Ok(Path::new(url.rest()))
+}
+
+#[async_trait]
+impl EngineFactory for LocalFactory {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["file"]
+    }
+
+    fn tiers(&self) -> &'static [Tier] {
+        &[Tier::Large]
+    }
+
+    fn usage(&self, _tier: Tier) -> &'static str {
+        "file://PATH"
+    }
+
+    fn check(&self, url: &EngineUrl, _tier: Tier, _options: &Options) -> Result<()> {
+        root(url).map(drop)
+    }
+
+    fn describe(&self, url: &EngineUrl, _tier: Tier, options: &Options) -> String {
+        format!(
+            "file {}{}{}",
+            url.rest(),
+            if options.shared_media {
+                " (shared media)"
+            } else {
+                ""
+            },
+            if options.fsync { "" } else { " (no fsync)" }
+        )
+    }
+
+    async fn open_large(
+        &self,
+        url: &EngineUrl,
+        options: &Options,
+    ) -> Result<Opened<dyn LargeEngine>> {
+        let engine = LocalEngine::open(
+            root(url)?,
+            LocalOptions {
+                shared_media: options.shared_media,
+                fsync: options.fsync,
+            },
+        )
+        .await?;
+        #[cfg(feature = "testing")]
+        let testing: Option<Arc<dyn store_types::registry::Testing>> =
+            Some(Arc::new(hooks::LocalTesting(engine.clone())));
+        #[cfg(not(feature = "testing"))]
+        let testing = None;
+        Ok(Opened {
+            engine: Arc::new(engine),
+            testing,
+        })
+    }
+}
+
+#[cfg(feature = "testing")]
+mod hooks {
+    use async_trait::async_trait;
+    use store_types::registry::Testing;
+    use store_types::{Error, Key, Result};
+
+    use crate::LocalEngine;
+
+    /// The test hooks: corruption in place, stage-file count.
+    pub(super) struct LocalTesting(pub(super) LocalEngine);
+
+    #[async_trait]
+    impl Testing for LocalTesting {
+        async fn corrupt_one_byte(&self, key: &Key) -> Result<()> {
+            self.0.corrupt_one_byte(key).await
+        }
+
+        async fn stage_files(&self) -> Result<usize> {
+            self.0.stage_file_count().map_err(Error::from)
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The engine's registry entry (ADR-027): `postgres://…[?schema=S]`
+//! (also `postgresql://`), kv tier.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
+use store_types::{KvEngine, Result, Tier};
+
+use crate::PostgresEngine;
+
+/// `postgres://…` or `postgresql://…`: the query goes to the driver
+/// (`sslmode=…`), except `schema=S`, the schema holding the tables
+/// (default [`Options::schema`]).
+pub static REGISTRATION: &dyn EngineFactory = &PostgresFactory;
+
+/// The factory behind [`REGISTRATION`].
+struct PostgresFactory;
+
+/// Splits `schema=` out of a PostgreSQL URL's query string: the URL for
+/// the driver and the schema, if given. pg-lo URLs share it.
+pub fn split_schema(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut schema = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|p| {
+            if let Some(v) = p.strip_prefix("schema=") {
+                schema = Some(v.to_string());
+                false
+            } else {
+                !p.is_empty()
+            }
+        })
+        .collect();
+    let url = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, schema)
+}
+
+/// The driver URL (`postgres://`, without `schema=`) and the schema of a
+/// URL, the default schema from `options`.
+pub fn target(url: &EngineUrl, options: &Options) -> (String, String) {
+    let (driver, schema) = split_schema(&format!("postgres://{}", url.rest()));
+    (driver, schema.unwrap_or_else(|| options.schema.clone()))
+}
+
+#[async_trait]
+impl EngineFactory for PostgresFactory {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn schemes(&self) -> &'static [&'static str] {
+        &["postgres", "postgresql"]
+    }
+
+    fn tiers(&self) -> &'static [Tier] {
+        &[Tier::Kv]
+    }
+
+    fn usage(&self, _tier: Tier) -> &'static str {
+        "postgres://…[?schema=S]"
+    }
+
+    fn networked(&self, _url: &EngineUrl) -> bool {
+        true
+    }
+
+    fn store_id(&self, url: &EngineUrl, options: &Options) -> String {
+        let (driver, schema) = target(url, options);
+        format!("{driver}#schema={schema}")
+    }
+
+    fn check(&self, _url: &EngineUrl, _tier: Tier, _options: &Options) -> Result<()> {
+        Ok(())
+    }
+
+    fn describe(&self, url: &EngineUrl, _tier: Tier, options: &Options) -> String {
+        let (driver, schema) = target(url, options);
+        format!(
+            "postgres {} (schema {schema})",
+            store_types::registry::redact_url(&driver)
+        )
+    }
+
+    async fn open_kv(&self, url: &EngineUrl, options: &Options) -> Result<Opened<dyn KvEngine>> {
+        let (driver, schema) = target(url, options);
+        let engine = PostgresEngine::connect(&driver, &schema).await?;
+        #[cfg(feature = "testing")]
+        let testing: Option<Arc<dyn store_types::registry::Testing>> =
+            Some(Arc::new(hooks::PgTesting(engine.clone())));
+        #[cfg(not(feature = "testing"))]
+        let testing = None;
+        Ok(Opened {
+            engine: Arc::new(engine),
+            testing,
+        })
+    }
+}
+
+#[cfg(feature = "testing")]
+mod hooks {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use store_types::registry::Testing;
+    use store_types::{Key, Result, Timestamp};
+
+    use crate::PostgresEngine;
+
+    /// The test hooks: corruption in place, the database's GC clock.
+    pub(super) struct PgTesting(pub(super) PostgresEngine);
+
+    #[async_trait]
+    impl Testing for PgTesting {
+        async fn corrupt_one_byte(&self, key: &Key) -> Result<()> {
+            self.0.corrupt_one_byte(key).await
+        }
+
+        async fn set_clock(&self, at: Timestamp) -> Result<bool> {
+            crate::testing::set_db_clock(self.0.pool(), self.0.schema(), at).await?;
+            Ok(true)
+        }
+
+        async fn advance_clock(&self, d: Duration) -> Result<bool> {
+            crate::testing::advance_db_clock(self.0.pool(), self.0.schema(), d).await?;
+            Ok(true)
+        }
+    }
+}
