@@ -77,6 +77,10 @@ fn cargo_with(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
 fn ci() -> Result<(), String> {
     tidy::check()?;
     cargo(&["fmt", "--all", "--", "--check"])?;
+    // The fuzz crate is its own workspace: `--all` does not reach it.
+    let fuzz_manifest = workspace_root().join("fuzz").join("Cargo.toml");
+    let fuzz_manifest = fuzz_manifest.to_string_lossy();
+    cargo(&["fmt", "--manifest-path", &fuzz_manifest, "--", "--check"])?;
     cargo(&[
         "clippy",
         "--workspace",
