@@ -7,15 +7,10 @@
 //! `--quick` keeps the run to a few minutes; the full run takes longer.
 //! Detailed criterion figures: `cargo bench -p bench`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
-}
+use crate::workspace_root;
+use std::process::Command;
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let mut pass: Vec<String> = Vec::new();

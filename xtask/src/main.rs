@@ -1,25 +1,37 @@
 //! Project automation, run as `cargo xtask <command>`:
 //!
-//! - `ci`: format check, clippy with `-D warnings`, then every test of the
-//!   workspace (PostgreSQL tests included: they fail, never skip, without
-//!   a server at `DATABASE_URL`).
+//! - `ci`: `tidy`, the format check, clippy with `-D warnings`, every test
+//!   of the workspace (PostgreSQL tests included: they fail, never skip,
+//!   without a server at `DATABASE_URL`), the quickstart example, then
+//!   `fuzz --smoke`.
+//! - `tidy` (alias `arch`): the architecture invariants (who may depend on
+//!   whom, the facade names no engine, no ignored tests, shared lints,
+//!   ADR citations); see `tidy.rs`.
+//! - `fuzz --smoke | <target>... [--time S]`: the libFuzzer targets of
+//!   `fuzz/`; see `fuzz.rs`.
+//! - `soak`: the long runs CI bounds: the crash-model tests over many
+//!   seeds, then every fuzz target for longer.
 //! - `bench [--quick]`: the benchmark suite and its ratio table.
-//! - `arch`: the architecture invariants (who may depend on whom; the
-//!   facade and the ops layer name no engine); `ci` runs it first.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-mod arch;
 mod bench;
+mod fuzz;
+mod tidy;
+
+const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | soak [--time S] | bench [--quick]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
-        Some("arch") => arch::check(),
+        Some("tidy" | "arch") => tidy::check(),
+        Some("fuzz") => fuzz::run(&args[1..]),
+        Some("soak") => soak(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask ci | bench [--quick] | arch");
+            eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
     };
@@ -32,12 +44,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// The workspace root (xtask's parent directory).
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
 /// Runs `cargo` with `args`, failing on a non-zero exit.
 pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
+    cargo_with(args, &[])
+}
+
+/// [`cargo`] with extra environment variables.
+fn cargo_with(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    eprintln!("$ cargo {}", args.join(" "));
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!("$ {}cargo {}", shown.concat(), args.join(" "));
     let status = Command::new(&cargo)
         .args(args)
+        .envs(env.iter().copied())
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if status.success() {
@@ -48,8 +75,12 @@ pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
 }
 
 fn ci() -> Result<(), String> {
-    arch::check()?;
+    tidy::check()?;
     cargo(&["fmt", "--all", "--", "--check"])?;
+    // The fuzz crate is its own workspace: `--all` does not reach it.
+    let fuzz_manifest = workspace_root().join("fuzz").join("Cargo.toml");
+    let fuzz_manifest = fuzz_manifest.to_string_lossy();
+    cargo(&["fmt", "--manifest-path", &fuzz_manifest, "--", "--check"])?;
     cargo(&[
         "clippy",
         "--workspace",
@@ -62,5 +93,36 @@ fn ci() -> Result<(), String> {
     cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"])?;
     // The README's library example is an `examples/` program: run it.
     cargo(&["run", "-p", "blobpool", "--example", "quickstart"])?;
+    fuzz::run(&["--smoke".to_string()])?;
     Ok(())
+}
+
+/// Seeds per crash-model test in a soak (CI runs a bounded number).
+const SOAK_CRASH_SEEDS: &str = "200";
+/// Seconds per fuzz target in a soak.
+const SOAK_FUZZ_SECONDS: &str = "300";
+
+/// `cargo xtask soak [--time S]`: the crash-model tests of the local and
+/// sqlite engines (every test whose name contains `crash`) with
+/// `BLOBPOOL_CRASH_SEEDS=200`, then every fuzz target for `S` seconds
+/// (default 300).
+fn soak(args: &[String]) -> Result<(), String> {
+    let seconds = match args {
+        [] => SOAK_FUZZ_SECONDS.to_string(),
+        [flag, s] if flag == "--time" && s.parse::<u64>().is_ok() => s.clone(),
+        _ => return Err("usage: cargo xtask soak [--time SECONDS]".into()),
+    };
+    cargo_with(
+        &[
+            "test",
+            "-p",
+            "store-local",
+            "-p",
+            "store-sqlite",
+            "--all-features",
+            "crash",
+        ],
+        &[("BLOBPOOL_CRASH_SEEDS", SOAK_CRASH_SEEDS)],
+    )?;
+    fuzz::run(&["--all".to_string(), "--time".to_string(), seconds])
 }

@@ -23,16 +23,16 @@
 //! suggesting `--server` — a second instance could not see the server's
 //! pins and would sweep or delete entries it still protects.
 
-mod config;
+// config, gc and security live in the library target (src/lib.rs) so the
+// fuzz targets can parse configurations; the binary uses them from there.
+use blobpool::{config, gc, security};
 mod copy;
 mod direct;
-mod gc;
 mod inspect;
 mod output;
 mod progress;
 mod refcmd;
 mod remote;
-mod security;
 mod serve;
 mod transfer;
 

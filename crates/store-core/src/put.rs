@@ -247,7 +247,10 @@ where
     loop {
         // Never read more than one byte past the declared length.
         let cap = match len {
-            Some(n) => (n + 1).saturating_sub(total).min(CHUNK_SIZE as u64) as usize,
+            Some(n) => n
+                .saturating_add(1)
+                .saturating_sub(total)
+                .min(CHUNK_SIZE as u64) as usize,
             None => CHUNK_SIZE,
         };
         if cap == 0 {

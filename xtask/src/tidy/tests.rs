@@ -1,0 +1,265 @@
+//! The rules on fabricated workspaces: each test builds a small tree and
+//! its `cargo metadata` JSON, then checks what tidy reports.
+
+use serde_json::json;
+
+use super::*;
+
+/// A throwaway workspace root.
+struct Tree(PathBuf);
+
+impl Tree {
+    fn new() -> Tree {
+        let d = std::env::temp_dir().join(format!(
+            "xtask-tidy-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let t = Tree(d);
+        t.write(
+            "Cargo.toml",
+            "[workspace]\nmembers = []\n[workspace.lints.clippy]\ndbg_macro = \"deny\"\n",
+        );
+        t.write(
+            "docs/adr/ADR-012-summary.md",
+            "# ADR-012\n\n1. rulings\n\n## Earlier ADRs\n\n- ADR-005: the GC protocol.\n\n## Later\n\n- ADR-007: not a listed one.\n",
+        );
+        t.write("docs/adr/ADR-013-layout.md", "# ADR-013\n");
+        t
+    }
+
+    fn write(&self, rel: &str, text: &str) {
+        let p = self.0.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    /// Adds crate `name` (manifest sharing the lints, an empty lib.rs)
+    /// and returns its metadata package.
+    fn krate(&self, name: &str, deps: &[(&str, Option<&str>)]) -> Value {
+        self.write(
+            &format!("crates/{name}/Cargo.toml"),
+            &format!("[package]\nname = \"{name}\"\n[lints]\nworkspace = true\n"),
+        );
+        self.write(&format!("crates/{name}/src/lib.rs"), "//! A crate.\n");
+        json!({
+            "id": format!("path+file://{}#{name}", self.0.display()),
+            "name": name,
+            "manifest_path": self.0.join("crates").join(name).join("Cargo.toml"),
+            "dependencies": deps.iter().map(|(d, kind)| json!({
+                "name": d,
+                "kind": kind,
+                // Renames do not matter: the rules read package names.
+                "rename": format!("renamed_{}", d.replace('-', "_")),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn metadata(&self, packages: Vec<Value>) -> String {
+        let ids: Vec<Value> = packages.iter().map(|p| p["id"].clone()).collect();
+        json!({ "packages": packages, "workspace_members": ids }).to_string()
+    }
+
+    /// The seed workspace's crates, plus `extra`.
+    fn standard(&self, extra: Vec<Value>) -> String {
+        let mut p = vec![
+            self.krate("store-types", &[("serde", None)]),
+            self.krate("store-gc", &[("store-types", None)]),
+            self.krate("store-core", &[("store-types", None), ("store-gc", None)]),
+            self.krate(
+                "store-ops",
+                &[
+                    ("store-types", None),
+                    ("store-core", None),
+                    ("store-gc", None),
+                ],
+            ),
+            self.krate("store-mem", &[("store-types", None)]),
+            self.krate(
+                "store-sqlite",
+                &[("store-types", None), ("store-mem", Some("dev"))],
+            ),
+            self.krate("store-postgres", &[("store-types", None)]),
+            self.krate(
+                "store-pglo",
+                &[("store-types", None), ("store-postgres", None)],
+            ),
+            self.krate("blobpool", &[("store-core", None), ("store-sqlite", None)]),
+        ];
+        p.extend(extra);
+        self.metadata(p)
+    }
+
+    fn violations(&self, metadata: &str) -> Vec<String> {
+        violations(&self.0, metadata).unwrap()
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_workspace_keeping_the_rules_passes() {
+    let t = Tree::new();
+    let registry = t.krate(
+        "store-registry",
+        &[
+            ("store-types", None),
+            ("store-mem", None),
+            ("store-pglo", None),
+        ],
+    );
+    let layers = t.krate("store-layers", &[("store-types", None), ("tracing", None)]);
+    assert_eq!(
+        t.violations(&t.standard(vec![registry, layers])),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn an_engine_depending_on_the_facade_is_caught() {
+    let t = Tree::new();
+    let example = t.krate(
+        "store-example",
+        &[
+            ("store-types", None),
+            ("store-core", None),
+            ("store-gc", Some("build")),
+        ],
+    );
+    let bad = t.violations(&t.standard(vec![example]));
+    assert_eq!(
+        bad,
+        [
+            "store-example [dependencies] names store-core; it may name only [\"store-types\"]",
+            "store-example [build-dependencies] names store-gc; it may name only [\"store-types\"]",
+        ]
+    );
+}
+
+#[test]
+fn the_registry_names_engines_but_never_the_facade() {
+    let t = Tree::new();
+    let registry = t.krate(
+        "store-registry",
+        &[
+            ("store-types", None),
+            ("store-mem", None),
+            ("store-core", None),
+        ],
+    );
+    let layers = t.krate(
+        "store-layers",
+        &[("store-types", None), ("store-mem", None)],
+    );
+    let bad = t.violations(&t.standard(vec![registry, layers]));
+    assert_eq!(bad.len(), 2, "{bad:#?}");
+    assert!(bad[0].starts_with("store-registry [dependencies] names store-core"));
+    assert!(bad[1].starts_with("store-layers [dependencies] names store-mem"));
+}
+
+#[test]
+fn a_facade_naming_an_engine_is_caught() {
+    let t = Tree::new();
+    let mut p = vec![
+        t.krate("store-types", &[]),
+        t.krate("store-gc", &[("store-types", None)]),
+        t.krate(
+            "store-core",
+            &[
+                ("store-types", None),
+                ("store-gc", None),
+                ("store-mem", Some("dev")),
+            ],
+        ),
+        t.krate("store-ops", &[("store-core", None), ("store-sqlite", None)]),
+        t.krate("store-mem", &[("store-types", None)]),
+        t.krate("store-sqlite", &[("store-types", None)]),
+        t.krate("store-local", &[("store-types", None)]),
+    ];
+    p.push(t.krate("store-object", &[("store-types", None)]));
+    t.write(
+        "crates/store-core/src/put.rs",
+        "use std::sync::Arc;\nuse store_local::LocalEngine;\n",
+    );
+    t.write(
+        "crates/store-ops/tests/it.rs",
+        "fn f() { let _ = store_object::ObjectEngine::new; }\n",
+    );
+    let bad = t.violations(&t.metadata(p));
+    assert_eq!(bad.len(), 4, "{bad:#?}");
+    assert!(bad[0].contains("store-core [dev-dependencies] names the engine store-mem"));
+    assert!(bad[1].contains("crates/store-core/src/put.rs names the engine crate store-local"));
+    assert!(bad[2].contains("store-ops [dependencies] names store-sqlite"));
+    assert!(bad[3].contains("crates/store-ops/tests/it.rs names the engine crate store-object"));
+}
+
+#[test]
+fn a_workspace_without_the_facade_checks_nothing_and_says_so() {
+    let t = Tree::new();
+    let m = t.metadata(vec![t.krate("store-types", &[]), t.krate("store-mem", &[])]);
+    let e = violations(&t.0, &m).unwrap_err();
+    assert!(e.contains("lists no store-gc"), "{e}");
+}
+
+#[test]
+fn ignored_tests_lints_and_unknown_adrs_are_caught() {
+    let t = Tree::new();
+    let m = t.standard(vec![]);
+    // Written so that this file holds neither an attribute nor a
+    // citation itself.
+    let attr = format!("#[{}]", "ignore");
+    t.write(
+        "crates/store-gc/src/lib.rs",
+        &format!("#[test]\n{attr}\nfn slow() {{}}\n"),
+    );
+    let slashes = "/".repeat(2);
+    t.write(
+        "crates/store-mem/src/lib.rs",
+        &format!(
+            "{slashes}! See ADR-{:03} and ADR-{:03} (ADR-{:03} §2).\nconst S: &str = \"ADR-{:03} in a string\";\n{slashes} ADR-{:03}\n",
+            5, 13, 12, 1, 7
+        ),
+    );
+    t.write("docs/ARCHITECTURE.md", &format!("Per ADR-{:03}.\n", 2));
+    t.write(
+        "crates/store-postgres/Cargo.toml",
+        "[package]\nname = \"store-postgres\"\n",
+    );
+    let bad = t.violations(&m);
+    assert_eq!(bad.len(), 4, "{bad:#?}");
+    assert!(bad[0].starts_with("crates/store-gc/src/lib.rs:2: an #[ignore]d test"));
+    assert!(bad[1].contains("store-postgres does not share the workspace lints"));
+    // ADR-005 is listed as an earlier ADR, 012 and 013 have files; 001 is
+    // in a string, not a comment; 007 is listed outside "Earlier ADRs".
+    assert!(bad[2].starts_with("crates/store-mem/src/lib.rs:3: cites ADR-007"));
+    assert!(bad[3].starts_with("docs/ARCHITECTURE.md:1: cites ADR-002"));
+}
+
+#[test]
+fn citations_are_adr_and_three_digits() {
+    assert_eq!(
+        adr_citations("ADR-012 §5, ADR-5, ADR-0123, (ADR-024)"),
+        [12, 24]
+    );
+    assert_eq!(adr_citations("ADR-"), Vec::<u16>::new());
+}
+
+#[test]
+fn the_workspace_keeps_its_dependency_rules() {
+    // The other rules run as `cargo xtask tidy` (the first step of `cargo
+    // xtask ci`); this one on every `cargo test -p xtask` as well.
+    let root = crate::workspace_root();
+    let crates = crates_from_metadata(&metadata(&root).unwrap()).unwrap();
+    assert!(crates.iter().any(|c| c.name == "store-core"));
+    assert_eq!(
+        dependency_violations(&root, &crates).unwrap(),
+        Vec::<String>::new()
+    );
+}
