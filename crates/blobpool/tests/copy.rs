@@ -697,15 +697,19 @@ async fn references_are_copied_after_their_entries() {
     verify(&d, &entries).await;
 }
 
-/// A quick throughput measurement (not a test; run with `--ignored
-/// --nocapture`): many small entries, then a few large ones, SQLite +
-/// files into SQLite + files and into PostgreSQL + pg-lo.
+/// Many small entries, then a few large ones, SQLite + files into SQLite +
+/// files and into PostgreSQL + pg-lo: every entry is copied, and the
+/// throughput is printed (`--nocapture`; set `BLOBPOOL_COPY_SCALE=10` for
+/// the sizes the closing notes quote: 5,000 × 4 KiB and 32 × 8 MiB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore]
 async fn copy_throughput() {
+    let scale: u64 = std::env::var("BLOBPOOL_COPY_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     let tmp = tempfile::tempdir().unwrap();
-    let small = corpus(&vec![4096u64; 5000], &["small"], 8);
-    let large = corpus(&vec![8u64 << 20; 32], &["large"], 9);
+    let small = corpus(&vec![4096u64; 500 * scale as usize], &["small"], 8);
+    let large = corpus(&vec![(8u64 << 20) / 8; 4 * scale as usize], &["large"], 9);
     let src = SqliteLocal::new(&tmp.path().join("src"), 65536);
     src.fill(&small).await;
     src.fill(&large).await;
@@ -727,7 +731,10 @@ async fn copy_throughput() {
             c.args(["-n", ns]);
             let v = summary(&run(c).await, 0);
             let secs = v["seconds"].as_f64().unwrap();
-            let n = v["copied"].as_u64().unwrap() as f64;
+            let copied = v["copied"].as_u64().unwrap();
+            let want = if ns == "small" { small.len() } else { large.len() } as u64;
+            assert_eq!(copied, want, "{what} {ns}: {v}");
+            let n = copied as f64;
             let mb = v["bytes"].as_u64().unwrap() as f64 / 1e6;
             eprintln!(
                 "{what} {ns}: {n} entries, {mb:.1} MB in {secs:.2}s: {:.0} entries/s, {:.1} MB/s",
