@@ -89,9 +89,8 @@ async fn hooked_delete(
     digests: &[Digest],
 ) -> Result<Vec<Option<u64>>> {
     if hook.fail.load(Ordering::SeqCst) {
-        return Err(Error::Io(
-            "injected: the sweeper died before deleting".into(),
-        ));
+        return Err(Error::io(store_types::ErrorKind::Other, "injected delete")
+            .with_source("injected: the sweeper died before deleting"));
     }
     let armed = hook.armed.swap(false, Ordering::SeqCst);
     let ns = ns.clone();

@@ -22,7 +22,10 @@ impl Engine for LocalEngine {
         let dir = self.inner.stage_dir.clone();
         let removed = tokio::task::spawn_blocking(move || crate::fsio::remove_orphan_stages(&dir))
             .await
-            .map_err(|e| store_types::Error::Io(format!("stage cleanup task failed: {e}")))??;
+            .map_err(|e| {
+                store_types::Error::io(store_types::ErrorKind::Other, "run stage cleanup task")
+                    .with_source(e)
+            })??;
         Ok(removed as u64)
     }
 

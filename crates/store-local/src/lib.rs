@@ -227,7 +227,10 @@ impl LocalEngine {
         let root = root.as_ref().to_path_buf();
         let inner = tokio::task::spawn_blocking(move || Inner::open(&root, options))
             .await
-            .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
+            .map_err(|e| {
+                Error::io(store_types::ErrorKind::Other, "run local engine open task")
+                    .with_source(e)
+            })??;
         Ok(LocalEngine {
             inner: Arc::new(inner),
         })
