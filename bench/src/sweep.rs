@@ -21,7 +21,7 @@ pub struct NothingLive;
 
 #[async_trait]
 impl LivenessSource for NothingLive {
-    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, store_types::Error> {
         Ok(vec![false; keys.len()])
     }
 }

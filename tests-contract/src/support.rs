@@ -55,13 +55,17 @@ impl LiveSet {
 
 #[async_trait]
 impl LivenessSource for LiveSet {
-    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, store_types::Error> {
         if let Some(g) = &self.gate {
             g.0.notify_one();
             g.1.notified().await;
         }
         if self.fail.load(Ordering::SeqCst) {
-            return Err("reference database unavailable".into());
+            return Err(store_types::Error::backend(
+                store_types::ErrorKind::ConnectionLost,
+                "query reference database",
+            )
+            .with_source("reference database unavailable"));
         }
         let set = self.keys.lock().unwrap();
         Ok(keys.iter().map(|k| set.contains(k)).collect())
@@ -94,9 +98,13 @@ impl Protector {
 
 #[async_trait]
 impl ProtectCallback for Protector {
-    async fn protected_keys(&self) -> Result<Vec<Key>, String> {
+    async fn protected_keys(&self) -> Result<Vec<Key>, store_types::Error> {
         if self.fail.load(Ordering::SeqCst) {
-            return Err("policy service unavailable".into());
+            return Err(store_types::Error::backend(
+                store_types::ErrorKind::Unavailable,
+                "ask policy service",
+            )
+            .with_source("policy service unavailable"));
         }
         Ok(self.keys.lock().unwrap().iter().cloned().collect())
     }

@@ -183,7 +183,7 @@ async fn liveness_registration_forms() {
     struct Never;
     #[async_trait]
     impl store_core::LivenessSource for Never {
-        async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+        async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, store_types::Error> {
             Ok(vec![false; keys.len()])
         }
     }
@@ -214,7 +214,7 @@ struct Park(Arc<(Notify, Notify)>);
 
 #[async_trait]
 impl ProtectCallback for Park {
-    async fn protected_keys(&self) -> Result<Vec<Key>, String> {
+    async fn protected_keys(&self) -> Result<Vec<Key>, store_types::Error> {
         self.0 .0.notify_one();
         self.0 .1.notified().await;
         Ok(Vec::new())

@@ -170,7 +170,9 @@ async fn session_loss_mid_delete(large: FleetLarge) {
     match sweeper.await.unwrap() {
         Err(store_core::Error::SweepIncomplete { deleted, cause, .. }) => {
             assert_eq!(deleted, 1);
-            assert!(cause.to_string().contains("sweep lock was lost"), "{cause}");
+            let chain = store_types::Report::new(&*cause).to_string();
+            assert!(chain.contains("sweep lock was lost"), "{chain}");
+            assert_eq!(cause.kind(), store_types::ErrorKind::ConnectionLost);
         }
         other => panic!("expected SweepIncomplete after losing the lock, got {other:?}"),
     }

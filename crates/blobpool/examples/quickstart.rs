@@ -10,7 +10,7 @@ use store_types::{Key, Namespace};
 struct NothingReferenced;
 #[async_trait::async_trait]
 impl LivenessSource for NothingReferenced {
-    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, store_types::Error> {
         Ok(vec![false; keys.len()])
     }
 }

@@ -735,7 +735,7 @@ fn main() -> ExitCode {
         // The reader of stdout went away (`| head`): not a failure.
         Err(e) if e.is_stdout_closed() => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("blobpool: {e}");
+            eprintln!("{}", e.render());
             ExitCode::from(if e.is_usage() { 2 } else { 1 })
         }
     }

@@ -4,16 +4,19 @@ use std::fmt;
 
 use serde::Serialize;
 use store_ops::{ErrorCode, OpsError, StatResponse};
-use store_types::Tier;
+use store_types::{Report, Tier};
 
 /// A failed command: a stable code (the server's error codes, plus `usage`,
-/// `config` and `http`) and a one-line message.
+/// `config` and `http`), a one-line message and the chain of causes behind
+/// it (printed as `caused by: …` lines, see [`CliError::render`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CliError {
     /// Stable code.
     pub code: String,
     /// One-line message.
     pub message: String,
+    /// The causes, nearest first, one line each.
+    pub causes: Vec<String>,
 }
 
 impl CliError {
@@ -22,7 +25,28 @@ impl CliError {
         CliError {
             code: code.into(),
             message: one_line(&message.into()),
+            causes: Vec::new(),
         }
+    }
+
+    /// Records the causes of `e` (not `e` itself) as this error's chain.
+    fn caused_by(mut self, e: &(dyn std::error::Error + 'static)) -> Self {
+        self.causes = Report::new(e)
+            .causes()
+            .map(|c| one_line(&c.to_string()))
+            .collect();
+        self
+    }
+
+    /// The failure as printed on standard error: `blobpool: code: message`,
+    /// then one `  caused by: …` line per cause.
+    pub fn render(&self) -> String {
+        let mut out = format!("blobpool: {self}");
+        for c in &self.causes {
+            out.push_str("\n  caused by: ");
+            out.push_str(c);
+        }
+        out
     }
 
     /// A configuration error.
@@ -30,9 +54,11 @@ impl CliError {
         CliError::new("config", message)
     }
 
-    /// A local I/O failure.
+    /// A local I/O failure: `what` failed, caused by `e`.
     pub fn io(what: &str, e: std::io::Error) -> Self {
-        CliError::new("io", format!("{what}: {e}"))
+        let mut out = CliError::new("io", what).caused_by(&e);
+        out.causes.insert(0, one_line(&e.to_string()));
+        out
     }
 
     /// A usage error (bad flags or arguments): exit status 2.
@@ -79,16 +105,16 @@ impl From<OpsError> for CliError {
 }
 
 impl From<store_types::Error> for CliError {
+    /// The code of the ops layer's mapping (or `config`, `locked`), the
+    /// error's own one-line message, and its cause chain.
     fn from(e: store_types::Error) -> Self {
-        match &e {
-            store_types::Error::Config(m) => return CliError::config(m.clone()),
+        let out = match &e {
+            store_types::Error::Config(m) => CliError::config(m.clone()),
             // `serve` (or any command) on data another instance holds.
-            store_types::Error::InstanceLocked { .. } => {
-                return CliError::new("locked", e.to_string())
-            }
-            _ => {}
-        }
-        OpsError::from(e).into()
+            store_types::Error::InstanceLocked { .. } => CliError::new("locked", e.to_string()),
+            _ => CliError::new(OpsError::from(e.clone()).code.as_str(), e.to_string()),
+        };
+        out.caused_by(&e)
     }
 }
 

@@ -47,14 +47,58 @@ fn ok(o: Output) -> String {
     stdout(&o)
 }
 
-/// A failed command: exit 1 and exactly one stderr line naming `code`.
+/// A failed command: exit 1 and one stderr line naming `code`, followed
+/// only by the `  caused by: …` lines of its cause chain.
 fn fails_with(o: Output, code: &str) {
     assert_eq!(o.status.code(), Some(1), "stdout: {}", stdout(&o));
     let err = stderr(&o);
     let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "one line expected: {err:?}");
+    assert!(!lines.is_empty(), "a message expected");
     assert!(
         lines[0].starts_with(&format!("blobpool: {code}: ")),
+        "{err:?}"
+    );
+    for cause in &lines[1..] {
+        assert!(
+            cause.starts_with("  caused by: "),
+            "only causes follow: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn a_media_failure_prints_its_cause_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_file(d, "f", 10, 1);
+    // A file where the default data directory belongs: opening the store
+    // fails, with the operating system's error as the cause.
+    std::fs::write(d.join("blobpool-data"), b"not a directory").unwrap();
+    let o = run(cmd(d).args(["put", "f"]));
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "the error and its cause: {err:?}");
+    assert!(lines[0].starts_with("blobpool: internal: "), "{err:?}");
+    assert!(
+        lines[0].contains("blobpool-data"),
+        "names the path: {err:?}"
+    );
+    assert!(
+        lines[0].ends_with(": already exists"),
+        "names the kind: {err:?}"
+    );
+    assert!(
+        lines[1].starts_with("  caused by: ") && lines[1].contains("os error"),
+        "{err:?}"
+    );
+    // A local input that cannot be read is an `io` failure with its cause.
+    let healthy = tempfile::tempdir().unwrap();
+    let o = run(cmd(healthy.path()).args(["put", "no-such-file"]));
+    let err = stderr(&o);
+    assert!(err.starts_with("blobpool: io: "), "{err:?}");
+    assert!(
+        err.contains("\n  caused by: No such file or directory"),
         "{err:?}"
     );
 }

@@ -151,10 +151,11 @@ impl Verifier {
             Ok(actual) => self.verdict(len, actual),
             Err(_) => {
                 self.finished = true;
-                Err(Error::Io(
-                    "the engine ended the read without the digest of its bytes".to_string(),
+                Err(
+                    Error::io(store_types::ErrorKind::InvalidData, "verify read")
+                        .with_source("the engine ended the read without the digest of its bytes")
+                        .into(),
                 )
-                .into())
             }
         })
     }
@@ -207,7 +208,11 @@ impl AsyncRead for Blob {
                 // only after its last byte) cannot be awaited here, and the
                 // facade did not hash, so there is no digest to report.
                 v.finished = true;
-                return Poll::Ready(Err(Error::Io(format!(
+                return Poll::Ready(Err(Error::io(
+                    store_types::ErrorKind::InvalidData,
+                    "verify read",
+                )
+                .with_source(format!(
                     "the engine yielded more than the {} bytes it declared",
                     this.len
                 ))

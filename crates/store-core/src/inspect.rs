@@ -495,10 +495,12 @@ impl Store {
             (Digest::from_bytes(*s.0.finalize().as_bytes()), s.1)
         };
         if size < raw.len {
-            return Err(Error::Io(format!(
-                "quarantine of {key}: the save step read {size} of {} bytes; nothing removed",
-                raw.len
-            )));
+            return Err(Error::io(store_types::ErrorKind::InvalidData, "quarantine")
+                .with_key(key)
+                .with_source(format!(
+                    "the save step read {size} of {} bytes; nothing removed",
+                    raw.len
+                )));
         }
         if actual == key.digest {
             return Ok(QuarantineOutcome::Sound { tier, size });
@@ -529,9 +531,9 @@ impl Store {
             );
             Ok::<_, Error>(())
         });
-        removal
-            .await
-            .map_err(|e| Error::Backend(format!("quarantine task failed: {e}")))??;
+        removal.await.map_err(|e| {
+            Error::backend(store_types::ErrorKind::Other, "run quarantine task").with_source(e)
+        })??;
         Ok(QuarantineOutcome::Removed { tier, size, actual })
     }
 
@@ -712,8 +714,14 @@ async fn free_name(dir: &Path, digest: &Digest) -> Result<PathBuf> {
 /// Makes a rename in `dir` durable.
 async fn sync_dir(dir: &Path) -> Result<()> {
     let dir = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || std::fs::File::open(&dir)?.sync_all())
-        .await
-        .map_err(|e| Error::Io(format!("syncing a directory: {e}")))??;
+    tokio::task::spawn_blocking(move || {
+        std::fs::File::open(&dir)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::from_io("fsync directory", e).with_path(&dir))
+    })
+    .await
+    .map_err(|e| {
+        Error::io(store_types::ErrorKind::Other, "run directory fsync task").with_source(e)
+    })??;
     Ok(())
 }

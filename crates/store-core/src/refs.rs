@@ -102,9 +102,15 @@ where
         let digests = idx.iter().map(|&i| keys[i].digest).collect();
         let answers = f(ns, digests).await?;
         if answers.len() != idx.len() {
-            return Err(Error::Backend(
-                "a reference probe answered the wrong number of digests".into(),
-            ));
+            return Err(
+                Error::backend(store_types::ErrorKind::InvalidData, "probe references")
+                    .with_target(format!("of namespace {ns}"))
+                    .with_source(format!(
+                        "the reference store answered {} values for {} digests",
+                        answers.len(),
+                        idx.len()
+                    )),
+            );
         }
         for (i, a) in idx.into_iter().zip(answers) {
             out[i] = a;
@@ -115,13 +121,12 @@ where
 
 #[async_trait]
 impl LivenessSource for RefsSource {
-    async fn probe(&self, keys: &[Key]) -> std::result::Result<Vec<bool>, String> {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>> {
         by_namespace(
             keys,
             |ns, d| async move { self.refs.referenced(ns, &d).await },
         )
         .await
-        .map_err(|e| e.to_string())
     }
 }
 
@@ -130,7 +135,7 @@ struct NothingReferenced;
 
 #[async_trait]
 impl LivenessSource for NothingReferenced {
-    async fn probe(&self, keys: &[Key]) -> std::result::Result<Vec<bool>, String> {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>> {
         Ok(vec![false; keys.len()])
     }
 }
@@ -160,21 +165,21 @@ impl AgeSource {
 
 #[async_trait]
 impl LivenessSource for AgeSource {
-    async fn probe(&self, keys: &[Key]) -> std::result::Result<Vec<bool>, String> {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>> {
         let now = self.clock.now();
         let cutoff = Timestamp(
             now.0
                 .saturating_sub(self.max_age.as_millis().min(i64::MAX as u128) as i64),
         );
         let mut live = match &self.refs {
-            Some(r) => by_namespace(keys, |ns, d| async move { r.referenced(ns, &d).await })
-                .await
-                .map_err(|e| e.to_string())?,
+            Some(r) => {
+                by_namespace(keys, |ns, d| async move { r.referenced(ns, &d).await }).await?
+            }
             None => vec![false; keys.len()],
         };
         for (key, l) in keys.iter().zip(live.iter_mut()) {
             if !*l {
-                *l = self.young(key, cutoff).await.map_err(|e| e.to_string())?;
+                *l = self.young(key, cutoff).await?;
             }
         }
         Ok(live)

@@ -7,8 +7,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use store_types::{
-    BoundLivenessTable, Digest, Engine, Error, Key, LivenessTable, Namespace, PinClauses,
-    ProtectReason, Result, StagedCandidate, SweepLockClause, Timestamp, WindowClauses,
+    BoundLivenessTable, Digest, Engine, Error, ErrorKind, Key, LivenessTable, Namespace,
+    PinClauses, ProtectReason, Report, Result, StagedCandidate, SweepLockClause, Timestamp,
+    WindowClauses,
 };
 
 use crate::pins::GateState;
@@ -269,7 +270,7 @@ impl Collector {
     }
 
     /// Asks the protect callback, if any.
-    async fn protected_set(&self) -> std::result::Result<HashSet<Key>, String> {
+    async fn protected_set(&self) -> Result<HashSet<Key>> {
         match self.protect_cb() {
             Some(cb) => Ok(cb.protected_keys().await?.into_iter().collect()),
             None => Ok(HashSet::new()),
@@ -283,16 +284,21 @@ impl Collector {
             return Ok(live);
         }
         for (_, src) in sources.get(ns).into_iter().flatten() {
-            let answer = src
-                .probe(keys)
-                .await
-                .map_err(|e| Error::Backend(format!("liveness source of {ns} failed: {e}")))?;
+            let answer = src.probe(keys).await.map_err(|e| {
+                Error::backend(e.kind(), "probe liveness source")
+                    .with_target(format!("of namespace {ns}"))
+                    .with_source(e)
+            })?;
             if answer.len() != keys.len() {
-                return Err(Error::Backend(format!(
-                    "liveness source of {ns} answered {} values for {} keys",
-                    answer.len(),
-                    keys.len()
-                )));
+                return Err(
+                    Error::backend(ErrorKind::InvalidData, "probe liveness source")
+                        .with_target(format!("of namespace {ns}"))
+                        .with_source(format!(
+                            "it answered {} values for {} keys",
+                            answer.len(),
+                            keys.len()
+                        )),
+                );
             }
             for (l, a) in live.iter_mut().zip(answer) {
                 *l |= a;
@@ -437,7 +443,7 @@ impl Collector {
         let protected = self
             .protected_set()
             .await
-            .map_err(|e| Error::Backend(format!("protect callback failed: {e}")))?;
+            .map_err(|e| Error::backend(e.kind(), "ask protect callback").with_source(e))?;
         let refuse = |reason| Error::GcRefuse {
             key: key.clone(),
             reason,
@@ -455,10 +461,12 @@ impl Collector {
                     // finish (its fence is its own to clear), then decide.
                     drop(batch);
                     if started.elapsed() >= BUSY_WAIT {
-                        return Err(Error::Backend(format!(
-                            "{key} is being deleted by another delete (deletion fence held for more than {}s); retry",
-                            BUSY_WAIT.as_secs()
-                        )));
+                        return Err(Error::backend(ErrorKind::TimedOut, "wait for deletion fence")
+                            .with_key(&key)
+                            .with_source(format!(
+                                "the key is being deleted by another delete (fence held for more than {}s); retry",
+                                BUSY_WAIT.as_secs()
+                            )));
                     }
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
@@ -552,7 +560,7 @@ impl Collector {
         // pass's own outcome.
         if let Some(guard) = cp.lock {
             if let Err(e) = guard.release().await {
-                tracing::warn!(error = %e, "releasing the fleet sweep lock failed (the lock ends with its session)");
+                tracing::warn!(error = %Report::new(&e), "releasing the fleet sweep lock failed (the lock ends with its session)");
             }
         }
         match &result {
@@ -567,7 +575,7 @@ impl Collector {
                 ms = r.duration.as_millis() as u64,
                 "sweep finished"
             ),
-            Err(e) => tracing::warn!(error = %e, "sweep failed"),
+            Err(e) => tracing::warn!(error = %Report::new(e), "sweep failed"),
         }
         result
     }
@@ -585,11 +593,15 @@ impl Collector {
                 started.elapsed(),
             ));
         }
-        let Ok(protected) = self.protected_set().await else {
-            return Ok(SweepReport::aborted(
-                GcAbortCause::ProtectFailed,
-                started.elapsed(),
-            ));
+        let protected = match self.protected_set().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %Report::new(&e), "the protect callback failed; the sweep deletes nothing");
+                let mut report =
+                    SweepReport::aborted(GcAbortCause::ProtectFailed, started.elapsed());
+                report.protect_error = Some(e);
+                return Ok(report);
+            }
         };
         let mut report = SweepReport::default();
         match self
@@ -623,7 +635,7 @@ impl Collector {
                 .finish_stale_fences(pins.as_ref(), batch, cp, report)
                 .await
             {
-                tracing::warn!(error = %e, "finishing a crashed sweeper's deletes failed; its fences stay for the next sweep");
+                tracing::warn!(error = %Report::new(&e), "finishing a crashed sweeper's deletes failed; its fences stay for the next sweep");
             }
         }
         let now = self.now().await?;
@@ -1002,7 +1014,8 @@ fn backoff(attempt: u32) -> Duration {
 
 /// Runs `op` up to three times (50 ms, then 500 ms apart): the steps after a
 /// fleet batch's commit, which hold their keys' fences, retry transient
-/// failures before they give up and leave the fences to the next sweep.
+/// failures ([`Error::is_transient`]) before they give up and leave the
+/// fences to the next sweep; any other failure gives up at once.
 async fn retried<T, F, Fut>(mut op: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -1016,8 +1029,9 @@ where
     ] {
         match op().await {
             Ok(v) => return Ok(v),
+            Err(e) if !e.is_transient() => return Err(e),
             Err(e) => {
-                tracing::warn!(error = %e, "a fenced delete step failed; retrying");
+                tracing::warn!(error = %Report::new(&e), "a fenced delete step failed; retrying");
                 last = Some(e);
                 tokio::time::sleep(pause).await;
             }
@@ -1047,14 +1061,13 @@ impl Checkpoint<'_> {
     /// has gone or its fleet sweep lock was lost.
     async fn check(&mut self) -> Result<()> {
         if self.stop.load(Ordering::SeqCst) {
-            return Err(Error::Backend(
-                "sweep stopped at a batch boundary: its caller went away".into(),
-            ));
+            return Err(Error::backend(ErrorKind::Interrupted, "sweep")
+                .with_source("stopped at a batch boundary: its caller went away"));
         }
         if let Some(lock) = self.lock.as_mut() {
             if !lock.held().await? {
-                return Err(Error::Backend(
-                    "sweep stopped at a batch boundary: the fleet sweep lock was lost (its session ended)".into(),
+                return Err(Error::backend(ErrorKind::ConnectionLost, "sweep").with_source(
+                    "stopped at a batch boundary: the fleet sweep lock was lost (its session ended)",
                 ));
             }
         }
@@ -1068,6 +1081,6 @@ async fn join<T>(task: tokio::task::JoinHandle<Result<T>>) -> Result<T> {
     match task.await {
         Ok(r) => r,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => Err(Error::Backend(format!("GC task did not finish: {e}"))),
+        Err(e) => Err(Error::backend(ErrorKind::Interrupted, "run GC task").with_source(e)),
     }
 }

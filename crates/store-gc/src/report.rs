@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use store_types::Namespace;
+use store_types::{Error, Namespace};
 
 /// Why a sweep deliberately did nothing (ADR-012 §1). Data, not an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -87,6 +87,10 @@ impl NamespaceCounts {
 pub struct SweepReport {
     /// Why the sweep did nothing, if it did nothing on purpose.
     pub aborted: Option<GcAbortCause>,
+    /// The protect callback's error, with its cause, when `aborted` is
+    /// [`GcAbortCause::ProtectFailed`] (not serialized).
+    #[serde(skip)]
+    pub protect_error: Option<Error>,
     /// Sum over `namespaces`.
     pub total: NamespaceCounts,
     /// Counts per namespace that had anything to count.

@@ -24,7 +24,10 @@ impl Engine for LocalEngine {
             crate::fsio::remove_orphan_stages(&inner.seam, &inner.stage_dir)
         })
         .await
-        .map_err(|e| store_types::Error::Io(format!("stage cleanup task failed: {e}")))??;
+        .map_err(|e| {
+            store_types::Error::io(store_types::ErrorKind::Other, "run stage cleanup task")
+                .with_source(e)
+        })??;
         Ok(removed as u64)
     }
 

@@ -9,11 +9,13 @@ use std::io::{self, ErrorKind};
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use store_types::ErrorKind as Kind;
 use store_types::{Digest, EntryMeta, Error, Namespace, Result, Timestamp};
 
 use crate::seam::Seam;
 
-/// Runs `f` on the blocking pool and flattens a panic into [`Error::Io`].
+/// Runs `f` on the blocking pool; a panicked (or cancelled) task is an
+/// [`Error::Io`] with the join error as its source.
 pub(crate) async fn blocking<T, F>(f: F) -> Result<T>
 where
     F: FnOnce() -> Result<T> + Send + 'static,
@@ -21,12 +23,13 @@ where
 {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::Io(format!("blocking file-system task failed: {e}")))?
+        .map_err(|e| Error::io(Kind::Other, "run blocking file-system task").with_source(e))?
 }
 
-/// An [`Error::Io`] naming the operation and the path.
-pub(crate) fn io_err(op: &str, path: &Path, e: io::Error) -> Error {
-    Error::Io(format!("{op} {}: {e}", path.display()))
+/// An [`Error::Io`] naming the operation and the path, its kind taken from
+/// `e`, which it keeps as its source.
+pub(crate) fn io_err(op: &'static str, path: &Path, e: io::Error) -> Error {
+    Error::from_io(op, e).with_path(path)
 }
 
 /// Whether `e` means "nothing there" (the path or one of its parents is

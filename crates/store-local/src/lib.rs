@@ -243,7 +243,10 @@ impl LocalEngine {
         let inner =
             tokio::task::spawn_blocking(move || Inner::open(&root, options, Seam::default()))
                 .await
-                .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
+                .map_err(|e| {
+                    Error::io(store_types::ErrorKind::Other, "run local engine open task")
+                        .with_source(e)
+                })??;
         Ok(LocalEngine {
             inner: Arc::new(inner),
         })
@@ -276,7 +279,9 @@ impl LocalEngine {
             Inner::open(&root, options, seam)
         })
         .await
-        .map_err(|e| Error::Io(format!("opening the local engine failed: {e}")))??;
+        .map_err(|e| {
+            Error::io(store_types::ErrorKind::Other, "run local engine open task").with_source(e)
+        })??;
         Ok(LocalEngine {
             inner: Arc::new(inner),
         })

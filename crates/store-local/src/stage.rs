@@ -59,6 +59,12 @@ impl Drop for StageFile {
     }
 }
 
+/// The error of a write or publish once the stage file is gone.
+fn stage_gone() -> Error {
+    Error::io(store_types::ErrorKind::NotFound, "use stage file")
+        .with_source("the stage file is already gone (published, discarded or failed earlier)")
+}
+
 /// Creates and locks a fresh stage file.
 ///
 /// The orphan sweep of a concurrently opening instance may take the lock
@@ -96,11 +102,11 @@ fn create_stage_file(inner: &Inner) -> Result<StageFile> {
         }
         last = Some("stage file removed by an orphan sweep");
     }
-    Err(Error::Io(format!(
-        "could not create a stage file in {}: {}",
-        inner.stage_dir.display(),
-        last.unwrap_or("name collisions")
-    )))
+    Err(
+        Error::io(store_types::ErrorKind::Unavailable, "create stage file")
+            .with_path(&inner.stage_dir)
+            .with_source(last.unwrap_or("every attempted name collided")),
+    )
 }
 
 /// Whether the stage's path still names the stage's open file.
@@ -259,11 +265,11 @@ fn replace_unusable(
     tracing::warn!(path = %target.display(), why,
         "an unusable file holds the entry's name; replacing it");
     inner.seam.rename(&stage.path, target).map_err(|e| {
-        Error::Io(format!(
-            "the entry's name {} is taken by something unusable ({why}) that could not be \
-             replaced: {e}",
-            target.display()
-        ))
+        Error::from_io(
+            format!("replace the unusable file ({why}) holding the entry's name"),
+            e,
+        )
+        .with_path(target)
     })?;
     stage.gone = true;
     if inner.options.fsync {
@@ -464,7 +470,7 @@ impl LocalStage {
                 st.running = true;
                 Ok(Queued::Done(Some(file)))
             }
-            None => Err(Error::Io("stage file already gone".to_string())),
+            None => Err(stage_gone()),
         }
     }
 
@@ -539,7 +545,7 @@ impl StagedWrite for LocalStage {
             )));
         }
         let (Some(stage), chunks) = self.settle().await? else {
-            return Err(Error::Io("stage file already gone".to_string()));
+            return Err(stage_gone());
         };
         let (inner, written, key) = (self.inner.clone(), self.written, key.clone());
         // Cancel-safe like the rest: the blocking call runs to its end

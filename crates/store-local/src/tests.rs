@@ -775,7 +775,9 @@ async fn a_directory_under_the_entry_name_fails_the_publish_loudly() {
     fs::write(path.join("junk"), b"x").unwrap();
     let err = publish(&engine, &key, &data).await.unwrap_err();
     assert!(
-        matches!(&err, Error::Io(m) if m.contains("unusable")),
+        matches!(&err, Error::Io(f) if f.operation().contains("unusable")
+            && f.path() == Some(path.as_path())
+            && std::error::Error::source(f).is_some()),
         "{err}"
     );
     assert!(path.is_dir(), "left as it was");
@@ -829,4 +831,42 @@ async fn a_stage_the_probe_cannot_open_read_write_is_kept() {
         child.wait().unwrap();
         eprintln!("skipped: this kernel lets a running executable be opened for writing");
     }
+}
+
+#[tokio::test]
+async fn a_media_failure_reports_its_kind_path_and_source() {
+    // A file where the namespace directory belongs: creating the fan-out
+    // directory under it fails with ENOTDIR, deterministically (even as
+    // root, unlike a permission error).
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(64, 12);
+    let key = Key::new(ns("blocked"), Digest::of(&data));
+    fs::write(dir.path().join("blocked"), b"not a directory").unwrap();
+    let err = publish(&engine, &key, &data).await.unwrap_err();
+    assert_eq!(err.kind(), store_types::ErrorKind::NotADirectory, "{err:?}");
+    assert!(!err.is_transient());
+    let Error::Io(failure) = &err else {
+        panic!("a media failure is Error::Io: {err:?}")
+    };
+    let fan = dir
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join("blocked")
+        .join(key.digest.prefix2());
+    assert_eq!(failure.path(), Some(fan.as_path()), "{err}");
+    let source = std::error::Error::source(&err).expect("the io error is the source");
+    let io = source
+        .downcast_ref::<std::io::Error>()
+        .expect("an io::Error");
+    assert_eq!(io.kind(), std::io::ErrorKind::NotADirectory);
+    let shown = err.to_string();
+    assert!(
+        shown.ends_with(": not a directory") && !shown.contains('\n'),
+        "{shown}"
+    );
+    let report = format!("{:#}", store_types::Report::new(&err));
+    assert!(report.contains("\ncaused by: "), "{report}");
+    assert_eq!(engine.stage_file_count().unwrap(), 0);
 }

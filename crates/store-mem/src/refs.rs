@@ -75,8 +75,13 @@ impl MemRefs {
 }
 
 fn stored_name(name: &str) -> Result<RefName> {
-    RefName::new(name)
-        .map_err(|e| Error::Backend(format!("mem: stored reference name invalid: {e}")))
+    RefName::new(name).map_err(|e| {
+        Error::backend(
+            store_types::ErrorKind::InvalidData,
+            "mem: decode stored reference name",
+        )
+        .with_source(e)
+    })
 }
 
 #[async_trait]

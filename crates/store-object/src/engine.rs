@@ -126,8 +126,12 @@ impl Engine for ObjectEngine {
             .collect()
             .await;
         if results.len() != present.len() {
-            return Err(store_types::Error::Backend(format!(
-                "object store: bulk delete answered {} of {} objects",
+            return Err(store_types::Error::backend(
+                store_types::ErrorKind::InvalidData,
+                "object store: bulk delete",
+            )
+            .with_source(format!(
+                "the store answered {} of {} objects",
                 results.len(),
                 present.len()
             )));

@@ -117,7 +117,7 @@ impl ObjectStage {
                 Ok(())
             }
             State::Failed(e) => Err(e.clone()),
-            State::Done => Err(Error::Io("stage already finished".into())),
+            State::Done => Err(finished()),
         }
     }
 }
@@ -367,7 +367,7 @@ impl StagedWrite for ObjectStage {
                 upload,
             } => publish_large(&self.inner, key, path, upload).await,
             State::Failed(e) => Err(e),
-            State::Done => Err(Error::Io("stage already finished".into())),
+            State::Done => Err(finished()),
         }
     }
 
@@ -414,4 +414,10 @@ impl Inner {
             Err(e) => Err(backend_err("looking up", path, e)),
         }
     }
+}
+
+/// The error of a use of a stage that already published or failed.
+fn finished() -> Error {
+    Error::io(store_types::ErrorKind::Other, "object store: use stage")
+        .with_source("the stage already finished")
 }

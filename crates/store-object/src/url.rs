@@ -90,10 +90,10 @@ where
             }
             let dir = std::path::Path::new(rest);
             std::fs::create_dir_all(dir)
-                .map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
+                .map_err(|e| Error::from_io("create directory", e).with_path(dir))?;
             let dir = dir
                 .canonicalize()
-                .map_err(|e| Error::Io(format!("resolving {}: {e}", dir.display())))?;
+                .map_err(|e| Error::from_io("resolve directory", e).with_path(dir))?;
             let store = LocalFileSystem::new_with_prefix(&dir)
                 .map_err(|e| Error::Config(format!("file URL {url:?}: {e}")))?
                 .with_fsync(true);

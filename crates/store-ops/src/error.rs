@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use store_types::{Error, ProtectReason};
+use store_types::{Error, ErrorKind, ProtectReason, Report};
 
 use crate::payload::{ErrorBody, ErrorDetail};
 use crate::tokens::TokenCapReached;
@@ -13,6 +13,11 @@ use crate::tokens::TokenCapReached;
 /// putters release their tokens, which well-behaved clients do right after
 /// recording their reference.
 pub const TOKEN_CAP_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a request that failed transiently ([`Error::is_transient`]: a
+/// lost connection, a timeout, a busy backend) is told to wait before
+/// retrying ([`ErrorCode::Unavailable`], `Retry-After: 1` over HTTP).
+pub const TRANSIENT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A stable error code. The wire spelling ([`ErrorCode::as_str`]) never
 /// changes meaning; new codes may be added (callers must treat unknown
@@ -63,6 +68,15 @@ pub enum ErrorCode {
     /// A reference update's precondition (`If-Match` / `If-None-Match`)
     /// failed (`412`); the message names the current digest.
     RefConflict,
+    /// The store's medium is full ([`ErrorKind::NoSpace`]: a full disk or
+    /// quota, a full database) (`507`). Like `internal`, its message never
+    /// reaches clients.
+    InsufficientStorage,
+    /// A transient media or backend failure ([`Error::is_transient`]: a
+    /// lost connection, a timeout, a busy backend): the same request may
+    /// succeed shortly (`503`, with a retry delay). Like `internal`, its
+    /// message never reaches clients.
+    Unavailable,
     /// Anything else: media or backend failure, misconfiguration (`500`).
     /// Its message never reaches clients: they get the request id, the
     /// server log has the cause.
@@ -71,7 +85,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and metrics.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::KeyInvalid,
         ErrorCode::Verification,
         ErrorCode::TooLarge,
@@ -91,6 +105,8 @@ impl ErrorCode {
         ErrorCode::HostNotAllowed,
         ErrorCode::Overloaded,
         ErrorCode::RefConflict,
+        ErrorCode::InsufficientStorage,
+        ErrorCode::Unavailable,
         ErrorCode::Internal,
     ];
 
@@ -116,6 +132,8 @@ impl ErrorCode {
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::RefConflict => "ref_conflict",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
     }
@@ -144,8 +162,20 @@ impl ErrorCode {
             ErrorCode::RefConflict => 412,
             ErrorCode::Verification => 422,
             ErrorCode::Internal => 500,
-            ErrorCode::TooManyTokens | ErrorCode::Overloaded => 503,
+            ErrorCode::TooManyTokens | ErrorCode::Overloaded | ErrorCode::Unavailable => 503,
+            ErrorCode::InsufficientStorage => 507,
         }
+    }
+
+    /// Whether clients get only the request id instead of the message
+    /// (which may name paths, pids or backend addresses): `internal`,
+    /// `insufficient_storage` and `unavailable`, the media and backend
+    /// failures.
+    pub fn redacts_message(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::Internal | ErrorCode::InsufficientStorage | ErrorCode::Unavailable
+        )
     }
 
     pub(crate) fn index(self) -> usize {
@@ -218,8 +248,13 @@ impl fmt::Display for OpsError {
 impl std::error::Error for OpsError {}
 
 impl From<Error> for OpsError {
+    /// The answers about the request keep their codes; media and backend
+    /// failures are `insufficient_storage` when the medium is full,
+    /// `unavailable` (with [`TRANSIENT_RETRY_AFTER`]) when transient, and
+    /// `internal` otherwise. The message is one line with the whole cause
+    /// chain (for the server log: see [`ErrorCode::redacts_message`]).
     fn from(e: Error) -> Self {
-        let message = e.to_string();
+        let message = Report::new(&e).to_string();
         let mut out = OpsError::new(
             match &e {
                 Error::Missing => ErrorCode::Missing,
@@ -230,10 +265,15 @@ impl From<Error> for OpsError {
                 Error::LengthMismatch { .. } => ErrorCode::LengthMismatch,
                 Error::InvalidRange { .. } => ErrorCode::InvalidRange,
                 Error::RefConflict { .. } => ErrorCode::RefConflict,
+                _ if e.kind() == ErrorKind::NoSpace => ErrorCode::InsufficientStorage,
+                _ if e.is_transient() => ErrorCode::Unavailable,
                 _ => ErrorCode::Internal,
             },
             message,
         );
+        if out.code == ErrorCode::Unavailable {
+            out.retry_after = Some(TRANSIENT_RETRY_AFTER);
+        }
         match e {
             Error::GcRefuse { reason, .. } => out.reason = Some(reason),
             Error::InvalidRange { size, .. } => out.size = Some(size),
@@ -284,13 +324,63 @@ mod tests {
         });
         assert_eq!((range.code, range.size), (ErrorCode::InvalidRange, Some(3)));
         assert_eq!(
-            OpsError::from(Error::Io("disk".into())).code,
+            OpsError::from(Error::io(ErrorKind::Other, "read")).code,
             ErrorCode::Internal
         );
         assert_eq!(
             OpsError::from(Error::TooLarge { limit: 1, got: 2 }).code,
             ErrorCode::TooLarge
         );
+    }
+
+    #[test]
+    fn a_full_medium_is_507_and_a_transient_failure_a_retryable_503() {
+        let full = OpsError::from(
+            Error::from_io(
+                "fsync stage file",
+                std::io::Error::from(std::io::ErrorKind::StorageFull),
+            )
+            .with_path("/data/.stage/x"),
+        );
+        assert_eq!(full.code, ErrorCode::InsufficientStorage);
+        assert_eq!(full.code.as_str(), "insufficient_storage");
+        assert_eq!(full.code.http_status(), 507);
+        assert_eq!(full.retry_after, None);
+        assert!(full.code.redacts_message());
+        assert!(
+            full.message
+                .starts_with("fsync stage file /data/.stage/x: no space left: "),
+            "the log line has the cause: {full}"
+        );
+
+        for kind in [
+            ErrorKind::ConnectionLost,
+            ErrorKind::TimedOut,
+            ErrorKind::Contended,
+        ] {
+            let e = OpsError::from(
+                Error::backend(kind, "postgres").with_source("connection reset by peer"),
+            );
+            assert_eq!(e.code, ErrorCode::Unavailable, "{kind:?}");
+            assert_eq!(e.code.http_status(), 503);
+            assert_eq!(e.retry_after, Some(TRANSIENT_RETRY_AFTER));
+            assert!(e.message.ends_with("connection reset by peer"), "{e}");
+        }
+        let denied = OpsError::from(Error::io(ErrorKind::PermissionDenied, "open"));
+        assert_eq!(
+            (denied.code, denied.retry_after),
+            (ErrorCode::Internal, None)
+        );
+        // The kind of a sweep's cause decides too.
+        let incomplete = OpsError::from(Error::SweepIncomplete {
+            cause: Box::new(Error::io(ErrorKind::NoSpace, "write")),
+            deleted: 1,
+            bytes_freed: 1,
+            rescued: 0,
+            vanished: 0,
+            staged: 0,
+        });
+        assert_eq!(incomplete.code, ErrorCode::InsufficientStorage);
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub use admin::{
     NamespacesResponse, StatsResponse, StatsTotal, VerifyRequest, DEFAULT_VERIFY_CONCURRENCY,
     INVENTORY_REFRESH, MAX_VERIFY_CONCURRENCY,
 };
-pub use error::{ErrorCode, OpsError, TOKEN_CAP_RETRY_AFTER};
+pub use error::{ErrorCode, OpsError, TOKEN_CAP_RETRY_AFTER, TRANSIENT_RETRY_AFTER};
 pub use metrics::Metrics;
 pub use ops::{
     GetResponse, Ops, OpsConfig, PutOutcome, DEFAULT_MAX_BLOB_SIZE, DEFAULT_MAX_HAVE_DIGESTS,

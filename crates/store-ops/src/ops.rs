@@ -722,7 +722,9 @@ impl Ops {
             mode: mode_name(store),
             fleet: store.is_fleet(),
             tokens: self.inner.tokens.len() as u64,
-            error: probe.err().map(|e| e.to_string()),
+            error: probe
+                .err()
+                .map(|e| store_types::Report::new(&e).to_string()),
         }
     }
 

@@ -151,16 +151,18 @@ impl PgLoStage {
     }
 
     fn take_tx(&mut self) -> Result<Transaction<'static, Postgres>> {
-        self.tx
-            .take()
-            .ok_or_else(|| Error::Backend("pg-lo stage already finished".into()))
+        self.tx.take().ok_or_else(finished)
     }
 
     fn tx(&mut self) -> Result<&mut Transaction<'static, Postgres>> {
-        self.tx
-            .as_mut()
-            .ok_or_else(|| Error::Backend("pg-lo stage already finished".into()))
+        self.tx.as_mut().ok_or_else(finished)
     }
+}
+
+/// The error of a use of a stage whose transaction already ended.
+fn finished() -> Error {
+    Error::backend(store_types::ErrorKind::Other, "pg-lo: use stage")
+        .with_source("the stage already finished")
 }
 
 #[async_trait]
@@ -176,10 +178,8 @@ impl StagedWrite for PgLoStage {
                 .await
                 .map_err(db_err)?;
             if written as usize != piece.len() {
-                return Err(Error::Io(format!(
-                    "lowrite wrote {written} of {} bytes",
-                    piece.len()
-                )));
+                return Err(Error::io(store_types::ErrorKind::Other, "pg-lo: lowrite")
+                    .with_source(format!("wrote {written} of {} bytes", piece.len())));
             }
             self.size += piece.len() as u64;
         }

@@ -200,6 +200,17 @@ async fn a_connection_killed_mid_put_leaves_nothing() {
     }
     .await;
     assert!(matches!(result, Err(Error::Backend(_))), "{result:?}");
+    let err = result.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        store_types::ErrorKind::ConnectionLost,
+        "{err:?}"
+    );
+    assert!(err.is_transient());
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the sqlx error is kept"
+    );
     assert!(e.meta(&k).await.unwrap().is_none(), "no companion row");
     assert_eq!(
         e.large_objects_exist(&[oid]).await.unwrap(),

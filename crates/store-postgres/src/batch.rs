@@ -114,13 +114,14 @@ impl GroupCommit {
             created_at,
             reply,
         };
-        self.queue
-            .send(req)
-            .await
-            .map_err(|_| Error::Backend("postgres group-commit writer has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| Error::Backend("postgres group-commit writer dropped a put".into()))?
+        self.queue.send(req).await.map_err(|_| {
+            Error::backend(store_types::ErrorKind::Other, "postgres: queue put")
+                .with_source("the group-commit writer has stopped")
+        })?;
+        answer.await.map_err(|_| {
+            Error::backend(store_types::ErrorKind::Other, "postgres: await put")
+                .with_source("the group-commit writer dropped the put")
+        })?
     }
 
     /// A snapshot of the counters.

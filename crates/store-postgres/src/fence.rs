@@ -81,8 +81,13 @@ pub async fn is_fenced(conn: &mut PgConnection, host_schema: &str, key: &Key) ->
 
 /// The error of a put that waited [`FENCE_WAIT`] for a fence.
 pub fn fence_timeout(key: &Key) -> Error {
-    Error::Backend(format!(
-        "{key} is being deleted by a sweep (deletion fence held for more than {}s); retry the put",
+    Error::backend(
+        store_types::ErrorKind::TimedOut,
+        "postgres: wait for deletion fence",
+    )
+    .with_key(key)
+    .with_source(format!(
+        "the key is being deleted by a sweep (fence held for more than {}s); retry the put",
         FENCE_WAIT.as_secs()
     ))
 }

@@ -437,9 +437,12 @@ impl FleetBatch for PgFleetBatch {
             let id = key_lock(&self.schema, &Key::new(ns.clone(), **d));
             !self.locked.contains(&id)
         }) {
-            return Err(Error::Backend(format!(
-                "fleet batch cannot delete {ns}/{d}: its key lock is not held by this batch"
-            )));
+            return Err(Error::backend(
+                store_types::ErrorKind::Other,
+                "postgres: fleet batch delete",
+            )
+            .with_key(&Key::new(ns.clone(), *d))
+            .with_source("its key lock is not held by this batch"));
         }
         let rows = sqlx::query(sql(
             &self.schema,

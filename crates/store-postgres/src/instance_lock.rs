@@ -72,7 +72,7 @@ pub async fn lock_instance(
     let options = (*pool.connect_options()).clone().application_name(&app);
     let mut conn = PgConnection::connect_with(&options)
         .await
-        .map_err(|e| Error::Backend(format!("cannot connect to PostgreSQL: {e}")))?;
+        .map_err(|e| crate::plumbing::db_err_in("postgres: connect for the instance lock", e))?;
     let mut holder = None;
     // Twice: the holder may end between the refusal and the lookup.
     for _ in 0..2 {

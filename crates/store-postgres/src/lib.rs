@@ -89,6 +89,7 @@
 
 mod batch;
 mod engine;
+mod error;
 pub mod fence;
 mod fleet;
 pub mod instance_lock;

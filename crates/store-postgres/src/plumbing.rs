@@ -7,7 +7,11 @@
 
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row, SqlStr};
-use store_types::{Digest, Error, Instance, Key, Namespace, PinIntent, Result, Timestamp};
+use store_types::{
+    Digest, Error, ErrorKind, Instance, Key, Namespace, PinIntent, Result, Timestamp,
+};
+
+pub use crate::error::{db_err, db_err_in};
 
 pub use crate::window::PgWindow;
 
@@ -128,7 +132,7 @@ pub async fn connect_pool(url: &str) -> Result<PgPool> {
         .max_connections(DEFAULT_MAX_CONNECTIONS)
         .connect(url)
         .await
-        .map_err(|e| Error::Backend(format!("cannot connect to PostgreSQL: {e}")))
+        .map_err(|e| db_err_in("postgres: connect", e))
 }
 
 /// Checks a schema name against `[a-z_][a-z0-9_]{0,62}` (and rejects the
@@ -164,11 +168,6 @@ pub fn sql(schema: &str, template: &str) -> SqlStr {
     use sqlx::SqlSafeStr;
     let text: std::sync::Arc<str> = template.replace("{schema}", &quote_schema(schema)).into();
     AssertSqlSafe(text).into_sql_str()
-}
-
-/// Maps a sqlx error onto [`Error::Backend`].
-pub fn db_err(e: sqlx::Error) -> Error {
-    Error::Backend(format!("postgres: {e}"))
 }
 
 /// Whether `e` is a database error with SQLSTATE `code`.
@@ -408,27 +407,36 @@ pub fn now_ms() -> i64 {
 /// Decodes a 32-byte `bytea` digest column.
 pub fn digest_col(row: &PgRow, idx: usize) -> Result<Digest> {
     let raw: Vec<u8> = row.try_get(idx).map_err(db_err)?;
-    let bytes: [u8; 32] = raw
-        .try_into()
-        .map_err(|v: Vec<u8>| Error::Backend(format!("stored digest has {} bytes", v.len())))?;
+    let bytes: [u8; 32] = raw.try_into().map_err(|v: Vec<u8>| {
+        Error::backend(ErrorKind::InvalidData, "postgres: decode stored digest")
+            .with_source(format!("{} bytes, expected 32", v.len()))
+    })?;
     Ok(Digest::from_bytes(bytes))
 }
 
 /// Decodes a namespace column.
 pub fn namespace_col(row: &PgRow, idx: usize) -> Result<Namespace> {
     let raw: String = row.try_get(idx).map_err(db_err)?;
-    Namespace::new(raw).map_err(|e| Error::Backend(format!("stored namespace invalid: {e}")))
+    Namespace::new(raw).map_err(|e| {
+        Error::backend(ErrorKind::InvalidData, "postgres: decode stored namespace").with_source(e)
+    })
 }
 
 /// Decodes a non-negative `bigint` size column.
 pub fn size_col(row: &PgRow, idx: usize) -> Result<u64> {
     let raw: i64 = row.try_get(idx).map_err(db_err)?;
-    u64::try_from(raw).map_err(|_| Error::Backend(format!("stored size {raw} is negative")))
+    u64::try_from(raw).map_err(|_| {
+        Error::backend(ErrorKind::InvalidData, "postgres: decode stored size")
+            .with_source(format!("{raw} is negative"))
+    })
 }
 
 /// Converts a size or offset to `bigint`.
 pub fn to_i64(v: u64) -> Result<i64> {
-    i64::try_from(v).map_err(|_| Error::Backend(format!("{v} does not fit a bigint")))
+    i64::try_from(v).map_err(|_| {
+        Error::backend(ErrorKind::InvalidData, "postgres: encode size")
+            .with_source(format!("{v} does not fit a bigint"))
+    })
 }
 
 /// Digests as `bytea[]` parameter values.

@@ -224,8 +224,13 @@ fn could_prefix_a_name(prefix: &str) -> bool {
 }
 
 fn stored_name(name: String) -> Result<RefName> {
-    RefName::new(name)
-        .map_err(|e| Error::Backend(format!("postgres: stored reference name invalid: {e}")))
+    RefName::new(name).map_err(|e| {
+        Error::backend(
+            store_types::ErrorKind::InvalidData,
+            "postgres: decode stored reference name",
+        )
+        .with_source(e)
+    })
 }
 
 #[async_trait]
@@ -242,9 +247,13 @@ impl RefStore for PgRefs {
                 return Ok(previous);
             }
         }
-        Err(Error::Backend(format!(
-            "postgres: reference {ns}/{name} kept changing under {SET_ATTEMPTS} attempts to set it"
-        )))
+        Err(
+            Error::backend(store_types::ErrorKind::Contended, "postgres: set reference")
+                .with_target(format!("{ns}/{name}"))
+                .with_source(format!(
+                    "it kept changing under {SET_ATTEMPTS} attempts to set it"
+                )),
+        )
     }
 
     async fn get(&self, ns: &Namespace, name: &RefName) -> Result<Option<Digest>> {

@@ -482,7 +482,8 @@ async fn a_foreign_table_of_the_same_name_is_not_adopted() {
     let err = store_postgres::PostgresEngine::connect(&s.url, &s.name)
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("ref_names"), "{err}");
+    let report = store_types::Report::new(&err).to_string();
+    assert!(report.contains("ref_names"), "{report}");
 }
 
 /// The references as a fleet liveness table: the GC host binds it (it

@@ -86,7 +86,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rusqlite::ffi;
 use store_types::crash::CrashSwitch;
-use store_types::{Error, Result};
+use store_types::{Error, ErrorKind, Result};
 
 /// What a crash does to what was written but not made durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,7 +189,7 @@ impl CrashModel {
         // SAFETY: sqlite3_vfs_find accepts NULL (the default VFS) or a name.
         let inner = unsafe { ffi::sqlite3_vfs_find(c"unix".as_ptr()) };
         if inner.is_null() {
-            return Err(Error::Backend("crash model: no unix VFS".into()));
+            return Err(Error::backend(ErrorKind::Unsupported, "crash model: find the unix VFS"));
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name = CString::new(format!("blobpool-crash-{}-{id}", std::process::id()))
@@ -240,9 +240,10 @@ impl CrashModel {
         let rc = unsafe { ffi::sqlite3_vfs_register(&mut **vfs, 0) };
         if rc != ffi::SQLITE_OK {
             *slot = None;
-            return Err(Error::Backend(format!(
-                "crash model: sqlite3_vfs_register failed ({rc})"
-            )));
+            return Err(
+                Error::backend(ErrorKind::Other, "crash model: register the VFS")
+                    .with_source(format!("sqlite3_vfs_register returned {rc}")),
+            );
         }
         drop(slot);
         Ok(CrashModel { shared })
@@ -274,10 +275,13 @@ impl CrashModel {
         let deadline = Instant::now() + timeout;
         while self.open_files() > 0 {
             if Instant::now() >= deadline {
-                return Err(Error::Backend(format!(
-                    "crash model: {} files still open after {timeout:?}",
-                    self.open_files()
-                )));
+                return Err(
+                    Error::backend(ErrorKind::TimedOut, "crash model: wait for files to close")
+                        .with_source(format!(
+                            "{} files still open after {timeout:?}",
+                            self.open_files()
+                        )),
+                );
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -315,13 +319,16 @@ impl CrashModel {
                     let inode = &state.inodes[id];
                     let expect = inode.volatile();
                     let found = std::fs::read(&path).map_err(|e| {
-                        Error::Io(format!("crash model: cannot read {}: {e}", path.display()))
+                        Error::from_io("crash model: read", e).with_path(&path)
                     })?;
                     if found != expect {
-                        return Err(Error::Backend(format!(
-                            "crash model: its record of {} ({} bytes) differs from the disk \
-                             ({} bytes)",
-                            path.display(),
+                        return Err(Error::backend(
+                            ErrorKind::InvalidData,
+                            "crash model: compare its record with the disk",
+                        )
+                        .with_path(&path)
+                        .with_source(format!(
+                            "recorded {} bytes, found {} bytes",
                             expect.len(),
                             found.len()
                         )));
@@ -348,7 +355,7 @@ impl CrashModel {
                             bytes.len()
                         ));
                         std::fs::write(&path, &bytes).map_err(|e| {
-                            Error::Io(format!("crash model: cannot write {}: {e}", path.display()))
+                            Error::from_io("crash model: write", e).with_path(&path)
                         })?;
                     }
                     None => {
@@ -357,10 +364,7 @@ impl CrashModel {
                             Ok(()) => {}
                             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                             Err(e) => {
-                                return Err(Error::Io(format!(
-                                    "crash model: cannot remove {}: {e}",
-                                    path.display()
-                                )))
+                                return Err(Error::from_io("crash model: remove", e).with_path(&path))
                             }
                         }
                     }

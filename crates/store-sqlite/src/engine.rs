@@ -57,7 +57,13 @@ impl Engine for SqliteEngine {
         let path = self.inner.path.clone();
         tokio::task::spawn_blocking(move || crate::instance_lock::lock(&path).map(Some))
             .await
-            .map_err(|e| Error::Io(format!("sqlite: instance lock task failed: {e}")))?
+            .map_err(|e| {
+                Error::io(
+                    store_types::ErrorKind::Other,
+                    "sqlite: run instance lock task",
+                )
+                .with_source(e)
+            })?
     }
 
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {

@@ -228,7 +228,10 @@ impl SqliteEngine {
         let path = path.as_ref().to_path_buf();
         tokio::task::spawn_blocking(move || Self::open_blocking(&path, options))
             .await
-            .map_err(|e| Error::Backend(format!("sqlite: open task failed: {e}")))?
+            .map_err(|e| {
+                Error::backend(store_types::ErrorKind::Other, "sqlite: run open task")
+                    .with_source(e)
+            })?
     }
 
     fn open_blocking(path: &Path, options: SqliteOptions) -> Result<Self> {
@@ -238,14 +241,13 @@ impl SqliteEngine {
             ));
         }
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                Error::Io(format!("sqlite: cannot create {}: {e}", parent.display()))
-            })?;
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::from_io("sqlite: create directory", e).with_path(parent))?;
         }
         let vfs = options.vfs.as_deref();
         let writer_conn = schema::open_writer(path, options.durability, vfs)?;
         let canonical = std::fs::canonicalize(path)
-            .map_err(|e| Error::Io(format!("sqlite: cannot resolve {}: {e}", path.display())))?;
+            .map_err(|e| Error::from_io("sqlite: resolve path", e).with_path(path))?;
         let readers = (0..options.readers.max(1))
             .map(|_| schema::open_reader(&canonical, vfs))
             .collect::<Result<Vec<_>>>()?;

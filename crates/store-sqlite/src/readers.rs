@@ -60,12 +60,9 @@ impl Readers {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Error::Backend("sqlite: reader pool closed".into()))?;
+        let permit = self.permits.clone().acquire_owned().await.map_err(|e| {
+            Error::backend(store_types::ErrorKind::Other, "sqlite: acquire reader").with_source(e)
+        })?;
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
             let conn = pool
@@ -73,7 +70,10 @@ impl Readers {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .pop()
-                .ok_or_else(|| Error::Backend("sqlite: reader pool empty".into()))?;
+                .ok_or_else(|| {
+                    Error::backend(store_types::ErrorKind::Other, "sqlite: acquire reader")
+                        .with_source("the reader pool is empty")
+                })?;
             let lease = Lease {
                 pool: &pool,
                 conn: Some(conn),
@@ -82,6 +82,8 @@ impl Readers {
             f(lease.conn.as_ref().expect("leased connection"))
         })
         .await
-        .map_err(|e| Error::Backend(format!("sqlite: read task failed: {e}")))?
+        .map_err(|e| {
+            Error::backend(store_types::ErrorKind::Other, "sqlite: run read task").with_source(e)
+        })?
     }
 }

@@ -217,7 +217,11 @@ impl RefStore for SqliteRefs {
                 while let Some(row) = rows.next().sql()? {
                     let name: String = row.get(0).sql()?;
                     let name = RefName::new(name).map_err(|e| {
-                        Error::Backend(format!("sqlite: stored reference name invalid: {e}"))
+                        Error::backend(
+                            store_types::ErrorKind::InvalidData,
+                            "sqlite: decode stored reference name",
+                        )
+                        .with_source(e)
                     })?;
                     out.push(RefEntry {
                         name,

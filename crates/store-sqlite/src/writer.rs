@@ -123,9 +123,11 @@ where
     fn complete(self: Box<Self>, outcome: Result<()>) {
         let answer = match (outcome, self.result) {
             (Ok(()), Some(v)) => Ok(v),
-            (Ok(()), None) => Err(Error::Backend(
-                "sqlite writer: job committed without a result".into(),
-            )),
+            (Ok(()), None) => Err(Error::backend(
+                store_types::ErrorKind::Other,
+                "sqlite: write job",
+            )
+            .with_source("the job committed without a result")),
             (Err(e), _) => Err(e),
         };
         // The waiter may have given up; the work is done either way.
@@ -160,7 +162,7 @@ impl Writer {
         thread::Builder::new()
             .name("blobpool-sqlite-writer".into())
             .spawn(move || run(conn, rx, &thread_counters))
-            .map_err(|e| Error::Backend(format!("sqlite: cannot start writer thread: {e}")))?;
+            .map_err(|e| Error::from_io("sqlite: start writer thread", e))?;
         Ok(Writer { tx, counters })
     }
 
@@ -207,7 +209,11 @@ impl Writer {
 }
 
 fn stopped() -> Error {
-    Error::Backend("sqlite: the writer thread has stopped".into())
+    Error::backend(
+        store_types::ErrorKind::Other,
+        "sqlite: send to writer thread",
+    )
+    .with_source("the writer thread has stopped")
 }
 
 /// The writer thread's loop.
@@ -360,8 +366,12 @@ fn fail_all(jobs: impl Iterator<Item = Box<dyn Job>>, e: &Error, counters: &Coun
 /// Applies one job, inside its own savepoint when it asks for one.
 fn apply_one(conn: &Connection, job: &mut dyn Job, now: Timestamp) -> Result<()> {
     let guarded = |job: &mut dyn Job| {
-        catch_unwind(AssertUnwindSafe(|| job.apply(conn, now)))
-            .unwrap_or_else(|_| Err(Error::Backend("sqlite: write job panicked".into())))
+        catch_unwind(AssertUnwindSafe(|| job.apply(conn, now))).unwrap_or_else(|_| {
+            Err(
+                Error::backend(store_types::ErrorKind::Other, "sqlite: write job")
+                    .with_source("the job panicked"),
+            )
+        })
     };
     if !job.needs_savepoint() {
         return guarded(job);

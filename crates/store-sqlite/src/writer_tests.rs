@@ -124,7 +124,10 @@ async fn a_failing_job_does_not_fail_its_batch() {
             (&Digest::of(b"ghost").as_bytes()[..], now.0),
         )
         .map_err(crate::sql::sql_err)?;
-        Err::<(), _>(Error::Backend("injected failure".into()))
+        Err::<(), _>(Error::backend(
+            store_types::ErrorKind::Other,
+            "injected failure",
+        ))
     });
     let del = {
         let engine = engine.clone();
@@ -137,7 +140,10 @@ async fn a_failing_job_does_not_fail_its_batch() {
 
     assert_eq!(
         failing.await,
-        Err(Error::Backend("injected failure".into()))
+        Err(Error::backend(
+            store_types::ErrorKind::Other,
+            "injected failure"
+        ))
     );
     let mut outcomes = [a1.await.unwrap().unwrap(), a2.await.unwrap().unwrap()];
     outcomes.sort_by_key(|o| *o == PublishOutcome::AlreadyPresent);
@@ -183,7 +189,10 @@ async fn a_lost_transaction_is_redone_without_the_culprit() {
     let culprit = engine.inner.writer.submit(0, false, |conn, _now| {
         conn.execute_batch("ROLLBACK")
             .map_err(crate::sql::sql_err)?;
-        Err::<(), _>(Error::Io("injected disk failure".into()))
+        Err::<(), _>(Error::io(
+            store_types::ErrorKind::NoSpace,
+            "injected disk failure",
+        ))
     });
     let b = spawn_put(&engine, b"b");
     wait_submitted(&engine, before.writes_submitted + 4).await;
@@ -192,7 +201,10 @@ async fn a_lost_transaction_is_redone_without_the_culprit() {
 
     assert_eq!(
         culprit.await,
-        Err(Error::Io("injected disk failure".into()))
+        Err(Error::io(
+            store_types::ErrorKind::NoSpace,
+            "injected disk failure"
+        ))
     );
     assert_eq!(a.await.unwrap().unwrap(), PublishOutcome::Inserted);
     assert_eq!(b.await.unwrap().unwrap(), PublishOutcome::Inserted);
@@ -204,4 +216,53 @@ async fn a_lost_transaction_is_redone_without_the_culprit() {
         .await
         .unwrap();
     assert_eq!(present, vec![true, true]);
+}
+
+#[tokio::test]
+async fn a_full_database_is_no_space_and_the_engine_recovers() {
+    let (_dir, engine) = engine().await;
+    // Caps the file at its current size: the next page allocation fails
+    // with SQLITE_FULL, exactly as on a full disk.
+    engine
+        .inner
+        .writer
+        .submit(0, false, |conn, _now| {
+            let pages: i64 = conn
+                .query_row("PRAGMA page_count", [], |r| r.get(0))
+                .map_err(crate::sql::sql_err)?;
+            conn.pragma_update(None, "max_page_count", pages)
+                .map_err(crate::sql::sql_err)?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let data = vec![7u8; 256 * 1024];
+    let err = engine
+        .put(&key(&data), Bytes::from(data.clone()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Io(_)), "{err:?}");
+    assert_eq!(err.kind(), store_types::ErrorKind::NoSpace, "{err:?}");
+    assert!(!err.is_transient());
+    let report = format!("{:#}", store_types::Report::new(&err));
+    assert!(report.contains("\ncaused by: "), "{report}");
+    assert_eq!(engine.meta(&key(&data)).await.unwrap(), None);
+
+    engine
+        .inner
+        .writer
+        .submit(0, false, |conn, _now| {
+            conn.pragma_update(None, "max_page_count", 1_000_000_000_i64)
+                .map_err(crate::sql::sql_err)?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        engine
+            .put(&key(&data), Bytes::from(data.clone()))
+            .await
+            .unwrap(),
+        PublishOutcome::Inserted
+    );
 }

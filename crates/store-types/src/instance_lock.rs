@@ -59,9 +59,7 @@ impl InstanceLock {
     /// A file system without file locks is [`Error::Io`]: the exclusion
     /// cannot be guaranteed there.
     pub fn lock_file(path: &Path, data: &str) -> Result<InstanceLock> {
-        let io = |what: &str, e: std::io::Error| {
-            Error::Io(format!("{what} lock file {}: {e}", path.display()))
-        };
+        let io = |what: &'static str, e: std::io::Error| Error::from_io(what, e).with_path(path);
         // Read-write: an exclusive `flock` on a Linux NFS client is an
         // `fcntl` write lock, which needs a descriptor open for writing.
         let mut file = OpenOptions::new()
@@ -70,14 +68,14 @@ impl InstanceLock {
             .create(true)
             .truncate(false)
             .open(path)
-            .map_err(|e| io("opening", e))?;
+            .map_err(|e| io("open instance lock file", e))?;
         let acquired = match file.try_lock() {
             Ok(()) => true,
             Err(TryLockError::WouldBlock) => false,
             // Some platforms and network file systems report a held lock
             // as a plain `EWOULDBLOCK`/`EAGAIN` error.
             Err(TryLockError::Error(e)) if e.kind() == ErrorKind::WouldBlock => false,
-            Err(TryLockError::Error(e)) => return Err(io("locking", e)),
+            Err(TryLockError::Error(e)) => return Err(io("lock instance lock file", e)),
         };
         if !acquired {
             return Err(Error::InstanceLocked {
@@ -91,7 +89,7 @@ impl InstanceLock {
             .and_then(|()| file.seek(SeekFrom::Start(0)).map(drop))
             .and_then(|()| file.write_all(info.as_bytes()))
             .and_then(|()| file.flush())
-            .map_err(|e| io("writing", e))?;
+            .map_err(|e| io("write instance lock file", e))?;
         Ok(InstanceLock::new(
             format!("the lock file {}", path.display()),
             LockedFile(file),

@@ -5,7 +5,9 @@
 //!
 //! - the addressing types: [`Digest`], [`Namespace`], [`Key`];
 //! - the entry metadata: [`Stat`], [`EntryMeta`], [`Tier`], [`Timestamp`];
-//! - the one error enum, [`Error`], shared by the facade and the engines;
+//! - the one error enum, [`Error`], shared by the facade and the engines,
+//!   with the [`Failure`] detail ([`ErrorKind`], operation, context, source)
+//!   of media and backend failures and [`Report`] to print a cause chain;
 //! - the engine traits: [`Engine`], [`KvEngine`], [`LargeEngine`],
 //!   [`StagedWrite`];
 //! - the engine descriptor ([`EngineDescriptor`]) the facade judges
@@ -25,6 +27,7 @@ pub mod crash;
 mod digest;
 mod engine;
 mod error;
+mod failure;
 mod fleet;
 mod instance_lock;
 mod key;
@@ -38,6 +41,7 @@ pub use engine::{
     PublishOutcome, Sharing, StagedWrite, Stat, Tier, Timestamp,
 };
 pub use error::{Error, ProtectReason, Result};
+pub use failure::{Context, ErrorKind, Failure, Report, Source};
 pub use fleet::{BoundLivenessTable, FleetBatch, LivenessTable, PinIntent};
 pub use instance_lock::InstanceLock;
 pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};

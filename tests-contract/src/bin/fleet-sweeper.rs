@@ -16,7 +16,7 @@ struct Hold(Duration);
 
 #[async_trait]
 impl ProtectCallback for Hold {
-    async fn protected_keys(&self) -> Result<Vec<Key>, String> {
+    async fn protected_keys(&self) -> Result<Vec<Key>, store_types::Error> {
         tokio::time::sleep(self.0).await;
         Ok(Vec::new())
     }

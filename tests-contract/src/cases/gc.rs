@@ -119,11 +119,27 @@ pub async fn protect_failure_aborts(spec: Spec) {
     protector.fail(true);
     let rep = sweep(&h).await;
     assert_eq!(rep.aborted, Some(GcAbortCause::ProtectFailed));
+    // The report carries the callback's error, cause and all.
+    let protect_error = rep.protect_error.as_ref().expect("the callback's error");
+    assert_eq!(protect_error.kind(), store_types::ErrorKind::Unavailable);
+    assert!(
+        store_types::Report::new(protect_error)
+            .to_string()
+            .contains("policy service unavailable"),
+        "{protect_error:?}"
+    );
     assert_eq!(rep.total.deleted, 0);
     assert!(h.store.has(&key).await.unwrap());
     assert_eq!(h.store.window().staged_count().await.unwrap(), 1);
-    // Direct deletes are refused with an error too.
-    assert!(matches!(h.store.delete(&key).await, Err(Error::Backend(_))));
+    // Direct deletes are refused with an error too, which keeps its cause.
+    let refused = h.store.delete(&key).await.unwrap_err();
+    assert!(matches!(refused, Error::Backend(_)), "{refused:?}");
+    assert!(
+        store_types::Report::new(&refused)
+            .to_string()
+            .contains("policy service unavailable"),
+        "{refused:?}"
+    );
     protector.fail(false);
     assert_eq!(sweep(&h).await.total.deleted, 1);
 }
@@ -722,12 +738,16 @@ struct FailsLater {
 
 #[async_trait::async_trait]
 impl store_core::LivenessSource for FailsLater {
-    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, store_types::Error> {
         let n = self
             .probes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if n + 1 >= self.fail_from {
-            return Err("injected: the reference database went away".into());
+            return Err(store_types::Error::backend(
+                store_types::ErrorKind::ConnectionLost,
+                "query reference database",
+            )
+            .with_source("injected: the reference database went away"));
         }
         Ok(vec![false; keys.len()])
     }
@@ -765,6 +785,13 @@ pub async fn failure_after_committed_batches_reports_counts(spec: Spec) {
             assert_eq!(deleted, 1, "the committed batch is reported");
             assert_eq!(bytes_freed, 9);
             assert!(matches!(*cause, Error::Backend(_)), "{cause:?}");
+            // The source's kind and message survive the sweep's wrapping.
+            assert!(cause.is_transient(), "{cause:?}");
+            let chain = store_types::Report::new(&*cause).to_string();
+            assert!(
+                chain.contains("the reference database went away"),
+                "{chain}"
+            );
         }
         other => panic!("expected SweepIncomplete, got {other:?}"),
     }

@@ -37,9 +37,8 @@ impl StagedWrite for CrashStage {
     }
     async fn publish(self: Box<Self>, _key: &Key) -> Result<PublishOutcome> {
         self.0.abort().await?;
-        Err(Error::Io(
-            "injected crash before the publishing rename".into(),
-        ))
+        Err(Error::io(store_types::ErrorKind::Other, "injected publish")
+            .with_source("injected crash before the publishing rename"))
     }
     async fn abort(self: Box<Self>) -> Result<()> {
         self.0.abort().await
@@ -123,9 +122,10 @@ impl PinClauses for FailingPins {
         self.0.put_pinned(k, b, p).await
     }
     async fn pin_first(&self, _k: &Key, _p: &PinIntent) -> Result<()> {
-        Err(Error::Backend(
-            "injected crash before the pin row committed".into(),
-        ))
+        Err(
+            Error::backend(store_types::ErrorKind::Other, "injected pin")
+                .with_source("injected crash before the pin row committed"),
+        )
     }
     async fn bind_liveness_table(
         &self,

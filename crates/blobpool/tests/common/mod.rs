@@ -60,7 +60,7 @@ struct NothingReferenced;
 
 #[async_trait::async_trait]
 impl LivenessSource for NothingReferenced {
-    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, String> {
+    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>, store_types::Error> {
         Ok(vec![false; keys.len()])
     }
 }

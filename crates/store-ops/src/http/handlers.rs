@@ -48,7 +48,7 @@ pub(super) fn fail(ops: &Ops, mut e: OpsError) -> Response {
     } else {
         tracing::debug!(request_id = %id, "{e}");
     }
-    if e.code == ErrorCode::Internal {
+    if e.code.redacts_message() {
         e.message = redacted_message();
     }
     let mut resp = (status, Json(e.body())).into_response();
@@ -202,7 +202,7 @@ pub(super) async fn put_blob(
             resp
         }
         Err(mut e) => {
-            if body_failed.load(Ordering::SeqCst) && e.code == ErrorCode::Internal {
+            if body_failed.load(Ordering::SeqCst) && e.code.redacts_message() {
                 e = OpsError::new(ErrorCode::IncompleteBody, e.message);
             }
             fail(&ops, e)
