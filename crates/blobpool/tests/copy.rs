@@ -732,7 +732,11 @@ async fn copy_throughput() {
             let v = summary(&run(c).await, 0);
             let secs = v["seconds"].as_f64().unwrap();
             let copied = v["copied"].as_u64().unwrap();
-            let want = if ns == "small" { small.len() } else { large.len() } as u64;
+            let want = if ns == "small" {
+                small.len()
+            } else {
+                large.len()
+            } as u64;
             assert_eq!(copied, want, "{what} {ns}: {v}");
             let n = copied as f64;
             let mb = v["bytes"].as_u64().unwrap() as f64 / 1e6;

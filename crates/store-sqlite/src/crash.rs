@@ -189,7 +189,10 @@ impl CrashModel {
         // SAFETY: sqlite3_vfs_find accepts NULL (the default VFS) or a name.
         let inner = unsafe { ffi::sqlite3_vfs_find(c"unix".as_ptr()) };
         if inner.is_null() {
-            return Err(Error::backend(ErrorKind::Unsupported, "crash model: find the unix VFS"));
+            return Err(Error::backend(
+                ErrorKind::Unsupported,
+                "crash model: find the unix VFS",
+            ));
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name = CString::new(format!("blobpool-crash-{}-{id}", std::process::id()))
@@ -275,13 +278,14 @@ impl CrashModel {
         let deadline = Instant::now() + timeout;
         while self.open_files() > 0 {
             if Instant::now() >= deadline {
-                return Err(
-                    Error::backend(ErrorKind::TimedOut, "crash model: wait for files to close")
-                        .with_source(format!(
-                            "{} files still open after {timeout:?}",
-                            self.open_files()
-                        )),
-                );
+                return Err(Error::backend(
+                    ErrorKind::TimedOut,
+                    "crash model: wait for files to close",
+                )
+                .with_source(format!(
+                    "{} files still open after {timeout:?}",
+                    self.open_files()
+                )));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -318,9 +322,8 @@ impl CrashModel {
                 if let Some(&id) = dir.live.get(name) {
                     let inode = &state.inodes[id];
                     let expect = inode.volatile();
-                    let found = std::fs::read(&path).map_err(|e| {
-                        Error::from_io("crash model: read", e).with_path(&path)
-                    })?;
+                    let found = std::fs::read(&path)
+                        .map_err(|e| Error::from_io("crash model: read", e).with_path(&path))?;
                     if found != expect {
                         return Err(Error::backend(
                             ErrorKind::InvalidData,
@@ -364,7 +367,9 @@ impl CrashModel {
                             Ok(()) => {}
                             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                             Err(e) => {
-                                return Err(Error::from_io("crash model: remove", e).with_path(&path))
+                                return Err(
+                                    Error::from_io("crash model: remove", e).with_path(&path)
+                                )
                             }
                         }
                     }
