@@ -24,8 +24,9 @@
 //!
 //! - every acknowledged put reads back verified (unless the scenario's own
 //!   sweep could delete it); an unacknowledged one is absent or complete;
-//! - `get`, `has`, `stat` and `list` agree on what exists, nothing else is
-//!   listed, and `Store::verify` finds every entry sound;
+//! - `get`, `has`, `has_many`, `stat`, `list` and `stats` agree on what
+//!   exists, nothing else is listed, and `Store::verify` finds every entry
+//!   sound;
 //! - an acknowledged reference survives and points at its entry, which is
 //!   present; a surviving unacknowledged reference points at the digest it
 //!   was set to, whose entry is present (no reference dangles);
@@ -575,6 +576,26 @@ async fn check(dir: &tempfile::TempDir, clock: &ManualClock, rec: &Record, conte
     );
     for (d, size) in &listed {
         assert_eq!(*size, rec.entries[d].len() as u64, "{context}: listed size");
+    }
+    let digests: Vec<Digest> = rec.entries.keys().copied().collect();
+    let many = store.has_many(&ns(), &digests).await.unwrap();
+    for (d, has) in digests.iter().zip(many) {
+        assert_eq!(has, present.contains(d), "{context}: has_many {d}");
+    }
+    // Per tier: the entries and bytes the statistics count are the present
+    // ones (a small entry in the kv tier, a large one in the local tier).
+    let stats = store.stats(Some(&ns())).await.unwrap();
+    for tier in [Tier::Kv, Tier::Large] {
+        let mine = present
+            .iter()
+            .map(|d| rec.entries[d].len() as u64)
+            .filter(|len| (*len > THRESHOLD) == (tier == Tier::Large));
+        let counted = stats
+            .iter()
+            .filter(|s| s.tier == tier)
+            .fold((0, 0), |(n, b), s| (n + s.entries, b + s.bytes));
+        let expect = mine.fold((0, 0), |(n, b), len| (n + 1, b + len));
+        assert_eq!(counted, expect, "{context}: {tier:?} stats {stats:?}");
     }
     let v = store.verify(&VerifyOptions::new()).await.unwrap();
     assert_eq!(
