@@ -111,7 +111,7 @@ fn key(data: &[u8]) -> Key {
 }
 
 /// What a scenario did, for the checks after the reopen.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Record {
     /// Every content the scenario put (or found prepared), by digest.
     entries: BTreeMap<Digest, Vec<u8>>,
@@ -173,9 +173,12 @@ async fn open(
 /// A scenario: what it does with the store of one life (which may crash
 /// at any point), and what it prepares in the files beforehand.
 trait Scenario {
+    /// For messages.
     fn name(&self) -> &'static str;
-    /// Fills `dir` (no crash model) before the crashed life; default none.
+    /// Fills `dir` (never crashed) before the lives, which start from a
+    /// copy; default: nothing.
     async fn prepare(&self, _seed: u64, _dir: &Path, _clock: &ManualClock, _rec: &mut Record) {}
+    /// The crashed life: every failure must be explained by the crash.
     async fn run(
         &self,
         seed: u64,
@@ -426,7 +429,7 @@ async fn template<S: Scenario>(scenario: &S, seed: u64) -> Template {
 async fn life<S: Scenario>(scenario: &S, t: &Template, seed: u64, crash_at: Option<u64>) -> Life {
     let dir = scratch();
     copy_tree(t.dir.path(), dir.path());
-    let mut rec = t.rec.clone_record();
+    let mut rec = t.rec.clone();
     let clock = ManualClock::new(start());
     let switch = CrashSwitch::new();
     let sqlite_model = store_sqlite::crash::CrashModel::new(switch.clone()).unwrap();
@@ -501,17 +504,6 @@ struct Life {
     stages: usize,
     /// Operations acknowledged after the crash.
     late_acks: u64,
-}
-
-impl Record {
-    fn clone_record(&self) -> Record {
-        Record {
-            entries: self.entries.clone(),
-            required: self.required.clone(),
-            refs: self.refs.clone(),
-            late_acks: 0,
-        }
-    }
 }
 
 /// The checks after the reopen (see the module docs).
