@@ -17,8 +17,10 @@
 //!   [`Store::refs`] (references live in SQLite);
 //! - **sweep**: a `Refs` namespace holding referenced and unreferenced
 //!   small and large entries (prepared once and copied for each life):
-//!   a sweep (mark), a reference set on a staged entry, the clock moved
-//!   past the window, a sweep (execute: deletes and a rescue).
+//!   a sweep (mark), a reference set on a staged entry, a deduplicated put
+//!   of another staged entry (its receipt held), a new large put, the
+//!   clock moved past the window, a sweep (execute: deletes and two
+//!   rescues; the new entry is kept).
 //!
 //! After the reopen:
 //!
@@ -35,9 +37,10 @@
 //!   delete exactly the present unreferenced entries, keep every
 //!   referenced one, and report counts that add up.
 //!
-//! Entries protected by pins of receipts held across the crash are not
-//! checked: pins are in-process state and die with the process; what
-//! protects data across a crash is a reference.
+//! A pin (a held receipt) protects through the life's sweep — checked when
+//! that sweep completes — but not across a crash: pins are in-process
+//! state and die with the process; what protects data across a crash is a
+//! reference.
 //!
 //! Seeds: `BLOBPOOL_CRASH_SEEDS` (default 3); `cargo xtask soak` sets it
 //! high.
@@ -371,22 +374,46 @@ impl Scenario for Sweep {
         // A reference to a staged entry: the execute must rescue it.
         let late = Digest::of(&entries[n - 1].0);
         set_ref(store, switch, rec, n - 1, late).await;
-        if rec.refs[&(n - 1)].1 {
+        let late_acked = rec.refs[&(n - 1)].1;
+        if late_acked {
             rec.required.insert(late);
         }
+        // A deduplicated put of a staged large entry, its receipt (and so
+        // its pin) held through the execute: rescued too. After a crash the
+        // pin is gone with the process and the entry is garbage again.
+        let pinned = &entries[3].0;
+        let receipt = match store
+            .put(&ns(), &pinned[..], Some(pinned.len() as u64), None)
+            .await
+        {
+            Ok(receipt) => {
+                assert!(receipt.deduplicated);
+                Some(receipt)
+            }
+            Err(e) => {
+                failed(switch, "deduplicated put", &e);
+                None
+            }
+        };
+        // A new large entry put between mark and execute: the execute
+        // must not touch it (the mark after it stages it).
+        let fresh = blob(&mut StdRng::seed_from_u64(seed ^ 0xf7e5), true);
+        let fresh_acked = put(store, switch, rec, &fresh).await;
         clock.advance(PAST_WINDOW);
         match store.sweep(SweepOptions { batch: 3 }).await {
             Ok(r) => {
-                let expect_rescued = u64::from(rec.refs[&(n - 1)].1);
-                assert_eq!(
-                    r.total.deleted,
-                    (n - 3) as u64 + 1 - expect_rescued,
-                    "{r:?}"
-                );
-                assert_eq!(r.total.rescued, expect_rescued, "{r:?}");
+                let rescued = u64::from(late_acked) + u64::from(receipt.is_some());
+                assert_eq!(r.total.deleted, (n - 2) as u64 - rescued, "{r:?}");
+                assert_eq!(r.total.rescued, rescued, "{r:?}");
+                assert_eq!(r.total.staged, u64::from(fresh_acked), "{r:?}");
+                if receipt.is_some() {
+                    // Not deleted by this sweep, and no later one runs.
+                    rec.required.insert(Digest::of(pinned));
+                }
             }
             Err(e) => failed(switch, "execute sweep", &e),
         }
+        drop(receipt);
     }
 }
 
