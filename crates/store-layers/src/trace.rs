@@ -114,7 +114,7 @@ impl EngineLayer for TraceLayer {
                         }
                     }
                     Err(e) => tracing::warn!(
-                        error = %e,
+                        error = %store_types::Report::new(e),
                         variant = error_variant(e),
                         elapsed_us,
                         "engine op failed"

@@ -149,7 +149,9 @@ async fn a_faulted_put_fails_cleanly() {
             let data = content(1, BIG);
             let err = f.put(&data).await.expect_err(&what);
             assert!(
-                err.to_string().contains("injected fault"),
+                store_types::Report::new(&err)
+                    .to_string()
+                    .contains("injected fault"),
                 "{what}: the injected error surfaces: {err}"
             );
             f.assert_nothing_left(&data).await;
@@ -434,7 +436,9 @@ async fn a_lost_acknowledgement_never_leaves_a_wrong_entry() {
     let data = content(6, 200);
     let err = f.put(&data).await.expect_err("the acknowledgement is lost");
     assert!(
-        err.to_string().contains("after the engine answered"),
+        store_types::Report::new(&err)
+            .to_string()
+            .contains("after the engine answered"),
         "{err}"
     );
     let key = f.put(&data).await.unwrap();

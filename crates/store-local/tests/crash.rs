@@ -652,7 +652,10 @@ async fn the_dead_engine_fails_and_changes_nothing() {
     let err = put_chunked(&engine, &Key::new(ns("a"), Digest::of(b"x")), b"x", &[1])
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("crash"), "{err}");
+    assert!(
+        store_types::Report::new(&err).to_string().contains("crash"),
+        "{err}"
+    );
     assert!(engine
         .delete_many(&key.namespace, &[key.digest])
         .await
