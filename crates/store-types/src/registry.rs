@@ -377,6 +377,12 @@ pub trait EngineFactory: Send + Sync + 'static {
     fn describe(&self, url: &EngineUrl, tier: Tier, options: &Options) -> String;
 
     /// Opens `url` as a kv engine. Default: this engine has no kv tier.
+    ///
+    /// Implementations must be cancel-safe: a dropped open may leave a
+    /// created-but-empty database, directory or connection pool behind
+    /// (an open is idempotent, so the next one adopts it), never a half
+    /// applied migration (migrations run in transactions) or a held
+    /// instance lock (locks are taken by the store builder, later).
     async fn open_kv(&self, url: &EngineUrl, options: &Options) -> Result<Opened<dyn KvEngine>> {
         let _ = options;
         Err(Error::Config(format!(
@@ -387,7 +393,7 @@ pub trait EngineFactory: Send + Sync + 'static {
     }
 
     /// Opens `url` as a large engine. Default: this engine has no large
-    /// tier.
+    /// tier. Cancel-safe under the same rule as [`EngineFactory::open_kv`].
     async fn open_large(
         &self,
         url: &EngineUrl,
