@@ -13,7 +13,7 @@ use crate::Inner;
 /// repeated.
 ///
 /// Transient means [`store_types::ErrorKind::is_transient`] of the error's kind (see
-/// [`kind_of`](crate::error::kind_of)): lost connections, timeouts and otherwise unclassified
+/// `kind_of` in `error.rs`): lost connections, timeouts and otherwise unclassified
 /// `Generic` failures (HTTP 5xx after the client's own retries), and
 /// `JoinError`. Answers — `NotFound`, `AlreadyExists`, preconditions — and
 /// configuration, permission or full-disk errors are never retried.
