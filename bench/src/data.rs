@@ -29,13 +29,7 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 /// the same content.
 fn salt() -> u64 {
     static SALT: OnceLock<u64> = OnceLock::new();
-    *SALT.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as u64;
-        splitmix(nanos ^ ((std::process::id() as u64) << 32))
-    })
+    *SALT.get_or_init(store_types::layout::random_salt)
 }
 
 fn splitmix(mut x: u64) -> u64 {

@@ -204,6 +204,16 @@ pub fn ns() -> Namespace {
     Namespace::new("contract").expect("valid")
 }
 
+/// The namespace `name`, for a test that needs its own (a name shared
+/// with a helper binary, or several namespaces side by side).
+///
+/// # Panics
+///
+/// If `name` is not a valid namespace: a bug in the test.
+pub fn ns_named(name: &str) -> Namespace {
+    Namespace::new(name).expect("valid namespace")
+}
+
 /// `opened`'s test hooks; the suite needs every engine to have them.
 fn hooks<E: ?Sized>(opened: &Opened<E>, what: &str) -> Arc<dyn Testing> {
     opened.testing.clone().unwrap_or_else(|| {

@@ -26,7 +26,7 @@ pub mod layered;
 pub mod pg;
 pub mod support;
 
-pub use harness::{ns, Harness, ObjectBackend, Opts, Spec, THRESHOLD};
+pub use harness::{ns, ns_named, Harness, ObjectBackend, Opts, Spec, THRESHOLD};
 
 // The composites: engines by registry URL (store-registry; placeholders
 // in `harness`). A dual-tier composite may also be written in place, in

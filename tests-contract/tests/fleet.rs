@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use store_core::{Error, GcAbortCause, Key, Mode, Namespace, ProtectCallback, Store, SweepOptions};
+use store_core::{Error, GcAbortCause, Key, Mode, ProtectCallback, Store, SweepOptions};
 use store_local::{LocalEngine, LocalOptions};
 use store_mem::MemEngine;
 use store_object::s3_testing::TestBucket;
@@ -19,12 +19,12 @@ use store_sqlite::{SqliteEngine, SqliteOptions};
 use store_types::{Digest, KvEngine};
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge, SkewedClock};
+use tests_contract::ns_named;
 use tests_contract::{ObjectBackend, THRESHOLD};
 use tokio::sync::Notify;
 
-fn ns() -> Namespace {
-    Namespace::new("fleet").unwrap()
-}
+/// This file's namespace (the `fleet-sweeper` binary uses it too).
+const NS: &str = "fleet";
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -179,7 +179,7 @@ async fn construction_matrix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn liveness_registration_forms() {
     let env = FleetEnv::new(FleetLarge::None, MIN, MIN).await;
-    let node = env.node("a", &ns()).await;
+    let node = env.node("a", &ns_named(NS)).await;
     struct Never;
     #[async_trait]
     impl store_core::LivenessSource for Never {
@@ -188,23 +188,25 @@ async fn liveness_registration_forms() {
         }
     }
     assert!(matches!(
-        node.register_liveness_source(ns(), Arc::new(Never)).await,
+        node.register_liveness_source(ns_named(NS), Arc::new(Never)).await,
         Err(Error::Config(m)) if m.contains("in-process callbacks")
     ));
     let missing = store_core::LivenessTable::new(&env.pg.kv_schema, "no_such_table", "digest");
     assert!(matches!(
-        node.register_liveness_source(ns(), missing).await,
+        node.register_liveness_source(ns_named(NS), missing).await,
         Err(Error::Config(_))
     ));
     let bad_col = store_core::LivenessTable::new(&env.pg.kv_schema, "refs", "nope");
     assert!(matches!(
-        node.register_liveness_source(ns(), bad_col).await,
+        node.register_liveness_source(ns_named(NS), bad_col).await,
         Err(Error::Config(_))
     ));
     // The table form is refused by a non-fleet store.
     let plain = Store::builder().kv(MemEngine::new()).build().await.unwrap();
     assert!(matches!(
-        plain.register_liveness_source(ns(), env.refs()).await,
+        plain
+            .register_liveness_source(ns_named(NS), env.refs())
+            .await,
         Err(Error::Config(_))
     ));
 }
@@ -225,11 +227,16 @@ impl ProtectCallback for Park {
 async fn concurrent_sweeps_exactly_one_runs() {
     let env = FleetEnv::new(FleetLarge::PgLo, Duration::ZERO, MIN).await;
     let nodes = [
-        env.node("a", &ns()).await,
-        env.node("b", &ns()).await,
-        env.node("c", &ns()).await,
+        env.node("a", &ns_named(NS)).await,
+        env.node("b", &ns_named(NS)).await,
+        env.node("c", &ns_named(NS)).await,
     ];
-    drop(nodes[0].put(&ns(), &b"x"[..], None, None).await.unwrap());
+    drop(
+        nodes[0]
+            .put(&ns_named(NS), &b"x"[..], None, None)
+            .await
+            .unwrap(),
+    );
     let gate = Arc::new((Notify::new(), Notify::new()));
     nodes[0].set_protect(Arc::new(Park(gate.clone())));
     let a = nodes[0].clone();
@@ -251,7 +258,7 @@ async fn concurrent_sweeps_exactly_one_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_exactly_one_sweeps() {
     let env = FleetEnv::new(FleetLarge::None, MIN, MIN).await;
-    drop(env.node("setup", &ns()).await); // creates tables
+    drop(env.node("setup", &ns_named(NS)).await); // creates tables
     let bin = env!("CARGO_BIN_EXE_fleet-sweeper");
     let spawn = || {
         std::process::Command::new(bin)
@@ -304,12 +311,15 @@ async fn object_store_fleet_interleaved_puts_and_sweeps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_store_fleet_racing_puts_of_one_blob() {
     let env = FleetEnv::new(FleetLarge::Object, MIN, MIN).await;
-    let (a, b) = (env.node("a", &ns()).await, env.node("b", &ns()).await);
+    let (a, b) = (
+        env.node("a", &ns_named(NS)).await,
+        env.node("b", &ns_named(NS)).await,
+    );
     for round in 0..4u64 {
         let data = Arc::new(content(200 + round, THRESHOLD as usize * 5));
         let puts = [a.clone(), b.clone(), a.clone(), b.clone()].map(|n| {
             let data = data.clone();
-            tokio::spawn(async move { n.put(&ns(), &data[..], None, None).await })
+            tokio::spawn(async move { n.put(&ns_named(NS), &data[..], None, None).await })
         });
         let mut fresh = 0;
         let mut key = None;
@@ -336,7 +346,10 @@ async fn object_store_fleet_racing_puts_of_one_blob() {
 async fn interleaved_puts_and_sweeps(large: FleetLarge) {
     let ttl = Duration::from_secs(30);
     let env = FleetEnv::new(large, Duration::ZERO, ttl).await;
-    let (a, b) = (env.node("a", &ns()).await, env.node("b", &ns()).await);
+    let (a, b) = (
+        env.node("a", &ns_named(NS)).await,
+        env.node("b", &ns_named(NS)).await,
+    );
     let items: Vec<Vec<u8>> = (0..6)
         .map(|i| {
             content(
@@ -351,7 +364,7 @@ async fn interleaved_puts_and_sweeps(large: FleetLarge) {
         .collect();
     let keys: Vec<Key> = items
         .iter()
-        .map(|d| Key::new(ns(), Digest::of(d)))
+        .map(|d| Key::new(ns_named(NS), Digest::of(d)))
         .collect();
     let mut pinned_until = [0i64; 6];
     let mut referenced = [false; 6];
@@ -366,7 +379,11 @@ async fn interleaved_puts_and_sweeps(large: FleetLarge) {
         match (rng >> 8) % 5 {
             0 | 1 => {
                 let node = if rng & 1 == 0 { &a } else { &b };
-                drop(node.put(&ns(), &items[i][..], None, None).await.unwrap());
+                drop(
+                    node.put(&ns_named(NS), &items[i][..], None, None)
+                        .await
+                        .unwrap(),
+                );
                 pinned_until[i] = now() + ttl.as_millis() as i64;
             }
             2 => {
@@ -406,9 +423,12 @@ async fn interleaved_puts_and_sweeps(large: FleetLarge) {
 async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
     let ttl = Duration::from_secs(60);
     let env = FleetEnv::new(FleetLarge::SharedLocal, Duration::ZERO, ttl).await;
-    let (a, b) = (env.node("a", &ns()).await, env.node("b", &ns()).await);
+    let (a, b) = (
+        env.node("a", &ns_named(NS)).await,
+        env.node("b", &ns_named(NS)).await,
+    );
     let data = content(80, THRESHOLD as usize * 2);
-    let r = a.put(&ns(), &data[..], None, None).await.unwrap();
+    let r = a.put(&ns_named(NS), &data[..], None, None).await.unwrap();
     let key = r.key().clone();
     drop(r);
     env.advance(Duration::from_secs(40)).await;
@@ -430,7 +450,7 @@ async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
     sweep(&b).await;
     assert!(!a.has(&key).await.unwrap(), "unpinned, unreferenced: swept");
     // The backstop: re-put restores it (and pins it again).
-    let again = a.put(&ns(), &data[..], None, None).await.unwrap();
+    let again = a.put(&ns_named(NS), &data[..], None, None).await.unwrap();
     assert!(!again.deduplicated);
     assert!(a.has(&key).await.unwrap());
     assert_eq!(env.pin_rows(&key).await, 1);
@@ -439,7 +459,8 @@ async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
 /// A node whose clock is `skew_ms` off the fleet's shared clock.
 async fn skewed_node(env: &FleetEnv, owner: &str, skew_ms: i64) -> Store {
     let clock = SkewedClock::new(env.clock.clone(), skew_ms);
-    env.node_with_clock(owner, &ns(), Arc::new(clock)).await
+    env.node_with_clock(owner, &ns_named(NS), Arc::new(clock))
+        .await
 }
 
 const SIX_HOURS_MS: i64 = 6 * 3600 * 1000;
@@ -454,12 +475,12 @@ async fn pin_expiry_ignores_a_skewed_putter_clock() {
         let ttl = MIN;
         let env = FleetEnv::new(FleetLarge::PgLo, Duration::ZERO, ttl).await;
         let a = skewed_node(&env, "a", skew_ms).await;
-        let b = env.node("b", &ns()).await;
+        let b = env.node("b", &ns_named(NS)).await;
         // One kv entry (put_pinned), one large object (joint publish).
         let mut receipts = Vec::new();
         for (seed, len) in [(110, 100), (111, THRESHOLD as usize * 2)] {
             let data = content(seed + skew_ms.unsigned_abs() % 7, len);
-            receipts.push(a.put(&ns(), &data[..], None, None).await.unwrap());
+            receipts.push(a.put(&ns_named(NS), &data[..], None, None).await.unwrap());
         }
         let keys: Vec<Key> = receipts.iter().map(|r| r.key().clone()).collect();
         let present = |n: &'static str| {
@@ -509,7 +530,7 @@ async fn window_case(skew_ms: i64, skewed_stages: bool) {
     let (window, ttl) = (MIN, Duration::from_secs(1));
     let env = FleetEnv::new(FleetLarge::None, window, ttl).await;
     let skewed = skewed_node(&env, "skewed", skew_ms).await;
-    let right = env.node("right", &ns()).await;
+    let right = env.node("right", &ns_named(NS)).await;
     let (stager, executor) = if skewed_stages {
         (&skewed, &right)
     } else {
@@ -518,7 +539,7 @@ async fn window_case(skew_ms: i64, skewed_stages: bool) {
     let at = format!("skew {skew_ms} ms, skewed node stages: {skewed_stages}");
     let data = content(120, 100);
     let key = stager
-        .put(&ns(), &data[..], None, None)
+        .put(&ns_named(NS), &data[..], None, None)
         .await
         .unwrap()
         .key()

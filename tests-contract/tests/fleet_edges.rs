@@ -7,16 +7,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_core::{GcAbortCause, Key, Namespace, Store, SweepOptions, FENCE_GRACE};
+use store_core::{GcAbortCause, Key, Store, SweepOptions, FENCE_GRACE};
 use store_types::{Digest, KvEngine, LargeEngine};
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
 use tests_contract::hook::{hooked_large, DeleteHook};
+use tests_contract::ns_named;
 use tests_contract::THRESHOLD;
 
-fn ns() -> Namespace {
-    Namespace::new("edges").unwrap()
-}
+/// This file's namespace.
+const NS: &str = "edges";
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -39,7 +39,7 @@ async fn hooked_node(env: &FleetEnv, owner: &str, hook: &Arc<DeleteHook>) -> Sto
         .await
         .expect("build hooked node");
     store
-        .register_liveness_source(ns(), env.refs())
+        .register_liveness_source(ns_named(NS), env.refs())
         .await
         .unwrap();
     store
@@ -85,13 +85,13 @@ async fn entered(hook: &DeleteHook) {
 /// node's sweeps while the guard (and its pin row) lives.
 async fn pin_protects_across_nodes(large: FleetLarge) {
     let env = FleetEnv::new(large, Duration::ZERO, TTL).await;
-    let a = env.node("a", &ns()).await;
-    let b = env.node("b", &ns()).await;
+    let a = env.node("a", &ns_named(NS)).await;
+    let b = env.node("b", &ns_named(NS)).await;
     let data = match large {
         FleetLarge::None => content(7, 100),
         _ => big(7),
     };
-    let r = a.put(&ns(), &data[..], None, None).await.unwrap();
+    let r = a.put(&ns_named(NS), &data[..], None, None).await.unwrap();
     let key = r.key().clone();
     drop(r);
     let guard = a.pin(&key).await.unwrap().expect("present");
@@ -133,10 +133,10 @@ async fn session_loss_mid_delete(large: FleetLarge) {
     let env = FleetEnv::new(large, Duration::ZERO, TTL).await;
     let hook = DeleteHook::new();
     let a = hooked_node(&env, "a", &hook).await;
-    let b = env.node("b", &ns()).await;
+    let b = env.node("b", &ns_named(NS)).await;
     let data = big(11);
-    let r = b.put(&ns(), &data[..], None, None).await.unwrap();
-    let key = Key::new(ns(), Digest::of(&data));
+    let r = b.put(&ns_named(NS), &data[..], None, None).await.unwrap();
+    let key = Key::new(ns_named(NS), Digest::of(&data));
     drop(r);
     env.advance(TTL + Duration::from_secs(1)).await; // the put's pin row expires
     assert_eq!(sweep(&a).await.total.staged, 1);
@@ -152,7 +152,7 @@ async fn session_loss_mid_delete(large: FleetLarge) {
     let putter = {
         let b = b.clone();
         let data = data.clone();
-        tokio::spawn(async move { b.put(&ns(), &data[..], None, None).await })
+        tokio::spawn(async move { b.put(&ns_named(NS), &data[..], None, None).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -209,10 +209,10 @@ async fn crashed_sweepers_fences_are_finished_by_the_next_sweep() {
     let env = FleetEnv::new(FleetLarge::SharedLocal, Duration::ZERO, TTL).await;
     let hook = DeleteHook::new();
     let a = hooked_node(&env, "a", &hook).await;
-    let b = env.node("b", &ns()).await;
+    let b = env.node("b", &ns_named(NS)).await;
     let data = big(12);
-    let key = Key::new(ns(), Digest::of(&data));
-    drop(b.put(&ns(), &data[..], None, None).await.unwrap());
+    let key = Key::new(ns_named(NS), Digest::of(&data));
+    drop(b.put(&ns_named(NS), &data[..], None, None).await.unwrap());
     env.advance(TTL + Duration::from_secs(1)).await;
     assert_eq!(sweep(&a).await.total.staged, 1);
     hook.fail_deletes(true);
@@ -223,7 +223,7 @@ async fn crashed_sweepers_fences_are_finished_by_the_next_sweep() {
     let putter = {
         let b = b.clone();
         let data = data.clone();
-        tokio::spawn(async move { b.put(&ns(), &data[..], None, None).await })
+        tokio::spawn(async move { b.put(&ns_named(NS), &data[..], None, None).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!putter.is_finished(), "the fence holds puts of the key");
@@ -248,15 +248,21 @@ async fn crashed_sweepers_fences_are_finished_by_the_next_sweep() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn liveness_registrations_are_shared_by_the_fleet() {
     let env = FleetEnv::new(FleetLarge::SharedLocal, Duration::ZERO, TTL).await;
-    let a = env.node("a", &ns()).await; // registers the refs table
+    let a = env.node("a", &ns_named(NS)).await; // registers the refs table
     let kv: Arc<dyn KvEngine> = Arc::new(env.kv().await);
     let b = env
         .builder("b", kv, env.large_engine().await)
         .build()
         .await
         .unwrap(); // registers nothing
-    let kept = b.put(&ns(), &b"referenced"[..], None, None).await.unwrap();
-    let gone = b.put(&ns(), &b"garbage"[..], None, None).await.unwrap();
+    let kept = b
+        .put(&ns_named(NS), &b"referenced"[..], None, None)
+        .await
+        .unwrap();
+    let gone = b
+        .put(&ns_named(NS), &b"garbage"[..], None, None)
+        .await
+        .unwrap();
     let (kept, gone) = {
         let keys = (kept.key().clone(), gone.key().clone());
         drop((kept, gone)); // the receipts' pins
@@ -273,13 +279,15 @@ async fn liveness_registrations_are_shared_by_the_fleet() {
     );
     assert!(!b.has(&gone).await.unwrap(), "b swept the namespace");
     // Idempotent: registering again through b adds nothing.
-    b.register_liveness_source(ns(), env.refs()).await.unwrap();
+    b.register_liveness_source(ns_named(NS), env.refs())
+        .await
+        .unwrap();
     assert!(b
-        .deregister_liveness_table(&ns(), &env.refs())
+        .deregister_liveness_table(&ns_named(NS), &env.refs())
         .await
         .unwrap());
     assert!(!a
-        .deregister_liveness_table(&ns(), &env.refs())
+        .deregister_liveness_table(&ns_named(NS), &env.refs())
         .await
         .unwrap());
     let after = sweep(&a).await;
@@ -296,11 +304,11 @@ async fn a_second_delete_never_clears_the_first_ones_fence() {
     let env = FleetEnv::new(FleetLarge::SharedLocal, Duration::ZERO, TTL).await;
     let hook = DeleteHook::new();
     let a = hooked_node(&env, "a", &hook).await;
-    let b = env.node("b", &ns()).await;
-    let c = env.node("c", &ns()).await;
+    let b = env.node("b", &ns_named(NS)).await;
+    let c = env.node("c", &ns_named(NS)).await;
     let data = big(13);
-    let key = Key::new(ns(), Digest::of(&data));
-    drop(c.put(&ns(), &data[..], None, None).await.unwrap());
+    let key = Key::new(ns_named(NS), Digest::of(&data));
+    drop(c.put(&ns_named(NS), &data[..], None, None).await.unwrap());
     env.advance(TTL + Duration::from_secs(1)).await;
     assert_eq!(sweep(&a).await.total.staged, 1);
     hook.arm();
@@ -320,7 +328,7 @@ async fn a_second_delete_never_clears_the_first_ones_fence() {
     );
     let putter = {
         let (c, data) = (c.clone(), data.clone());
-        tokio::spawn(async move { c.put(&ns(), &data[..], None, None).await })
+        tokio::spawn(async move { c.put(&ns_named(NS), &data[..], None, None).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(

@@ -12,11 +12,11 @@ use store_core::{Key, Liveness, Namespace, Store, SweepOptions, SweepReport};
 use store_types::{KvEngine, LivenessTable, RefExpect, RefName};
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
+use tests_contract::ns_named;
 use tests_contract::THRESHOLD;
 
-fn ns() -> Namespace {
-    Namespace::new("fleet-refs").unwrap()
-}
+/// This file's namespace.
+const NS: &str = "fleet-refs";
 
 fn name(s: &str) -> RefName {
     RefName::new(s).unwrap()
@@ -51,7 +51,7 @@ async fn refs_table(env: &FleetEnv) -> LivenessTable {
 }
 
 async fn put(s: &Store, data: &[u8]) -> Key {
-    s.put(&ns(), data, None, None)
+    s.put(&ns_named(NS), data, None, None)
         .await
         .expect("put")
         .key()
@@ -72,7 +72,7 @@ async fn references_protect_across_nodes(large: FleetLarge) {
     assert_eq!(table.schema, env.pg.kv_schema);
     assert_eq!(table.namespace_column.as_deref(), Some("namespace"));
     for n in [&a, &b] {
-        n.register_liveness_source(ns(), Liveness::Table(table.clone()))
+        n.register_liveness_source(ns_named(NS), Liveness::Table(table.clone()))
             .await
             .expect("register the references table");
     }
@@ -91,7 +91,7 @@ async fn references_protect_across_nodes(large: FleetLarge) {
         // it is written).
         let refs = a.refs().expect("the facade's references");
         assert_eq!(
-            refs.set(&ns(), &ref_name, kept.digest, RefExpect::Absent)
+            refs.set(&ns_named(NS), &ref_name, kept.digest, RefExpect::Absent)
                 .await
                 .unwrap(),
             None
@@ -100,35 +100,35 @@ async fn references_protect_across_nodes(large: FleetLarge) {
 
         // Node B's sweep: the referenced entry is live, the other staged …
         let r = sweep(&b).await;
-        let c = &r.namespaces[&ns()];
+        let c = &r.namespaces[&ns_named(NS)];
         assert_eq!((c.staged, c.deleted), (1, 0), "{at}: {r:?}");
         assert_eq!(c.protected.live, 1, "{at}: {r:?}");
         env.advance(WINDOW).await;
         // … and deleted after the window; the referenced one survives.
         let r = sweep(&b).await;
-        assert_eq!(r.namespaces[&ns()].deleted, 1, "{at}: {r:?}");
+        assert_eq!(r.namespaces[&ns_named(NS)].deleted, 1, "{at}: {r:?}");
         assert!(present(&a, &b, &kept).await, "{at}: referenced entry lost");
         assert!(!present(&a, &b, &loose).await, "{at}: garbage kept");
 
         // A deletes the reference: B's next sweep stages the entry …
         assert_eq!(
-            refs.delete(&ns(), &ref_name, RefExpect::Digest(kept.digest))
+            refs.delete(&ns_named(NS), &ref_name, RefExpect::Digest(kept.digest))
                 .await
                 .unwrap(),
             Some(kept.digest)
         );
         let r = sweep(&b).await;
-        assert_eq!(r.namespaces[&ns()].staged, 1, "{at}: {r:?}");
+        assert_eq!(r.namespaces[&ns_named(NS)].staged, 1, "{at}: {r:?}");
         // … but a reference committed again before the delete executes
         // rescues it: the locked batch re-reads the table.
         let again = b.refs().expect("the facade's references on B");
         again
-            .set(&ns(), &ref_name, kept.digest, RefExpect::Absent)
+            .set(&ns_named(NS), &ref_name, kept.digest, RefExpect::Absent)
             .await
             .unwrap();
         env.advance(WINDOW.max(TTL) + Duration::from_secs(1)).await;
         let r = sweep(&b).await;
-        let c = &r.namespaces[&ns()];
+        let c = &r.namespaces[&ns_named(NS)];
         assert_eq!((c.deleted, c.rescued), (0, 1), "{at}: {r:?}");
         assert!(
             present(&a, &b, &kept).await,
@@ -136,21 +136,25 @@ async fn references_protect_across_nodes(large: FleetLarge) {
         );
 
         // Deleted for good: gone one window after the next sweep.
-        refs.delete(&ns(), &ref_name, RefExpect::Any).await.unwrap();
-        assert_eq!(sweep(&b).await.namespaces[&ns()].staged, 1, "{at}");
+        refs.delete(&ns_named(NS), &ref_name, RefExpect::Any)
+            .await
+            .unwrap();
+        assert_eq!(sweep(&b).await.namespaces[&ns_named(NS)].staged, 1, "{at}");
         assert!(
             present(&a, &b, &kept).await,
             "{at}: deleted inside the window"
         );
         env.advance(WINDOW).await;
         let r = sweep(&b).await;
-        assert_eq!(r.namespaces[&ns()].deleted, 1, "{at}: {r:?}");
+        assert_eq!(r.namespaces[&ns_named(NS)].deleted, 1, "{at}: {r:?}");
         assert!(
             !present(&a, &b, &kept).await,
             "{at}: unreferenced entry kept"
         );
         assert_eq!(
-            refs.referenced(&ns(), &[kept.digest]).await.unwrap(),
+            refs.referenced(&ns_named(NS), &[kept.digest])
+                .await
+                .unwrap(),
             [false]
         );
     }
@@ -178,7 +182,7 @@ async fn one_registration_serves_the_fleet_per_namespace() {
     let env = FleetEnv::new(FleetLarge::None, Duration::ZERO, TTL).await;
     let (a, b) = (bare_node(&env, "a").await, bare_node(&env, "b").await);
     let other = Namespace::new("fleet-refs-other").unwrap();
-    a.register_liveness_source(ns(), Liveness::Table(refs_table(&env).await))
+    a.register_liveness_source(ns_named(NS), Liveness::Table(refs_table(&env).await))
         .await
         .unwrap();
     // `other` is swept on the references table too, registered by B
@@ -195,12 +199,12 @@ async fn one_registration_serves_the_fleet_per_namespace() {
         .key()
         .clone();
     assert_eq!(here.digest, there.digest);
-    // A reference in `ns()` protects `ns()`'s entry, not `other`'s.
+    // A reference in `ns_named(NS)` protects `ns_named(NS)`'s entry, not `other`'s.
     env.kv()
         .await
         .refs()
         .unwrap()
-        .set(&ns(), &name("keep"), here.digest, RefExpect::Any)
+        .set(&ns_named(NS), &name("keep"), here.digest, RefExpect::Any)
         .await
         .unwrap();
     env.advance(TTL + Duration::from_secs(1)).await;

@@ -9,18 +9,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use store_core::{GcPolicy, Namespace, RefExpect, RefName, Store};
+use store_core::{GcPolicy, RefExpect, RefName, Store};
 use store_ops::{Ops, OpsConfig};
 use store_types::KvEngine;
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
+use tests_contract::ns_named;
 
 const TTL: Duration = Duration::from_secs(30);
 const GARBAGE: usize = 12;
 
-fn ns() -> Namespace {
-    Namespace::new("scheduled").unwrap()
-}
+/// This file's namespace.
+const NS: &str = "scheduled";
 
 async fn node(env: &FleetEnv, owner: &str) -> Store {
     let kv: Arc<dyn KvEngine> = Arc::new(env.kv().await);
@@ -29,7 +29,7 @@ async fn node(env: &FleetEnv, owner: &str) -> Store {
         .build()
         .await
         .expect("build fleet node");
-    s.set_gc_policy(ns(), GcPolicy::Refs)
+    s.set_gc_policy(ns_named(NS), GcPolicy::Refs)
         .await
         .expect("refs policy in a fleet");
     s
@@ -48,13 +48,13 @@ async fn two_fleet_schedulers_collect_garbage_once_and_keep_references() {
     let env = FleetEnv::new(FleetLarge::None, Duration::ZERO, TTL).await;
     let (a, b) = (node(&env, "a").await, node(&env, "b").await);
     let kept = a
-        .put(&ns(), &content(1, 100)[..], None, None)
+        .put(&ns_named(NS), &content(1, 100)[..], None, None)
         .await
         .unwrap();
     a.refs()
         .expect("postgres holds references")
         .set(
-            &ns(),
+            &ns_named(NS),
             &RefName::new("keep/me").unwrap(),
             kept.digest,
             RefExpect::Absent,
@@ -66,7 +66,7 @@ async fn two_fleet_schedulers_collect_garbage_once_and_keep_references() {
     for i in 0..GARBAGE {
         let node = if i % 2 == 0 { &a } else { &b };
         let r = node
-            .put(&ns(), &content(100 + i as u64, 100)[..], None, None)
+            .put(&ns_named(NS), &content(100 + i as u64, 100)[..], None, None)
             .await
             .unwrap();
         garbage.push(r.key().clone());

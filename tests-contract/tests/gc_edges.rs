@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_core::{Mode, Namespace, Store, SweepOptions};
+use store_core::{Mode, Store, SweepOptions};
 use store_mem::MemEngine;
+use tests_contract::ns_named;
 use tests_contract::support::LiveSet;
 
-fn ns() -> Namespace {
-    Namespace::new("tiers").unwrap()
-}
+/// This file's namespace.
+const NS: &str = "tiers";
 
 async fn store(kv: &MemEngine, large: &MemEngine, threshold: u64) -> Store {
     Store::builder()
@@ -34,14 +34,14 @@ async fn an_entry_in_both_tiers_is_counted_once_and_deleted_whole() {
     let data = [7u8; 40];
     let old = store(&kv, &large, 64).await;
     let key = old
-        .put(&ns(), &data[..], None, None)
+        .put(&ns_named(NS), &data[..], None, None)
         .await
         .unwrap()
         .key()
         .clone();
     drop(old);
     let s = store(&kv, &large, 16).await;
-    let r = s.put(&ns(), &data[..], None, None).await.unwrap();
+    let r = s.put(&ns_named(NS), &data[..], None, None).await.unwrap();
     assert_eq!(
         r.tier,
         store_core::Tier::Large,
@@ -50,7 +50,7 @@ async fn an_entry_in_both_tiers_is_counted_once_and_deleted_whole() {
     drop(r);
     let live = LiveSet::new();
     live.set(&key, true);
-    s.register_liveness_source(ns(), Arc::new(live.clone()))
+    s.register_liveness_source(ns_named(NS), Arc::new(live.clone()))
         .await
         .unwrap();
     let rep = s.sweep(SweepOptions::default()).await.unwrap();

@@ -12,6 +12,7 @@ use store_core::{
 };
 use store_types::KvEngine;
 use tests_contract::data::content;
+use tests_contract::ns_named;
 
 enum Kv {
     Mem,
@@ -55,10 +56,6 @@ async fn env(kv: Kv) -> Env {
     }
 }
 
-fn ns(s: &str) -> Namespace {
-    Namespace::new(s).unwrap()
-}
-
 /// Puts `n` unpinned entries into `ns` (receipts dropped).
 async fn put_many(s: &Store, ns: &Namespace, seed: u64, n: usize) -> Vec<Key> {
     let mut keys = Vec::new();
@@ -90,7 +87,13 @@ async fn policies(kv: Kv) {
     let e = env(kv).await;
     let s = &e.store;
     let refs = s.refs().expect("this kv engine holds references");
-    let (r_ns, u_ns, k_ns, a_ns, d_ns) = (ns("r"), ns("u"), ns("k"), ns("a"), ns("d"));
+    let (r_ns, u_ns, k_ns, a_ns, d_ns) = (
+        ns_named("r"),
+        ns_named("u"),
+        ns_named("k"),
+        ns_named("a"),
+        ns_named("d"),
+    );
     s.set_gc_policy(r_ns.clone(), GcPolicy::Refs).await.unwrap();
     s.set_gc_policy(u_ns.clone(), GcPolicy::Unreferenced)
         .await
@@ -208,7 +211,7 @@ async fn a_reopened_store_adopts_namespaces_that_use_references() {
             .await
             .unwrap()
     };
-    let n = ns("docs");
+    let n = ns_named("docs");
     {
         let s = open().await;
         let kept = put_many(&s, &n, 1, 1).await;

@@ -12,20 +12,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_core::{Mode, Namespace, Store, SweepOptions};
+use store_core::{Mode, Store, SweepOptions};
 use store_local::{LocalEngine, LocalOptions};
 use store_ops::{Ops, OpsConfig};
 use store_sqlite::{SqliteEngine, SqliteOptions};
 use store_types::LargeEngine;
 use tests_contract::data::content;
 use tests_contract::hook::{hooked_large, DeleteHook};
+use tests_contract::ns_named;
 use tests_contract::support::LiveSet;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-fn ns() -> Namespace {
-    Namespace::new("wire").unwrap()
-}
+/// This file's namespace.
+const NS: &str = "wire";
 
 /// sqlite + local (deletes held by `hook`), zero window, one big blob
 /// staged for deletion; a server over it.
@@ -47,11 +47,14 @@ async fn setup(dir: &std::path::Path, hook: &Arc<DeleteHook>) -> (Store, Vec<u8>
         .await
         .unwrap();
     store
-        .register_liveness_source(ns(), Arc::new(LiveSet::new()))
+        .register_liveness_source(ns_named(NS), Arc::new(LiveSet::new()))
         .await
         .unwrap();
     let data = content(77, 100_000);
-    let r = store.put(&ns(), &data[..], None, None).await.unwrap();
+    let r = store
+        .put(&ns_named(NS), &data[..], None, None)
+        .await
+        .unwrap();
     let digest = r.digest.to_string();
     drop(r);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -81,7 +84,7 @@ async fn request_then_disconnect(addr: &str, request: String, hook: &DeleteHook)
 async fn reput_and_check(store: &Store, hook: &DeleteHook, data: &[u8]) {
     let s = store.clone();
     let bytes = data.to_vec();
-    let reput = tokio::spawn(async move { s.put(&ns(), &bytes[..], None, None).await });
+    let reput = tokio::spawn(async move { s.put(&ns_named(NS), &bytes[..], None, None).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     hook.release();
     let receipt = reput.await.unwrap().unwrap();
@@ -126,7 +129,7 @@ async fn disconnect_mid_delete_keeps_protection() {
     hook.arm();
     let req = format!(
         "DELETE /v1/blobs/{}/{digest} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n",
-        ns()
+        ns_named(NS)
     );
     request_then_disconnect(addr, req, &hook).await;
     reput_and_check(&store, &hook, &data).await;

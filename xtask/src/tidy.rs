@@ -31,6 +31,15 @@
 //!   `ADR-NNN` must have a file `docs/adr/ADR-NNN-*.md`, or be one of the
 //!   earlier, upstream-only ADRs that `docs/adr/ADR-012-summary.md` lists
 //!   under its heading "Earlier ADRs" (ADR-012 ruled over them).
+//!
+//! From the `src/` folder of every engine crate (docs/ENGINES.md, "The
+//! rooms of an engine crate"):
+//!
+//! - it has `lib.rs`, `engine.rs` and `registration.rs`;
+//! - every other top-level file is one of the rooms ([`ROOMS`]: `reader.rs`,
+//!   `stage.rs`, `error.rs`, …) or one of the crate's own extras
+//!   ([`room_extras`]), and every folder is `testing/` or `tests/`; so a
+//!   `readers.rs` or an `errors.rs` fails, naming the room it should be.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -418,6 +427,110 @@ fn adr_violations(root: &Path, crates: &[Crate]) -> Result<Vec<String>, String> 
     Ok(bad)
 }
 
+/// The files every engine crate's `src/` has.
+const ROOMS_REQUIRED: [&str; 3] = ["lib.rs", "engine.rs", "registration.rs"];
+
+/// The top-level files an engine crate's `src/` may have, each where the
+/// engine has the concern (docs/ENGINES.md, "The rooms of an engine
+/// crate").
+pub const ROOMS: [&str; 15] = [
+    "lib.rs",
+    "engine.rs",
+    "registration.rs",
+    "reader.rs",
+    "stage.rs",
+    "writer.rs",
+    "error.rs",
+    "testing.rs",
+    "refs.rs",
+    "window.rs",
+    "instance_lock.rs",
+    "seam.rs",
+    "crash.rs",
+    "schema.rs",
+    "tests.rs",
+];
+
+/// The folders an engine crate's `src/` may have: submodules of its
+/// `testing.rs` and `tests.rs` rooms.
+const ROOM_DIRS: [&str; 2] = ["testing", "tests"];
+
+/// The files of one engine beyond [`ROOMS`]: concerns only it has.
+fn room_extras(krate: &str) -> &'static [&'static str] {
+    match krate {
+        "store-sqlite" => &["sql.rs"],
+        "store-local" => &["fsio.rs"],
+        "store-postgres" => &["batch.rs", "fence.rs", "fleet.rs", "plumbing.rs"],
+        "store-object" => &["url.rs", "retry.rs"],
+        _ => &[],
+    }
+}
+
+/// The room a common misnaming should be.
+fn room_for(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "readers.rs" | "read.rs" => "reader.rs",
+        "errors.rs" | "err.rs" => "error.rs",
+        "writers.rs" | "write.rs" => "writer.rs",
+        "staged.rs" | "stages.rs" => "stage.rs",
+        "registry.rs" => "registration.rs",
+        "test.rs" => "tests.rs",
+        _ => return None,
+    })
+}
+
+/// Engine crates whose `src/` strays from the room names.
+fn room_violations(root: &Path, crates: &[Crate]) -> Result<Vec<String>, String> {
+    let mut bad = Vec::new();
+    for c in crates.iter().filter(|c| ENGINES.contains(&c.name.as_str())) {
+        let src = c.dir().join("src");
+        let read = std::fs::read_dir(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+        let mut entries = Vec::new();
+        for entry in read {
+            let entry = entry.map_err(|e| format!("{}: {e}", src.display()))?;
+            let is_dir = entry
+                .file_type()
+                .map_err(|e| format!("{}: {e}", src.display()))?
+                .is_dir();
+            entries.push((entry.file_name().to_string_lossy().into_owned(), is_dir));
+        }
+        entries.sort();
+        for need in ROOMS_REQUIRED {
+            if !entries.iter().any(|(n, d)| n == need && !d) {
+                bad.push(format!(
+                    "{} has no {need} (every engine crate has {}; docs/ENGINES.md)",
+                    shown(root, &src),
+                    ROOMS_REQUIRED.join(", ")
+                ));
+            }
+        }
+        let extras = room_extras(&c.name);
+        for (name, is_dir) in &entries {
+            let allowed = if *is_dir {
+                ROOM_DIRS.contains(&name.as_str())
+            } else {
+                ROOMS.contains(&name.as_str()) || extras.contains(&name.as_str())
+            };
+            if allowed {
+                continue;
+            }
+            let hint = match room_for(name) {
+                Some(room) => format!("the room is named {room}"),
+                None => format!(
+                    "use a room of docs/ENGINES.md, or add it to {}'s extras in xtask/src/tidy.rs",
+                    c.name
+                ),
+            };
+            bad.push(format!(
+                "{}{}: not a room of an engine crate ({hint})",
+                shown(root, &src.join(name)),
+                if *is_dir { "/" } else { "" }
+            ));
+        }
+    }
+    Ok(bad)
+}
+
 /// Every violation under `root`, given its `cargo metadata` output.
 pub fn violations(root: &Path, metadata: &str) -> Result<Vec<String>, String> {
     let crates = crates_from_metadata(metadata)?;
@@ -425,6 +538,7 @@ pub fn violations(root: &Path, metadata: &str) -> Result<Vec<String>, String> {
     bad.extend(ignore_violations(root, &crates)?);
     bad.extend(lint_violations(root, &crates)?);
     bad.extend(adr_violations(root, &crates)?);
+    bad.extend(room_violations(root, &crates)?);
     Ok(bad)
 }
 

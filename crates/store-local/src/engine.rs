@@ -9,7 +9,8 @@ use store_types::{
     LargeEngine, Namespace, Result, Sharing, StagedWrite,
 };
 
-use crate::fsio::{self, blocking, io_err, is_absent};
+use crate::error::{blocking, io_err, is_absent};
+use crate::fsio;
 use crate::reader::open_reader;
 use crate::stage::LocalStage;
 use crate::{LocalEngine, LOCK_FILE};

@@ -1,56 +1,18 @@
 //! Blocking file-system primitives: listings, stats, deletes, fsync, and
 //! the stage-directory housekeeping done at open. Everything here runs on
-//! blocking threads (see [`blocking`]).
+//! blocking threads (see [`crate::error::blocking`]).
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, TryLockError};
-use std::hash::{BuildHasher, Hasher};
 use std::io::{self, ErrorKind};
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
-use store_types::ErrorKind as Kind;
+use store_types::layout::{fan_name, parse_fan};
 use store_types::{Digest, EntryMeta, Error, Namespace, Result, Timestamp};
 
+use crate::error::{io_err, is_absent};
 use crate::seam::Seam;
-
-/// Runs `f` on the blocking pool; a panicked (or cancelled) task is an
-/// [`Error::Io`] with the join error as its source.
-pub(crate) async fn blocking<T, F>(f: F) -> Result<T>
-where
-    F: FnOnce() -> Result<T> + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::io(Kind::Other, "run blocking file-system task").with_source(e))?
-}
-
-/// An [`Error::Io`] naming the operation and the path, its kind taken from
-/// `e`, which it keeps as its source.
-pub(crate) fn io_err(op: &'static str, path: &Path, e: io::Error) -> Error {
-    Error::from_io(op, e).with_path(path)
-}
-
-/// Whether `e` means "nothing there" (the path or one of its parents is
-/// absent, or a parent is not a directory).
-pub(crate) fn is_absent(e: &io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory)
-}
-
-/// A per-instance random value for stage names, so that processes on
-/// several nodes sharing one root (or a recycled pid) do not collide.
-pub(crate) fn random_salt() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
-}
 
 /// Fsyncs a directory so that entries created or removed in it are
 /// durable (a durability point, labelled `label`). A no-op where
@@ -231,20 +193,6 @@ pub(crate) fn delete_entry(seam: &Seam, path: &Path) -> Result<Option<u64>> {
     }
 }
 
-/// Parses a fan-out directory name: exactly two lowercase hex digits.
-fn parse_fan(name: &str) -> Option<u8> {
-    let b = name.as_bytes();
-    let nib = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    match b {
-        [hi, lo] => Some((nib(*hi)? << 4) | nib(*lo)?),
-        _ => None,
-    }
-}
-
 /// Up to `limit` entries of the namespace directory `ns_dir` with digest
 /// greater than `after`, ascending, with sizes.
 ///
@@ -280,7 +228,7 @@ pub(crate) fn scan_dir(
         }
     }
     for fan in fans {
-        let fan_dir = ns_dir.join(format!("{fan:02x}"));
+        let fan_dir = ns_dir.join(fan_name(fan));
         let listing = match fs::read_dir(&fan_dir) {
             Ok(l) => l,
             Err(e) if is_absent(&e) => continue,

@@ -150,6 +150,7 @@
 #[cfg(feature = "crash-model")]
 pub mod crash;
 mod engine;
+mod error;
 mod fsio;
 mod reader;
 mod registration;
@@ -274,7 +275,7 @@ impl LocalEngine {
             let attach = |root: &Path| model.attach(&model.watched_dir(root)?);
             let seam = Seam::with_model(
                 attach(&root)
-                    .map_err(|e| fsio::io_err("attaching the crash model to", &root, e))?,
+                    .map_err(|e| error::io_err("attaching the crash model to", &root, e))?,
             );
             Inner::open(&root, options, seam)
         })
@@ -317,10 +318,10 @@ impl Inner {
             .take_while(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err())
             .count();
         seam.create_dir_all(root)
-            .map_err(|e| fsio::io_err("creating", root, e))?;
+            .map_err(|e| error::io_err("creating", root, e))?;
         let root = root
             .canonicalize()
-            .map_err(|e| fsio::io_err("resolving", root, e))?;
+            .map_err(|e| error::io_err("resolving", root, e))?;
         if !root.is_dir() {
             return Err(Error::Config(format!(
                 "local engine root {} is not a directory",
@@ -329,12 +330,12 @@ impl Inner {
         }
         let stage_dir = root.join(STAGE_DIR);
         seam.create_dir_all(&stage_dir)
-            .map_err(|e| fsio::io_err("creating", &stage_dir, e))?;
+            .map_err(|e| error::io_err("creating", &stage_dir, e))?;
         let inner = Inner {
             root,
             stage_dir,
             options,
-            salt: fsio::random_salt(),
+            salt: store_types::layout::random_salt(),
             next_stage: AtomicU64::new(0),
             durable_dirs: Mutex::new(HashSet::new()),
             seam,
@@ -375,7 +376,8 @@ impl Inner {
 
     /// `<root>/<ns>/<2 hex>`.
     fn fan_dir(&self, key: &Key) -> PathBuf {
-        self.ns_dir(&key.namespace).join(key.digest.prefix2())
+        self.ns_dir(&key.namespace)
+            .join(store_types::layout::fan_out(&key.digest))
     }
 
     /// `<root>/<ns>/<2 hex>/<digest hex>`.

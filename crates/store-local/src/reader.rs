@@ -23,7 +23,7 @@ use store_types::{BlobReader, Digest, Error, Result, CHUNK_SIZE};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::fsio::{blocking, io_err, is_absent};
+use crate::error::{blocking, io_err, is_absent};
 
 /// Chunks read ahead of the consumer (the channel's capacity).
 const READ_AHEAD_CHUNKS: usize = 3;

@@ -14,7 +14,8 @@ use bytes::Bytes;
 use store_types::{Error, Key, Namespace, PublishOutcome, Result, StagedWrite};
 use tokio::sync::Notify;
 
-use crate::fsio::{blocking, fsync_dir, io_err, is_absent};
+use crate::error::{blocking, io_err, is_absent};
+use crate::fsio::fsync_dir;
 use crate::seam::Seam;
 use crate::Inner;
 

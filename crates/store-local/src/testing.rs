@@ -5,7 +5,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 
 use store_types::{Error, Key, Result};
 
-use crate::fsio::{blocking, io_err, is_absent};
+use crate::error::{blocking, io_err, is_absent};
 use crate::LocalEngine;
 
 impl LocalEngine {

@@ -7,14 +7,15 @@ use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStoreExt};
+use store_types::layout::parse_fan;
 use store_types::{
     BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Key, LargeEngine, Namespace, Result,
     StagedWrite, Timestamp,
 };
 
-use crate::retry::backend_err;
+use crate::error::backend_err;
 use crate::stage::ObjectStage;
-use crate::{parse_fan, Inner, ObjectEngine};
+use crate::{Inner, ObjectEngine};
 
 /// Objects one listing request returns (S3, GCS and Azure page at 1000).
 const LIST_PAGE: usize = 1000;

@@ -113,20 +113,20 @@
 //! (ADR-012 §4, ADR-019).
 
 mod engine;
+mod error;
 mod reader;
 mod registration;
 mod retry;
-#[cfg(all(feature = "s3", any(test, feature = "testing")))]
-pub mod s3_testing;
 mod stage;
 #[cfg(any(test, feature = "testing"))]
 mod testing;
+#[cfg(all(feature = "s3", any(test, feature = "testing")))]
+pub use testing::s3 as s3_testing;
 #[cfg(test)]
 mod tests;
 mod url;
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -339,7 +339,7 @@ impl ObjectEngine {
                 conditional_put: true,
                 copy_if_not_exists: true,
             },
-            salt: random_salt(),
+            salt: store_types::layout::random_salt(),
             next_stage: AtomicU64::new(0),
             publishing: stage::KeyLocks::default(),
         };
@@ -417,7 +417,8 @@ impl Inner {
 
     /// `<prefix>/<ns>/<2 hex>`.
     pub(crate) fn fan_path(&self, ns: &Namespace, fan: u8) -> Path {
-        self.ns_path(ns).join(format!("{fan:02x}").as_str())
+        self.ns_path(ns)
+            .join(store_types::layout::fan_name(fan).as_str())
     }
 
     /// `<prefix>/<ns>/<2 hex>/<digest hex>`.
@@ -457,7 +458,7 @@ impl Inner {
                     .try_collect::<Vec<_>>()
             })
             .await
-            .map_err(|e| retry::backend_err("listing stage objects", &dir, e))?;
+            .map_err(|e| error::backend_err("listing stage objects", &dir, e))?;
         if stale.is_empty() {
             return Ok(0);
         }
@@ -471,7 +472,7 @@ impl Inner {
             match r {
                 Ok(_) => removed += 1,
                 Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(retry::backend_err("deleting a stage object", &dir, e)),
+                Err(e) => return Err(error::backend_err("deleting a stage object", &dir, e)),
             }
         }
         Ok(removed)
@@ -504,26 +505,26 @@ impl Inner {
                 Ok(_) => match put(PutMode::Create).await {
                     Err(object_store::Error::AlreadyExists { .. }) => true,
                     Ok(_) => false, // silently ignored
-                    Err(e) if retry::unsupported(&e) => false,
-                    Err(e) => return Err(retry::backend_err("probing conditional put", &a, e)),
+                    Err(e) if error::unsupported(&e) => false,
+                    Err(e) => return Err(error::backend_err("probing conditional put", &a, e)),
                 },
-                Err(e) if retry::unsupported(&e) => {
+                Err(e) if error::unsupported(&e) => {
                     put(PutMode::Overwrite)
                         .await
-                        .map_err(|e| retry::backend_err("probing the store", &a, e))?;
+                        .map_err(|e| error::backend_err("probing the store", &a, e))?;
                     false
                 }
-                Err(e) => return Err(retry::backend_err("probing conditional put", &a, e)),
+                Err(e) => return Err(error::backend_err("probing conditional put", &a, e)),
             };
             let copy_if_not_exists = match copy().await {
                 Ok(()) => match copy().await {
                     Err(object_store::Error::AlreadyExists { .. }) => true,
                     Ok(()) => false,
-                    Err(e) if retry::unsupported(&e) => false,
-                    Err(e) => return Err(retry::backend_err("probing copy-if-not-exists", &b, e)),
+                    Err(e) if error::unsupported(&e) => false,
+                    Err(e) => return Err(error::backend_err("probing copy-if-not-exists", &b, e)),
                 },
-                Err(e) if retry::unsupported(&e) => false,
-                Err(e) => return Err(retry::backend_err("probing copy-if-not-exists", &b, e)),
+                Err(e) if error::unsupported(&e) => false,
+                Err(e) => return Err(error::backend_err("probing copy-if-not-exists", &b, e)),
             };
             Ok(Capabilities {
                 conditional_put,
@@ -559,26 +560,4 @@ impl Inner {
 /// `a/b` for two object paths (either may be the root).
 fn join_paths(a: &Path, b: &Path) -> Path {
     b.parts().fold(a.clone(), |acc, part| acc.join(part))
-}
-
-/// A per-instance random value for stage names.
-fn random_salt() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_i64(Timestamp::now().0);
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
-/// Parses a fan-out segment: exactly two lowercase hex digits.
-pub(crate) fn parse_fan(name: &str) -> Option<u8> {
-    let b = name.as_bytes();
-    let nib = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    match b {
-        [hi, lo] => Some((nib(*hi)? << 4) | nib(*lo)?),
-        _ => None,
-    }
 }

@@ -24,7 +24,7 @@ use store_types::{BlobReader, Digest, Result, CHUNK_SIZE};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::retry::backend_err;
+use crate::error::backend_err;
 use crate::Inner;
 
 /// Chunks read ahead of the consumer.

@@ -14,7 +14,7 @@ use object_store::{
 };
 use store_types::{Digest, Error, Key, Namespace, PublishOutcome, Result, StagedWrite};
 
-use crate::retry::{backend_err, unsupported};
+use crate::error::{backend_err, unsupported};
 use crate::Inner;
 
 /// Where a stage is.

@@ -4,8 +4,11 @@ use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use store_types::{Error, Key, Result};
 
-use crate::retry::backend_err;
+use crate::error::backend_err;
 use crate::ObjectEngine;
+
+#[cfg(feature = "s3")]
+pub mod s3;
 
 impl ObjectEngine {
     /// Number of objects under the stage prefix: stage objects of puts

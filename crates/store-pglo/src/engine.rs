@@ -5,8 +5,6 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use futures::stream::{self, Stream};
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
@@ -20,6 +18,7 @@ use store_types::{
     LargeEngine, Namespace, Result, Sharing, StagedWrite, Timestamp, CHUNK_SIZE,
 };
 
+use crate::reader::inline_reader;
 use crate::stage::PgLoStage;
 
 /// Migration component of the companion table.
@@ -107,179 +106,9 @@ impl PgLoEngine {
         PgLoStage::open(self.pool(), self.schema(), &self.inner.instance, ns).await
     }
 
-    fn sql(&self, template: &str) -> sqlx::SqlStr {
+    /// `template` with `{schema}` replaced by this engine's schema.
+    pub(crate) fn sql(&self, template: &str) -> sqlx::SqlStr {
         sql(&self.inner.schema, template)
-    }
-
-    async fn locate(&self, key: &Key) -> Result<Option<(Oid, u64)>> {
-        let row = sqlx::query(
-            self.sql("SELECT oid, size FROM {schema}.lo_entries WHERE ns = $1 AND digest = $2"),
-        )
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .fetch_optional(self.pool())
-        .await
-        .map_err(db_err)?;
-        row.map(|r| Ok((r.try_get(0).map_err(db_err)?, size_col(&r, 1)?)))
-            .transpose()
-    }
-
-    /// A reader over `range` of the large object `oid`, fetched in
-    /// [`CHUNK_SIZE`] pieces with `lo_get`. Each piece is read through the
-    /// entry's row, so a reader whose entry was deleted mid-stream fails
-    /// instead of reading a recycled OID.
-    fn reader(&self, key: &Key, oid: Oid, range: Range<u64>) -> BlobReader {
-        let len = range.end.saturating_sub(range.start);
-        let stream = chunks(
-            self.pool().clone(),
-            self.sql(
-                "SELECT lo_get(e.oid, $4, $5) FROM {schema}.lo_entries e
-                 WHERE e.ns = $1 AND e.digest = $2 AND e.oid = $3",
-            ),
-            key.clone(),
-            oid,
-            range,
-        );
-        BlobReader {
-            len,
-            reader: Box::pin(tokio_util::io::StreamReader::new(Box::pin(stream))),
-            yielded_digest: None,
-        }
-    }
-
-    /// Flips the first byte of the entry's large object (writes one byte,
-    /// and bumps `size`, for an empty one) so verification must catch it.
-    #[cfg(feature = "testing")]
-    pub async fn corrupt_one_byte(&self, key: &Key) -> Result<()> {
-        let n = sqlx::query(self.sql(
-            "WITH e AS (
-                 UPDATE {schema}.lo_entries SET size = greatest(size, 1)
-                 WHERE ns = $1 AND digest = $2 RETURNING oid, size
-             )
-             SELECT lo_put(e.oid, 0, CASE WHEN octet_length(lo_get(e.oid, 0, 1)) = 0
-                 THEN '\\x00'::bytea
-                 ELSE set_byte(lo_get(e.oid, 0, 1), 0, get_byte(lo_get(e.oid, 0, 1), 0) # 255)
-                 END)
-             FROM e",
-        ))
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .execute(self.pool())
-        .await
-        .map_err(db_err)?
-        .rows_affected();
-        if n == 0 {
-            return Err(store_types::Error::Missing);
-        }
-        Ok(())
-    }
-
-    /// Every large-object OID referenced by this engine's `lo_entries`.
-    #[cfg(feature = "testing")]
-    pub async fn referenced_oids(&self) -> Result<Vec<u32>> {
-        let oids: Vec<Oid> =
-            sqlx::query_scalar(self.sql("SELECT oid FROM {schema}.lo_entries ORDER BY oid"))
-                .fetch_all(self.pool())
-                .await
-                .map_err(db_err)?;
-        Ok(oids.into_iter().map(|o| o.0).collect())
-    }
-
-    /// Whether each OID exists as a (committed) large object, index-aligned.
-    #[cfg(feature = "testing")]
-    pub async fn large_objects_exist(&self, oids: &[u32]) -> Result<Vec<bool>> {
-        let params: Vec<Oid> = oids.iter().map(|o| Oid(*o)).collect();
-        let found: Vec<Oid> =
-            sqlx::query_scalar("SELECT oid FROM pg_largeobject_metadata WHERE oid = ANY($1)")
-                .bind(params)
-                .fetch_all(self.pool())
-                .await
-                .map_err(db_err)?;
-        let found: std::collections::HashSet<u32> = found.into_iter().map(|o| o.0).collect();
-        Ok(oids.iter().map(|o| found.contains(o)).collect())
-    }
-
-    /// Of `candidates` (OIDs a test saw this engine create), those that
-    /// exist as large objects but no `lo_entries` row references: leaks.
-    ///
-    /// Large objects are database-wide and other tests' schemas create
-    /// their own concurrently, so a leak check must be scoped to OIDs the
-    /// test knows came from this engine; a database-wide count would not
-    /// be correct under parallel tests.
-    #[cfg(feature = "testing")]
-    pub async fn orphan_large_objects(&self, candidates: &[u32]) -> Result<Vec<u32>> {
-        let params: Vec<Oid> = candidates.iter().map(|o| Oid(*o)).collect();
-        let orphans: Vec<Oid> = sqlx::query_scalar(self.sql(
-            "SELECT m.oid FROM pg_largeobject_metadata m
-             WHERE m.oid = ANY($1)
-               AND NOT EXISTS (SELECT 1 FROM {schema}.lo_entries e WHERE e.oid = m.oid)
-             ORDER BY m.oid",
-        ))
-        .bind(params)
-        .fetch_all(self.pool())
-        .await
-        .map_err(db_err)?;
-        Ok(orphans.into_iter().map(|o| o.0).collect())
-    }
-}
-
-fn chunks(
-    pool: PgPool,
-    query: sqlx::SqlStr,
-    key: Key,
-    oid: Oid,
-    range: Range<u64>,
-) -> impl Stream<Item = std::io::Result<Bytes>> + Send {
-    stream::try_unfold(range.start, move |pos| {
-        let (pool, query, key) = (pool.clone(), query.clone(), key.clone());
-        let end = range.end;
-        async move {
-            if pos >= end {
-                return Ok(None);
-            }
-            let want = (end - pos).min(CHUNK_SIZE as u64) as i32;
-            let got: Option<Vec<u8>> = sqlx::query_scalar(query)
-                .bind(key.namespace.as_str())
-                .bind(&key.digest.as_bytes()[..])
-                .bind(oid)
-                .bind(to_i64(pos)?)
-                .bind(want)
-                .fetch_optional(&pool)
-                .await
-                .map_err(db_err)?;
-            match got {
-                None => Err(std::io::Error::other(format!(
-                    "{key} was deleted while being read"
-                ))),
-                Some(b) if b.is_empty() => Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!("large object of {key} is shorter than its recorded size"),
-                )),
-                Some(b) => {
-                    let next = pos + b.len() as u64;
-                    Ok(Some((Bytes::from(b), next)))
-                }
-            }
-        }
-    })
-}
-
-/// A reader over `bytes`, fetched at once, of which `want` were asked for.
-/// A large object shorter than its recorded size yields what it has and
-/// then fails, like the streamed path.
-fn inline_reader(key: &Key, want: u64, bytes: Vec<u8>) -> BlobReader {
-    if bytes.len() as u64 == want {
-        return BlobReader::from_bytes(Bytes::from(bytes));
-    }
-    let short = std::io::Error::new(
-        std::io::ErrorKind::UnexpectedEof,
-        format!("large object of {key} is shorter than its recorded size"),
-    );
-    let parts: Vec<std::io::Result<Bytes>> = vec![Ok(Bytes::from(bytes)), Err(short)];
-    BlobReader {
-        len: want,
-        reader: Box::pin(tokio_util::io::StreamReader::new(stream::iter(parts))),
-        yielded_digest: None,
     }
 }
 

@@ -65,8 +65,11 @@
 #![warn(missing_docs)]
 
 mod engine;
+mod reader;
 mod registration;
 mod stage;
+#[cfg(feature = "testing")]
+mod testing;
 
 pub use engine::{PgLoEngine, PGLO_COMPONENT, PGLO_STEPS};
 pub use registration::REGISTRATION;

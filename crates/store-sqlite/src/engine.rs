@@ -12,7 +12,8 @@ use store_types::{
     Key, KvEngine, Namespace, PublishOutcome, RefStore, Result, Sharing, Timestamp,
 };
 
-use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64, SqlResultExt};
+use crate::error::SqlResultExt;
+use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64};
 use crate::window::SqliteGcSeam;
 use crate::{SqliteEngine, MAX_BLOB_LEN};
 
@@ -251,7 +252,7 @@ impl KvEngine for SqliteEngine {
                             limit: MAX_BLOB_LEN,
                             got: size,
                         },
-                        _ => sql::sql_err(e),
+                        _ => crate::error::sql_err(e),
                     })?;
                 Ok(if changed == 1 {
                     PublishOutcome::Inserted

@@ -102,8 +102,9 @@
 #[cfg(feature = "crash-model")]
 pub mod crash;
 mod engine;
+mod error;
 mod instance_lock;
-mod readers;
+mod reader;
 mod refs;
 mod registration;
 mod schema;
@@ -114,7 +115,7 @@ mod window;
 mod writer;
 
 #[cfg(test)]
-mod writer_tests;
+mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -122,7 +123,7 @@ use std::sync::Arc;
 
 use store_types::{Error, Result};
 
-use crate::readers::Readers;
+use crate::reader::Readers;
 use crate::writer::Writer;
 
 pub use crate::registration::REGISTRATION;

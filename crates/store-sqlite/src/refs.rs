@@ -37,7 +37,8 @@ use store_types::{
     ref_conflict, Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore, Result,
 };
 
-use crate::sql::{self, digest_at, namespace_at, to_i64, SqlResultExt};
+use crate::error::SqlResultExt;
+use crate::sql::{self, digest_at, namespace_at, to_i64};
 use crate::SqliteEngine;
 
 const GET: &str = "SELECT digest FROM refs WHERE namespace = ?1 AND name = ?2";

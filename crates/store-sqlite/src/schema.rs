@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use store_types::{Error, Result, Timestamp};
 
-use crate::sql::{sql_err, SqlResultExt};
+use crate::error::{sql_err, SqlResultExt};
 use crate::Durability;
 
 /// How long a connection waits for another connection's lock (another

@@ -3,7 +3,7 @@
 use rusqlite::OptionalExtension;
 use store_types::{Error, Key, Result};
 
-use crate::sql::SqlResultExt;
+use crate::error::SqlResultExt;
 use crate::SqliteEngine;
 
 impl SqliteEngine {

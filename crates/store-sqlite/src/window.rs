@@ -11,8 +11,9 @@ use store_types::{
     Digest, GcSchema, Key, Namespace, Result, StagedCandidate, Timestamp, WindowClauses,
 };
 
+use crate::error::SqlResultExt;
 use crate::schema::{self, GC_WINDOW_DDL};
-use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64, SqlResultExt};
+use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64};
 use crate::SqliteEngine;
 
 /// `INSERT OR IGNORE`: re-staging keeps the first (earliest) row.

@@ -66,7 +66,7 @@ use rusqlite::Connection;
 use store_types::{Error, Result, Timestamp};
 use tokio::sync::oneshot;
 
-use crate::sql::SqlResultExt;
+use crate::error::SqlResultExt;
 
 /// Most jobs in one transaction.
 pub(crate) const MAX_BATCH_JOBS: usize = 1000;
@@ -351,7 +351,7 @@ fn commit(conn: &Connection) -> std::result::Result<(), (Error, bool)> {
         Ok(_) => Ok(()),
         Err(e) => {
             let io = e.sqlite_error_code() == Some(rusqlite::ErrorCode::SystemIoFailure);
-            Err((crate::sql::sql_err(e), io))
+            Err((crate::error::sql_err(e), io))
         }
     }
 }

@@ -18,6 +18,8 @@
 //!   `EngineFactory` each engine crate exports, ADR-027);
 //! - the crash switch ([`crash::CrashSwitch`]) the engines' crash models
 //!   report durability points to (tests only);
+//! - the on-media layout helpers of the path-based engines ([`layout`]:
+//!   fan-out names and stage-name salts);
 //! - the instance lock ([`InstanceLock`]) a non-fleet store holds its data
 //!   with, and the lock-file mechanism of the file-based engines.
 //!
@@ -31,6 +33,7 @@ mod failure;
 mod fleet;
 mod instance_lock;
 mod key;
+pub mod layout;
 mod refs;
 pub mod registry;
 mod seam;

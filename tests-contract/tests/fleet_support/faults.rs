@@ -19,11 +19,11 @@ use store_types::{
 };
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
+use tests_contract::ns_named;
 use tests_contract::THRESHOLD;
 
-fn ns() -> Namespace {
-    Namespace::new("fleet").unwrap()
-}
+/// This file's namespace (the `fleet-sweeper` binary uses it too).
+const NS: &str = "fleet";
 
 /// A `local` engine whose publish "crashes" before the rename.
 struct CrashBeforeRename(LocalEngine);
@@ -209,10 +209,10 @@ pub async fn crash_between_pin_and_rename() {
         .build()
         .await
         .unwrap();
-    let healthy = env.node("b", &ns()).await;
+    let healthy = env.node("b", &ns_named(NS)).await;
     let data = content(90, THRESHOLD as usize * 2);
-    let key = Key::new(ns(), Digest::of(&data));
-    let res = crashing.put(&ns(), &data[..], None, None).await;
+    let key = Key::new(ns_named(NS), Digest::of(&data));
+    let res = crashing.put(&ns_named(NS), &data[..], None, None).await;
     assert!(matches!(res, Err(Error::Io(_))), "{res:?}");
     assert!(!healthy.has(&key).await.unwrap(), "nothing visible");
     assert_eq!(probe.stage_file_count().unwrap(), 0, "no stage file left");
@@ -237,7 +237,7 @@ pub async fn crash_between_pin_and_rename() {
     // A healthy put of the same bytes works afterwards.
     assert!(
         !healthy
-            .put(&ns(), &data[..], None, None)
+            .put(&ns_named(NS), &data[..], None, None)
             .await
             .unwrap()
             .deduplicated
@@ -271,8 +271,8 @@ pub async fn crash_between_stage_and_pin() {
         .await
         .unwrap();
     let data = content(91, THRESHOLD as usize * 2);
-    let key = Key::new(ns(), Digest::of(&data));
-    let res = failing.put(&ns(), &data[..], None, None).await;
+    let key = Key::new(ns_named(NS), Digest::of(&data));
+    let res = failing.put(&ns_named(NS), &data[..], None, None).await;
     assert!(matches!(res, Err(Error::Backend(_))), "{res:?}");
     assert!(!failing.has(&key).await.unwrap());
     assert_eq!(env.pin_rows(&key).await, 0);
@@ -281,12 +281,12 @@ pub async fn crash_between_stage_and_pin() {
 
 pub async fn fault_inside_joint_transaction() {
     let env = FleetEnv::new(FleetLarge::PgLo, Duration::ZERO, Duration::from_secs(60)).await;
-    let node = env.node("a", &ns()).await;
+    let node = env.node("a", &ns_named(NS)).await;
     env.fail_pin_inserts(true).await;
     for len in [100usize, THRESHOLD as usize * 3] {
         let data = content(92 + len as u64, len);
-        let key = Key::new(ns(), Digest::of(&data));
-        let res = node.put(&ns(), &data[..], None, None).await;
+        let key = Key::new(ns_named(NS), Digest::of(&data));
+        let res = node.put(&ns_named(NS), &data[..], None, None).await;
         assert!(matches!(res, Err(Error::Backend(_))), "len {len}: {res:?}");
         assert!(
             !node.has(&key).await.unwrap(),
@@ -296,7 +296,10 @@ pub async fn fault_inside_joint_transaction() {
     }
     env.fail_pin_inserts(false).await;
     let data = content(99, THRESHOLD as usize * 3);
-    let r = node.put(&ns(), &data[..], None, None).await.unwrap();
+    let r = node
+        .put(&ns_named(NS), &data[..], None, None)
+        .await
+        .unwrap();
     assert!(!r.deduplicated);
     assert_eq!(env.pin_rows(r.key()).await, 1);
 }
@@ -352,7 +355,10 @@ async fn run_case(ops: Vec<Op>) {
         Duration::from_secs(TTL),
     )
     .await;
-    let nodes = [env.node("a", &ns()).await, env.node("b", &ns()).await];
+    let nodes = [
+        env.node("a", &ns_named(NS)).await,
+        env.node("b", &ns_named(NS)).await,
+    ];
     let data: Vec<Vec<u8>> = (0..ITEMS)
         .map(|i| {
             content(
@@ -365,7 +371,10 @@ async fn run_case(ops: Vec<Op>) {
             )
         })
         .collect();
-    let keys: Vec<Key> = data.iter().map(|d| Key::new(ns(), Digest::of(d))).collect();
+    let keys: Vec<Key> = data
+        .iter()
+        .map(|d| Key::new(ns_named(NS), Digest::of(d)))
+        .collect();
     #[derive(Default, Clone, Copy)]
     struct Item {
         exists: bool,
@@ -379,7 +388,7 @@ async fn run_case(ops: Vec<Op>) {
         match *op {
             Op::Put(i, n) => {
                 let r = nodes[usize::from(n)]
-                    .put(&ns(), &data[i][..], None, None)
+                    .put(&ns_named(NS), &data[i][..], None, None)
                     .await
                     .unwrap();
                 assert_eq!(r.deduplicated, m[i].exists, "step {step} {op:?}");

@@ -37,14 +37,20 @@ impl Tree {
         std::fs::write(p, text).unwrap();
     }
 
-    /// Adds crate `name` (manifest sharing the lints, an empty lib.rs)
-    /// and returns its metadata package.
+    /// Adds crate `name` (manifest sharing the lints, an empty lib.rs;
+    /// an engine also the required engine.rs and registration.rs) and
+    /// returns its metadata package.
     fn krate(&self, name: &str, deps: &[(&str, Option<&str>)]) -> Value {
         self.write(
             &format!("crates/{name}/Cargo.toml"),
             &format!("[package]\nname = \"{name}\"\n[lints]\nworkspace = true\n"),
         );
         self.write(&format!("crates/{name}/src/lib.rs"), "//! A crate.\n");
+        if ENGINES.contains(&name) {
+            for room in ["engine.rs", "registration.rs"] {
+                self.write(&format!("crates/{name}/src/{room}"), "//! A room.\n");
+            }
+        }
         json!({
             "id": format!("path+file://{}#{name}", self.0.display()),
             "name": name,
@@ -240,6 +246,54 @@ fn ignored_tests_lints_and_unknown_adrs_are_caught() {
     // in a string, not a comment; 007 is listed outside "Earlier ADRs".
     assert!(bad[2].starts_with("crates/store-mem/src/lib.rs:3: cites ADR-007"));
     assert!(bad[3].starts_with("docs/ARCHITECTURE.md:1: cites ADR-002"));
+}
+
+#[test]
+fn an_engine_straying_from_the_rooms_is_caught() {
+    let t = Tree::new();
+    let m = t.standard(vec![t.krate("store-object", &[("store-types", None)])]);
+    // Rooms, extras and room folders pass.
+    for ok in ["store-mem/src/reader.rs", "store-sqlite/src/sql.rs"] {
+        t.write(&format!("crates/{ok}"), "//! A room.\n");
+    }
+    t.write("crates/store-object/src/testing/s3.rs", "//! A room.\n");
+    t.write("crates/store-object/src/url.rs", "//! An extra.\n");
+    assert_eq!(t.violations(&m), Vec::<String>::new());
+    // Misnamed rooms, an unknown file, another engine's extra, a stray
+    // folder and a missing registration.rs do not.
+    for bad in [
+        "store-sqlite/src/readers.rs",
+        "store-postgres/src/errors.rs",
+        "store-mem/src/helpers.rs",
+        "store-mem/src/fsio.rs",
+        "store-object/src/s3/mod.rs",
+    ] {
+        t.write(&format!("crates/{bad}"), "//! Astray.\n");
+    }
+    std::fs::remove_file(t.0.join("crates/store-pglo/src/registration.rs")).unwrap();
+    let bad = t.violations(&m);
+    assert_eq!(
+        bad,
+        [
+            "crates/store-mem/src/fsio.rs: not a room of an engine crate (use a room of docs/ENGINES.md, or add it to store-mem's extras in xtask/src/tidy.rs)",
+            "crates/store-mem/src/helpers.rs: not a room of an engine crate (use a room of docs/ENGINES.md, or add it to store-mem's extras in xtask/src/tidy.rs)",
+            "crates/store-sqlite/src/readers.rs: not a room of an engine crate (the room is named reader.rs)",
+            "crates/store-postgres/src/errors.rs: not a room of an engine crate (the room is named error.rs)",
+            "crates/store-pglo/src has no registration.rs (every engine crate has lib.rs, engine.rs, registration.rs; docs/ENGINES.md)",
+            "crates/store-object/src/s3/: not a room of an engine crate (use a room of docs/ENGINES.md, or add it to store-object's extras in xtask/src/tidy.rs)",
+        ]
+    );
+}
+
+#[test]
+fn the_workspace_engines_keep_their_rooms() {
+    let root = crate::workspace_root();
+    let crates = crates_from_metadata(&metadata(&root).unwrap()).unwrap();
+    assert!(crates.iter().any(|c| c.name == "store-object"));
+    assert_eq!(
+        room_violations(&root, &crates).unwrap(),
+        Vec::<String>::new()
+    );
 }
 
 #[test]

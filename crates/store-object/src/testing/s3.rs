@@ -41,7 +41,7 @@ impl TestBucket {
     pub async fn create() -> TestBucket {
         static N: AtomicU64 = AtomicU64::new(0);
         let endpoint = s3_endpoint();
-        let tag = crate::random_salt() ^ N.fetch_add(1, Ordering::Relaxed);
+        let tag = store_types::layout::random_salt() ^ N.fetch_add(1, Ordering::Relaxed);
         let name = format!("bp-test-{tag:016x}-{}", N.load(Ordering::Relaxed));
         match http(&endpoint, "PUT", &name).await {
             Ok((200, _)) => {}

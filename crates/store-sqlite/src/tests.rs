@@ -123,7 +123,7 @@ async fn a_failing_job_does_not_fail_its_batch() {
              VALUES ('ns', ?1, 1, ?2, x'00')",
             (&Digest::of(b"ghost").as_bytes()[..], now.0),
         )
-        .map_err(crate::sql::sql_err)?;
+        .map_err(crate::error::sql_err)?;
         Err::<(), _>(Error::backend(
             store_types::ErrorKind::Other,
             "injected failure",
@@ -188,7 +188,7 @@ async fn a_lost_transaction_is_redone_without_the_culprit() {
     // Kills the whole transaction, as SQLite does on I/O or full-disk errors.
     let culprit = engine.inner.writer.submit(0, false, |conn, _now| {
         conn.execute_batch("ROLLBACK")
-            .map_err(crate::sql::sql_err)?;
+            .map_err(crate::error::sql_err)?;
         Err::<(), _>(Error::io(
             store_types::ErrorKind::NoSpace,
             "injected disk failure",
@@ -229,9 +229,9 @@ async fn a_full_database_is_no_space_and_the_engine_recovers() {
         .submit(0, false, |conn, _now| {
             let pages: i64 = conn
                 .query_row("PRAGMA page_count", [], |r| r.get(0))
-                .map_err(crate::sql::sql_err)?;
+                .map_err(crate::error::sql_err)?;
             conn.pragma_update(None, "max_page_count", pages)
-                .map_err(crate::sql::sql_err)?;
+                .map_err(crate::error::sql_err)?;
             Ok(())
         })
         .await
@@ -253,7 +253,7 @@ async fn a_full_database_is_no_space_and_the_engine_recovers() {
         .writer
         .submit(0, false, |conn, _now| {
             conn.pragma_update(None, "max_page_count", 1_000_000_000_i64)
-                .map_err(crate::sql::sql_err)?;
+                .map_err(crate::error::sql_err)?;
             Ok(())
         })
         .await
