@@ -386,7 +386,7 @@ impl Store {
                 "sweep"
             ),
             Err(e) => {
-                tracing::warn!(target: "store_core::gc", owner = %self.inner.owner, "sweep failed: {e}")
+                tracing::warn!(target: "store_core::gc", owner = %self.inner.owner, "sweep failed: {}", store_types::Report::new(e))
             }
         }
         r

@@ -188,7 +188,10 @@ impl Ops {
                         });
                     }
                     Err(e) => {
-                        tracing::warn!("inventory gauges: cannot compute statistics: {e}");
+                        tracing::warn!(
+                            "inventory gauges: cannot compute statistics: {}",
+                            store_types::Report::new(&e)
+                        );
                         // Do not retry at once on a failing backend.
                         if let Some(s) = inv.lock().as_mut() {
                             s.at = Instant::now();

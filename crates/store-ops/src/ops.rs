@@ -605,7 +605,7 @@ impl Ops {
                         serde_json::to_string(&report).unwrap_or_default()
                     ),
                     Err(e) => {
-                        tracing::warn!(target: "blobpool::gc", "scheduled sweep failed: {e}")
+                        tracing::warn!(target: "blobpool::gc", "scheduled sweep failed: {}", store_types::Report::new(&e))
                     }
                 }
             }

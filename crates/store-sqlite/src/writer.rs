@@ -274,7 +274,7 @@ fn run_batch(
 ) -> Option<Error> {
     while !pending.is_empty() {
         if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
-            tracing::warn!(error = %e, jobs = pending.len(), "sqlite: cannot begin write transaction");
+            tracing::warn!(error = %store_types::Report::new(&e), jobs = pending.len(), "sqlite: cannot begin write transaction");
             fail_all(pending.drain(..), &e, counters);
             return None;
         }
@@ -321,14 +321,14 @@ fn run_batch(
                 }
             }
             Err((e, io)) => {
-                tracing::warn!(error = %e, jobs = done.len(), "sqlite: commit failed");
+                tracing::warn!(error = %store_types::Report::new(&e), jobs = done.len(), "sqlite: commit failed");
                 if !conn.is_autocommit() {
                     let _ = exec(conn, "ROLLBACK");
                 }
                 fail_all(done.into_iter().chain(pending.drain(..)), &e, counters);
                 if io {
                     tracing::error!(
-                        error = %e,
+                        error = %store_types::Report::new(&e),
                         "sqlite: a commit failed with an I/O error; its outcome is unknown \
                          until the database is reopened, so this engine accepts no more writes"
                     );
