@@ -23,7 +23,8 @@
 //! From the sources and manifests of every workspace member:
 //!
 //! - no test is `#[ignore]`d (a test that does not run proves nothing;
-//!   measurements are examples or benches);
+//!   measurements are examples or benches) or `#[should_panic]` (a test
+//!   asserts on the outcome it expects, message included);
 //! - every member opts into the shared lints (`[lints] workspace = true`,
 //!   read from its manifest: cargo metadata does not report lints), and
 //!   the root manifest has `[workspace.lints]`;
@@ -270,7 +271,7 @@ fn dependency_violations(root: &Path, crates: &[Crate]) -> Result<Vec<String>, S
     Ok(bad)
 }
 
-/// `#[ignore]`d tests.
+/// `#[ignore]`d and `#[should_panic]` tests.
 fn ignore_violations(root: &Path, crates: &[Crate]) -> Result<Vec<String>, String> {
     let mut bad = Vec::new();
     for c in crates {
@@ -282,6 +283,14 @@ fn ignore_violations(root: &Path, crates: &[Crate]) -> Result<Vec<String>, Strin
                 if ignored {
                     bad.push(format!(
                         "{}:{}: an #[ignore]d test (run it, or make it an example or a bench)",
+                        shown(root, &f),
+                        i + 1
+                    ));
+                }
+                if t.starts_with("#[should_panic") {
+                    bad.push(format!(
+                        "{}:{}: a #[should_panic] test (assert on the outcome: catch_unwind \
+                         and check the message)",
                         shown(root, &f),
                         i + 1
                     ));

@@ -221,9 +221,10 @@ fn ignored_tests_lints_and_unknown_adrs_are_caught() {
     // Written so that this file holds neither an attribute nor a
     // citation itself.
     let attr = format!("#[{}]", "ignore");
+    let panics = format!("#[{}]", "should_panic");
     t.write(
         "crates/store-gc/src/lib.rs",
-        &format!("#[test]\n{attr}\nfn slow() {{}}\n"),
+        &format!("#[test]\n{attr}\nfn slow() {{}}\n#[test]\n{panics}\nfn boom() {{}}\n"),
     );
     let slashes = "/".repeat(2);
     t.write(
@@ -239,8 +240,10 @@ fn ignored_tests_lints_and_unknown_adrs_are_caught() {
         "[package]\nname = \"store-postgres\"\n",
     );
     let bad = t.violations(&m);
-    assert_eq!(bad.len(), 4, "{bad:#?}");
+    assert_eq!(bad.len(), 5, "{bad:#?}");
     assert!(bad[0].starts_with("crates/store-gc/src/lib.rs:2: an #[ignore]d test"));
+    assert!(bad[1].starts_with("crates/store-gc/src/lib.rs:5: a #[should_panic] test"));
+    let bad: Vec<String> = [&bad[..1], &bad[2..]].concat();
     assert!(bad[1].contains("store-postgres does not share the workspace lints"));
     // ADR-005 is listed as an earlier ADR, 012 and 013 have files; 001 is
     // in a string, not a comment; 007 is listed outside "Earlier ADRs".
