@@ -99,7 +99,8 @@ pub struct BlobReader {
     /// [`Error::Verification`](crate::Error::Verification). If the sender
     /// is dropped without sending (the engine stopped early), the read
     /// fails with [`Error::Io`](crate::Error::Io) unless `reader` already
-    /// failed. Ranged reads are not verified; engines need not hash them.
+    /// failed. Ranged reads are verified by the facade with the entry's
+    /// outboard (ADR-032); engines need not hash them.
     pub yielded_digest: Option<tokio::sync::oneshot::Receiver<Digest>>,
 }
 
@@ -261,6 +262,42 @@ pub trait Engine: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<(Digest, u64)>>;
 
+    /// The entry's BLAKE3 outboard ([`crate::outboard`], ADR-032): exactly
+    /// the bytes published with it, or `None` when the entry is absent or
+    /// has none (kv engines keep none; an entry stored before outboards has
+    /// none until [`Engine::store_outboard`] gives it one).
+    ///
+    /// The facade validates what this returns against the key's digest
+    /// before trusting it, so an engine never needs to check it; a corrupt
+    /// outboard fails range reads with `Error::Verification`.
+    ///
+    /// Cancel-safe: it only reads.
+    async fn read_outboard(&self, key: &Key) -> Result<Option<Bytes>> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// Gives an existing entry that has no outboard the one the facade
+    /// computed for it (the lazy path for entries stored before outboards,
+    /// and `blobpool verify`). The facade has checked `outboard` against the
+    /// entry's digest.
+    ///
+    /// # Contract
+    ///
+    /// - Atomic: a reader sees no outboard or the whole of it, never part.
+    /// - A no-op when the entry is absent or already has an outboard, and
+    ///   on engines that keep none (the default).
+    /// - Deleting the entry deletes the outboard with it; an outboard left
+    ///   by a crash without its entry is removed by [`Engine::maintain`]
+    ///   and is never visible (reads look for the entry first).
+    ///
+    /// Cancel-safe: dropping the future leaves either no outboard or the
+    /// whole one (plus, at worst, a temporary file maintenance removes).
+    async fn store_outboard(&self, key: &Key, outboard: Bytes) -> Result<()> {
+        let _ = (key, outboard);
+        Ok(())
+    }
+
     /// The engine-state seam, if this engine is a seam member (ADR-012 §5).
     /// `mem` and `local` answer `None`.
     fn gc_seam(&self) -> Option<GcSeam> {
@@ -370,6 +407,25 @@ pub trait LargeEngine: Engine {
 pub trait StagedWrite: Send {
     /// Appends a chunk.
     async fn write(&mut self, chunk: Bytes) -> Result<()>;
+
+    /// Hands the stage the entry's outboard, computed by the facade from
+    /// the bytes written ([`crate::outboard`], ADR-032). Called at most once,
+    /// after the last [`StagedWrite::write`] and before the publish.
+    ///
+    /// # Contract
+    ///
+    /// An engine that keeps outboards publishes this one **with** the
+    /// entry: once the entry is visible, [`Engine::read_outboard`] returns
+    /// exactly these bytes, and a crash at any point leaves either no entry
+    /// or the entry with this outboard (an outboard without its entry is
+    /// allowed: it is invisible, and maintenance removes it). When the key
+    /// already exists (`AlreadyPresent`), the engine may give the existing
+    /// entry this outboard if it has none. The default drops it: the facade
+    /// then computes the outboard on the entry's first range read.
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        let _ = outboard;
+        Ok(())
+    }
 
     /// Makes the staged bytes durable and visible under `key`. If the key
     /// already exists the stage is discarded and `AlreadyPresent` returned.

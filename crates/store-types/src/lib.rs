@@ -20,6 +20,8 @@
 //!   report durability points to (tests only);
 //! - the on-media layout helpers of the path-based engines ([`layout`]:
 //!   fan-out names and stage-name salts);
+//! - BLAKE3 outboards ([`outboard`]): computed while a put streams,
+//!   validated against the digest, used to verify range reads (ADR-032);
 //! - the instance lock ([`InstanceLock`]) a non-fleet store holds its data
 //!   with, and the lock-file mechanism of the file-based engines.
 //!
@@ -34,6 +36,7 @@ mod fleet;
 mod instance_lock;
 mod key;
 pub mod layout;
+pub mod outboard;
 mod refs;
 pub mod registry;
 mod seam;
