@@ -17,13 +17,17 @@ use tokio::sync::oneshot;
 /// to the key's digest or the length is wrong. The bytes are hashed as they
 /// stream — by the engine when it supplies the digest of what it yields
 /// ([`BlobReader::yielded_digest`], e.g. on its read-ahead thread), else
-/// here, on the consumer's thread. Ranged reads cannot be checked against a
-/// whole-content digest and are not verified ([`Blob::is_verified`]).
+/// here, on the consumer's thread. Ranged reads from
+/// [`Store::read_range`](crate::Store::read_range) are verified too, before
+/// any byte is yielded, by chunk group against the entry's outboard
+/// (ADR-032).
 pub struct Blob {
     len: u64,
     tier: Tier,
     reader: Pin<Box<dyn AsyncRead + Send>>,
     verify: Option<Verifier>,
+    /// A range read whose reader checks every byte before yielding it.
+    range_checked: bool,
 }
 
 struct Verifier {
@@ -68,17 +72,28 @@ impl Blob {
                 finished: false,
                 check,
             }),
+            range_checked: false,
         }
     }
 
-    /// Ranged reads: no verification, so an engine digest (engines need not
-    /// send one for ranges) is dropped unused.
-    pub(crate) fn unverified(r: BlobReader, tier: Tier) -> Self {
+    /// Ranged reads: the reader verifies (by chunk group or whole entry,
+    /// see `verified.rs`), so an engine digest is dropped unused.
+    pub(crate) fn range_verified(r: BlobReader, tier: Tier) -> Self {
         Blob {
             len: r.len,
             tier,
             reader: r.reader,
             verify: None,
+            range_checked: true,
+        }
+    }
+
+    /// A read passed through as the engine yields it, unchecked: only for
+    /// quarantine, which saves the bytes of an entry known to be corrupt.
+    pub(crate) fn unverified(r: BlobReader, tier: Tier) -> Self {
+        Blob {
+            range_checked: false,
+            ..Self::range_verified(r, tier)
         }
     }
 
@@ -97,9 +112,11 @@ impl Blob {
         self.tier
     }
 
-    /// Whether the content is checked against the digest at EOF.
+    /// Whether the bytes are checked against the digest: whole reads at
+    /// EOF, range reads group by group before each group's bytes are
+    /// yielded. Always true for reads from [`Store`](crate::Store).
     pub fn is_verified(&self) -> bool {
-        self.verify.is_some()
+        self.verify.is_some() || self.range_checked
     }
 
     /// Reads everything into memory (verifying when [`Blob::is_verified`]).

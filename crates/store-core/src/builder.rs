@@ -55,6 +55,7 @@ pub struct StoreBuilder {
     pin_ttl: Duration,
     clock: Arc<dyn Clock>,
     owner: Option<String>,
+    outboard_cache_bytes: usize,
 }
 
 impl Default for StoreBuilder {
@@ -68,6 +69,7 @@ impl Default for StoreBuilder {
             pin_ttl: Duration::from_secs(900),
             clock: Arc::new(SystemClock),
             owner: None,
+            outboard_cache_bytes: crate::verified::DEFAULT_OUTBOARD_CACHE_BYTES,
         }
     }
 }
@@ -135,6 +137,14 @@ impl StoreBuilder {
     /// The GC clock (tests inject a [`store_gc::ManualClock`]).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// The memory budget of the cache of validated outboards that verified
+    /// range reads use (ADR-032). Default 64 MiB; 0 disables the cache
+    /// (every range read then loads and checks the entry's outboard).
+    pub fn outboard_cache_bytes(mut self, bytes: usize) -> Self {
+        self.outboard_cache_bytes = bytes;
         self
     }
 
@@ -271,6 +281,7 @@ impl StoreBuilder {
             _instance_locks: instance_locks,
             policies: Default::default(),
             policy_lock: Default::default(),
+            outboards: crate::verified::OutboardCache::new(self.outboard_cache_bytes),
         }))
     }
 }

@@ -31,6 +31,7 @@ mod inspect;
 mod put;
 mod refs;
 mod store;
+mod verified;
 
 pub use blob::Blob;
 pub use builder::{Mode, StoreBuilder, DEFAULT_THRESHOLD, MAX_THRESHOLD};
@@ -41,6 +42,7 @@ pub use inspect::{
 pub use put::PutReceipt;
 pub use refs::{GcPolicy, Refs};
 pub use store::{Liveness, Store};
+pub use verified::{DEFAULT_OUTBOARD_CACHE_BYTES, WHOLE_VERIFY_MAX};
 
 pub use store_gc::{
     Clock, GcAbortCause, LivenessSource, ManualClock, NamespaceCounts, Pin, ProtectCallback,

@@ -170,8 +170,13 @@ impl Store {
             None => large.stage(ns).await?,
         };
         match stream_into(&mut stage, body, prefix, len).await {
-            Ok((digest, size)) => {
+            Ok((digest, size, outboard)) => {
                 if let Err(e) = check_expect(expect, digest) {
+                    let _ = stage.abort().await;
+                    return Err(e);
+                }
+                // The outboard is published with the entry (ADR-032).
+                if let Err(e) = stage.set_outboard(outboard).await {
                     let _ = stage.abort().await;
                     return Err(e);
                 }
@@ -227,18 +232,19 @@ impl Store {
 }
 
 /// Streams `prefix` then the rest of `body` into the stage, hashing as it
-/// goes (the stage's writer runs concurrently, so hashing overlaps I/O).
-/// Enforces the declared length.
+/// goes (the stage's writer runs concurrently, so hashing overlaps I/O) and
+/// building the entry's outboard in the same pass. Enforces the declared
+/// length. Returns the digest, the size and the outboard.
 async fn stream_into<R>(
     stage: &mut Box<dyn StagedWrite>,
     body: &mut R,
     prefix: BytesMut,
     len: Option<u64>,
-) -> Result<(Digest, u64)>
+) -> Result<(Digest, u64, Bytes)>
 where
     R: AsyncRead + Unpin + Send,
 {
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = store_types::outboard::OutboardBuilder::new();
     let mut total = prefix.len() as u64;
     if !prefix.is_empty() {
         hasher.update(&prefix);
@@ -284,5 +290,6 @@ where
             });
         }
     }
-    Ok((Digest::from(hasher.finalize()), total))
+    let (digest, outboard) = hasher.finalize();
+    Ok((digest, total, outboard))
 }

@@ -30,6 +30,8 @@ pub(crate) struct Inner {
     pub policies: std::sync::Mutex<crate::refs::PolicyState>,
     /// Serialises policy changes (their registrations are async).
     pub policy_lock: tokio::sync::Mutex<()>,
+    /// Validated outboards for verified range reads (ADR-032).
+    pub outboards: crate::verified::OutboardCache,
 }
 
 /// A liveness source: an in-process callback (non-fleet) or a named table
@@ -147,11 +149,23 @@ impl Store {
         Ok(None)
     }
 
-    /// Reads `range` of the entry (unverified, see [`Blob`]).
+    /// Reads `range` of the entry, verified: every byte it yields has been
+    /// checked against the key's digest before it is yielded (ADR-032).
     /// [`Error::Missing`] when absent, [`Error::InvalidRange`] when the
     /// range is not within the entry.
     ///
-    /// Cancel-safe: it only reads; dropping the future leaves nothing behind.
+    /// Entries up to 64 KiB are verified whole and sliced. Larger ones are
+    /// verified 16 KiB chunk group by group against their outboard (the
+    /// engine's, checked against the digest and cached; computed from one
+    /// verified whole read for an entry that has none, and handed to the
+    /// engine to keep). A corrupt group the range touches fails the read
+    /// with [`Error::Verification`] (inside the `io::Error` of the read that
+    /// reached it) before any of its bytes are yielded; corruption outside
+    /// the covering groups is not read and does not fail it.
+    ///
+    /// Cancel-safe: it only reads (and, for an entry without an outboard,
+    /// asks the engine to keep one, which is atomic); dropping the future
+    /// leaves nothing behind.
     pub async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Blob> {
         for (tier, engine) in self.tiers() {
             let Some(meta) = engine.meta(key).await? else {
@@ -164,13 +178,52 @@ impl Store {
                     size: meta.size,
                 });
             }
-            return match engine.read_range(key, range).await? {
-                Some(r) => Ok(Blob::unverified(r, tier)),
+            let reader = if meta.size <= crate::verified::WHOLE_VERIFY_MAX {
+                crate::verified::small_range(engine, key, range).await?
+            } else {
+                let hashes =
+                    crate::verified::group_hashes(&self.inner.outboards, engine, key, meta.size)
+                        .await?;
+                crate::verified::GroupVerifier::open(engine, key, hashes, range).await?
+            };
+            return match reader {
+                Some(r) => Ok(Blob::range_verified(r, tier)),
                 // Deleted between the two calls.
                 None => Err(Error::Missing),
             };
         }
         Err(Error::Missing)
+    }
+
+    /// The entry's validated BLAKE3 outboard ([`store_types::outboard`]:
+    /// bao-tree's post-order encoding, 16 KiB chunk groups), or `None` when
+    /// absent. Loaded from the engine and checked against the digest, or
+    /// computed from a verified whole read (kv entries, entries stored
+    /// before outboards) — what a bao stream for clients is encoded with.
+    ///
+    /// Cancel-safe: it only reads (see [`Store::read_range`]).
+    pub async fn outboard(
+        &self,
+        key: &Key,
+    ) -> Result<Option<Arc<store_types::outboard::GroupHashes>>> {
+        for (_, engine) in self.tiers() {
+            let Some(meta) = engine.meta(key).await? else {
+                continue;
+            };
+            return match crate::verified::group_hashes(
+                &self.inner.outboards,
+                engine,
+                key,
+                meta.size,
+            )
+            .await
+            {
+                Ok(h) => Ok(Some(h)),
+                Err(Error::Missing) => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
+        Ok(None)
     }
 
     /// Size, tier and creation time, or `None` when absent.

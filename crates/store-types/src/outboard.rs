@@ -302,6 +302,8 @@ pub struct GroupHashes {
     digest: Digest,
     /// One chaining value per group (for a one-group entry: the root).
     cvs: Vec<[u8; 32]>,
+    /// The validated outboard itself (for bao encodings).
+    outboard: Bytes,
 }
 
 impl GroupHashes {
@@ -311,14 +313,14 @@ impl GroupHashes {
     /// Fails with [`Error::Verification`] when the outboard has the wrong
     /// length or any pair does not hash up to `digest` (a corrupt or
     /// foreign outboard is never used to judge data).
-    pub fn from_outboard(digest: Digest, size: u64, outboard: &[u8]) -> Result<GroupHashes> {
+    pub fn from_outboard(digest: Digest, size: u64, outboard: Bytes) -> Result<GroupHashes> {
         let tree = tree(size);
         let wrong = |actual: blake3::Hash| Error::Verification {
             expected: digest,
             actual: Digest::from(actual),
         };
         if outboard.len() as u64 != tree.outboard_size() {
-            return Err(wrong(blake3::hash(outboard)));
+            return Err(wrong(blake3::hash(&outboard)));
         }
         let groups = group_count(size) as usize;
         if groups == 1 {
@@ -326,6 +328,7 @@ impl GroupHashes {
                 size,
                 digest,
                 cvs: vec![*digest.as_bytes()],
+                outboard,
             });
         }
         // Replay the post-order walk: leaves take their chaining values from
@@ -369,9 +372,14 @@ impl GroupHashes {
             }
         }
         match root {
-            Some(r) if Digest::from(r) == digest => Ok(GroupHashes { size, digest, cvs }),
+            Some(r) if Digest::from(r) == digest => Ok(GroupHashes {
+                size,
+                digest,
+                cvs,
+                outboard,
+            }),
             Some(r) => Err(wrong(r)),
-            None => Err(wrong(blake3::hash(outboard))),
+            None => Err(wrong(blake3::hash(&outboard))),
         }
     }
 
@@ -385,9 +393,20 @@ impl GroupHashes {
         self.digest
     }
 
+    /// The validated post-order outboard (bao-tree's
+    /// `PostOrderMemOutboard::data`).
+    pub fn outboard(&self) -> &Bytes {
+        &self.outboard
+    }
+
+    /// The number of chunk groups.
+    pub fn groups(&self) -> u64 {
+        self.cvs.len() as u64
+    }
+
     /// Heap bytes held (for cache accounting).
     pub fn weight(&self) -> usize {
-        self.cvs.len() * 32 + 64
+        self.cvs.len() * 32 + self.outboard.len() + 64
     }
 
     /// Checks `data`, the whole of group `index`, against the outboard.
@@ -510,7 +529,7 @@ mod tests {
         for n in sizes() {
             let d = data(n);
             let (digest, ob) = compute(&d);
-            let gh = GroupHashes::from_outboard(digest, n as u64, &ob).expect("valid outboard");
+            let gh = GroupHashes::from_outboard(digest, n as u64, ob.clone()).expect("valid outboard");
             for (i, g) in d.chunks(G).enumerate() {
                 gh.verify_group(i as u64, g).expect("group verifies");
                 let mut bad = g.to_vec();
@@ -538,16 +557,16 @@ mod tests {
             let mut bad = ob.to_vec();
             bad[at] ^= 0x40;
             assert!(
-                GroupHashes::from_outboard(digest, d.len() as u64, &bad).is_err(),
+                GroupHashes::from_outboard(digest, d.len() as u64, Bytes::from(bad)).is_err(),
                 "flip at {at}"
             );
         }
-        assert!(GroupHashes::from_outboard(digest, d.len() as u64, &ob[..ob.len() - 64]).is_err());
+        assert!(GroupHashes::from_outboard(digest, d.len() as u64, ob.slice(..ob.len() - 64)).is_err());
         let (other, other_ob) = compute(&data(9 * G + 4));
-        assert!(GroupHashes::from_outboard(digest, d.len() as u64, &other_ob).is_err());
-        assert!(GroupHashes::from_outboard(other, d.len() as u64, &ob).is_err());
+        assert!(GroupHashes::from_outboard(digest, d.len() as u64, other_ob).is_err());
+        assert!(GroupHashes::from_outboard(other, d.len() as u64, ob.clone()).is_err());
         // A one-group entry's outboard must be empty.
-        assert!(GroupHashes::from_outboard(Digest::of(b"x"), 1, &[0; 64]).is_err());
+        assert!(GroupHashes::from_outboard(Digest::of(b"x"), 1, Bytes::from_static(&[0; 64])).is_err());
     }
 
     #[test]
