@@ -484,6 +484,10 @@ struct FaultStage {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl StagedWrite for FaultStage {
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        self.inner.set_outboard(outboard).await
+    }
+
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
         if self.broken {
             return Err(self.error.clone());

@@ -3,7 +3,8 @@
 //!
 //! Each trait impl here is under `#[deny(clippy::missing_trait_methods)]`:
 //! a method with a default body (`gc_seam`, `maintain`, `lock_instance`,
-//! `refs`, `stage_expecting`, `joint_pin_publish`, `publish_pinned`) that
+//! `refs`, `stage_expecting`, `joint_pin_publish`, `publish_pinned`, the
+//! outboard hooks) that
 //! the wrapper did not write would otherwise silently replace the inner
 //! engine's override — a wrapped sqlite engine would lose its GC seam.
 
@@ -186,6 +187,17 @@ impl<E: Engine + ?Sized> Engine for Layered<E> {
             self.inner.lock_instance().await.map(Reply::Lock)
         })
     }
+
+    // The outboard hooks (ADR-032) pass straight through, like `gc_seam`:
+    // the facade validates whatever they return against the digest, so a
+    // layer has nothing to add to them yet (not yet layer operations).
+    async fn read_outboard(&self, key: &Key) -> Result<Option<Bytes>> {
+        self.inner.read_outboard(key).await
+    }
+
+    async fn store_outboard(&self, key: &Key, outboard: Bytes) -> Result<()> {
+        self.inner.store_outboard(key, outboard).await
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -276,6 +288,10 @@ pub(crate) struct LayeredStage {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl StagedWrite for LayeredStage {
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        self.inner.set_outboard(outboard).await
+    }
+
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
         let len = chunk.len() as u64;
         let mut call = Call::new(crate::Op::Write, self.kind, self.tier);

@@ -448,6 +448,10 @@ struct CountedStage {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl StagedWrite for CountedStage {
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        self.inner.set_outboard(outboard).await
+    }
+
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
         self.inner.write(chunk).await
     }

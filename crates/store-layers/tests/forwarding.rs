@@ -113,6 +113,15 @@ impl Engine for Recorder {
             holder: "a test".into(),
         })
     }
+    async fn read_outboard(&self, _key: &Key) -> Result<Option<Bytes>> {
+        self.note("read_outboard");
+        Ok(Some(Bytes::from_static(b"outboard")))
+    }
+    async fn store_outboard(&self, _key: &Key, outboard: Bytes) -> Result<()> {
+        assert_eq!(&outboard[..], b"kept");
+        self.note("store_outboard");
+        Ok(())
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -156,6 +165,11 @@ impl LargeEngine for Recorder {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl StagedWrite for RecStage {
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        assert_eq!(&outboard[..], b"published");
+        self.note("set_outboard");
+        Ok(())
+    }
     async fn write(&mut self, _chunk: Bytes) -> Result<()> {
         self.note("write");
         Ok(())
@@ -223,10 +237,21 @@ async fn call_everything(kv: &dyn KvEngine, large: &dyn LargeEngine) {
         PublishOutcome::AlreadyPresent
     );
     assert!(kv.refs().is_none());
+    assert_eq!(
+        large.read_outboard(&k).await.unwrap().as_deref(),
+        Some(&b"outboard"[..])
+    );
+    large
+        .store_outboard(&k, Bytes::from_static(b"kept"))
+        .await
+        .unwrap();
 
     assert!(large.joint_pin_publish());
     let mut s = large.stage(&ns()).await.unwrap();
     s.write(Bytes::from_static(b"con")).await.unwrap();
+    s.set_outboard(Bytes::from_static(b"published"))
+        .await
+        .unwrap();
     assert_eq!(s.publish(&k).await.unwrap(), PublishOutcome::Inserted);
     let s = large.stage_expecting(&ns(), &k.digest).await.unwrap();
     s.abort().await.unwrap();
@@ -243,7 +268,7 @@ async fn call_everything(kv: &dyn KvEngine, large: &dyn LargeEngine) {
     );
 }
 
-const EVERY_METHOD: [&str; 20] = [
+const EVERY_METHOD: [&str; 23] = [
     "descriptor",
     "meta",
     "has_many",
@@ -264,6 +289,9 @@ const EVERY_METHOD: [&str; 20] = [
     "stage_expecting",
     "abort",
     "publish_pinned",
+    "read_outboard",
+    "store_outboard",
+    "set_outboard",
 ];
 
 fn assert_all_reached(log: &Log) {
