@@ -118,6 +118,24 @@ pub async fn local_store(dir: &Path, fsync: bool) -> BenchResult<Store> {
     .await
 }
 
+/// The local large engine on the same directory as [`local_store`]'s, opened
+/// without a store: its `read_range` is the unverified engine read the
+/// verified range row compares with (ADR-032).
+pub async fn local_large_engine(
+    dir: &Path,
+    fsync: bool,
+) -> BenchResult<std::sync::Arc<dyn store_types::LargeEngine>> {
+    let options = store_registry::Options {
+        fsync,
+        ..store_registry::Options::default()
+    };
+    store_registry::Registry::default()
+        .open_large(&url("file", &dir.join("large")), &options)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| err("file:// opened no large engine"))
+}
+
 /// The default composite: SQLite (`synchronous=FULL`) for entries up to the
 /// default 64 KiB threshold, durable local files above it.
 pub async fn composite_store(dir: &Path) -> BenchResult<Store> {

@@ -110,6 +110,21 @@ pub fn range_offset(i: u64) -> u64 {
     ((i * 7919) % slots) * RANGE_LEN as u64
 }
 
+/// `n` digest + outboard computations of `size` bytes in 256 KiB updates,
+/// as the put pipeline does them (ADR-032).
+pub fn outboard_op(size: usize) -> impl Workload {
+    let p = Payload::new(size);
+    op(async move |n: u64| {
+        for _ in 0..n {
+            let mut b = store_types::outboard::OutboardBuilder::new();
+            for part in p.current().chunks(store_types::CHUNK_SIZE) {
+                b.update(part);
+            }
+            std::hint::black_box(b.finalize());
+        }
+    })
+}
+
 /// `n` BLAKE3 hashes of `size` bytes (the hashing limit).
 pub fn blake3_op(size: usize) -> impl Workload {
     let p = Payload::new(size);

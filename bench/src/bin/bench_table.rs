@@ -199,6 +199,24 @@ async fn mem_section(ctx: &mut Ctx) -> BenchResult<()> {
         )
         .await;
     }
+    // Outboard overhead (ADR-032): digest + outboard in one pass against a
+    // plain single-threaded BLAKE3 hash of the same 64 MiB.
+    let mut fig = outboard_op(RANGE_BLOB);
+    let mut b3 = blake3_op(RANGE_BLOB);
+    let refs = Refs {
+        blake3: Some(&mut b3),
+        ..Refs::default()
+    };
+    row(
+        ctx,
+        "mem",
+        "digest + outboard 64 MiB (put's hashing)",
+        Unit::Bytes(RANGE_BLOB as u64),
+        &mut fig,
+        refs,
+        vec![],
+    )
+    .await;
     let key = put_one(&store, RANGE_BLOB).await?;
     let mut fig = range_op(store.clone(), key);
     row(
@@ -294,7 +312,7 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
         if fsync {
             let key = put_one(&store, RANGE_BLOB).await?;
             let path = fs.put(&unique_body(RANGE_BLOB), false).map_err(err)?;
-            let mut fig = range_op(store.clone(), key);
+            let mut fig = range_op(store.clone(), key.clone());
             let mut i = 0u64;
             let mut rr = op(async |n: u64| {
                 for _ in 0..n {
@@ -315,6 +333,42 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
                 &mut fig,
                 refs,
                 vec![],
+            )
+            .await;
+            // Verified (the store, outboard cached) against the engine's own
+            // unverified read of the same ranges (ADR-032: target ≥ 0.5×).
+            let large = fixtures::local_large_engine(&dir, fsync).await?;
+            let mut fig = range_op(store.clone(), key.clone());
+            let mut j = 0u64;
+            let mut unverified = op(async |n: u64| {
+                for _ in 0..n {
+                    let start = range_offset(j);
+                    j += 1;
+                    let r = large
+                        .read_range(&key, start..start + RANGE_LEN as u64)
+                        .await
+                        .expect("engine read_range")
+                        .expect("present");
+                    let mut v = Vec::with_capacity(RANGE_LEN);
+                    let mut rd = r.reader;
+                    tokio::io::AsyncReadExt::read_to_end(&mut rd, &mut v)
+                        .await
+                        .expect("engine range bytes");
+                    assert_eq!(v.len(), RANGE_LEN);
+                }
+            });
+            let refs = Refs {
+                raw: Some(("unverified engine read_range".into(), &mut unverified)),
+                ..Refs::default()
+            };
+            row(
+                ctx,
+                engine,
+                "read_range 4 KiB of 64 MiB (verified vs unverified)",
+                Unit::Range(RANGE_LEN as u64),
+                &mut fig,
+                refs,
+                vec![Target::Raw(0.5)],
             )
             .await;
 
