@@ -31,6 +31,10 @@ async fn main() -> Result<(), store_types::Error> {
     let key = receipt.key().clone();
     let blob = store.get(&key).await?.expect("just stored");
     assert_eq!(&blob.bytes().await?[..], b"hello, pool");
+    // Ranges are verified too: by 16 KiB chunk group against the entry's
+    // BLAKE3 outboard (bao-tree's encoding, ADR-032), before any byte is yielded.
+    let part = store.read_range(&key, 7..11).await?.bytes().await?;
+    assert_eq!(&part[..], b"pool");
     drop(receipt); // unpinned and unreferenced: garbage from now on
     store
         .register_liveness_source(ns, Arc::new(NothingReferenced))
