@@ -335,8 +335,9 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
                 vec![],
             )
             .await;
-            // Verified (the store, outboard cached) against the engine's own
-            // unverified read of the same ranges (ADR-032: target ≥ 0.5×).
+            // Verified (the store, outboard cached) against the unverified
+            // read of the same ranges as the store did it before ADR-032
+            // (meta, then the engine's read_range): target ≥ 0.5×.
             let large = fixtures::local_large_engine(&dir, fsync).await?;
             let mut fig = range_op(store.clone(), key.clone());
             let mut j = 0u64;
@@ -344,6 +345,10 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
                 for _ in 0..n {
                     let start = range_offset(j);
                     j += 1;
+                    // What `Store::read_range` did before ADR-032: the
+                    // range check's meta, then the engine's read.
+                    let meta = large.meta(&key).await.expect("meta").expect("present");
+                    assert!(start + RANGE_LEN as u64 <= meta.size);
                     let r = large
                         .read_range(&key, start..start + RANGE_LEN as u64)
                         .await
@@ -358,7 +363,7 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
                 }
             });
             let refs = Refs {
-                raw: Some(("unverified engine read_range".into(), &mut unverified)),
+                raw: Some(("unverified meta+read_range".into(), &mut unverified)),
                 ..Refs::default()
             };
             row(
