@@ -529,7 +529,8 @@ mod tests {
         for n in sizes() {
             let d = data(n);
             let (digest, ob) = compute(&d);
-            let gh = GroupHashes::from_outboard(digest, n as u64, ob.clone()).expect("valid outboard");
+            let gh =
+                GroupHashes::from_outboard(digest, n as u64, ob.clone()).expect("valid outboard");
             for (i, g) in d.chunks(G).enumerate() {
                 gh.verify_group(i as u64, g).expect("group verifies");
                 let mut bad = g.to_vec();
@@ -561,12 +562,16 @@ mod tests {
                 "flip at {at}"
             );
         }
-        assert!(GroupHashes::from_outboard(digest, d.len() as u64, ob.slice(..ob.len() - 64)).is_err());
+        assert!(
+            GroupHashes::from_outboard(digest, d.len() as u64, ob.slice(..ob.len() - 64)).is_err()
+        );
         let (other, other_ob) = compute(&data(9 * G + 4));
         assert!(GroupHashes::from_outboard(digest, d.len() as u64, other_ob).is_err());
         assert!(GroupHashes::from_outboard(other, d.len() as u64, ob.clone()).is_err());
         // A one-group entry's outboard must be empty.
-        assert!(GroupHashes::from_outboard(Digest::of(b"x"), 1, Bytes::from_static(&[0; 64])).is_err());
+        assert!(
+            GroupHashes::from_outboard(Digest::of(b"x"), 1, Bytes::from_static(&[0; 64])).is_err()
+        );
     }
 
     #[test]
