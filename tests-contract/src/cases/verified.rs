@@ -90,7 +90,15 @@ pub async fn range_corruption_is_caught_only_in_covering_groups(spec: Spec) {
     let Some(key) = put_or_rejected(&h, &data).await else {
         return;
     };
-    assert!(n > WHOLE_VERIFY_MAX && n > THRESHOLD);
+    // Group-verified (not whole), and in the large tier where there is one.
+    let stat = h.store.stat(&key).await.unwrap().expect("present");
+    assert!(stat.size > WHOLE_VERIFY_MAX);
+    let tier = if h.spec.mem_only {
+        Tier::Kv
+    } else {
+        Tier::Large
+    };
+    assert_eq!(stat.tier, tier, "{}", h.spec.name);
     // Load (and validate) the outboard before the damage.
     assert_eq!(read(&h, &key, 0..1).await.unwrap(), &data[..1]);
     let ob = h.store.outboard(&key).await.unwrap().expect("outboard");
