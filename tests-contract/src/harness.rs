@@ -436,18 +436,39 @@ impl Harness {
 
     /// Flips a stored byte of `key`, in whichever tier holds it.
     pub async fn corrupt(&self, key: &Key) {
+        let hooks = self.tier_hooks(key).await;
+        hooks.corrupt_one_byte(key).await.unwrap();
+    }
+
+    /// Flips the stored byte at `offset` of `key`, in whichever tier holds
+    /// it ([`Testing::corrupt_byte_at`]).
+    ///
+    /// # Panics
+    ///
+    /// When that tier's engine has no positioned corruption hook: the
+    /// cases that need one run on every composite and must not skip.
+    pub async fn corrupt_at(&self, key: &Key, offset: u64) {
+        let hooks = self.tier_hooks(key).await;
+        hooks
+            .corrupt_byte_at(key, offset)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{}: corrupt_byte_at({key}, {offset}): {e}", self.spec.name)
+            });
+    }
+
+    async fn tier_hooks(&self, key: &Key) -> Arc<dyn Testing> {
         let stat = self
             .store
             .stat(key)
             .await
             .unwrap()
             .expect("entry to corrupt");
-        let hooks = match (stat.tier, &self.large) {
+        match (stat.tier, &self.large) {
             (Tier::Kv, _) => hooks(&self.kv, "kv"),
             (Tier::Large, Some(l)) => hooks(l, "large"),
             (tier, None) => panic!("{tier} entry in a store without a large tier"),
-        };
-        hooks.corrupt_one_byte(key).await.unwrap();
+        }
     }
 
     /// Stage files (or stage objects) left in the large tier (0 for

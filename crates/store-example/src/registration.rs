@@ -91,7 +91,7 @@ fn hooks(engine: &ExampleEngine) -> Option<Arc<dyn Testing>> {
     }
 }
 
-/// The test hooks: flip a byte in place, and reopen as the same data (a
+/// The test hooks: flip a byte in place (the middle one, or one chosen), and reopen as the same data (a
 /// restart of an in-memory engine that kept its map, which is what the
 /// contract suite's restart cases need).
 struct ExampleTesting(ExampleEngine);
@@ -107,6 +107,25 @@ impl Testing for ExampleTesting {
             Some(b) => *b ^= 0xff,
             None => data.push(0),
         }
+        entry.bytes = data.into();
+        Ok(())
+    }
+
+    async fn corrupt_byte_at(&self, key: &store_types::Key, offset: u64) -> Result<()> {
+        let mut entries = self.0.entries();
+        let entry = entries.get_mut(key).ok_or(Error::Missing)?;
+        let mut data = entry.bytes.to_vec();
+        let byte = usize::try_from(offset)
+            .ok()
+            .and_then(|i| data.get_mut(i))
+            .ok_or_else(|| {
+                Error::backend(
+                    store_types::ErrorKind::InvalidData,
+                    "corrupting a byte past the end",
+                )
+                .with_key(key)
+            })?;
+        *byte ^= 0xff;
         entry.bytes = data.into();
         Ok(())
     }

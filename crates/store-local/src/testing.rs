@@ -52,4 +52,31 @@ impl LocalEngine {
         })
         .await
     }
+
+    /// Flips (`^ 0xff`) the byte at `offset` of `key`'s stored file in
+    /// place, size unchanged, and fsyncs.
+    ///
+    /// Returns [`Error::Missing`] when `key` is absent and an I/O error
+    /// when `offset` is not inside the file.
+    pub async fn corrupt_byte_at(&self, key: &Key, offset: u64) -> Result<()> {
+        let path = self.inner.content_path(key);
+        blocking(move || {
+            let mut file = match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(f) => f,
+                Err(e) if is_absent(&e) => return Err(Error::Missing),
+                Err(e) => return Err(io_err("opening", &path, e)),
+            };
+            let damage = |file: &mut fs::File| -> std::io::Result<()> {
+                let mut byte = [0u8];
+                file.seek(SeekFrom::Start(offset))?;
+                file.read_exact(&mut byte)?;
+                byte[0] ^= 0xff;
+                file.seek(SeekFrom::Start(offset))?;
+                file.write_all(&byte)?;
+                file.sync_all()
+            };
+            damage(&mut file).map_err(|e| io_err("corrupting", &path, e))
+        })
+        .await
+    }
 }

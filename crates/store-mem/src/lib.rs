@@ -134,6 +134,39 @@ impl MemEngine {
         entry.bytes = Bytes::from(data);
         Ok(())
     }
+
+    /// Test helper: flips (`^ 0xff`) the stored byte at `offset` of `key`,
+    /// size unchanged.
+    ///
+    /// Returns [`store_types::Error::Missing`] when `key` is absent and an
+    /// [`store_types::ErrorKind::InvalidData`] error when `offset` is not
+    /// inside the content.
+    #[cfg(feature = "testing")]
+    pub fn corrupt_byte_at(
+        &self,
+        key: &store_types::Key,
+        offset: u64,
+    ) -> Result<(), store_types::Error> {
+        let mut tables = self.write_tables();
+        let entry = tables
+            .get_mut(&key.namespace)
+            .and_then(|t| t.get_mut(&key.digest))
+            .ok_or(store_types::Error::Missing)?;
+        let mut data = entry.bytes.to_vec();
+        let byte = usize::try_from(offset)
+            .ok()
+            .and_then(|i| data.get_mut(i))
+            .ok_or_else(|| {
+                store_types::Error::backend(
+                    store_types::ErrorKind::InvalidData,
+                    "corrupting a byte past the end",
+                )
+                .with_key(key)
+            })?;
+        *byte ^= 0xff;
+        entry.bytes = Bytes::from(data);
+        Ok(())
+    }
 }
 
 impl fmt::Debug for MemEngine {

@@ -108,6 +108,10 @@ mod hooks {
             self.0.corrupt_one_byte(key)
         }
 
+        async fn corrupt_byte_at(&self, key: &Key, offset: u64) -> Result<()> {
+            self.0.corrupt_byte_at(key, offset)
+        }
+
         async fn reopen_kv(&self) -> Option<Result<Opened<dyn KvEngine>>> {
             Some(Ok(super::kv(self.0.clone())))
         }

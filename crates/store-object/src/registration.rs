@@ -248,6 +248,10 @@ mod hooks {
             self.0.corrupt_one_byte(key).await
         }
 
+        async fn corrupt_byte_at(&self, key: &Key, offset: u64) -> Result<()> {
+            self.0.corrupt_byte_at(key, offset).await
+        }
+
         async fn stage_files(&self) -> Result<usize> {
             self.0.stage_object_count().await
         }

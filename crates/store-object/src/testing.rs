@@ -2,7 +2,7 @@
 
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
-use store_types::{Error, Key, Result};
+use store_types::{Error, ErrorKind, Key, Result};
 
 use crate::error::backend_err;
 use crate::ObjectEngine;
@@ -32,6 +32,40 @@ impl ObjectEngine {
     ///
     /// Returns [`Error::Missing`] when `key` is absent.
     pub async fn corrupt_one_byte(&self, key: &Key) -> Result<()> {
+        self.damage(key, |v| {
+            if v.is_empty() {
+                v.push(0);
+            } else {
+                let mid = v.len() / 2;
+                v[mid] ^= 0xff;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Flips (`^ 0xff`) the byte at `offset` of `key`'s stored object,
+    /// size unchanged, and overwrites the object.
+    ///
+    /// Returns [`Error::Missing`] when `key` is absent and an
+    /// [`ErrorKind::InvalidData`] error when `offset` is not inside it.
+    pub async fn corrupt_byte_at(&self, key: &Key, offset: u64) -> Result<()> {
+        self.damage(key, |v| {
+            let byte = usize::try_from(offset)
+                .ok()
+                .and_then(|i| v.get_mut(i))
+                .ok_or_else(|| {
+                    Error::backend(ErrorKind::InvalidData, "corrupting a byte past the end")
+                        .with_key(key)
+                })?;
+            *byte ^= 0xff;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Reads `key`'s object, applies `f`, writes it back.
+    async fn damage(&self, key: &Key, f: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Result<()> {
         let path = self.inner.content_path(key);
         let store = &self.inner.store;
         let bytes = match store.get(&path).await {
@@ -43,12 +77,7 @@ impl ObjectEngine {
             Err(e) => return Err(backend_err("reading", &path, e)),
         };
         let mut v = bytes.to_vec();
-        if v.is_empty() {
-            v.push(0);
-        } else {
-            let mid = v.len() / 2;
-            v[mid] ^= 0xff;
-        }
+        f(&mut v)?;
         store
             .put(&path, PutPayload::from(v))
             .await

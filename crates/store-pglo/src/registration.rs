@@ -96,6 +96,10 @@ mod hooks {
             self.0.corrupt_one_byte(key).await
         }
 
+        async fn corrupt_byte_at(&self, key: &Key, offset: u64) -> Result<()> {
+            self.0.corrupt_byte_at(key, offset).await
+        }
+
         async fn set_clock(&self, at: Timestamp) -> Result<bool> {
             set_db_clock(self.0.pool(), self.0.schema(), at).await?;
             Ok(true)

@@ -34,6 +34,35 @@ impl PgLoEngine {
         Ok(())
     }
 
+    /// Flips (`^ 0xff`) the byte at `offset` of the entry's large object,
+    /// size unchanged. [`Error::Missing`](store_types::Error::Missing)
+    /// when absent; an offset past the end fails in the database.
+    pub async fn corrupt_byte_at(&self, key: &Key, offset: u64) -> Result<()> {
+        let offset = i64::try_from(offset).map_err(|_| {
+            store_types::Error::backend(
+                store_types::ErrorKind::InvalidData,
+                "corrupting a byte past the end",
+            )
+            .with_key(key)
+        })?;
+        let n = sqlx::query(self.sql(
+            "SELECT lo_put(e.oid, $3,
+                 set_byte(lo_get(e.oid, $3, 1), 0, get_byte(lo_get(e.oid, $3, 1), 0) # 255))
+             FROM {schema}.lo_entries e WHERE e.ns = $1 AND e.digest = $2",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(offset)
+        .execute(self.pool())
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+        if n == 0 {
+            return Err(store_types::Error::Missing);
+        }
+        Ok(())
+    }
+
     /// Every large-object OID referenced by this engine's `lo_entries`.
     pub async fn referenced_oids(&self) -> Result<Vec<u32>> {
         let oids: Vec<Oid> =

@@ -419,6 +419,22 @@ pub trait Testing: Send + Sync {
     /// digest. [`Error::Missing`] when absent.
     async fn corrupt_one_byte(&self, key: &Key) -> Result<()>;
 
+    /// Flips (`^ 0xff`) the stored byte at `offset` of `key`'s content,
+    /// leaving its size and every other byte as they were, so a range read
+    /// must fail exactly where it covers that byte. [`Error::Missing`] when
+    /// absent; an offset at or past the end is an error of the engine's
+    /// choosing. The default: [`Error::Backend`] of kind
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported), the
+    /// engine has no positioned corruption.
+    async fn corrupt_byte_at(&self, key: &Key, offset: u64) -> Result<()> {
+        let _ = offset;
+        Err(Error::backend(
+            crate::ErrorKind::Unsupported,
+            "corrupting the byte at an offset (no such test hook)",
+        )
+        .with_key(key))
+    }
+
     /// Stage files (or stage objects) left behind; 0 for engines without
     /// them.
     async fn stage_files(&self) -> Result<usize> {

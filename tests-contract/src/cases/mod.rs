@@ -5,3 +5,4 @@ pub mod gc;
 pub mod model;
 pub mod refs;
 pub mod seam;
+pub mod verified;
