@@ -181,9 +181,14 @@ impl Store {
             let reader = if meta.size <= crate::verified::WHOLE_VERIFY_MAX {
                 crate::verified::small_range(engine, key, range).await?
             } else {
-                let hashes =
-                    crate::verified::group_hashes(&self.inner.outboards, engine, key, meta.size)
-                        .await?;
+                let hashes = crate::verified::group_hashes(
+                    &self.inner.outboards,
+                    engine,
+                    tier,
+                    key,
+                    meta.size,
+                )
+                .await?;
                 crate::verified::GroupVerifier::open(engine, key, hashes, range).await?
             };
             return match reader {
@@ -206,13 +211,14 @@ impl Store {
         &self,
         key: &Key,
     ) -> Result<Option<Arc<store_types::outboard::GroupHashes>>> {
-        for (_, engine) in self.tiers() {
+        for (tier, engine) in self.tiers() {
             let Some(meta) = engine.meta(key).await? else {
                 continue;
             };
             return match crate::verified::group_hashes(
                 &self.inner.outboards,
                 engine,
+                tier,
                 key,
                 meta.size,
             )

@@ -105,6 +105,7 @@ impl OutboardCache {
 pub(crate) async fn group_hashes(
     cache: &OutboardCache,
     engine: &dyn Engine,
+    tier: store_types::Tier,
     key: &Key,
     size: u64,
 ) -> Result<Arc<GroupHashes>> {
@@ -113,8 +114,15 @@ pub(crate) async fn group_hashes(
             return Ok(h);
         }
     }
-    let hashes = match engine.read_outboard(key).await? {
+    // Kv entries keep no outboard (ADR-032): theirs is computed each time
+    // it is not cached, from a read that is cheap at their size.
+    let kept = match tier {
+        store_types::Tier::Large => engine.read_outboard(key).await?,
+        store_types::Tier::Kv => None,
+    };
+    let hashes = match kept {
         Some(ob) => GroupHashes::from_outboard(key.digest, size, ob)?,
+        None if tier == store_types::Tier::Kv => compute_from_entry(engine, key, size).await?,
         None => {
             let hashes = compute_from_entry(engine, key, size).await?;
             engine

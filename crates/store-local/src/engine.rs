@@ -19,10 +19,21 @@ use crate::{LocalEngine, LOCK_FILE};
 impl Engine for LocalEngine {
     /// Removes stage files no live put holds (their `flock` is free):
     /// leftovers of puts interrupted since the engine opened.
-    async fn maintain(&self, _now: store_types::Timestamp) -> Result<u64> {
+    ///
+    /// Also removes outboard files whose entry is absent and that are older
+    /// than [`crate::ORPHAN_OUTBOARD_GRACE`] (left by a crash between the
+    /// outboard's rename and the entry's link); this lists every fan-out
+    /// directory, like a scan.
+    async fn maintain(&self, now: store_types::Timestamp) -> Result<u64> {
         let inner = self.inner.clone();
         let removed = tokio::task::spawn_blocking(move || {
-            crate::fsio::remove_orphan_stages(&inner.seam, &inner.stage_dir)
+            let stages = crate::fsio::remove_orphan_stages(&inner.seam, &inner.stage_dir)?;
+            let before = store_types::Timestamp(
+                now.0
+                    .saturating_sub(crate::ORPHAN_OUTBOARD_GRACE.as_millis() as i64),
+            );
+            let outboards = crate::fsio::remove_orphan_outboards(&inner.seam, &inner.root, before)?;
+            Ok::<_, store_types::Error>(stages + outboards)
         })
         .await
         .map_err(|e| {
@@ -89,6 +100,43 @@ impl Engine for LocalEngine {
         open_reader(self.inner.content_path(key), Some(range)).await
     }
 
+    /// Reads `<digest>.obao` in one blocking call (`None` if absent). Only
+    /// the entry's presence makes it meaningful; the facade checks that
+    /// (and the outboard's validity) itself.
+    async fn read_outboard(&self, key: &Key) -> Result<Option<bytes::Bytes>> {
+        let path = crate::outboard_path(&self.inner.content_path(key));
+        blocking(move || match std::fs::read(&path) {
+            Ok(b) => Ok(Some(bytes::Bytes::from(b))),
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(io_err("reading outboard", &path, e)),
+        })
+        .await
+    }
+
+    /// Writes the outboard of an existing entry that has none, like a
+    /// publish does (stage file, `fdatasync`, rename, directory fsync), in
+    /// one blocking call that runs to its end whoever awaits it.
+    async fn store_outboard(&self, key: &Key, outboard: bytes::Bytes) -> Result<()> {
+        let inner = self.inner.clone();
+        let (target, fan_dir) = (inner.content_path(key), inner.fan_dir(key));
+        blocking(move || {
+            let dest = crate::outboard_path(&target);
+            if fsio::stat_entry(&target)?.is_none() || dest.exists() {
+                return Ok(());
+            }
+            crate::stage::place_outboard(&inner, &outboard, &dest)?;
+            if inner.options.fsync {
+                fsio::fsync_dir(
+                    &inner.seam,
+                    &fan_dir,
+                    "local: store outboard: fsync fan-out dir",
+                )?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Removes the files in one blocking task, then (with `fsync` on)
     /// fsyncs each affected fan-out directory once. A key found absent
     /// counts as affected too: another process may have unlinked it and
@@ -102,7 +150,10 @@ impl Engine for LocalEngine {
             let mut freed = Vec::with_capacity(keys.len());
             let mut touched = BTreeSet::new();
             for key in &keys {
-                let size = fsio::delete_entry(&inner.seam, &inner.content_path(key))?;
+                let path = inner.content_path(key);
+                let size = fsio::delete_entry(&inner.seam, &path)?;
+                // The entry first, its outboard second (see the crate docs).
+                fsio::remove_if_present(&inner.seam, &crate::outboard_path(&path))?;
                 touched.insert(inner.fan_dir(key));
                 freed.push(size);
             }

@@ -193,6 +193,76 @@ pub(crate) fn delete_entry(seam: &Seam, path: &Path) -> Result<Option<u64>> {
     }
 }
 
+/// Removes the file at `path` if there is one.
+pub(crate) fn remove_if_present(seam: &Seam, path: &Path) -> Result<()> {
+    match seam.remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if is_absent(&e) => Ok(()),
+        Err(e) => Err(io_err("removing", path, e)),
+    }
+}
+
+/// Removes every `<digest>.obao` under `root`'s namespaces whose entry is
+/// absent and whose mtime is before `before`; returns how many. Names that
+/// are not a namespace, fan-out or outboard of a canonical digest are
+/// ignored (junk is never touched).
+pub(crate) fn remove_orphan_outboards(
+    seam: &Seam,
+    root: &Path,
+    before: Timestamp,
+) -> Result<usize> {
+    let mut removed = 0;
+    let suffix = format!(".{}", crate::OUTBOARD_EXT);
+    let listing = match fs::read_dir(root) {
+        Ok(l) => l,
+        Err(e) => return Err(io_err("listing", root, e)),
+    };
+    for ns in listing {
+        let ns = ns.map_err(|e| io_err("listing", root, e))?;
+        let is_ns = ns
+            .file_name()
+            .to_str()
+            .is_some_and(|n| Namespace::new(n).is_ok());
+        if !is_ns || !ns.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let ns_dir = ns.path();
+        for fan in fs::read_dir(&ns_dir).map_err(|e| io_err("listing", &ns_dir, e))? {
+            let fan = fan.map_err(|e| io_err("listing", &ns_dir, e))?;
+            if fan.file_name().to_str().and_then(parse_fan).is_none() {
+                continue;
+            }
+            let fan_dir = fan.path();
+            let names = match fs::read_dir(&fan_dir) {
+                Ok(l) => l,
+                Err(e) if is_absent(&e) || e.kind() == ErrorKind::NotADirectory => continue,
+                Err(e) => return Err(io_err("listing", &fan_dir, e)),
+            };
+            for name in names {
+                let name = name.map_err(|e| io_err("listing", &fan_dir, e))?;
+                let file_name = name.file_name();
+                let Some(hex) = file_name.to_str().and_then(|n| n.strip_suffix(&suffix)) else {
+                    continue;
+                };
+                if Digest::parse(hex).is_err() {
+                    continue;
+                }
+                let path = name.path();
+                let old = match fs::symlink_metadata(&path) {
+                    Ok(m) => m.is_file() && mtime(&m) < before,
+                    Err(e) if is_absent(&e) => false,
+                    Err(e) => return Err(io_err("stat", &path, e)),
+                };
+                if old && stat_entry(&fan_dir.join(hex))?.is_none() {
+                    remove_if_present(seam, &path)?;
+                    removed += 1;
+                }
+            }
+        }
+    }
+    Ok(removed)
+}
+
 /// Up to `limit` entries of the namespace directory `ns_dir` with digest
 /// greater than `after`, ascending, with sizes.
 ///

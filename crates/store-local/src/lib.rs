@@ -10,6 +10,7 @@
 //!   .blobpool.lock                        the instance lock (non-fleet stores)
 //!   .stage/<pid>-<salt>-<counter>.stage   in-progress puts (flock-held)
 //!   <namespace>/<2 hex>/<64 hex digest>   published content
+//!   <namespace>/<2 hex>/<64 hex digest>.obao   its BLAKE3 outboard (ADR-032)
 //! ```
 //!
 //! The two-hex fan-out directory is the first byte of the digest. Paths
@@ -61,8 +62,27 @@
 //!    claims a deduplication onto something a read could not serve.
 //!    The stage name is then unlinked. Hard links are required: [`LocalEngine::open`]
 //!    probes for them and refuses a root that lacks them;
+//!
+//!    3a. Before the link, the entry's outboard (handed over by the facade,
+//!    [`store_types::StagedWrite::set_outboard`]) is written to a stage
+//!    file of its own, `fdatasync`ed (with `fsync` on) and **renamed** to
+//!    `<digest>.obao` beside the content path. Its name precedes the
+//!    entry's in the same directory, and step 4's one directory fsync makes
+//!    both durable: a crash leaves no entry, an outboard without its entry
+//!    (invisible: every read looks for the entry first; `maintain` removes
+//!    it after [`ORPHAN_OUTBOARD_GRACE`]), or the entry with its outboard —
+//!    never the entry without it. A publish that deduplicates onto an
+//!    entry without an outboard (stored before outboards) gives it this one;
 //! 4. with `fsync` on, the fan-out directory is fsynced, and — once per
 //!    process for each directory not yet known durable — its parents too.
+//!
+//! A delete removes the entry's name, then its outboard's. The one window
+//! that can leave a visible entry without its outboard is a re-put of the
+//! same content racing that delete (its outboard renamed in between the
+//! two unlinks); such an entry gets its outboard again on its first range
+//! read (the facade's lazy path, [`store_types::Engine::store_outboard`]).
+//! An outboard is never *wrong*: it is a function of the content, and the
+//! facade validates it against the digest before use.
 //!
 //! A stage that is dropped or aborted, or whose write fails, removes its
 //! file (on a blocking thread; a drop does not wait for it). Each live stage holds an exclusive `flock` on its file; at open
@@ -181,6 +201,24 @@ const LOCK_FILE: &str = ".blobpool.lock";
 
 /// Extension of stage files.
 const STAGE_EXT: &str = "stage";
+
+/// Extension of an entry's outboard file, beside the entry.
+const OUTBOARD_EXT: &str = "obao";
+
+/// How old an outboard without its entry must be before
+/// [`store_types::Engine::maintain`] removes it: a publish renames the
+/// outboard in a moment before it links the entry, and a live publish's
+/// outboard must never be taken. Measured against the file's mtime, so it
+/// also absorbs clock skew between the nodes of a shared root.
+pub const ORPHAN_OUTBOARD_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The outboard file of the entry at `content`: `<content>.obao`.
+pub(crate) fn outboard_path(content: &Path) -> PathBuf {
+    let mut name = content.as_os_str().to_owned();
+    name.push(".");
+    name.push(OUTBOARD_EXT);
+    PathBuf::from(name)
+}
 
 /// Options of a [`LocalEngine`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

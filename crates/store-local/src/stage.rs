@@ -196,15 +196,50 @@ fn existing_entry(target: &Path, size: u64) -> std::io::Result<Existing> {
     })
 }
 
+/// Writes `outboard` to a fresh (locked) stage file, syncs it (with
+/// `fsync` on) and renames it to `dest`, the entry's outboard name. The
+/// name's durability is the caller's: the fan-out directory fsync of the
+/// publish that follows. A rename replaces whatever `dest` held — an
+/// outboard is a function of the content, so an existing valid one has the
+/// same bytes, and an invalid one is repaired. A failure part-way leaves
+/// only the stage file, which its drop (or the orphan sweep) removes.
+pub(crate) fn place_outboard(inner: &Inner, outboard: &Bytes, dest: &Path) -> Result<()> {
+    let mut tmp = create_stage_file(inner)?;
+    write_chunks(&tmp, std::slice::from_ref(outboard))?;
+    if inner.options.fsync {
+        inner
+            .seam
+            .sync_data(&tmp.file, &tmp.path, "local: publish: fdatasync outboard")
+            .map_err(|e| io_err("fsyncing outboard stage", &tmp.path, e))?;
+    }
+    inner
+        .seam
+        .rename(&tmp.path, dest)
+        .map_err(|e| io_err("publishing outboard to", dest, e))?;
+    tmp.gone = true;
+    Ok(())
+}
+
 /// Publishes a fully written stage of `size` bytes under `key` (steps 1–4
-/// of the crate docs).
-fn publish(inner: &Inner, mut stage: StageFile, size: u64, key: &Key) -> Result<PublishOutcome> {
+/// of the crate docs), with its outboard (step 3a) when given.
+fn publish(
+    inner: &Inner,
+    mut stage: StageFile,
+    size: u64,
+    key: &Key,
+    outboard: Option<Bytes>,
+) -> Result<PublishOutcome> {
     let target = inner.content_path(key);
+    let outboard_path = crate::outboard_path(&target);
     let fsync = inner.options.fsync;
     let fan_dir = inner.fan_dir(key);
     // The cheap pre-check, before any fsync is spent. An error here is no
     // verdict: the link below and the check after it decide.
     if let Ok(Existing::Usable) = existing_entry(&target, size) {
+        // An entry stored before outboards gets this one (ADR-032).
+        if let Some(ob) = outboard.filter(|_| !outboard_path.exists()) {
+            place_outboard(inner, &ob, &outboard_path)?;
+        }
         return already_present(inner, &fan_dir); // `stage` drops: removed.
     }
     if fsync {
@@ -217,6 +252,12 @@ fn publish(inner: &Inner, mut stage: StageFile, size: u64, key: &Key) -> Result<
         .seam
         .create_dir_all(&fan_dir)
         .map_err(|e| io_err("creating", &fan_dir, e))?;
+    // The outboard's name first, the entry's second, one directory fsync
+    // for both (step 4): whatever durable listing a crash leaves that holds
+    // the entry holds its outboard too.
+    if let Some(ob) = &outboard {
+        place_outboard(inner, ob, &outboard_path)?;
+    }
     let mut attempt = 1;
     loop {
         let e = match inner.seam.hard_link(&stage.path, &target) {
@@ -329,6 +370,8 @@ pub(crate) struct LocalStage {
     shared: Arc<Shared>,
     /// Bytes accepted so far (queued or written).
     written: u64,
+    /// The entry's outboard, once the facade has handed it over.
+    outboard: Option<Bytes>,
 }
 
 /// What a stage shares with its writer call.
@@ -426,6 +469,7 @@ impl LocalStage {
                 progress: Notify::new(),
             }),
             written: 0,
+            outboard: None,
         })
     }
 
@@ -534,6 +578,13 @@ impl StagedWrite for LocalStage {
         }
     }
 
+    /// Keeps the outboard for the publish, which writes it beside the entry
+    /// (`<digest>.obao`) before the entry's name appears.
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        self.outboard = Some(outboard);
+        Ok(())
+    }
+
     /// Publishes under `key`, whose namespace must be the one the stage
     /// was opened for ([`Error::KeyInvalid`] otherwise; the stage is
     /// discarded).
@@ -549,11 +600,12 @@ impl StagedWrite for LocalStage {
             return Err(stage_gone());
         };
         let (inner, written, key) = (self.inner.clone(), self.written, key.clone());
+        let outboard = self.outboard.take();
         // Cancel-safe like the rest: the blocking call runs to its end
         // (published, or the file removed) whoever awaits it.
         blocking(move || {
             write_chunks(&stage, &chunks)?;
-            publish(&inner, stage, written, &key)
+            publish(&inner, stage, written, &key, outboard)
         })
         .await
     }

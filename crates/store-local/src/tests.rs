@@ -870,3 +870,87 @@ async fn a_media_failure_reports_its_kind_path_and_source() {
     assert!(report.contains("\ncaused by: "), "{report}");
     assert_eq!(engine.stage_file_count().unwrap(), 0);
 }
+
+/// The outboard handed to a stage is published beside the entry, listed
+/// nowhere, read back exactly, and deleted with the entry; an entry
+/// without one gets one from `store_outboard` (and only one).
+#[tokio::test]
+async fn outboards_are_published_with_the_entry_and_deleted_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(3 * 16_384 + 7, 9);
+    let (digest, outboard) = store_types::outboard::compute(&data);
+    let key = Key::new(ns("a"), digest);
+    let mut stage = engine.stage(&key.namespace).await.unwrap();
+    stage.write(Bytes::from(data.clone())).await.unwrap();
+    stage.set_outboard(outboard.clone()).await.unwrap();
+    assert_eq!(stage.publish(&key).await.unwrap(), PublishOutcome::Inserted);
+    let path = engine.inner.content_path(&key);
+    let ob_path = crate::outboard_path(&path);
+    assert_eq!(fs::read(&ob_path).unwrap(), &outboard[..]);
+    assert_eq!(
+        engine.read_outboard(&key).await.unwrap(),
+        Some(outboard.clone())
+    );
+    // Listings skip the outboard's name.
+    let listed = engine.scan(&key.namespace, None, 10).await.unwrap();
+    assert_eq!(listed, vec![(digest, data.len() as u64)]);
+    assert_eq!(
+        engine.delete_many(&key.namespace, &[digest]).await.unwrap(),
+        vec![Some(data.len() as u64)]
+    );
+    assert!(!ob_path.exists(), "the outboard goes with its entry");
+    assert_eq!(engine.read_outboard(&key).await.unwrap(), None);
+
+    // An entry stored without an outboard (before outboards) gets one.
+    let key = put(&engine, "a", &data).await;
+    assert_eq!(engine.read_outboard(&key).await.unwrap(), None);
+    engine.store_outboard(&key, outboard.clone()).await.unwrap();
+    assert_eq!(
+        engine.read_outboard(&key).await.unwrap(),
+        Some(outboard.clone())
+    );
+    // For an absent entry, storing an outboard is a no-op.
+    let absent = Key::new(ns("a"), Digest::of(b"absent"));
+    engine
+        .store_outboard(&absent, outboard.clone())
+        .await
+        .unwrap();
+    assert_eq!(engine.read_outboard(&absent).await.unwrap(), None);
+    wait_no_stage_files(&engine).await;
+}
+
+/// An outboard left without its entry (a crash between the two names) is
+/// removed by maintenance once older than the grace period, never before
+/// (it may be a live publish's, about to link its entry); one with its
+/// entry is never removed.
+#[tokio::test]
+async fn orphan_outboards_are_reaped_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(40_000, 3);
+    let (digest, outboard) = store_types::outboard::compute(&data);
+    let kept = Key::new(ns("a"), digest);
+    let mut stage = engine.stage(&kept.namespace).await.unwrap();
+    stage.write(Bytes::from(data.clone())).await.unwrap();
+    stage.set_outboard(outboard.clone()).await.unwrap();
+    stage.publish(&kept).await.unwrap();
+    let orphan = Key::new(ns("a"), Digest::of(b"gone"));
+    let orphan_path = crate::outboard_path(&engine.inner.content_path(&orphan));
+    fs::create_dir_all(orphan_path.parent().unwrap()).unwrap();
+    fs::write(&orphan_path, b"an orphan outboard").unwrap();
+    let junk = orphan_path.with_file_name("not-a-digest.obao");
+    fs::write(&junk, b"junk").unwrap();
+    let now = store_types::Timestamp::now();
+    assert_eq!(
+        engine.maintain(now).await.unwrap(),
+        0,
+        "young orphans are kept"
+    );
+    assert!(orphan_path.exists());
+    let later = now.plus(crate::ORPHAN_OUTBOARD_GRACE + Duration::from_secs(60));
+    assert_eq!(engine.maintain(later).await.unwrap(), 1);
+    assert!(!orphan_path.exists());
+    assert!(junk.exists(), "junk is never touched");
+    assert_eq!(engine.read_outboard(&kept).await.unwrap(), Some(outboard));
+}

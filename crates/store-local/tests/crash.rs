@@ -202,7 +202,14 @@ async fn put_chunked(
         stage.write(Bytes::copy_from_slice(&rest[..n])).await?;
         rest = &rest[n..];
     }
+    // As the facade does for every large put (ADR-032).
+    stage.set_outboard(outboard_of(data)).await?;
     stage.publish(key).await
+}
+
+/// The entry's outboard, as the facade computes it.
+fn outboard_of(data: &[u8]) -> Bytes {
+    store_types::outboard::compute(data).1
 }
 
 async fn read_all(engine: &LocalEngine, key: &Key) -> Option<Vec<u8>> {
@@ -242,6 +249,10 @@ async fn check(engine: &LocalEngine, world: &World, context: &str) {
             && read
                 .as_ref()
                 .is_some_and(|r| r == data && Digest::of(r) == key.digest);
+        // A visible entry has its outboard, exactly (a crash between the
+        // outboard's publish and the entry's leaves no visible entry).
+        let outboard = engine.read_outboard(key).await.unwrap();
+        let complete = complete && outboard.as_deref() == Some(&outboard_of(data)[..]);
         let absent = !has && meta.is_none() && read.is_none();
         let ok = match expect {
             Expect::Present => complete,
@@ -271,6 +282,11 @@ async fn check(engine: &LocalEngine, world: &World, context: &str) {
             );
             if expect != Some(Expect::Damaged) {
                 let read = read_all(engine, &key).await.expect("listed entry reads");
+                assert_eq!(
+                    engine.read_outboard(&key).await.unwrap().as_deref(),
+                    Some(&outboard_of(&read)[..]),
+                    "{context}: {key} is listed with its outboard"
+                );
                 assert_eq!(Digest::of(&read), digest, "{context}: {key} verifies");
                 assert_eq!(read.len() as u64, size, "{context}: {key} listed size");
             }
@@ -502,6 +518,28 @@ async fn deduplicated_and_replacing_publishes_survive_a_crash_at_every_durabilit
     crash_everywhere(Dedup).await;
 }
 
+/// Puts of multi-group entries, whose outboards are several groups' worth
+/// of hashes: at every crash point — in particular between the outboard's
+/// publish and the entry's — the check finds the entry absent, or present
+/// with exactly its outboard (never present without it).
+struct Outboards;
+
+impl Scenario for Outboards {
+    async fn setup(&self, _: &Path, _: &mut World, _: &mut Rng) {}
+
+    async fn run(&self, engine: &LocalEngine, world: &mut World, rng: &mut Rng) {
+        for len in [3 * 16_384 + 1, 200_000] {
+            let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            world.put(engine, "o", &data, &rng.chunks()).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_crash_between_outboard_and_entry_publish_leaves_no_visible_entry() {
+    crash_everywhere(Outboards).await;
+}
+
 /// Deletes of durable entries, of a just-put one, and of absent keys.
 struct Deletes;
 
@@ -584,6 +622,9 @@ impl Scenario for Maintain {
         match engine.maintain(Timestamp(0)).await {
             Ok(removed) => assert!(world.switch.crashed() || removed == 2, "{removed}"),
             Err(e) => world.failed("maintain", e),
+        }
+        if let Err(e) = live.set_outboard(outboard_of(&live_data)).await {
+            return world.failed("set outboard", e);
         }
         match live.publish(&live_key).await {
             Ok(_) => {

@@ -57,6 +57,27 @@ impl Engine for MemEngine {
         Ok(self.get(key).map(BlobReader::from_bytes))
     }
 
+    /// The outboard kept with the entry (a handle clone).
+    async fn read_outboard(&self, key: &Key) -> Result<Option<Bytes>> {
+        Ok(self
+            .read_tables()
+            .get(&key.namespace)
+            .and_then(|t| t.get(&key.digest))
+            .and_then(|e| e.outboard.clone()))
+    }
+
+    /// Gives the entry `outboard` if it has none (one write-lock section).
+    async fn store_outboard(&self, key: &Key, outboard: Bytes) -> Result<()> {
+        let mut tables = self.write_tables();
+        if let Some(e) = tables
+            .get_mut(&key.namespace)
+            .and_then(|t| t.get_mut(&key.digest))
+        {
+            e.outboard.get_or_insert(outboard);
+        }
+        Ok(())
+    }
+
     async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
         let Some(bytes) = self.get(key) else {
             return Ok(None);
@@ -124,7 +145,7 @@ impl Engine for MemEngine {
 impl KvEngine for MemEngine {
     async fn put(&self, key: &Key, bytes: Bytes) -> Result<PublishOutcome> {
         Ok(
-            if self.insert_if_absent(&key.namespace, key.digest, bytes) {
+            if self.insert_if_absent(&key.namespace, key.digest, bytes, None) {
                 PublishOutcome::Inserted
             } else {
                 PublishOutcome::AlreadyPresent

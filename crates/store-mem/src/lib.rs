@@ -20,7 +20,8 @@
 //! A stage ([`LargeEngine::stage`](store_types::LargeEngine::stage)) accumulates chunks privately; nothing
 //! is visible until `publish`, which concatenates the chunks and inserts
 //! the entry if the key is absent (one write-lock section, so concurrent
-//! publishes of one key yield exactly one `Inserted`). Dropping or
+//! publishes of one key yield exactly one `Inserted`), together with its
+//! outboard (ADR-032) when the facade handed one over. Dropping or
 //! aborting a stage frees its chunks and leaves nothing behind.
 //!
 //! # References
@@ -60,6 +61,9 @@ use stage::MemStage;
 struct Entry {
     bytes: Bytes,
     created_at: Timestamp,
+    /// The BLAKE3 outboard published with a large entry (ADR-032), or
+    /// given to it later (`store_outboard`); kv entries keep none.
+    outboard: Option<Bytes>,
 }
 
 /// Every entry, per namespace, in digest order.
@@ -93,12 +97,23 @@ impl MemEngine {
         self.tables.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Inserts `bytes` under `(ns, digest)` unless an entry is already
-    /// there; returns whether it inserted.
-    fn insert_if_absent(&self, ns: &Namespace, digest: Digest, bytes: Bytes) -> bool {
+    /// Inserts `bytes` (with `outboard`) under `(ns, digest)` unless an
+    /// entry is already there; returns whether it inserted. An existing
+    /// entry without an outboard gets `outboard`. One critical section, so
+    /// the entry and its outboard become visible together.
+    fn insert_if_absent(
+        &self,
+        ns: &Namespace,
+        digest: Digest,
+        bytes: Bytes,
+        outboard: Option<Bytes>,
+    ) -> bool {
         let mut tables = self.write_tables();
         let table = tables.entry(ns.clone()).or_default();
-        if table.contains_key(&digest) {
+        if let Some(existing) = table.get_mut(&digest) {
+            if existing.outboard.is_none() {
+                existing.outboard = outboard;
+            }
             return false;
         }
         table.insert(
@@ -106,6 +121,7 @@ impl MemEngine {
             Entry {
                 bytes,
                 created_at: Timestamp::now(),
+                outboard,
             },
         );
         true

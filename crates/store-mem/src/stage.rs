@@ -18,6 +18,8 @@ pub(crate) struct MemStage {
     ns: Namespace,
     chunks: Vec<Bytes>,
     len: usize,
+    /// The entry's outboard, published with it.
+    outboard: Option<Bytes>,
 }
 
 impl MemStage {
@@ -28,6 +30,7 @@ impl MemStage {
             ns,
             chunks: Vec::new(),
             len: 0,
+            outboard: None,
         }
     }
 
@@ -66,6 +69,11 @@ impl StagedWrite for MemStage {
         Ok(())
     }
 
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        self.outboard = Some(outboard);
+        Ok(())
+    }
+
     /// Publishes under `key`, whose namespace must be the one the stage
     /// was opened for ([`Error::KeyInvalid`] otherwise, nothing published).
     async fn publish(self: Box<Self>, key: &Key) -> Result<PublishOutcome> {
@@ -76,9 +84,11 @@ impl StagedWrite for MemStage {
             )));
         }
         let engine = self.engine.clone();
-        let bytes = self.into_bytes();
+        let mut this = self;
+        let outboard = this.outboard.take();
+        let bytes = this.into_bytes();
         Ok(
-            if engine.insert_if_absent(&key.namespace, key.digest, bytes) {
+            if engine.insert_if_absent(&key.namespace, key.digest, bytes, outboard) {
                 PublishOutcome::Inserted
             } else {
                 PublishOutcome::AlreadyPresent

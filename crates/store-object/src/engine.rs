@@ -97,6 +97,39 @@ impl Engine for ObjectEngine {
             .await
     }
 
+    /// One GET of the outboard object (`None` if absent).
+    async fn read_outboard(&self, key: &Key) -> Result<Option<bytes::Bytes>> {
+        let inner = &self.inner;
+        let path = inner.outboard_path(key);
+        let got = match inner
+            .retry("reading outboard", &path, || {
+                inner
+                    .store
+                    .get_opts(&path, object_store::GetOptions::default())
+            })
+            .await
+        {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(crate::error::backend_err("reading outboard", &path, e)),
+        };
+        got.bytes()
+            .await
+            .map(Some)
+            .map_err(|e| crate::error::backend_err("reading outboard", &path, e))
+    }
+
+    /// Writes the outboard object of an existing entry that has none.
+    async fn store_outboard(&self, key: &Key, outboard: bytes::Bytes) -> Result<()> {
+        let inner = &self.inner;
+        if !inner.exists(&inner.content_path(key)).await?
+            || inner.exists(&inner.outboard_path(key)).await?
+        {
+            return Ok(());
+        }
+        inner.put_outboard(key, &outboard).await
+    }
+
     /// Concurrent HEADs for the sizes, then one bulk delete of the present
     /// ones (S3 `DeleteObjects`; other stores delete one by one). Two
     /// deletes of one key racing on a store whose delete succeeds for
@@ -154,6 +187,31 @@ impl Engine for ObjectEngine {
                             return Err(backend_err("deleting", &path, e2));
                         }
                     }
+                }
+            }
+        }
+        // The entries first, their outboards second, in one bulk delete
+        // (an absent outboard is fine).
+        let outboards: Vec<Path> = digests
+            .iter()
+            .zip(&freed)
+            .filter(|(_, f)| f.is_some())
+            .map(|(d, _)| inner.outboard_path(&Key::new(ns.clone(), *d)))
+            .collect();
+        let results: Vec<object_store::Result<Path>> = inner
+            .store
+            .delete_stream(futures::stream::iter(outboards.into_iter().map(Ok)).boxed())
+            .collect()
+            .await;
+        for r in results {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    return Err(store_types::Error::backend(
+                        store_types::ErrorKind::Other,
+                        "object store: deleting outboards",
+                    )
+                    .with_source(e))
                 }
             }
         }

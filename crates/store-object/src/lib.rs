@@ -12,6 +12,7 @@
 //! <prefix>/
 //!   .stage/<millis>-<salt>-<counter>   staged large puts (multipart uploads)
 //!   <namespace>/<2 hex>/<64 hex>       published content
+//!   <namespace>/<2 hex>/<64 hex>.obao  its BLAKE3 outboard (ADR-032)
 //! ```
 //!
 //! The fan-out segment is the digest's first byte. Names are only ever
@@ -55,6 +56,15 @@
 //!   until completion, `LocalFileSystem` writes a `<name>#<n>` file it
 //!   never lists and renames into place, `InMemory` keeps the parts in the
 //!   upload. [`ObjectOptions::direct_expected_puts`] turns this off.
+//!
+//! Every publish first writes the entry's outboard object (when the facade
+//! handed one over, [`store_types::StagedWrite::set_outboard`]), and only
+//! once that write has succeeded makes the entry's name appear: a visible
+//! entry always has its outboard, and a crash in between leaves an
+//! outboard without its entry, which is invisible (reads look for the
+//! entry first) and is overwritten by the next put of that content. Not
+//! yet removed by maintenance: such leftovers cost 0.4 % of the put that
+//! failed. A delete removes the entry, then its outboard.
 //!
 //! Either way the final name appears atomically and complete, or not at
 //! all; two concurrent publishes of one key (in this process or on two
@@ -429,6 +439,27 @@ impl Inner {
 
     pub(crate) fn content_path(&self, key: &Key) -> Path {
         self.digest_path(&key.namespace, &key.digest)
+    }
+
+    /// `<prefix>/<ns>/<2 hex>/<digest hex>.obao`: the entry's outboard.
+    pub(crate) fn outboard_path(&self, key: &Key) -> Path {
+        self.fan_path(&key.namespace, key.digest.as_bytes()[0])
+            .join(format!("{}.obao", key.digest.to_hex()).as_str())
+    }
+
+    /// Writes an outboard object (unconditionally: an outboard is a
+    /// function of the content, so any existing one that is valid has the
+    /// same bytes, and an invalid one is repaired).
+    pub(crate) async fn put_outboard(&self, key: &Key, outboard: &bytes::Bytes) -> Result<()> {
+        let path = self.outboard_path(key);
+        let payload = object_store::PutPayload::from_bytes(outboard.clone());
+        self.retry("publishing outboard", &path, || {
+            self.store
+                .put_opts(&path, payload.clone(), PutOptions::default())
+        })
+        .await
+        .map_err(|e| crate::error::backend_err("publishing outboard", &path, e))?;
+        Ok(())
     }
 
     /// `<prefix>/.stage`.

@@ -42,6 +42,8 @@ pub(crate) struct ObjectStage {
     /// ([`store_types::LargeEngine::stage_expecting`]).
     expected: Option<Digest>,
     state: State,
+    /// The entry's outboard, written before the entry is published.
+    outboard: Option<Bytes>,
 }
 
 impl ObjectStage {
@@ -51,6 +53,7 @@ impl ObjectStage {
             inner,
             ns,
             expected: None,
+            outboard: None,
             state: State::Buffering {
                 chunks: Vec::new(),
                 len: 0,
@@ -330,6 +333,11 @@ impl StagedWrite for ObjectStage {
         }
     }
 
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        self.outboard = Some(outboard);
+        Ok(())
+    }
+
     /// Publishes under `key`, whose namespace must be the one the stage
     /// was opened for, and whose digest the expected one if the stage was
     /// opened expecting one ([`Error::KeyInvalid`] otherwise: a breach of
@@ -353,6 +361,15 @@ impl StagedWrite for ObjectStage {
                 let _ = upload.abort().await;
             }
             return Err(Error::KeyInvalid(breach));
+        }
+        // The outboard first: once the entry is visible, so is its outboard.
+        if let Some(ob) = self.outboard.take() {
+            if let Err(e) = self.inner.put_outboard(key, &ob).await {
+                if let State::Uploading { upload, .. } = state {
+                    let _ = upload.abort().await;
+                }
+                return Err(e);
+            }
         }
         match state {
             State::Buffering { chunks, .. } => publish_small(&self.inner, key, chunks).await,

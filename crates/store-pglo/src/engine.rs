@@ -29,6 +29,10 @@ pub const PGLO_COMPONENT: &str = "pglo";
 /// - v1: `lo_entries`.
 /// - v2: a unique index on `oid` (one entry per large object; makes
 ///   "is this large object referenced?" an index probe).
+/// - v3: the `outboard` column: the entry's BLAKE3 outboard (ADR-032),
+///   inserted with the row in the publishing transaction, so an entry is
+///   never visible without it; `NULL` for entries stored before outboards
+///   until their first range read gives them one.
 pub const PGLO_STEPS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS {schema}.lo_entries (
         ns text COLLATE \"C\" NOT NULL,
@@ -39,7 +43,29 @@ pub const PGLO_STEPS: &[&str] = &[
         PRIMARY KEY (ns, digest)
     )",
     "CREATE UNIQUE INDEX IF NOT EXISTS lo_entries_oid ON {schema}.lo_entries (oid)",
+    "ALTER TABLE {schema}.lo_entries ADD COLUMN IF NOT EXISTS outboard bytea",
 ];
+
+/// Gives the row of `key` the outboard `outboard` if it has none.
+pub(crate) async fn set_outboard_if_missing(
+    pool: &PgPool,
+    schema: &str,
+    key: &Key,
+    outboard: &[u8],
+) -> Result<()> {
+    sqlx::query(sql(
+        schema,
+        "UPDATE {schema}.lo_entries SET outboard = $3
+         WHERE ns = $1 AND digest = $2 AND outboard IS NULL",
+    ))
+    .bind(key.namespace.as_str())
+    .bind(&key.digest.as_bytes()[..])
+    .bind(outboard)
+    .execute(pool)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
 
 /// The PostgreSQL large-object engine: each entry is a large object plus a
 /// row of `<schema>.lo_entries` naming it.
@@ -197,6 +223,25 @@ impl Engine for PgLoEngine {
         .await
         .map_err(db_err)?;
         Ok(bytes.map(|b| inline_reader(key, len, b)))
+    }
+
+    /// The `outboard` column of the entry's row (`None` when the row is
+    /// absent or the column `NULL`).
+    async fn read_outboard(&self, key: &Key) -> Result<Option<bytes::Bytes>> {
+        let got: Option<Option<Vec<u8>>> = sqlx::query_scalar(
+            self.sql("SELECT outboard FROM {schema}.lo_entries WHERE ns = $1 AND digest = $2"),
+        )
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(got.flatten().map(bytes::Bytes::from))
+    }
+
+    /// Sets the `outboard` column where it is `NULL` (one statement).
+    async fn store_outboard(&self, key: &Key, outboard: bytes::Bytes) -> Result<()> {
+        set_outboard_if_missing(self.pool(), &self.inner.schema, key, &outboard).await
     }
 
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {

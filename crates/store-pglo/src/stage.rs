@@ -41,6 +41,10 @@ pub struct PgLoStage {
     size: u64,
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     backend_pid: i32,
+    /// The pool, for the dedup path's outboard update.
+    pool: PgPool,
+    /// The entry's outboard, inserted with the companion row.
+    outboard: Option<Bytes>,
 }
 
 impl std::fmt::Debug for PgLoStage {
@@ -82,6 +86,8 @@ impl PgLoStage {
             instance: instance.clone(),
             ns: ns.clone(),
             size: 0,
+            pool: pool.clone(),
+            outboard: None,
         })
     }
 
@@ -131,11 +137,12 @@ impl PgLoStage {
     /// Inserts the companion row; `false` when the key already exists.
     async fn insert_row(&mut self, key: &Key) -> Result<bool> {
         let (oid, size, schema) = (self.oid, to_i64(self.size)?, self.schema.clone());
+        let outboard = self.outboard.clone();
         let tx = self.tx()?;
         let inserted = sqlx::query(sql(
             &schema,
-            "INSERT INTO {schema}.lo_entries (ns, digest, oid, size, created_at)
-             VALUES ($1, $2, $3, $4, $5)
+            "INSERT INTO {schema}.lo_entries (ns, digest, oid, size, created_at, outboard)
+             VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (ns, digest) DO NOTHING",
         ))
         .bind(key.namespace.as_str())
@@ -143,6 +150,7 @@ impl PgLoStage {
         .bind(oid)
         .bind(size)
         .bind(now_ms())
+        .bind(outboard.as_deref())
         .execute(&mut **tx)
         .await
         .map_err(db_err)?
@@ -167,6 +175,13 @@ fn finished() -> Error {
 
 #[async_trait]
 impl StagedWrite for PgLoStage {
+    /// Keeps the outboard for the companion row, which the publishing
+    /// transaction inserts with it.
+    async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        self.outboard = Some(outboard);
+        Ok(())
+    }
+
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
         let fd = self.fd;
         for piece in chunk.chunks(MAX_WRITE) {
@@ -193,6 +208,10 @@ impl StagedWrite for PgLoStage {
         if !inserted {
             // The key exists: rolling back discards our large object.
             tx.rollback().await.map_err(db_err)?;
+            // An entry stored before outboards gets this one.
+            if let Some(ob) = &self.outboard {
+                crate::engine::set_outboard_if_missing(&self.pool, &self.schema, key, ob).await?;
+            }
             return Ok(PublishOutcome::AlreadyPresent);
         }
         tx.commit().await.map_err(db_err)?;
@@ -233,6 +252,20 @@ impl StagedWrite for PgLoStage {
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err)?;
+            // An entry stored before outboards gets this one.
+            if let Some(ob) = &self.outboard {
+                sqlx::query(sql(
+                    &self.schema,
+                    "UPDATE {schema}.lo_entries SET outboard = $3
+                     WHERE ns = $1 AND digest = $2 AND outboard IS NULL",
+                ))
+                .bind(key.namespace.as_str())
+                .bind(&key.digest.as_bytes()[..])
+                .bind(&ob[..])
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            }
         }
         upsert_pin(&mut tx, host_schema, key, pin).await?;
         tx.commit().await.map_err(db_err)?;

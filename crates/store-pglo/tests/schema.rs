@@ -132,7 +132,7 @@ async fn an_older_schema_is_migrated_not_recreated() {
         schema_version(&pool, &s.name, PGLO_COMPONENT)
             .await
             .unwrap(),
-        2
+        PGLO_STEPS.len() as u32
     );
     let idx: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT to_regclass('{q}.lo_entries_oid')::text"
@@ -147,4 +147,9 @@ async fn an_older_schema_is_migrated_not_recreated() {
         read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap(),
         data
     );
+    // v3: the old entry has no outboard until one is stored (the lazy path).
+    assert_eq!(e.read_outboard(&k).await.unwrap(), None);
+    let ob = store_types::outboard::compute(&data).1;
+    e.store_outboard(&k, ob.clone()).await.unwrap();
+    assert_eq!(e.read_outboard(&k).await.unwrap(), Some(ob));
 }
