@@ -20,6 +20,8 @@
 //! max_tokens_per_identity = 10000             # serve: the same cap per identity
 //! insecure_no_auth = false                    # serve: allow a non-loopback listen without identities
 //! log_format = "text"                         # serve: text | json
+//! # uploads_dir = "./blobpool-data/uploads"   # serve: resumable upload sessions (default DIR/uploads)
+//! upload_idle_timeout = "1h"                  # serve: an idle upload session is reaped after this
 //!
 //! [gc]
 //! unreferenced_namespaces = ["tmp"]           # namespaces whose entries nothing references
@@ -237,6 +239,8 @@ struct FileConfig {
     max_tokens_per_identity: Option<Spanned<Scalar>>,
     insecure_no_auth: Option<Spanned<Scalar>>,
     log_format: Option<Spanned<Scalar>>,
+    uploads_dir: Option<Spanned<Scalar>>,
+    upload_idle_timeout: Option<Spanned<Scalar>>,
     gc: Option<crate::gc::GcSection>,
     auth: Option<crate::security::AuthSection>,
     http: Option<crate::security::HttpSection>,
@@ -490,6 +494,11 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `serve`: `[auth]`, `[http]`, `[tls]`, `[limits]`.
     pub sections: crate::security::Sections,
+    /// `serve`: the node's resumable-upload directory (ADR-034); default
+    /// `DIR/uploads` (DIR = `data_dir`).
+    pub uploads_dir: PathBuf,
+    /// `serve`: idle lifetime of an upload session.
+    pub upload_idle_timeout: Duration,
 }
 
 /// Parses a kv engine URL (`sqlite://PATH`, `postgres://…[?schema=S]`,
@@ -851,6 +860,23 @@ impl Config {
             gc,
             insecure_no_auth: flag("insecure_no_auth", &fc.insecure_no_auth, false)?,
             log_format,
+            uploads_dir: l
+                .get("uploads_dir", None, &fc.uploads_dir, text)?
+                .map_or_else(|| root.join("uploads"), |(s, _)| PathBuf::from(s)),
+            upload_idle_timeout: match l.get(
+                "upload_idle_timeout",
+                None,
+                &fc.upload_idle_timeout,
+                Scalar::duration,
+            )? {
+                Some((d, origin)) if d.is_zero() => {
+                    return Err(origin.err(
+                        "upload_idle_timeout = 0 would reap every upload session at once;                          it must be positive",
+                    ))
+                }
+                Some((d, _)) => d,
+                None => store_ops::uploads::DEFAULT_UPLOAD_IDLE_TIMEOUT,
+            },
             sections: crate::security::Sections {
                 auth: fc.auth,
                 http: fc.http,
@@ -900,6 +926,11 @@ impl Config {
             max_tokens: self.max_tokens,
             max_tokens_per_owner: Some(self.max_tokens_per_identity),
             pin_ttl: Some(self.pin_ttl),
+            uploads: Some(store_ops::uploads::UploadConfig {
+                idle_timeout: self.upload_idle_timeout,
+                fsync: self.fsync,
+                ..store_ops::uploads::UploadConfig::new(&self.uploads_dir)
+            }),
             ..Default::default()
         }
     }

@@ -77,6 +77,18 @@ pub enum ErrorCode {
     /// succeed shortly (`503`, with a retry delay). Like `internal`, its
     /// message never reaches clients.
     Unavailable,
+    /// A resumable upload's chunk does not start at the session's committed
+    /// offset (`416`); the detail (`size`) is the committed offset, which
+    /// HTTP puts in `Upload-Offset`.
+    UploadOffset,
+    /// The upload session was opened on another node of the fleet
+    /// (`409`): sessions live on the node that opened them.
+    UploadElsewhere,
+    /// Another request is working on the upload session (`409`).
+    UploadBusy,
+    /// The upload-session cap is reached (`503`, with a retry delay); no
+    /// session is ever dropped to make room.
+    TooManyUploads,
     /// Anything else: media or backend failure, misconfiguration (`500`).
     /// Its message never reaches clients: they get the request id, the
     /// server log has the cause.
@@ -85,7 +97,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and metrics.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::KeyInvalid,
         ErrorCode::Verification,
         ErrorCode::TooLarge,
@@ -107,6 +119,10 @@ impl ErrorCode {
         ErrorCode::RefConflict,
         ErrorCode::InsufficientStorage,
         ErrorCode::Unavailable,
+        ErrorCode::UploadOffset,
+        ErrorCode::UploadElsewhere,
+        ErrorCode::UploadBusy,
+        ErrorCode::TooManyUploads,
         ErrorCode::Internal,
     ];
 
@@ -134,6 +150,10 @@ impl ErrorCode {
             ErrorCode::RefConflict => "ref_conflict",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::UploadOffset => "upload_offset",
+            ErrorCode::UploadElsewhere => "upload_elsewhere",
+            ErrorCode::UploadBusy => "upload_busy",
+            ErrorCode::TooManyUploads => "too_many_uploads",
             ErrorCode::Internal => "internal",
         }
     }
@@ -154,15 +174,18 @@ impl ErrorCode {
             ErrorCode::Forbidden => 403,
             ErrorCode::Missing | ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::GcRefuse => 409,
+            ErrorCode::GcRefuse | ErrorCode::UploadElsewhere | ErrorCode::UploadBusy => 409,
             ErrorCode::TooLarge | ErrorCode::TooMany => 413,
             ErrorCode::UnsupportedMediaType => 415,
-            ErrorCode::InvalidRange => 416,
+            ErrorCode::InvalidRange | ErrorCode::UploadOffset => 416,
             ErrorCode::HostNotAllowed => 421,
             ErrorCode::RefConflict => 412,
             ErrorCode::Verification => 422,
             ErrorCode::Internal => 500,
-            ErrorCode::TooManyTokens | ErrorCode::Overloaded | ErrorCode::Unavailable => 503,
+            ErrorCode::TooManyTokens
+            | ErrorCode::Overloaded
+            | ErrorCode::Unavailable
+            | ErrorCode::TooManyUploads => 503,
             ErrorCode::InsufficientStorage => 507,
         }
     }

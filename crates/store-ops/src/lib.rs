@@ -31,6 +31,7 @@ pub mod payload;
 pub mod range;
 pub mod refs;
 mod tokens;
+pub mod uploads;
 
 pub use admin::{
     NamespacesResponse, StatsResponse, StatsTotal, VerifyRequest, DEFAULT_VERIFY_CONCURRENCY,

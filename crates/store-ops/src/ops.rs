@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 use crate::payload::{HaveRequest, HaveResponse, HealthResponse, PutResponse, StatResponse};
 use crate::range::RangeRequest;
 use crate::tokens::{TokenCapReached, TokenRegistry, DEFAULT_MAX_TOKENS};
+use crate::uploads::{UploadStatus, Uploads};
 
 /// Default largest blob a put accepts: 16 GiB.
 pub const DEFAULT_MAX_BLOB_SIZE: u64 = 16 << 30;
@@ -63,6 +64,10 @@ pub struct OpsConfig {
     /// token TTL is checked against it and defaults to it; ignored for a
     /// non-fleet store. Default `None`.
     pub pin_ttl: Option<Duration>,
+    /// Resumable upload sessions ([`crate::uploads`], ADR-034): where they
+    /// spool, their idle expiry and caps. `None` (the default): the upload
+    /// routes answer `not_found`.
+    pub uploads: Option<crate::uploads::UploadConfig>,
 }
 
 impl Default for OpsConfig {
@@ -74,6 +79,7 @@ impl Default for OpsConfig {
             max_tokens: DEFAULT_MAX_TOKENS,
             max_tokens_per_owner: None,
             pin_ttl: None,
+            uploads: None,
         }
     }
 }
@@ -136,6 +142,8 @@ struct Inner {
     cfg: OpsConfig,
     /// When the last "token cap reached" warning was logged.
     last_cap_warning: Mutex<Option<Instant>>,
+    /// The node's upload sessions, when enabled.
+    uploads: Option<Arc<Uploads>>,
 }
 
 /// The ops-layer handlers over one [`Store`], with the process's pin-token
@@ -218,6 +226,12 @@ impl Ops {
             }
         }
         cfg.token_ttl = effective_token_ttl(store.is_fleet(), &cfg)?;
+        let uploads = cfg
+            .uploads
+            .clone()
+            .map(Uploads::open)
+            .transpose()?
+            .map(Arc::new);
         Ok(Ops {
             inner: Arc::new(Inner {
                 tokens: TokenRegistry::new(cfg.token_ttl, cfg.max_tokens, cfg.max_tokens_per_owner),
@@ -225,6 +239,7 @@ impl Ops {
                 metrics: Metrics::default(),
                 cfg,
                 last_cap_warning: Mutex::new(None),
+                uploads,
             }),
         })
     }
@@ -561,6 +576,165 @@ impl Ops {
     /// Ends expired tokens now (dropping their pins); returns how many.
     pub fn reap_tokens(&self) -> usize {
         self.inner.tokens.reap()
+    }
+
+    /// The upload sessions, or `not_found` when they are not enabled.
+    fn uploads(&self) -> Result<&Arc<Uploads>, OpsError> {
+        self.inner.uploads.as_ref().ok_or_else(|| {
+            OpsError::new(
+                ErrorCode::NotFound,
+                "resumable uploads are not enabled on this server (OpsConfig::uploads)",
+            )
+        })
+    }
+
+    /// The session `id` of `namespace`, if `identity` may use it.
+    fn upload_session(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+    ) -> Result<(&Arc<Uploads>, Arc<crate::uploads::Session>), OpsError> {
+        let uploads = self.uploads()?;
+        let admin = identity.allows(Scope::Admin, None);
+        let session = uploads.find(namespace, id, identity.name(), admin)?;
+        Ok((uploads, session))
+    }
+
+    /// `uploads/open`: opens a resumable upload session into `namespace`
+    /// for `identity` (ADR-034). Refused with `too_many_uploads` at the
+    /// session caps. Cancel-safe: a dropped call leaves no session a client
+    /// knows of (at worst an idle one that is reaped).
+    pub async fn upload_open(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+    ) -> Result<UploadStatus, OpsError> {
+        let ns = parse_ns(namespace)?;
+        self.uploads()?.create(identity.name(), ns).await
+    }
+
+    /// `uploads/status`: where session `id` stands (its committed offset).
+    /// Cancel-safe: it only reads.
+    pub async fn upload_status(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+    ) -> Result<UploadStatus, OpsError> {
+        let (_, session) = self.upload_session(identity, namespace, id)?;
+        Ok(session.status())
+    }
+
+    /// `uploads/append`: appends `body` to session `id`, starting at
+    /// `start` (which must be the committed offset: `upload_offset`
+    /// otherwise; `None` appends at it), and returns the new status. Each
+    /// acknowledged append is synced; a body that breaks commits what
+    /// arrived and fails with `incomplete_body`. The total is capped at
+    /// [`OpsConfig::max_blob_size`].
+    ///
+    /// Cancel-safe: the committed offset advances only once the bytes are
+    /// synced, and never for the part a dropped call was writing.
+    pub async fn upload_append<R: AsyncRead + Unpin + Send>(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+        start: Option<u64>,
+        body: R,
+    ) -> Result<UploadStatus, OpsError> {
+        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let guard = uploads.claim(&session)?;
+        uploads
+            .append(&session, &guard, start, body, self.inner.cfg.max_blob_size)
+            .await?;
+        Ok(session.status())
+    }
+
+    /// `uploads/finish`: appends `body` (the last chunk, possibly empty) at
+    /// `start` as [`Ops::upload_append`], then stores the session's bytes
+    /// in its namespace through the ordinary put, expecting `digest`, and
+    /// ends the session: the answer is a put's (token and digest). A
+    /// mismatch fails with `verification` and publishes nothing; the
+    /// session stays (abort it, or let it expire).
+    ///
+    /// Cancel-safe as [`Ops::put`]: a dropped call leaves the session as
+    /// it was (and at worst an unpinned entry, which a retried finish
+    /// deduplicates onto).
+    pub async fn upload_finish<R: AsyncRead + Unpin + Send>(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+        digest: &str,
+        start: Option<u64>,
+        body: R,
+    ) -> Result<PutOutcome, OpsError> {
+        let expect = Digest::parse(digest.trim()).map_err(OpsError::from)?;
+        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let guard = uploads.claim(&session)?;
+        uploads
+            .append(&session, &guard, start, body, self.inner.cfg.max_blob_size)
+            .await?;
+        let reader = uploads.reader(&session).await?;
+        let hex = expect.to_hex();
+        let out = self
+            .put_owned(
+                &session.owner,
+                session.ns.as_str(),
+                reader,
+                Some(session.offset()),
+                Some(&hex),
+            )
+            .await?;
+        uploads.remove(&session).await?;
+        drop(guard);
+        Ok(out)
+    }
+
+    /// `uploads/abort`: ends session `id` and removes its bytes.
+    /// Cancel-safe: once it starts removing, the removal runs to its end.
+    pub async fn upload_abort(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+    ) -> Result<(), OpsError> {
+        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let _guard = uploads.claim(&session)?;
+        uploads.remove(&session).await
+    }
+
+    /// Open upload sessions (0 when uploads are not enabled).
+    pub fn upload_sessions(&self) -> usize {
+        self.inner.uploads.as_ref().map_or(0, |u| u.len())
+    }
+
+    /// Reaps upload sessions idle past their timeout; returns how many.
+    pub async fn reap_uploads(&self) -> usize {
+        match &self.inner.uploads {
+            Some(u) => u.reap().await,
+            None => 0,
+        }
+    }
+
+    /// Spawns the upload-session reaper (every quarter of the idle timeout,
+    /// at most a minute), or `None` when uploads are not enabled. The task
+    /// stops by itself once every clone of this `Ops` is dropped.
+    pub fn spawn_upload_reaper(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let every = self.inner.uploads.as_ref()?.reap_every();
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(uploads) = weak.upgrade().and_then(|i| i.uploads.clone()) else {
+                    return;
+                };
+                uploads.reap().await;
+            }
+        }))
     }
 
     /// Spawns a task ending expired tokens every `every` (useful only when

@@ -27,6 +27,10 @@ pub struct Opts {
     pub max_tokens_per_owner: Option<usize>,
     /// Authentication, Host/CORS policy, limits, TLS (default: open).
     pub http: store_ops::http::HttpConfig,
+    /// Resumable uploads (spooled in `<dir>/uploads`): idle expiry.
+    pub upload_idle: Duration,
+    /// Resumable uploads: sessions per identity.
+    pub max_uploads_per_owner: usize,
 }
 
 impl Default for Opts {
@@ -40,6 +44,8 @@ impl Default for Opts {
             unreferenced: vec![],
             max_tokens_per_owner: None,
             http: Default::default(),
+            upload_idle: store_ops::uploads::DEFAULT_UPLOAD_IDLE_TIMEOUT,
+            max_uploads_per_owner: store_ops::uploads::DEFAULT_MAX_UPLOADS_PER_OWNER,
         }
     }
 }
@@ -66,7 +72,11 @@ impl LivenessSource for NothingReferenced {
 }
 
 pub async fn start(opts: Opts) -> Server {
-    let dir = tempfile::tempdir().unwrap();
+    start_in(tempfile::tempdir().unwrap(), opts).await
+}
+
+/// [`start`] on the data (store and upload sessions) left in `dir`.
+pub async fn start_in(dir: tempfile::TempDir, opts: Opts) -> Server {
     let kv = SqliteEngine::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
         .await
         .unwrap();
@@ -102,6 +112,11 @@ pub async fn start(opts: Opts) -> Server {
             token_ttl: Some(opts.token_ttl),
             max_tokens: opts.max_tokens,
             max_tokens_per_owner: opts.max_tokens_per_owner,
+            uploads: Some(store_ops::uploads::UploadConfig {
+                idle_timeout: opts.upload_idle,
+                max_sessions_per_owner: opts.max_uploads_per_owner,
+                ..store_ops::uploads::UploadConfig::new(dir.path().join("uploads"))
+            }),
             ..Default::default()
         },
     )
@@ -137,6 +152,16 @@ impl Server {
 
     pub fn store(&self) -> &Store {
         self.ops.store()
+    }
+
+    /// Stops the server (as a process exit would: the store and its
+    /// instance locks go) and starts a new one on the same data.
+    pub async fn restart(mut self, opts: Opts) -> Server {
+        let handle = self.begin_shutdown();
+        handle.await.unwrap().unwrap();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        drop(self);
+        start_in(dir, opts).await
     }
 
     /// Triggers graceful shutdown; returns the serve task.

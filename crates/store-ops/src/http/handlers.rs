@@ -63,6 +63,9 @@ pub(super) fn fail(ops: &Ops, mut e: OpsError) -> Response {
             resp.headers_mut().insert(CONTENT_RANGE, v);
         }
     }
+    if let (ErrorCode::UploadOffset, Some(offset)) = (e.code, e.size) {
+        super::uploads::offset_headers(resp.headers_mut(), offset);
+    }
     if let Some(after) = e.retry_after {
         // Whole seconds, rounded up, at least 1 (RFC 9110 §10.2.3).
         let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);

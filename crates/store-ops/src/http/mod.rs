@@ -16,6 +16,11 @@
 //! | `GET /v1/namespaces/{ns}/entries` | [`Ops::list_entries`] (admin) |
 //! | `GET /v1/stats` | [`Ops::stats`] (admin) |
 //! | `POST /v1/verify` | [`Ops::verify`] (admin) |
+//! | `POST /v1/uploads/{ns}` | [`Ops::upload_open`] — a resumable upload session |
+//! | `PATCH /v1/uploads/{ns}/{id}` | [`Ops::upload_append`] — `Content-Range` at the offset |
+//! | `HEAD /v1/uploads/{ns}/{id}` | [`Ops::upload_status`] — `Upload-Offset` |
+//! | `PUT /v1/uploads/{ns}/{id}?digest=` | [`Ops::upload_finish`] — a put's answer |
+//! | `DELETE /v1/uploads/{ns}/{id}` | [`Ops::upload_abort`] |
 //!
 //! Request bodies are never buffered whole (the blob route streams into
 //! the store; `/v1/have` reads at most [`have_body_limit`] bytes), and
@@ -28,6 +33,7 @@ mod handlers;
 mod refs;
 mod server;
 mod tls;
+mod uploads;
 
 use std::future::Future;
 use std::io;
@@ -46,6 +52,7 @@ pub use server::{
     ServerLimits, ACCEPT_BACKOFF, MAX_HEADER_BYTES,
 };
 pub use tls::{ClientAuth, TlsReloader, TlsSettings};
+pub use uploads::HEADER_UPLOAD_OFFSET;
 
 /// Everything the HTTP binding needs beyond the [`Ops`]: who may do what,
 /// which `Host` names and browser origins are accepted, connection limits
@@ -112,11 +119,13 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
             Method::PUT,
             Method::POST,
             Method::DELETE,
+            Method::PATCH,
         ])
         .allow_headers([
             header::AUTHORIZATION,
             header::CONTENT_TYPE,
             header::RANGE,
+            header::CONTENT_RANGE,
             HeaderName::from_static(HEADER_EXPECT_DIGEST),
         ])
         .expose_headers([
@@ -127,6 +136,8 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
             HeaderName::from_static(HEADER_CREATED_AT),
             HeaderName::from_static(HEADER_DEDUPLICATED),
             HeaderName::from_static(HEADER_REQUEST_ID),
+            HeaderName::from_static(HEADER_UPLOAD_OFFSET),
+            header::LOCATION,
         ])
         .allow_credentials(true)
 }
@@ -143,6 +154,15 @@ fn routes(ops: Ops) -> Router {
             get(handlers::get_blob)
                 .head(handlers::head_blob)
                 .delete(handlers::delete_blob),
+        )
+        .route("/v1/uploads/{ns}", post(uploads::open))
+        .route(
+            "/v1/uploads/{ns}/{id}",
+            axum::routing::patch(uploads::append)
+                .head(uploads::status)
+                .put(uploads::finish)
+                .delete(uploads::abort)
+                .layer(DefaultBodyLimit::disable()),
         )
         .route("/v1/have", post(handlers::have))
         .route("/v1/tokens/{token}", delete(handlers::release_token))
@@ -209,12 +229,16 @@ where
         .ttl()
         .map(|ttl| ops.spawn_token_reaper(reap_interval(ttl)));
     let inventory = ops.spawn_inventory_refresher();
+    let upload_reaper = ops.spawn_upload_reaper();
     let app = router_with(ops, &cfg);
     let result = serve_router(listener, app, cfg.limits, cfg.tls, shutdown).await;
     if let Some(r) = reaper {
         r.abort();
     }
     inventory.abort();
+    if let Some(r) = upload_reaper {
+        r.abort();
+    }
     result
 }
 

@@ -1,0 +1,715 @@
+//! Resumable upload sessions (issue 15, ADR-034): open a session, append
+//! chunks at the committed offset, ask for the offset after an interruption,
+//! finish with the expected digest — the container registry's protocol.
+//!
+//! # Spool
+//!
+//! Each session lives in the node's **upload directory**
+//! ([`UploadConfig::dir`]) as three files:
+//!
+//! ```text
+//! <dir>/.node              this node's id (random, made once)
+//! <dir>/<id>.meta          namespace, owner, creation time (JSON; written
+//!                          once, fsynced and renamed into place: the
+//!                          session exists once this name is durable)
+//! <dir>/<id>.data          the bytes received so far
+//! <dir>/<id>.offset        the committed offset (16 bytes: the offset and
+//!                          its complement, so a torn write is detected)
+//! ```
+//!
+//! An append writes the chunk at the committed offset, `fdatasync`s the
+//! data, then writes and syncs the offset file; only then does the offset
+//! advance and the request get its answer. A crash or a dropped request
+//! leaves bytes beyond the committed offset, which the next append (and a
+//! restart) truncate away: the committed offset only ever names synced
+//! bytes. A request whose body breaks part-way commits the bytes it did
+//! receive (they are the upload's next bytes), then answers
+//! `incomplete_body`: a client resumes from the offset `HEAD` reports.
+//!
+//! # Hashing
+//!
+//! Nothing is hashed while chunks arrive: the finish streams the spool file
+//! once through the store's ordinary put (with the expected digest), which
+//! hashes, builds the outboard and publishes — or refuses with
+//! `verification` (HTTP 422) and publishes nothing. So there is no BLAKE3
+//! state to persist or rebuild across restarts, and a session holds no
+//! memory between requests (one chunk buffer during one).
+//!
+//! # Limits and expiry
+//!
+//! Sessions count against caps of their own, total and per owner
+//! ([`UploadConfig::max_sessions`], [`UploadConfig::max_sessions_per_owner`]):
+//! at a cap, opening one is refused (`too_many_uploads`, HTTP 503 with a
+//! retry delay); no session is ever dropped to make room. A session with
+//! no append, finish or abort for [`UploadConfig::idle_timeout`] is reaped
+//! with its files (status probes do not keep it alive). One request
+//! at a time per session: a second concurrent one gets `upload_busy`.
+//!
+//! # Fleet
+//!
+//! Sessions are per node. A session id starts with the id of the node that
+//! opened it; another node answers `upload_elsewhere` (HTTP 409) naming it,
+//! rather than `missing`. Two nodes must not share one upload directory.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, ErrorKind as IoKind, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use store_core::{Error, Namespace};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::OwnedMutexGuard;
+
+use crate::error::{ErrorCode, OpsError};
+
+/// Default [`UploadConfig::idle_timeout`]: one hour.
+pub const DEFAULT_UPLOAD_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Default [`UploadConfig::max_sessions`].
+pub const DEFAULT_MAX_UPLOADS: usize = 256;
+/// Default [`UploadConfig::max_sessions_per_owner`].
+pub const DEFAULT_MAX_UPLOADS_PER_OWNER: usize = 16;
+/// How long a client refused at an upload cap is asked to wait.
+pub const UPLOAD_CAP_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// Bytes read from a request body per write.
+const APPEND_CHUNK: usize = 1 << 20;
+
+/// Where and how resumable upload sessions are kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UploadConfig {
+    /// The node's upload directory (created if missing). Sessions survive
+    /// a restart as long as this directory does.
+    pub dir: PathBuf,
+    /// A session with no request for this long is reaped. Default
+    /// [`DEFAULT_UPLOAD_IDLE_TIMEOUT`]; zero is refused.
+    pub idle_timeout: Duration,
+    /// Most open sessions. Default [`DEFAULT_MAX_UPLOADS`]; zero is refused.
+    pub max_sessions: usize,
+    /// Most open sessions of one owner (identity). Default
+    /// [`DEFAULT_MAX_UPLOADS_PER_OWNER`]; zero is refused.
+    pub max_sessions_per_owner: usize,
+    /// Whether acknowledged chunks are fsynced. Default `true`; `false`
+    /// lets a machine crash lose acknowledged chunks (a restart then
+    /// reports the smaller offset, or drops the session).
+    pub fsync: bool,
+}
+
+impl UploadConfig {
+    /// The defaults, spooling in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        UploadConfig {
+            dir: dir.into(),
+            idle_timeout: DEFAULT_UPLOAD_IDLE_TIMEOUT,
+            max_sessions: DEFAULT_MAX_UPLOADS,
+            max_sessions_per_owner: DEFAULT_MAX_UPLOADS_PER_OWNER,
+            fsync: true,
+        }
+    }
+}
+
+/// Where a session stands: the answer to open, append and status.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UploadStatus {
+    /// The session id (starts with the id of the node holding it).
+    pub id: String,
+    /// The namespace the upload will be stored in.
+    pub namespace: String,
+    /// Bytes committed so far: the next append must start here.
+    pub offset: u64,
+    /// The session's URL path.
+    pub location: String,
+}
+
+/// What the session's metadata file holds.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Meta {
+    namespace: String,
+    owner: String,
+    /// Unix milliseconds.
+    created_at: i64,
+}
+
+/// One open session.
+pub(crate) struct Session {
+    pub(crate) id: String,
+    pub(crate) ns: Namespace,
+    pub(crate) owner: String,
+    /// The committed offset.
+    offset: AtomicU64,
+    last_active: Mutex<Instant>,
+    /// Held by the one request working on the session (and by its blocking
+    /// writes, so a dropped request's last write ends before the next
+    /// request truncates).
+    io: Arc<tokio::sync::Mutex<()>>,
+    /// Set once finished, aborted or reaped.
+    gone: AtomicBool,
+}
+
+impl Session {
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset.load(Ordering::SeqCst)
+    }
+
+    fn touch(&self) {
+        *lock(&self.last_active) = Instant::now();
+    }
+
+    pub(crate) fn status(&self) -> UploadStatus {
+        UploadStatus {
+            id: self.id.clone(),
+            namespace: self.ns.to_string(),
+            offset: self.offset(),
+            location: format!("/v1/uploads/{}/{}", self.ns, self.id),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The node's upload sessions.
+pub(crate) struct Uploads {
+    cfg: UploadConfig,
+    node: String,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+impl std::fmt::Debug for Uploads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Uploads")
+            .field("dir", &self.cfg.dir)
+            .field("node", &self.node)
+            .field("sessions", &lock(&self.sessions).len())
+            .finish()
+    }
+}
+
+/// The session lock a request holds, shared with its blocking writes.
+pub(crate) type SessionGuard = Arc<OwnedMutexGuard<()>>;
+
+fn io_failure(op: &str, path: &Path, e: io::Error) -> OpsError {
+    OpsError::from(Error::from_io(format!("uploads: {op}"), e).with_path(path))
+}
+
+/// `io_failure` for `map_err`.
+fn fail<'a>(op: &'static str, p: &'a Path) -> impl FnOnce(io::Error) -> OpsError + 'a {
+    move |e| io_failure(op, p, e)
+}
+
+fn join_failure(e: tokio::task::JoinError) -> OpsError {
+    OpsError::new(ErrorCode::Internal, format!("uploads: blocking task: {e}"))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, OpsError> + Send + 'static,
+) -> Result<T, OpsError> {
+    tokio::task::spawn_blocking(f).await.map_err(join_failure)?
+}
+
+/// Fsyncs a directory (its names).
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// The offset file's 16 bytes.
+fn encode_offset(offset: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&offset.to_le_bytes());
+    b[8..].copy_from_slice(&(!offset).to_le_bytes());
+    b
+}
+
+fn decode_offset(b: &[u8]) -> Option<u64> {
+    let (a, c) = (b.get(..8)?, b.get(8..16)?);
+    let a = u64::from_le_bytes(a.try_into().ok()?);
+    let c = u64::from_le_bytes(c.try_into().ok()?);
+    (a == !c).then_some(a)
+}
+
+impl Uploads {
+    /// Opens (creating) the upload directory and loads the sessions a
+    /// previous run left: each one's data is cut back to its committed
+    /// offset; leftovers of sessions never fully opened, or damaged, are
+    /// removed (logged). Blocking: called once, at startup.
+    pub(crate) fn open(cfg: UploadConfig) -> Result<Self, Error> {
+        if cfg.idle_timeout.is_zero() || cfg.max_sessions == 0 || cfg.max_sessions_per_owner == 0 {
+            return Err(Error::Config(
+                "uploads: idle_timeout, max_sessions and max_sessions_per_owner must be \
+                 greater than zero"
+                    .into(),
+            ));
+        }
+        let dir = &cfg.dir;
+        fs::create_dir_all(dir)
+            .map_err(|e| Error::from_io("uploads: create directory", e).with_path(dir))?;
+        let node_file = dir.join(".node");
+        let node = match fs::read_to_string(&node_file) {
+            Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
+            Ok(_) | Err(_) => {
+                let node = format!("{:08x}", rand::random::<u32>());
+                let tmp = dir.join(".node.tmp");
+                let write = || -> io::Result<()> {
+                    let mut f = File::create(&tmp)?;
+                    f.write_all(node.as_bytes())?;
+                    f.sync_all()?;
+                    fs::rename(&tmp, &node_file)?;
+                    sync_dir(dir)
+                };
+                write().map_err(|e| {
+                    Error::from_io("uploads: write node id", e).with_path(&node_file)
+                })?;
+                node
+            }
+        };
+        let uploads = Uploads {
+            cfg,
+            node,
+            sessions: Mutex::new(HashMap::new()),
+        };
+        uploads.load()?;
+        Ok(uploads)
+    }
+
+    fn path(&self, id: &str, ext: &str) -> PathBuf {
+        self.cfg.dir.join(format!("{id}.{ext}"))
+    }
+
+    /// Loads every complete session; removes the rest.
+    fn load(&self) -> Result<(), Error> {
+        let dir = &self.cfg.dir;
+        let listing =
+            fs::read_dir(dir).map_err(|e| Error::from_io("uploads: list", e).with_path(dir))?;
+        let mut ids = std::collections::BTreeSet::new();
+        let mut leftovers = Vec::new();
+        for entry in listing.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            match name.rsplit_once('.') {
+                Some((id, "meta")) => {
+                    ids.insert(id.to_string());
+                }
+                Some((id, "data" | "offset" | "tmp")) => leftovers.push((id.to_string(), name)),
+                _ => {}
+            }
+        }
+        let mut loaded = 0;
+        for id in &ids {
+            match self.load_one(id) {
+                Ok(session) => {
+                    loaded += 1;
+                    lock(&self.sessions).insert(id.clone(), Arc::new(session));
+                }
+                Err(why) => {
+                    tracing::warn!(session = %id, "dropping a damaged upload session: {why}");
+                    self.remove_files(id);
+                }
+            }
+        }
+        for (id, name) in leftovers {
+            if !lock(&self.sessions).contains_key(&id) {
+                let _ = fs::remove_file(dir.join(name));
+            }
+        }
+        if loaded > 0 {
+            tracing::info!(sessions = loaded, dir = %dir.display(), "resumed upload sessions");
+        }
+        Ok(())
+    }
+
+    fn load_one(&self, id: &str) -> Result<Session, String> {
+        let meta: Meta = serde_json::from_slice(
+            &fs::read(self.path(id, "meta")).map_err(|e| format!("metadata: {e}"))?,
+        )
+        .map_err(|e| format!("metadata: {e}"))?;
+        let ns = Namespace::new(&meta.namespace).map_err(|e| format!("namespace: {e}"))?;
+        let offset = decode_offset(
+            &fs::read(self.path(id, "offset")).map_err(|e| format!("offset file: {e}"))?,
+        )
+        .ok_or("the offset file is torn")?;
+        let data = OpenOptions::new()
+            .write(true)
+            .open(self.path(id, "data"))
+            .map_err(|e| format!("data file: {e}"))?;
+        let len = data.metadata().map_err(|e| e.to_string())?.len();
+        if len < offset {
+            return Err(format!("{len} bytes of data, {offset} committed"));
+        }
+        // Bytes past the committed offset were never acknowledged.
+        data.set_len(offset).map_err(|e| e.to_string())?;
+        Ok(Session {
+            id: id.to_string(),
+            ns,
+            owner: meta.owner,
+            offset: AtomicU64::new(offset),
+            last_active: Mutex::new(Instant::now()),
+            io: Arc::new(tokio::sync::Mutex::new(())),
+            gone: AtomicBool::new(false),
+        })
+    }
+
+    fn remove_files(&self, id: &str) {
+        // The metadata first: without it, the rest is a leftover.
+        for ext in ["meta", "data", "offset", "meta.tmp"] {
+            match fs::remove_file(self.path(id, ext)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == IoKind::NotFound => {}
+                Err(e) => tracing::warn!(session = %id, "cannot remove upload file: {e}"),
+            }
+        }
+    }
+
+    /// Number of open sessions.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// Opens a session for `owner` in `ns`. Cancel-safe: the session
+    /// exists once its metadata name is durable; a dropped call leaves at
+    /// most files a restart removes (or a session that is reaped idle).
+    pub(crate) async fn create(
+        self: &Arc<Self>,
+        owner: &str,
+        ns: Namespace,
+    ) -> Result<UploadStatus, OpsError> {
+        let id = format!(
+            "{}-{:016x}{:016x}",
+            self.node,
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        let session = Arc::new(Session {
+            id: id.clone(),
+            ns: ns.clone(),
+            owner: owner.to_string(),
+            offset: AtomicU64::new(0),
+            last_active: Mutex::new(Instant::now()),
+            io: Arc::new(tokio::sync::Mutex::new(())),
+            gone: AtomicBool::new(false),
+        });
+        {
+            // Reserve under the lock, so two opens cannot both pass a cap.
+            let mut sessions = lock(&self.sessions);
+            let owned = sessions.values().filter(|s| s.owner == owner).count();
+            let cap = if sessions.len() >= self.cfg.max_sessions {
+                Some(format!(
+                    "the server's {} upload sessions",
+                    self.cfg.max_sessions
+                ))
+            } else if owned >= self.cfg.max_sessions_per_owner {
+                Some(format!(
+                    "{} upload sessions of {owner}",
+                    self.cfg.max_sessions_per_owner
+                ))
+            } else {
+                None
+            };
+            if let Some(cap) = cap {
+                return Err(OpsError {
+                    retry_after: Some(UPLOAD_CAP_RETRY_AFTER),
+                    ..OpsError::new(
+                        ErrorCode::TooManyUploads,
+                        format!(
+                            "{cap} are open; finish or abort one (idle sessions expire after \
+                             {}s)",
+                            self.cfg.idle_timeout.as_secs()
+                        ),
+                    )
+                });
+            }
+            sessions.insert(id.clone(), session.clone());
+        }
+        let this = self.clone();
+        let meta = Meta {
+            namespace: ns.to_string(),
+            owner: owner.to_string(),
+            created_at: store_core::Timestamp::now().0,
+        };
+        let made = blocking(move || this.create_files(&id, &meta)).await;
+        if let Err(e) = made {
+            lock(&self.sessions).remove(&session.id);
+            self.remove_files(&session.id);
+            return Err(e);
+        }
+        Ok(session.status())
+    }
+
+    fn create_files(&self, id: &str, meta: &Meta) -> Result<(), OpsError> {
+        let data = self.path(id, "data");
+        File::create_new(&data).map_err(fail("create data file", &data))?;
+        let offset = self.path(id, "offset");
+        let mut f = File::create_new(&offset).map_err(fail("create offset file", &offset))?;
+        f.write_all(&encode_offset(0))
+            .and_then(|()| f.sync_all())
+            .map_err(fail("write offset file", &offset))?;
+        let tmp = self.path(id, "meta.tmp");
+        let bytes = serde_json::to_vec(meta)
+            .map_err(|e| OpsError::new(ErrorCode::Internal, e.to_string()))?;
+        let mut f = File::create(&tmp).map_err(fail("create metadata", &tmp))?;
+        f.write_all(&bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(fail("write metadata", &tmp))?;
+        let dest = self.path(id, "meta");
+        fs::rename(&tmp, &dest).map_err(fail("publish metadata", &dest))?;
+        sync_dir(&self.cfg.dir).map_err(fail("fsync", &self.cfg.dir))
+    }
+
+    /// The session `id` of `ns`, if `who` may use it (its owner, or an
+    /// admin: `admin` says which).
+    pub(crate) fn find(
+        &self,
+        ns: &str,
+        id: &str,
+        who: &str,
+        admin: bool,
+    ) -> Result<Arc<Session>, OpsError> {
+        let found = lock(&self.sessions).get(id).cloned();
+        let Some(session) = found.filter(|s| s.ns.as_str() == ns && !s.gone.load(Ordering::SeqCst))
+        else {
+            if let Some((node, _)) = id.split_once('-') {
+                if node != self.node && !node.is_empty() {
+                    return Err(OpsError::new(
+                        ErrorCode::UploadElsewhere,
+                        format!(
+                            "upload session {id} was opened on node {node}, this is node {}: \
+                             sessions live on the node that opened them; continue it there, \
+                             or open a new one",
+                            self.node
+                        ),
+                    ));
+                }
+            }
+            return Err(OpsError::new(
+                ErrorCode::Missing,
+                format!("no upload session {id} in {ns} (finished, aborted or expired)"),
+            ));
+        };
+        if session.owner != who && !admin {
+            return Err(OpsError::new(
+                ErrorCode::Forbidden,
+                format!("upload session {id} belongs to another identity"),
+            ));
+        }
+        Ok(session)
+    }
+
+    /// Takes the session for one request (`upload_busy` if another holds it).
+    pub(crate) fn claim(&self, session: &Session) -> Result<SessionGuard, OpsError> {
+        let guard = session.io.clone().try_lock_owned().map_err(|_| {
+            OpsError::new(
+                ErrorCode::UploadBusy,
+                format!(
+                    "upload session {} is busy with another request; retry when it ends",
+                    session.id
+                ),
+            )
+        })?;
+        if session.gone.load(Ordering::SeqCst) {
+            return Err(OpsError::new(
+                ErrorCode::Missing,
+                format!(
+                    "no upload session {} (finished, aborted or expired)",
+                    session.id
+                ),
+            ));
+        }
+        // Only work on the session keeps it alive (a status probe does not).
+        session.touch();
+        Ok(Arc::new(guard))
+    }
+
+    /// Appends `body` at `start` (the committed offset; `None`: wherever it
+    /// is), committing what arrives, and returns the new offset. At most
+    /// `limit` bytes in all (`too_large` beyond; nothing past it is
+    /// committed). A body that breaks commits what arrived, then fails with
+    /// `incomplete_body`.
+    ///
+    /// Cancel-safe: the offset advances only after the bytes are synced;
+    /// a dropped call commits nothing of the chunk it was writing.
+    pub(crate) async fn append<R: AsyncRead + Unpin + Send>(
+        &self,
+        session: &Arc<Session>,
+        guard: &SessionGuard,
+        start: Option<u64>,
+        mut body: R,
+        limit: u64,
+    ) -> Result<u64, OpsError> {
+        let committed = session.offset();
+        if let Some(start) = start {
+            if start != committed {
+                return Err(OpsError {
+                    size: Some(committed),
+                    ..OpsError::new(
+                        ErrorCode::UploadOffset,
+                        format!(
+                            "the chunk starts at {start}, but upload session {} has {committed} \
+                             bytes committed: resume at {committed}",
+                            session.id
+                        ),
+                    )
+                });
+            }
+        }
+        let data_path = self.path(&session.id, "data");
+        let file = {
+            let p = data_path.clone();
+            let g = guard.clone();
+            blocking(move || {
+                let _g = g;
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map_err(|e| io_failure("open data file", &p, e))?;
+                // Drop whatever a dropped request wrote past the offset.
+                f.set_len(committed)
+                    .map_err(|e| io_failure("truncate data file", &p, e))?;
+                Ok(Arc::new(f))
+            })
+            .await?
+        };
+        let mut offset = committed;
+        let mut failure = None;
+        loop {
+            let mut buf = BytesMut::with_capacity(APPEND_CHUNK);
+            // Fill one buffer: full, end of body, or a broken body.
+            let (eof, broken) = loop {
+                match body.read_buf(&mut buf).await {
+                    Ok(0) => break (true, None),
+                    Ok(_) if buf.len() >= APPEND_CHUNK => break (false, None),
+                    Ok(_) => continue,
+                    Err(e) => break (true, Some(e)),
+                }
+            };
+            let end = offset + buf.len() as u64;
+            if end > limit {
+                failure = Some(OpsError::from(Error::TooLarge { limit, got: end }));
+                break;
+            }
+            if !buf.is_empty() {
+                let (f, g, p, at) = (file.clone(), guard.clone(), data_path.clone(), offset);
+                let chunk = buf.freeze();
+                blocking(move || {
+                    let _g = g;
+                    f.write_all_at(&chunk, at)
+                        .map_err(|e| io_failure("write data file", &p, e))
+                })
+                .await?;
+                offset = end;
+            }
+            if let Some(e) = broken {
+                failure = Some(OpsError::new(
+                    ErrorCode::IncompleteBody,
+                    format!("the chunk's body broke off: {e}"),
+                ));
+                break;
+            }
+            if eof {
+                break;
+            }
+        }
+        if offset > committed {
+            let (f, g) = (file.clone(), guard.clone());
+            let (offset_path, fsync) = (self.path(&session.id, "offset"), self.cfg.fsync);
+            blocking(move || {
+                let _g = g;
+                if fsync {
+                    f.sync_data()
+                        .map_err(|e| io_failure("fsync data file", &offset_path, e))?;
+                }
+                let of = OpenOptions::new()
+                    .write(true)
+                    .open(&offset_path)
+                    .map_err(|e| io_failure("open offset file", &offset_path, e))?;
+                of.write_all_at(&encode_offset(offset), 0)
+                    .map_err(|e| io_failure("write offset file", &offset_path, e))?;
+                if fsync {
+                    of.sync_data()
+                        .map_err(|e| io_failure("fsync offset file", &offset_path, e))?;
+                }
+                Ok(())
+            })
+            .await?;
+            session.offset.store(offset, Ordering::SeqCst);
+        }
+        session.touch();
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(offset),
+        }
+    }
+
+    /// The session's data, for the finishing put: the first `offset` bytes.
+    pub(crate) async fn reader(
+        &self,
+        session: &Session,
+    ) -> Result<tokio::io::Take<tokio::fs::File>, OpsError> {
+        let p = self.path(&session.id, "data");
+        let f = tokio::fs::File::open(&p)
+            .await
+            .map_err(|e| io_failure("open data file", &p, e))?;
+        Ok(f.take(session.offset()))
+    }
+
+    /// Ends the session and removes its files (finish, abort, reaping).
+    /// The caller holds its guard.
+    pub(crate) async fn remove(self: &Arc<Self>, session: &Arc<Session>) -> Result<(), OpsError> {
+        session.gone.store(true, Ordering::SeqCst);
+        lock(&self.sessions).remove(&session.id);
+        let (this, id) = (self.clone(), session.id.clone());
+        blocking(move || {
+            this.remove_files(&id);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Reaps sessions idle longer than the idle timeout (skipping any a
+    /// request holds); returns how many.
+    pub(crate) async fn reap(self: &Arc<Self>) -> usize {
+        let idle = self.cfg.idle_timeout;
+        let expired: Vec<Arc<Session>> = lock(&self.sessions)
+            .values()
+            .filter(|s| lock(&s.last_active).elapsed() >= idle)
+            .cloned()
+            .collect();
+        let mut n = 0;
+        for s in expired {
+            let Ok(_guard) = s.io.clone().try_lock_owned() else {
+                continue;
+            };
+            if self.remove(&s).await.is_ok() {
+                n += 1;
+                tracing::info!(session = %s.id, "reaped an idle upload session");
+            }
+        }
+        n
+    }
+
+    /// The reaping period: a quarter of the idle timeout, 50 ms to 60 s.
+    pub(crate) fn reap_every(&self) -> Duration {
+        (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(60))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_round_trip_and_torn_ones_are_refused() {
+        for n in [0, 1, 1 << 40, u64::MAX] {
+            assert_eq!(decode_offset(&encode_offset(n)), Some(n));
+        }
+        let mut torn = encode_offset(77);
+        torn[9] ^= 1;
+        assert_eq!(decode_offset(&torn), None);
+        assert_eq!(decode_offset(&torn[..8]), None);
+    }
+}
