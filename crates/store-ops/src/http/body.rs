@@ -11,6 +11,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use store_core::{Blob, Error};
 use tokio_util::io::{ReaderStream, StreamReader};
 
+use crate::bao::ChunkStream;
 use crate::error::{ErrorCode, OpsError};
 use crate::Ops;
 
@@ -116,6 +117,29 @@ pub(crate) fn blob_body(blob: Blob, ops: Ops) -> Body {
                     return Some((Ok(prev), None));
                 }
             }
+        }
+    });
+    Body::from_stream(stream)
+}
+
+/// A bao response body ([`crate::Ops::get_bao`]): the encoder's chunks as
+/// they come; its error (a group failing verification mid-stream, a
+/// backend error) is counted, logged and passed on, so the response is
+/// aborted and a client never sees a clean end of a stream that is not
+/// whole. (Unlike [`blob_body`] nothing needs holding back: every chunk of
+/// a bao stream is checked by the client on its own.)
+pub(crate) fn bao_body(stream: ChunkStream, ops: Ops) -> Body {
+    let stream = stream.map(move |item| match item {
+        Ok(chunk) => {
+            ops.metrics().get_bytes(chunk.len() as u64);
+            Ok(chunk)
+        }
+        Err(e) => {
+            let err = Error::from_io("bao stream", e);
+            let code = OpsError::from(err.clone()).code;
+            ops.metrics().error(code);
+            tracing::warn!("aborting a bao response: {err}");
+            Err(io::Error::from(err))
         }
     });
     Body::from_stream(stream)
