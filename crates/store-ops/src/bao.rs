@@ -251,9 +251,10 @@ async fn read_up_to(mut r: Pin<&mut (dyn AsyncRead + Send)>, n: usize) -> io::Re
 }
 
 /// The encoder's output: writes gathered into chunks of up to
-/// [`OUTPUT_CHUNK`] bytes and sent down a bounded channel.
+/// [`OUTPUT_CHUNK`] bytes and sent down a bounded channel, which also
+/// carries the encoder's error after the chunks it produced before it.
 struct ChannelWriter {
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<io::Result<Bytes>>,
     buf: BytesMut,
 }
 
@@ -263,11 +264,21 @@ impl ChannelWriter {
             return Ok(());
         }
         let chunk = self.buf.split().freeze();
-        self.tx.send(chunk).await.map_err(|_| {
-            // The body was dropped: the client went away.
-            io::Error::new(io::ErrorKind::ConnectionReset, "bao stream: receiver gone")
-        })
+        self.tx.send(Ok(chunk)).await.map_err(|_| gone())
     }
+
+    /// Sends what is buffered, then `e` (the stream's last item).
+    async fn fail(&mut self, e: io::Error) {
+        // When the receiver is gone there is no one left to tell.
+        if self.send().await.is_ok() {
+            let _ = self.tx.send(Err(e)).await;
+        }
+    }
+}
+
+/// The body was dropped: the client went away.
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionReset, "bao stream: receiver gone")
 }
 
 impl AsyncStreamWriter for ChannelWriter {
@@ -314,22 +325,25 @@ pub fn encode(
     outboard: PostOrderMemOutboard<Bytes>,
     ranges: ChunkRanges,
 ) -> ChunkStream {
-    let (tx, rx) = mpsc::channel::<Bytes>(OUTPUT_CHANNEL);
+    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(OUTPUT_CHANNEL);
     let run = async move {
         let mut w = ChannelWriter {
             tx,
             buf: BytesMut::with_capacity(OUTPUT_CHUNK),
         };
-        encode_ranges_validated(source, outboard, &ranges, &mut w)
-            .await
-            .map_err(encode_error)?;
-        w.send().await
+        let done = match encode_ranges_validated(source, outboard, &ranges, &mut w).await {
+            Ok(()) => w.send().await,
+            Err(e) => Err(encode_error(e)),
+        };
+        if let Err(e) = done {
+            w.fail(e).await;
+        }
     };
-    // The encoder's outcome as a stream: nothing when it succeeded, its
-    // error otherwise; merged with the chunks it sends.
-    let outcome = futures::stream::once(run)
-        .filter_map(|r: io::Result<()>| futures::future::ready(r.err().map(Err)));
-    Box::pin(futures::stream::select(rx.map(Ok), outcome))
+    // The encoder runs as the stream is polled; the channel carries its
+    // chunks (and its error, last) in order; the stream ends once the
+    // encoder is done and the channel drained.
+    let driver = futures::stream::once(run).filter_map(|()| futures::future::ready(None));
+    Box::pin(futures::stream::select(rx, driver))
 }
 
 /// Encodes `range` (`None`: the whole entry) of `data`, an entry held in
