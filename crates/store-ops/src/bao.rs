@@ -178,9 +178,10 @@ impl SpanReader {
     /// (a corrupt first group, an I/O error) is reported before a response
     /// is committed to. Fails with the read's error.
     ///
-    /// Cancel-safe: dropping the future mid-way leaves the reader at an
-    /// unknown position; the reader must then be dropped too (reads after a
-    /// cancelled prefetch fail or return wrong bytes' positions).
+    /// Cancel safety: dropping the future mid-way leaves nothing behind
+    /// outside this reader, but the bytes it had read are lost, so the
+    /// reader must be dropped with it (a later read would be misplaced).
+    /// [`crate::Ops::get_bao`] owns its reader and drops both together.
     pub async fn prefetch(&mut self) -> io::Result<()> {
         let want = (self.end - self.pos).min(GROUP_SIZE as u64) as usize;
         let got = read_up_to(self.reader.as_mut(), want).await?;
@@ -283,6 +284,11 @@ fn gone() -> io::Error {
 
 impl AsyncStreamWriter for ChannelWriter {
     async fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        // Chunks stay within OUTPUT_CHUNK (a single write is at most one
+        // group and its inner pairs, well below it).
+        if self.buf.len() + data.len() > OUTPUT_CHUNK {
+            self.send().await?;
+        }
         self.buf.extend_from_slice(data);
         if self.buf.len() >= OUTPUT_CHUNK {
             self.send().await?;
@@ -769,6 +775,59 @@ mod tests {
         let s = decode(digest(&d), n, None, std::io::Cursor::new(other));
         let items: Vec<_> = s.collect().await;
         assert!(items.iter().all(|i| i.is_err()) && !items.is_empty());
+    }
+
+    /// An `AsyncRead` over memory that counts the bytes it handed out.
+    struct Counting {
+        data: std::io::Cursor<Vec<u8>>,
+        read: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl AsyncRead for Counting {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            let before = buf.filled().len();
+            let r = Pin::new(&mut self.data).poll_read(cx, buf);
+            let n = (buf.filled().len() - before) as u64;
+            self.read.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+            r
+        }
+    }
+
+    #[tokio::test]
+    async fn the_encoder_reads_only_as_fast_as_the_stream_is_taken() {
+        let n = 8u64 << 20;
+        let d = data(n);
+        let h = hashes(&d);
+        let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let src = Counting {
+            data: std::io::Cursor::new(d.clone()),
+            read: read.clone(),
+        };
+        let span = SpanReader::new(Box::pin(src), 0..n, n);
+        let mut s = encode_span(&h, span, None);
+        let first = s.next().await.expect("a chunk").expect("no error");
+        assert!(first.len() <= OUTPUT_CHUNK);
+        // The encoder runs only while the stream is polled, and within a
+        // poll it stops at the channel's bound: one chunk taken, little more
+        // than the channel's worth has been read.
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        let ahead = read.load(std::sync::atomic::Ordering::SeqCst);
+        let bound = ((OUTPUT_CHANNEL + 3) * OUTPUT_CHUNK + 2 * GROUP_SIZE) as u64;
+        assert!(
+            ahead <= bound,
+            "read {ahead} bytes ahead of a stalled stream"
+        );
+        // Taken to the end, it is the whole encoding.
+        let mut all = first.to_vec();
+        all.extend(collect(s).await.unwrap());
+        assert_eq!(all, reference(&d, None));
+        assert_eq!(read.load(std::sync::atomic::Ordering::SeqCst), n);
     }
 
     #[test]
