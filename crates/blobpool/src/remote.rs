@@ -464,6 +464,10 @@ impl Remote {
     /// that found the entry corrupt aborts the stream; the error is then
     /// `verification` once the server confirms it (see
     /// [`Remote::confirm_corrupt`]), `http` for a plain cut.
+    ///
+    /// Cancel-safe: dropping the future drops the sink (a file sink's
+    /// temporary file is removed with it; stdout keeps the verified bytes
+    /// written so far) and the connection.
     pub async fn get(&self, key: &Key, mut sink: Sink) -> Result<GetResult, CliError> {
         let sent = self
             .http
