@@ -30,7 +30,7 @@ impl CliError {
     }
 
     /// Records the causes of `e` (not `e` itself) as this error's chain.
-    fn caused_by(mut self, e: &(dyn std::error::Error + 'static)) -> Self {
+    pub(crate) fn caused_by(mut self, e: &(dyn std::error::Error + 'static)) -> Self {
         self.causes = Report::new(e)
             .causes()
             .map(|c| one_line(&c.to_string()))

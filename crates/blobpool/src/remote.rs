@@ -5,6 +5,11 @@
 //! every request, and only over `https://` or to a loopback address unless
 //! `--allow-insecure-http` says the network is trusted; credentials in the
 //! URL (`http://user:pw@host`) are refused. Redirects are not followed.
+//!
+//! `get` asks for a verified (bao) stream (ADR-033) and writes only bytes
+//! that bao-tree's decoder has checked against the digest, chunk group by
+//! chunk group; a server that answers with plain bytes (one older than bao
+//! streams) is read the old way, hashed whole and checked at the end.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -13,16 +18,22 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use futures::{Stream, StreamExt, TryStreamExt};
+use reqwest::header::{
+    HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RANGE,
+};
 use reqwest::{Certificate, Client, Identity, Response, StatusCode, Url};
 use store_core::SweepReport;
-use store_ops::http::{HEADER_CREATED_AT, HEADER_EXPECT_DIGEST, HEADER_TIER};
+use store_ops::bao::{BaoDecodeError, BAO_MEDIA_TYPE};
+use store_ops::http::{
+    HEADER_BAO_RANGE, HEADER_CREATED_AT, HEADER_DIGEST, HEADER_EXPECT_DIGEST, HEADER_SIZE,
+    HEADER_TIER,
+};
 use store_ops::{
     ErrorBody, HaveRequest, HaveResponse, PutResponse, StatResponse, DEFAULT_MAX_HAVE_DIGESTS,
 };
 use store_types::{Digest, Key, Namespace, Tier};
-use tokio_util::io::ReaderStream;
+use tokio_util::io::{ReaderStream, StreamReader};
 
 use crate::output::{missing, CliError, GetResult, HasResult, PutResult};
 use crate::progress::{bar, ProgressRead};
@@ -158,6 +169,18 @@ async fn server_error(resp: Response) -> CliError {
         Ok(b) => CliError::new(b.error.code, b.error.message),
         Err(_) => CliError::new("http", format!("server answered {status}")),
     }
+}
+
+/// Chunk groups [`Remote::confirm_corrupt`] asks about after a cut bao
+/// stream (1 MiB at 16 KiB groups: more than a server keeps in flight).
+const CONFIRM_GROUPS: u64 = 64;
+
+/// Whether a response is a bao stream (its `Content-Type`).
+fn is_bao(h: &HeaderMap) -> bool {
+    h.get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case(BAO_MEDIA_TYPE))
 }
 
 /// A client with the options' TLS, credentials and connect timeout, and
@@ -429,11 +452,33 @@ impl Remote {
         Ok(())
     }
 
-    /// `GET /v1/blobs/{ns}/{digest}`, streamed into `sink` and checked
-    /// against the digest here as well (a server-side verification failure
-    /// arrives as an aborted response).
+    /// `GET /v1/blobs/{ns}/{digest}`, streamed into `sink`, verified as it
+    /// arrives.
+    ///
+    /// The request asks for a bao stream (`Accept: application/x-bao`):
+    /// each 16 KiB chunk group is checked against the digest by bao-tree's
+    /// decoder before it reaches `sink`, so a corrupt byte stops the output
+    /// before it is written (memory: one group). A server that answers
+    /// with plain bytes is hashed as it streams and checked at the end (a
+    /// file sink is then discarded; stdout has had the bytes). A server
+    /// that found the entry corrupt aborts the stream; the error is then
+    /// `verification` once the server confirms it (see
+    /// [`Remote::confirm_corrupt`]), `http` for a plain cut.
+    ///
+    /// Cancel-safe: dropping the future drops the sink (a file sink's
+    /// temporary file is removed with it; stdout keeps the verified bytes
+    /// written so far) and the connection.
     pub async fn get(&self, key: &Key, mut sink: Sink) -> Result<GetResult, CliError> {
-        let resp = match self.http.get(self.blob_url(key)).send().await {
+        let sent = self
+            .http
+            .get(self.blob_url(key))
+            .header(
+                ACCEPT,
+                format!("{BAO_MEDIA_TYPE}, application/octet-stream;q=0.5"),
+            )
+            .send()
+            .await;
+        let resp = match sent {
             Ok(r) => r,
             Err(e) => {
                 sink.abort().await;
@@ -443,6 +488,9 @@ impl Remote {
         if !resp.status().is_success() {
             sink.abort().await;
             return Err(server_error(resp).await);
+        }
+        if is_bao(resp.headers()) {
+            return self.get_bao(key, resp, sink).await;
         }
         let len = resp.content_length();
         let pb = bar(self.progress, len, "get");
@@ -483,6 +531,129 @@ impl Remote {
             size: n,
             path,
         })
+    }
+
+    /// The bao half of [`Remote::get`]: decodes `resp` into `sink`.
+    async fn get_bao(
+        &self,
+        key: &Key,
+        resp: Response,
+        mut sink: Sink,
+    ) -> Result<GetResult, CliError> {
+        let h = resp.headers();
+        let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+        let bad = |what: &str| CliError::new("http", format!("server sent a bad {what} header"));
+        let checked = match (
+            text(HEADER_SIZE).and_then(|v| v.parse::<u64>().ok()),
+            text(HEADER_DIGEST),
+        ) {
+            (None, _) => Err(bad(HEADER_SIZE)),
+            (Some(_), Some(d)) if d != key.digest.to_hex() => Err(bad(HEADER_DIGEST)),
+            // No range was asked for: a ranged answer is not this entry.
+            _ if h.contains_key(HEADER_BAO_RANGE) => Err(bad(HEADER_BAO_RANGE)),
+            (Some(size), _) => Ok(size),
+        };
+        let size = match checked {
+            Ok(size) => size,
+            Err(e) => {
+                sink.abort().await;
+                return Err(e);
+            }
+        };
+        let pb = bar(self.progress, Some(size), "get");
+        let body = StreamReader::new(resp.bytes_stream().map_err(std::io::Error::other));
+        let decoded = store_ops::bao::decode(key.digest, size, None, body);
+        futures::pin_mut!(decoded);
+        let mut n: u64 = 0;
+        let copied: Result<(), CliError> = async {
+            while let Some(chunk) = decoded.next().await {
+                match chunk {
+                    Ok(c) => {
+                        n += c.len() as u64;
+                        pb.inc(c.len() as u64);
+                        sink.write_all(&c).await?;
+                    }
+                    Err(e) => return Err(self.bao_failure(key, e, n).await),
+                }
+            }
+            Ok(())
+        }
+        .await;
+        pb.finish_and_clear();
+        if let Err(e) = copied {
+            sink.abort().await;
+            return Err(e);
+        }
+        let path = sink.path().map(|p| p.display().to_string());
+        sink.commit().await?;
+        Ok(GetResult {
+            namespace: key.namespace.to_string(),
+            digest: key.digest.to_hex(),
+            size: n,
+            path,
+        })
+    }
+
+    /// The error of a bao stream that did not decode after `verified`
+    /// good bytes: `verification` when the stream proved the bytes wrong,
+    /// or when it was cut and the server confirms the entry is corrupt
+    /// there; `http` (with the decoder's account as the cause) otherwise.
+    async fn bao_failure(&self, key: &Key, e: BaoDecodeError, verified: u64) -> CliError {
+        if e.is_mismatch() {
+            return CliError::new("verification", e.to_string()).caused_by(&e);
+        }
+        if let Some(confirmed) = self.confirm_corrupt(key, verified).await {
+            return CliError::new(
+                "verification",
+                format!(
+                    "{key}: the server stopped the stream after {verified} verified bytes: {}",
+                    confirmed.message
+                ),
+            );
+        }
+        let msg = match &e {
+            BaoDecodeError::Incomplete { .. } => {
+                format!("{key}: the stream ended after {verified} verified bytes")
+            }
+            other => other.to_string(),
+        };
+        CliError::new("http", msg).caused_by(&e)
+    }
+
+    /// Asks the server whether the entry is corrupt where a bao stream was
+    /// cut, `at` bytes in: a bao request for one byte reads that byte's
+    /// chunk group before answering, so a corrupt group is answered `422
+    /// verification` (the error returned here) rather than with a cut
+    /// stream. The groups from `at` on are asked about one by one, up to
+    /// [`CONFIRM_GROUPS`] of them (the server may have read a few groups
+    /// past what reached this client before it found the bad one). `None`
+    /// when none is refused (the cut was the network's) or on any other
+    /// answer.
+    async fn confirm_corrupt(&self, key: &Key, at: u64) -> Option<CliError> {
+        let group = store_types::outboard::GROUP_SIZE as u64;
+        let first = at / group * group;
+        for i in 0..CONFIRM_GROUPS {
+            let off = first + i * group;
+            let resp = self
+                .http
+                .get(self.blob_url(key))
+                .header(ACCEPT, BAO_MEDIA_TYPE)
+                .header(RANGE, format!("bytes={off}-{off}"))
+                .send()
+                .await
+                .ok()?;
+            match resp.status() {
+                StatusCode::UNPROCESSABLE_ENTITY => {
+                    let e = self.within(server_error(resp)).await.ok()?;
+                    return (e.code == "verification").then_some(e);
+                }
+                // Sound here (the body is dropped unread); the next group.
+                s if s.is_success() => continue,
+                // Past the end (416), or anything else: nothing to confirm.
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// `HEAD /v1/blobs/{ns}/{digest}`.

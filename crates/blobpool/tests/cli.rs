@@ -339,6 +339,125 @@ async fn server_mode_round_trips_against_an_inprocess_server() {
     })
     .await;
     result.unwrap();
+    // Every get went through a bao stream (ADR-033): three entries, and
+    // the get of an absent one is refused before any stream.
+    assert_eq!(s.ops.metrics().bao_gets(), 3);
+}
+
+/// Issue 15: `get --server` decodes a bao stream as it arrives, so a
+/// corrupt entry fails with `verification` and a non-zero exit, and
+/// stdout receives only bytes checked against the digest.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_mode_get_is_a_verified_stream() {
+    let s = start(Opts {
+        threshold: 1024,
+        ..Default::default()
+    })
+    .await;
+    let base = s.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    const G: u64 = 16 * 1024;
+    let n = (1u64 << 20) + 4321;
+    let data = bytes_of(n, 61);
+    let (_t, digest) = s.put_ok("rot", data.clone()).await;
+    let key = store_types::Key::parse("rot", &digest).unwrap();
+    // A clean get (which also leaves the entry's outboard cached on the
+    // server: this engine keeps none, ADR-032 §6).
+    let (b, dg) = (base.clone(), digest.clone());
+    let (dd, want) = (d.clone(), data.clone());
+    tokio::task::spawn_blocking(move || {
+        let o = run(cmd(&dd).args(["--server", &b, "get", &dg, "-n", "rot"]));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(o.stdout, want, "stdout is the entry");
+    })
+    .await
+    .unwrap();
+    assert_eq!(s.ops.metrics().bao_gets(), 1);
+
+    // Flip a byte in group 10: the server starts the stream and cuts it
+    // there; the CLI writes the verified groups before it, then fails with
+    // `verification` (the server confirms the corruption).
+    let flip = 10 * G + 77;
+    s.large.corrupt_byte_at(&key, flip).await.unwrap();
+    let (b, dg, dd, want) = (base.clone(), digest.clone(), d.clone(), data.clone());
+    tokio::task::spawn_blocking(move || {
+        let o = run(cmd(&dd).args(["--server", &b, "get", &dg, "-n", "rot"]));
+        assert!(
+            o.stdout.len() as u64 <= flip / G * G,
+            "{} bytes reached stdout, past the corrupt group's start",
+            o.stdout.len()
+        );
+        assert_eq!(
+            &o.stdout[..],
+            &want[..o.stdout.len()],
+            "only verified bytes"
+        );
+        fails_with(o, "verification");
+        // Into a file: no file at all.
+        let o = run(cmd(&dd).args(["--server", &b, "get", &dg, "-n", "rot", "-o", "out"]));
+        fails_with(o, "verification");
+        assert!(!dd.join("out").exists());
+    })
+    .await
+    .unwrap();
+
+    // Corrupt before the server ever computed its outboard: refused
+    // before the stream starts, nothing on stdout.
+    let other = bytes_of(5 * G, 62);
+    let (_t, od) = s.put_ok("rot", other).await;
+    let okey = store_types::Key::parse("rot", &od).unwrap();
+    s.large.corrupt_byte_at(&okey, 2 * G).await.unwrap();
+    let (b, dd) = (base.clone(), d.clone());
+    tokio::task::spawn_blocking(move || {
+        let o = run(cmd(&dd).args(["--server", &b, "get", &od, "-n", "rot"]));
+        assert!(o.stdout.is_empty());
+        fails_with(o, "verification");
+    })
+    .await
+    .unwrap();
+}
+
+/// A server without bao streams (plain bytes whatever the `Accept`):
+/// `get` falls back to hashing the plain body and checking it at the end.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_mode_get_falls_back_to_plain_bytes() {
+    use axum::routing::get;
+    let good = bytes_of(100_000, 63);
+    let digest = blake3::hash(&good).to_hex().to_string();
+    let mut bad = good.clone();
+    bad[50_000] ^= 1;
+    let bad_digest = blake3::hash(b"claimed").to_hex().to_string();
+    let (g, b) = (good.clone(), bad.clone());
+    let (dg, bd) = (digest.clone(), bad_digest.clone());
+    let app = axum::Router::new().route(
+        "/v1/blobs/{ns}/{digest}",
+        get(
+            move |axum::extract::Path((_ns, d)): axum::extract::Path<(String, String)>| {
+                let body = if d == dg { g.clone() } else { b.clone() };
+                async move { ([("content-type", "application/octet-stream")], body) }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        ok(run(
+            cmd(&d).args(["--server", &base, "get", &digest, "-o", "old"])
+        ));
+        assert_eq!(std::fs::read(d.join("old")).unwrap(), good);
+        fails_with(
+            run(cmd(&d).args(["--server", &base, "get", &bd, "-o", "wrong"])),
+            "verification",
+        );
+        assert!(!d.join("wrong").exists());
+    })
+    .await
+    .unwrap();
+    server.abort();
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //!
 //! - [`Ops`] is the handler set: `blobs/put`, `blobs/have` (existence probe
 //!   and pin-token renewal), get (whole or ranged), stat, delete, token
-//!   release, sweep, health and metrics. Every handler answers either a
+//!   release, sweep, health and metrics; [`Ops::get_bao`] serves verified
+//!   (bao) streams, encoded by [`bao`] (ADR-033). Every handler answers either a
 //!   payload or an [`OpsError`] with a stable [`ErrorCode`].
 //! - [`payload`] holds the wire shapes. The two pinned by ADR-012 §2 are
 //!   [`PutResponse`] (`{"token", "digest"}`) and [`HaveRequest`] /
@@ -23,6 +24,7 @@
 
 mod admin;
 pub mod auth;
+pub mod bao;
 mod error;
 pub mod http;
 mod metrics;
@@ -40,7 +42,8 @@ pub use admin::{
 pub use error::{ErrorCode, OpsError, TOKEN_CAP_RETRY_AFTER, TRANSIENT_RETRY_AFTER};
 pub use metrics::Metrics;
 pub use ops::{
-    GetResponse, Ops, OpsConfig, PutOutcome, DEFAULT_MAX_BLOB_SIZE, DEFAULT_MAX_HAVE_DIGESTS,
+    BaoResponse, GetResponse, Ops, OpsConfig, PutOutcome, BAO_MEMORY_MAX, DEFAULT_MAX_BLOB_SIZE,
+    DEFAULT_MAX_HAVE_DIGESTS,
 };
 pub use payload::{
     ErrorBody, ErrorDetail, HaveRequest, HaveResponse, HealthResponse, PutResponse, StatResponse,

@@ -17,6 +17,7 @@ pub struct Metrics {
     puts_deduplicated: AtomicU64,
     put_bytes: AtomicU64,
     gets: AtomicU64,
+    bao_gets: AtomicU64,
     get_bytes: AtomicU64,
     stats: AtomicU64,
     have_requests: AtomicU64,
@@ -58,6 +59,15 @@ impl Metrics {
 
     pub(crate) fn get(&self) {
         bump(&self.gets, 1);
+    }
+
+    pub(crate) fn bao_get(&self) {
+        bump(&self.bao_gets, 1);
+    }
+
+    /// Gets answered with a bao stream so far (ADR-033).
+    pub fn bao_gets(&self) -> u64 {
+        self.bao_gets.load(Ordering::Relaxed)
     }
 
     /// Bytes of a get response body actually handed to the transport.
@@ -133,6 +143,11 @@ impl Metrics {
             "blobpool_gets_total",
             "Get requests answered with content (whole or ranged).",
             load(&self.gets),
+        );
+        counter(
+            "blobpool_bao_gets_total",
+            "Get requests answered with a verified (bao) stream (also counted in blobpool_gets_total).",
+            load(&self.bao_gets),
         );
         counter(
             "blobpool_get_bytes_total",

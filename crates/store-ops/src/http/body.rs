@@ -11,6 +11,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use store_core::{Blob, Error};
 use tokio_util::io::{ReaderStream, StreamReader};
 
+use crate::bao::ChunkStream;
 use crate::error::{ErrorCode, OpsError};
 use crate::Ops;
 
@@ -114,6 +115,42 @@ pub(crate) fn blob_body(blob: Blob, ops: Ops) -> Body {
                     let prev = pending.take()?;
                     ops.metrics().get_bytes(prev.len() as u64);
                     return Some((Ok(prev), None));
+                }
+            }
+        }
+    });
+    Body::from_stream(stream)
+}
+
+/// How long a failing bao response waits, after its last good chunk,
+/// before aborting: the transport gets to flush what it was handed, so the
+/// client holds every byte up to the failing group (and a client asking
+/// about the cut finds the corrupt group where the stream stopped).
+const BAO_ABORT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A bao response body ([`crate::Ops::get_bao`]): the encoder's chunks as
+/// they come; its error (a group failing verification mid-stream, a
+/// backend error) is counted, logged and passed on after
+/// [`BAO_ABORT_GRACE`], so the response is aborted and a client never sees
+/// a clean end of a stream that is not whole. (Unlike [`blob_body`]
+/// nothing needs holding back: a client checks every chunk group of a bao
+/// stream on its own.)
+pub(crate) fn bao_body(stream: ChunkStream, ops: Ops) -> Body {
+    let stream = stream.then(move |item| {
+        let ops = ops.clone();
+        async move {
+            match item {
+                Ok(chunk) => {
+                    ops.metrics().get_bytes(chunk.len() as u64);
+                    Ok(chunk)
+                }
+                Err(e) => {
+                    let err = Error::from_io("bao stream", e);
+                    let code = OpsError::from(err.clone()).code;
+                    ops.metrics().error(code);
+                    tracing::warn!("aborting a bao response: {err}");
+                    tokio::time::sleep(BAO_ABORT_GRACE).await;
+                    Err(io::Error::from(err))
                 }
             }
         }

@@ -6,19 +6,21 @@ use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Extension, Path, State};
 use axum::http::header::{
-    ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, LOCATION,
-    RANGE, RETRY_AFTER,
+    ACCEPT, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG,
+    LOCATION, RANGE, RETRY_AFTER, VARY,
 };
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::body::{blob_body, body_reader, have_body_limit, read_limited};
+use super::body::{bao_body, blob_body, body_reader, have_body_limit, read_limited};
 use super::gate::request_id;
 use super::{
-    HEADER_CREATED_AT, HEADER_DEDUPLICATED, HEADER_DIGEST, HEADER_EXPECT_DIGEST, HEADER_TIER,
+    HEADER_BAO_RANGE, HEADER_CREATED_AT, HEADER_DEDUPLICATED, HEADER_DIGEST, HEADER_EXPECT_DIGEST,
+    HEADER_SIZE, HEADER_TIER,
 };
 use crate::auth::{Identity, Scope};
+use crate::bao::BAO_MEDIA_TYPE;
 use crate::error::{ErrorCode, OpsError};
 use crate::payload::{HaveRequest, StatResponse};
 use crate::range::parse_range_header;
@@ -141,6 +143,29 @@ fn entry_headers(h: &mut HeaderMap, digest: &str, tier: store_core::Tier) {
     );
     h.insert(header(HEADER_DIGEST), value(digest));
     h.insert(header(HEADER_TIER), value(tier.to_string()));
+    // The same URL also answers `application/x-bao` (ADR-033).
+    h.insert(VARY, HeaderValue::from_static("accept"));
+}
+
+/// Whether the `Accept` header asks for a bao stream: some listed media
+/// type is `application/x-bao` (parameters allowed) without `q=0`.
+fn accepts_bao(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("");
+            let refused = parts.any(|p| {
+                p.split_once('=').is_some_and(|(k, v)| {
+                    k.trim().eq_ignore_ascii_case("q")
+                        && v.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
+                })
+            });
+            media.eq_ignore_ascii_case(BAO_MEDIA_TYPE) && !refused
+        })
 }
 
 /// `PUT /v1/blobs/{ns}`.
@@ -232,6 +257,9 @@ pub(super) async fn get_blob(
         .get(RANGE)
         .and_then(|v| v.to_str().ok())
         .and_then(parse_range_header);
+    if accepts_bao(&headers) {
+        return get_bao(ops, &ns, &digest, range).await;
+    }
     let got = match ops.get(&ns, &digest, range).await {
         Ok(g) => g,
         Err(e) => return fail(&ops, e),
@@ -253,6 +281,37 @@ pub(super) async fn get_blob(
     }
     let body = blob_body(got.blob, ops);
     (status, h, body).into_response()
+}
+
+/// `GET /v1/blobs/{ns}/{digest}` with `Accept: application/x-bao`: `200`
+/// with the bao encoding of the entry, or of the requested range (named in
+/// `x-blobpool-bao-range`); chunked, aborted on a failure mid-stream.
+async fn get_bao(
+    ops: Ops,
+    ns: &str,
+    digest: &str,
+    range: Option<crate::range::RangeRequest>,
+) -> Response {
+    let got = match ops.get_bao(ns, digest, range).await {
+        Ok(g) => g,
+        Err(e) => return fail(&ops, e),
+    };
+    let mut h = HeaderMap::new();
+    entry_headers(&mut h, &got.digest.to_hex(), got.tier);
+    // Another representation than the plain bytes: its own type, no ETag
+    // (that names the plain representation), no byte ranges of it.
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(BAO_MEDIA_TYPE));
+    h.remove(ETAG);
+    h.insert(ACCEPT_RANGES, HeaderValue::from_static("none"));
+    h.insert(header(HEADER_SIZE), value(got.size.to_string()));
+    if let Some(r) = &got.range {
+        h.insert(
+            header(HEADER_BAO_RANGE),
+            value(format!("{}-{}", r.start, r.end - 1)),
+        );
+    }
+    let body = bao_body(got.stream, ops);
+    (StatusCode::OK, h, body).into_response()
 }
 
 /// `HEAD /v1/blobs/{ns}/{digest}`.

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `PUT /v1/blobs/{ns}` | [`Ops::put`] — body = blob, streamed |
 //! | `GET /v1/blobs/{ns}/{digest}` | [`Ops::get`] — streamed, `Range` → 206 |
+//! | `GET /v1/blobs/{ns}/{digest}`, `Accept: application/x-bao` | [`Ops::get_bao`] — a verified stream ([`crate::bao`]), `Range` → 200 + `x-blobpool-bao-range` |
 //! | `HEAD /v1/blobs/{ns}/{digest}` | [`Ops::stat`] as headers |
 //! | `DELETE /v1/blobs/{ns}/{digest}` | [`Ops::delete`] — 204 / 404 / 409 |
 //! | `POST /v1/have` | [`Ops::have`] |
@@ -81,6 +82,12 @@ pub const HEADER_TIER: &str = "x-blobpool-tier";
 pub const HEADER_CREATED_AT: &str = "x-blobpool-created-at";
 /// Response header: the entry's digest.
 pub const HEADER_DIGEST: &str = "x-blobpool-digest";
+/// Response header on bao streams: the whole entry's size in bytes (a
+/// decoder needs it for the tree's shape).
+pub const HEADER_SIZE: &str = "x-blobpool-size";
+/// Response header on bao streams of a range: the encoded byte range,
+/// `first-last` (inclusive, like `Range`).
+pub const HEADER_BAO_RANGE: &str = "x-blobpool-bao-range";
 /// Response header on puts: `true` when the entry already existed.
 pub const HEADER_DEDUPLICATED: &str = "x-blobpool-deduplicated";
 
