@@ -244,9 +244,9 @@ async fn a_corrupt_entry_never_decodes_to_wrong_bytes() {
     let key = store_types::Key::parse("rot", &d).unwrap();
     let path = format!("/v1/blobs/rot/{d}");
     let flip = 10 * G + 500;
-    // The local engine keeps no outboards: the first stream computes one
-    // from a verified whole read (ADR-032 §6) and the store caches it. So
-    // one clean read first; later streams verify only the groups they read.
+    // The local engine keeps the outboard published with the entry, so
+    // streams verify only the groups they read. (A clean read first all
+    // the same: it warms the store's outboard cache.)
     let (_, clean) = body(bao_get(&s, &path, Some("bytes=0-9")).await).await;
     assert!(clean);
     s.large.corrupt_byte_at(&key, flip).await.unwrap();
@@ -286,11 +286,19 @@ async fn a_corrupt_entry_never_decodes_to_wrong_bytes() {
         &data[..100_000]
     );
 
-    // An entry corrupt before its outboard was ever computed: the whole
-    // read that computes it fails, so any stream is refused up front.
+    // An entry without a kept outboard (stored before outboards), corrupt
+    // before one was ever computed: the whole read that computes it
+    // fails, so any stream is refused up front.
     let other = bytes_of(5 * G, 7);
     let (_t, od) = s.put_ok("rot", other).await;
     let okey = store_types::Key::parse("rot", &od).unwrap();
+    let obao = s
+        .large
+        .root()
+        .join("rot")
+        .join(okey.digest.prefix2())
+        .join(format!("{od}.obao"));
+    std::fs::remove_file(&obao).expect("the local engine keeps the outboard beside the entry");
     s.large.corrupt_byte_at(&okey, 3 * G).await.unwrap();
     let resp = bao_get(&s, &format!("/v1/blobs/rot/{od}"), Some("bytes=0-9")).await;
     assert_error(resp, 422, "verification").await;

@@ -157,7 +157,7 @@ async fn path_traversal_in_namespaces_is_refused() {
         .filter(|n| !n.starts_with("kv.sqlite"))
         .collect();
     names.sort();
-    assert_eq!(names, ["large"]);
+    assert_eq!(names, ["large", "uploads"]);
 }
 
 #[tokio::test]
