@@ -46,8 +46,22 @@ pub async fn open_store(
     options: &store_registry::Options,
     mode: Option<Mode>,
 ) -> BenchResult<Store> {
+    open_store_with(kv, large, options, mode, true).await
+}
+
+/// [`open_store`], with large puts building outboards or not
+/// (`StoreBuilder::outboards_at_put`, ADR-032).
+pub async fn open_store_with(
+    kv: &str,
+    large: Option<&str>,
+    options: &store_registry::Options,
+    mode: Option<Mode>,
+    outboards_at_put: bool,
+) -> BenchResult<Store> {
     let registry = store_registry::Registry::default();
-    let mut b = Store::builder().kv_shared(registry.open_kv(kv, options).await.map_err(err)?);
+    let mut b = Store::builder()
+        .kv_shared(registry.open_kv(kv, options).await.map_err(err)?)
+        .outboards_at_put(outboards_at_put);
     if let Some(large) = large {
         if let Some(l) = registry.open_large(large, options).await.map_err(err)? {
             b = b.large_shared(l);
@@ -57,6 +71,32 @@ pub async fn open_store(
         b = b.mode(mode);
     }
     b.build().await.map_err(err)
+}
+
+/// A store whose non-empty entries all take the large-tier put path: the
+/// local engine at `dir` (`Some`) or the in-memory engine (`None`), with
+/// or without outboards built at put — the outboard-overhead rows.
+pub async fn large_path_store(
+    dir: Option<&Path>,
+    fsync: bool,
+    outboards_at_put: bool,
+) -> BenchResult<Store> {
+    let options = store_registry::Options {
+        fsync,
+        ..store_registry::Options::default()
+    };
+    let large = match dir {
+        Some(d) => url("file", d),
+        None => "mem://".to_string(),
+    };
+    open_store_with(
+        "mem://",
+        Some(&large),
+        &options,
+        Some(Mode::DualTier { threshold: 0 }),
+        outboards_at_put,
+    )
+    .await
 }
 
 /// A `file://` or `sqlite://` URL of `path`.

@@ -578,3 +578,39 @@ async fn crash_between_stage_write_and_pin_commit() {
 async fn fault_inside_the_joint_transaction() {
     faults::fault_inside_joint_transaction().await;
 }
+
+/// Outboards on every fleet-valid large tier (ADR-032): an entry one node
+/// put carries its outboard for every node — another node's engine reads
+/// the very outboard bao-tree computes, and that node's range reads verify
+/// with it (a flip inside the covering groups fails, one outside does not
+/// matter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outboards_are_shared_by_the_fleet() {
+    for large in [
+        FleetLarge::SharedLocal,
+        FleetLarge::Object,
+        FleetLarge::PgLo,
+    ] {
+        let env = FleetEnv::new(large, MIN, MIN).await;
+        let (a, b) = (
+            env.node("a", &ns_named(NS)).await,
+            env.node("b", &ns_named(NS)).await,
+        );
+        let data = content(300, 20 * 16_384 + 5);
+        let key = a
+            .put(&ns_named(NS), &data[..], None, None)
+            .await
+            .unwrap()
+            .key()
+            .clone();
+        let want = store_types::outboard::compute(&data).1;
+        let engine = env.large_engine().await.expect("a large tier");
+        assert_eq!(
+            engine.read_outboard(&key).await.unwrap(),
+            Some(want),
+            "{large:?}: the outboard is published with the entry, for every node"
+        );
+        let range = b.read_range(&key, 50_000..60_000).await.unwrap();
+        assert_eq!(&range.bytes().await.unwrap()[..], &data[50_000..60_000]);
+    }
+}

@@ -160,6 +160,38 @@ async fn row(
 
 // ---- sections ------------------------------------------------------------
 
+/// The row "put 64 MiB with outboard" against the same put without one
+/// (`StoreBuilder::outboards_at_put(false)`), on the large tier `engine`
+/// (`dir`: local at it; `None`: mem).
+async fn outboard_put_row(
+    ctx: &mut Ctx,
+    engine: &str,
+    dir: Option<&std::path::Path>,
+    fsync: bool,
+) -> BenchResult<()> {
+    let with =
+        fixtures::large_path_store(dir.map(|d| d.join("ob-on")).as_deref(), fsync, true).await?;
+    let without =
+        fixtures::large_path_store(dir.map(|d| d.join("ob-off")).as_deref(), fsync, false).await?;
+    let mut fig = churn_put_op(with, RANGE_BLOB);
+    let mut plain = churn_put_op(without, RANGE_BLOB);
+    let refs = Refs {
+        raw: Some(("put without outboard".into(), &mut plain)),
+        ..Refs::default()
+    };
+    row(
+        ctx,
+        engine,
+        "put 64 MiB with outboard (vs without)",
+        Unit::Bytes(RANGE_BLOB as u64),
+        &mut fig,
+        refs,
+        vec![],
+    )
+    .await;
+    Ok(())
+}
+
 async fn mem_section(ctx: &mut Ctx) -> BenchResult<()> {
     eprintln!("== mem");
     let store = fixtures::mem_store().await?;
@@ -217,6 +249,10 @@ async fn mem_section(ctx: &mut Ctx) -> BenchResult<()> {
         vec![],
     )
     .await;
+    // The outboard's cost on the whole put path (ADR-032): a large-tier
+    // put of 64 MiB that builds and publishes the outboard, against the
+    // same put with `outboards_at_put(false)` (plain BLAKE3, no outboard).
+    outboard_put_row(ctx, "mem", None, false).await?;
     let key = put_one(&store, RANGE_BLOB).await?;
     let mut fig = range_op(store.clone(), key);
     row(
@@ -254,6 +290,9 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
         eprintln!("== {engine}");
         let dir = ctx.dir(if fsync { "local" } else { "local-nofsync" })?;
         let store = fixtures::local_store(&dir, fsync).await?;
+        // The outboard's cost where the put also writes (and, with fsync,
+        // syncs the outboard's file and the entry's).
+        outboard_put_row(ctx, engine, Some(&dir), fsync).await?;
         let fs = RawFs::new(dir.join("raw")).map_err(err)?;
         let cc = Cacache::new(dir.join("cacache"));
         let raw_put = if fsync {

@@ -56,6 +56,7 @@ pub struct StoreBuilder {
     clock: Arc<dyn Clock>,
     owner: Option<String>,
     outboard_cache_bytes: usize,
+    outboards_at_put: bool,
 }
 
 impl Default for StoreBuilder {
@@ -70,6 +71,7 @@ impl Default for StoreBuilder {
             clock: Arc::new(SystemClock),
             owner: None,
             outboard_cache_bytes: crate::verified::DEFAULT_OUTBOARD_CACHE_BYTES,
+            outboards_at_put: true,
         }
     }
 }
@@ -145,6 +147,17 @@ impl StoreBuilder {
     /// (every range read then loads and checks the entry's outboard).
     pub fn outboard_cache_bytes(mut self, bytes: usize) -> Self {
         self.outboard_cache_bytes = bytes;
+        self
+    }
+
+    /// Whether a large put builds the entry's BLAKE3 outboard while it
+    /// streams and publishes it with the entry (ADR-032). Default `true`.
+    /// `false` hashes with a plain BLAKE3 hasher and publishes no outboard:
+    /// such entries get theirs lazily, on their first range read (one
+    /// verified whole read). For stores whose large entries are only ever
+    /// read whole, and for measuring the outboard's cost.
+    pub fn outboards_at_put(mut self, on: bool) -> Self {
+        self.outboards_at_put = on;
         self
     }
 
@@ -282,6 +295,7 @@ impl StoreBuilder {
             policies: Default::default(),
             policy_lock: Default::default(),
             outboards: crate::verified::OutboardCache::new(self.outboard_cache_bytes),
+            outboards_at_put: self.outboards_at_put,
         }))
     }
 }

@@ -169,16 +169,23 @@ impl Store {
             Some(d) => large.stage_expecting(ns, d).await?,
             None => large.stage(ns).await?,
         };
-        match stream_into(&mut stage, body, prefix, len).await {
+        let hasher = if self.inner.outboards_at_put {
+            PutHasher::Outboard(store_types::outboard::OutboardBuilder::new())
+        } else {
+            PutHasher::Plain(Box::new(blake3::Hasher::new()))
+        };
+        match stream_into(&mut stage, body, prefix, len, hasher).await {
             Ok((digest, size, outboard)) => {
                 if let Err(e) = check_expect(expect, digest) {
                     let _ = stage.abort().await;
                     return Err(e);
                 }
                 // The outboard is published with the entry (ADR-032).
-                if let Err(e) = stage.set_outboard(outboard).await {
-                    let _ = stage.abort().await;
-                    return Err(e);
+                if let Some(outboard) = outboard {
+                    if let Err(e) = stage.set_outboard(outboard).await {
+                        let _ = stage.abort().await;
+                        return Err(e);
+                    }
                 }
                 self.publish_large(stage, large.joint_pin_publish(), ns, digest, size)
                     .await
@@ -231,20 +238,51 @@ impl Store {
     }
 }
 
+/// How a large put hashes: building the outboard (the default), or a plain
+/// digest ([`crate::StoreBuilder::outboards_at_put`] off).
+enum PutHasher {
+    Outboard(store_types::outboard::OutboardBuilder),
+    Plain(Box<blake3::Hasher>),
+}
+
+impl PutHasher {
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            PutHasher::Outboard(b) => {
+                b.update(bytes);
+            }
+            PutHasher::Plain(h) => {
+                h.update(bytes);
+            }
+        }
+    }
+
+    fn finalize(self) -> (Digest, Option<Bytes>) {
+        match self {
+            PutHasher::Outboard(b) => {
+                let (d, ob) = b.finalize();
+                (d, Some(ob))
+            }
+            PutHasher::Plain(h) => (Digest::from_bytes(*h.finalize().as_bytes()), None),
+        }
+    }
+}
+
 /// Streams `prefix` then the rest of `body` into the stage, hashing as it
 /// goes (the stage's writer runs concurrently, so hashing overlaps I/O) and
-/// building the entry's outboard in the same pass. Enforces the declared
-/// length. Returns the digest, the size and the outboard.
+/// building the entry's outboard in the same pass (unless `hasher` is
+/// plain). Enforces the declared length. Returns the digest, the size and
+/// the outboard.
 async fn stream_into<R>(
     stage: &mut Box<dyn StagedWrite>,
     body: &mut R,
     prefix: BytesMut,
     len: Option<u64>,
-) -> Result<(Digest, u64, Bytes)>
+    mut hasher: PutHasher,
+) -> Result<(Digest, u64, Option<Bytes>)>
 where
     R: AsyncRead + Unpin + Send,
 {
-    let mut hasher = store_types::outboard::OutboardBuilder::new();
     let mut total = prefix.len() as u64;
     if !prefix.is_empty() {
         hasher.update(&prefix);

@@ -32,6 +32,9 @@ pub(crate) struct Inner {
     pub policy_lock: tokio::sync::Mutex<()>,
     /// Validated outboards for verified range reads (ADR-032).
     pub outboards: crate::verified::OutboardCache,
+    /// Whether large puts build and publish outboards
+    /// ([`crate::StoreBuilder::outboards_at_put`]).
+    pub outboards_at_put: bool,
 }
 
 /// A liveness source: an in-process callback (non-fleet) or a named table
