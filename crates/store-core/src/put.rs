@@ -33,6 +33,13 @@ impl PutReceipt {
     }
 }
 
+/// Bytes a large put reads, hashes and hands to the stage at a time: 64
+/// chunk groups, enough for the outboard builder to hash them on several
+/// cores (it does from 32 groups, `store_types::outboard`), and so a
+/// 64 MiB put hashes beyond one core's BLAKE3 speed where two are free.
+/// Memory per put: one batch (plus the engine's bounded write queue).
+const HASH_BATCH: usize = 4 * CHUNK_SIZE;
+
 /// Reads from `body` into `buf` until EOF or until `buf` holds `cap` bytes.
 /// Returns whether EOF was reached.
 async fn fill<R: AsyncRead + Unpin + ?Sized>(
@@ -294,8 +301,8 @@ where
             Some(n) => n
                 .saturating_add(1)
                 .saturating_sub(total)
-                .min(CHUNK_SIZE as u64) as usize,
-            None => CHUNK_SIZE,
+                .min(HASH_BATCH as u64) as usize,
+            None => HASH_BATCH,
         };
         if cap == 0 {
             break;
