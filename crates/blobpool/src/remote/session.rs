@@ -124,7 +124,9 @@ impl Retries {
 /// The pause before retry `n` (1-based).
 fn backoff(n: u32) -> Duration {
     let doublings = n.saturating_sub(1).min(16);
-    BACKOFF_FIRST.saturating_mul(1 << doublings).min(BACKOFF_MAX)
+    BACKOFF_FIRST
+        .saturating_mul(1 << doublings)
+        .min(BACKOFF_MAX)
 }
 
 /// An open session.
@@ -369,7 +371,11 @@ impl Remote {
                     Step::Fatal(e) if e.code == "verification" => {
                         return Err(CliError::new(
                             e.code,
-                            format!("{} (did {} change during the put?)", e.message, path.display()),
+                            format!(
+                                "{} (did {} change during the put?)",
+                                e.message,
+                                path.display()
+                            ),
                         ))
                     }
                     Step::Fatal(e) => Step::Fatal(e),
@@ -538,7 +544,12 @@ impl Remote {
     }
 
     /// `PUT {session}?digest=`: the put's answer.
-    async fn finish_session(&self, session: &Session, digest: Digest, len: u64) -> Step<PutResponse> {
+    async fn finish_session(
+        &self,
+        session: &Session,
+        digest: Digest,
+        len: u64,
+    ) -> Step<PutResponse> {
         let req = self
             .http_slow
             .put(format!("{}?digest={}", session.url, digest.to_hex()))
