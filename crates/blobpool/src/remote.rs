@@ -10,6 +10,10 @@
 //! that bao-tree's decoder has checked against the digest, chunk group by
 //! chunk group; a server that answers with plain bytes (one older than bao
 //! streams) is read the old way, hashed whole and checked at the end.
+//!
+//! `put` of a file of at least [`RESUMABLE_MIN_BYTES`] goes through a
+//! resumable upload session and survives dropped connections and server
+//! restarts ([`session`]); stdin and smaller files are one streaming `PUT`.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
