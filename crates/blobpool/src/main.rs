@@ -212,6 +212,12 @@ enum Command {
     /// (stderr says so; --json has `"released": true`). If the command
     /// fails after the server stored the blob, the token is released
     /// before exiting.
+    ///
+    /// With --server, a file of 8 MiB or more is hashed first and sent
+    /// through a resumable upload session in 8 MiB chunks: a dropped
+    /// connection or a server restart is retried (pausing 0.5 s, doubling
+    /// to 8 s, up to 8 times in a row) from the offset the server
+    /// committed. A server without upload sessions gets the plain put.
     Put {
         /// The file to store, or `-` for stdin.
         #[arg(value_name = "FILE|-")]

@@ -10,6 +10,10 @@
 //! that bao-tree's decoder has checked against the digest, chunk group by
 //! chunk group; a server that answers with plain bytes (one older than bao
 //! streams) is read the old way, hashed whole and checked at the end.
+//!
+//! `put` of a file of at least [`RESUMABLE_MIN_BYTES`] goes through a
+//! resumable upload session and survives dropped connections and server
+//! restarts ([`session`]); stdin and smaller files are one streaming `PUT`.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -38,6 +42,10 @@ use tokio_util::io::{ReaderStream, StreamReader};
 use crate::output::{missing, CliError, GetResult, HasResult, PutResult};
 use crate::progress::{bar, ProgressRead};
 use crate::transfer::{Sink, Source};
+
+mod session;
+
+pub use session::RESUMABLE_MIN_BYTES;
 
 /// How to reach and authenticate to the server (the global flags).
 #[derive(Clone, Debug, Default)]
@@ -372,9 +380,21 @@ impl Remote {
         format!("{}/v1/blobs/{}/{}", self.base, key.namespace, key.digest)
     }
 
-    /// `PUT /v1/blobs/{ns}`, streaming `src` (with `Content-Length` when its
-    /// length is known, chunked otherwise). With `release`, the pin token is
-    /// released right after.
+    /// Stores `src` in `ns` and returns the server's answer. With
+    /// `release`, the pin token is released right after.
+    ///
+    /// A regular file of at least [`RESUMABLE_MIN_BYTES`] goes through a
+    /// resumable upload session (see [`session`]): hashed locally first,
+    /// then sent in chunks that survive a dropped connection or a server
+    /// restart; a server without upload sessions gets the plain put.
+    /// Everything else (stdin, smaller files) is one streaming
+    /// `PUT /v1/blobs/{ns}` (with `Content-Length` when the length is
+    /// known, chunked otherwise).
+    ///
+    /// Cancel-safe in that nothing is ever published partially: dropping
+    /// the future drops the connection; an open upload session is left on
+    /// the server until it expires (`upload_idle_timeout`), and a put the
+    /// server had already stored keeps its pin until the token's TTL.
     pub async fn put(
         &self,
         ns: &Namespace,
@@ -382,6 +402,28 @@ impl Remote {
         expect: Option<Digest>,
         release: bool,
     ) -> Result<PutResult, CliError> {
+        let body = match src {
+            Source::File(path) => {
+                let (file, len) = crate::transfer::open_file(path).await?;
+                if len >= RESUMABLE_MIN_BYTES {
+                    self.put_resumable(ns, path, file, len, expect).await?
+                } else {
+                    drop(file);
+                    self.put_plain(ns, src, expect).await?
+                }
+            }
+            Source::Stdin => self.put_plain(ns, src, expect).await?,
+        };
+        self.after_put(ns, body, release).await
+    }
+
+    /// One streaming `PUT /v1/blobs/{ns}` of `src`.
+    async fn put_plain(
+        &self,
+        ns: &Namespace,
+        src: &Source,
+        expect: Option<Digest>,
+    ) -> Result<PutResponse, CliError> {
         let (reader, len) = src.open().await?;
         let pb = bar(self.progress, len, "put");
         let stream = ReaderStream::with_capacity(ProgressRead::new(reader, pb.clone()), 256 * 1024);
@@ -403,7 +445,17 @@ impl Remote {
         if !resp.status().is_success() {
             return Err(self.within(server_error(resp)).await?);
         }
-        let body: PutResponse = self.within(resp.json()).await?.map_err(transport)?;
+        self.within(resp.json()).await?.map_err(transport)
+    }
+
+    /// The result of a put the server answered with `body`, its token
+    /// released first with `release`.
+    async fn after_put(
+        &self,
+        ns: &Namespace,
+        body: PutResponse,
+        release: bool,
+    ) -> Result<PutResult, CliError> {
         let (token, released) = if release {
             if let Err(e) = self.release(&body.token).await {
                 return Err(CliError::new(

@@ -33,23 +33,30 @@ impl Source {
         match self {
             Source::Stdin => Ok((Box::new(tokio::io::stdin()), None)),
             Source::File(p) => {
-                let f = tokio::fs::File::open(p)
-                    .await
-                    .map_err(|e| CliError::io(&format!("cannot open {}", p.display()), e))?;
-                let meta = f
-                    .metadata()
-                    .await
-                    .map_err(|e| CliError::io(&format!("cannot stat {}", p.display()), e))?;
-                if !meta.is_file() {
-                    return Err(CliError::new(
-                        "io",
-                        format!("{} is not a regular file", p.display()),
-                    ));
-                }
-                Ok((Box::new(f), Some(meta.len())))
+                let (f, len) = open_file(p).await?;
+                Ok((Box::new(f), Some(len)))
             }
         }
     }
+}
+
+/// Opens `path` for reading: the file and its length. Refused (`io`) when
+/// it is not a regular file.
+pub async fn open_file(path: &Path) -> Result<(tokio::fs::File, u64), CliError> {
+    let f = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| CliError::io(&format!("cannot open {}", path.display()), e))?;
+    let meta = f
+        .metadata()
+        .await
+        .map_err(|e| CliError::io(&format!("cannot stat {}", path.display()), e))?;
+    if !meta.is_file() {
+        return Err(CliError::new(
+            "io",
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok((f, meta.len()))
 }
 
 /// Where a get writes to.

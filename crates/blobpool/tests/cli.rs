@@ -1177,3 +1177,267 @@ fn https_with_a_token_and_a_client_certificate_end_to_end() {
     fails_with(o, "config");
     assert!(err.contains("--client-key"), "{err}");
 }
+
+/// A TCP proxy in front of a server: forwards each connection to
+/// `upstream` (connecting anew for every client connection, so a server
+/// restarted on the same address is reached again), passing the client's
+/// bytes on at most `rate` bytes a second (`None`: at once) and recording
+/// them. A connection whose either side ends is closed on both.
+struct Proxy {
+    base: String,
+    sent: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: std::net::SocketAddr, rate: Option<u64>) -> Proxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = sent.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    // Refused (a server between lives): the client's
+                    // connection is closed unanswered.
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = cr.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<_, std::io::Error>(());
+                            }
+                            log.lock().unwrap().extend_from_slice(&buf[..n]);
+                            sw.write_all(&buf[..n]).await?;
+                            if let Some(rate) = rate {
+                                let secs = n as f64 / rate as f64;
+                                tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+                            }
+                        }
+                    };
+                    let down = tokio::io::copy(&mut sr, &mut cw);
+                    tokio::select! {
+                        _ = up => {}
+                        _ = down => {}
+                    }
+                });
+            }
+        });
+        Proxy { base, sent, task }
+    }
+
+    /// How often `needle` occurs in what the clients sent.
+    fn count(&self, needle: &str) -> usize {
+        let sent = self.sent.lock().unwrap();
+        sent.windows(needle.len())
+            .filter(|w| *w == needle.as_bytes())
+            .count()
+    }
+
+    /// Bytes the clients sent.
+    fn sent_len(&self) -> usize {
+        self.sent.lock().unwrap().len()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The ids of the upload sessions spooled in a test server's directory.
+fn spooled_sessions(s: &Server) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(s.dir.path().join("uploads")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".meta").map(str::to_string)
+        })
+        .collect()
+}
+
+/// The committed offset of session `id` in `ns`, as `HEAD` reports it.
+async fn session_offset(s: &Server, ns: &str, id: &str) -> Option<u64> {
+    let resp = s
+        .http
+        .head(s.url(&format!("/v1/uploads/{ns}/{id}")))
+        .send()
+        .await
+        .ok()?;
+    resp.headers()
+        .get("upload-offset")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Issue 15: `put --server` of a file of 8 MiB or more goes through a
+/// resumable upload session (open, chunks, finish with the digest), which
+/// ends with the put; a smaller file is one plain put.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_put_goes_through_an_upload_session() {
+    let s = start(Opts::default()).await;
+    let proxy = Proxy::start(s.addr, None).await;
+    let base = proxy.base.clone();
+    let direct = s.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    let digest = tokio::task::spawn_blocking(move || {
+        let data = write_file(&d, "big", (9 << 20) + 123, 41);
+        let digest = ok(run(
+            cmd(&d).args(["--server", &base, "put", "big", "-n", "cli"])
+        ));
+        assert_eq!(digest, blake3::hash(&data).to_hex().as_str());
+        ok(run(cmd(&d).args([
+            "--server", &direct, "get", &digest, "-n", "cli", "-o", "big.out",
+        ])));
+        assert_eq!(std::fs::read(d.join("big.out")).unwrap(), data);
+        // A wrong --expect is refused before anything is sent.
+        let wrong = blake3::hash(b"other").to_hex().to_string();
+        fails_with(
+            run(cmd(&d).args(["--server", &base, "put", "big", "--expect", &wrong])),
+            "verification",
+        );
+        digest
+    })
+    .await
+    .unwrap();
+    assert_eq!(proxy.count("POST /v1/uploads/cli HTTP/1.1"), 1);
+    assert_eq!(proxy.count("PATCH /v1/uploads/cli/"), 2, "two 8 MiB chunks");
+    assert_eq!(proxy.count(&format!("?digest={digest} HTTP/1.1")), 1);
+    assert_eq!(proxy.count("PUT /v1/blobs/"), 0, "no plain put");
+    assert_eq!(s.ops.upload_sessions(), 0, "the session ended");
+    assert!(spooled_sessions(&s).is_empty());
+    // Below the threshold: a plain put.
+    let base = proxy.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        write_file(&d, "small", (8 << 20) - 1, 42);
+        ok(run(
+            cmd(&d).args(["--server", &base, "put", "small", "-n", "cli"])
+        ));
+    })
+    .await
+    .unwrap();
+    assert_eq!(proxy.count("PUT /v1/blobs/cli HTTP/1.1"), 1);
+    assert_eq!(proxy.count("POST /v1/uploads/"), 1, "no second session");
+}
+
+/// Issue 15: the server is restarted (requests in flight cut, as in a
+/// crash) while `put --server` uploads; the CLI asks for the committed
+/// offset, resumes there and succeeds, sending the bytes the server had
+/// committed only once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_put_resumes_after_the_server_restarts_mid_upload() {
+    fn opts() -> Opts {
+        let mut o = Opts::default();
+        o.http.limits.drain_timeout = Duration::from_millis(1);
+        o
+    }
+    const LEN: u64 = 40 << 20;
+    let s = start(opts()).await;
+    // 16 MiB/s: the upload takes about 2.5 s, the restart happens in it.
+    let proxy = Proxy::start(s.addr, Some(16 << 20)).await;
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    let data = write_file(&d, "big", LEN, 43);
+    let child = cmd(&d)
+        .args(["--server", &proxy.base, "put", "big", "-n", "cli", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the server has committed part of the upload.
+    let mut committed = 0;
+    let started = std::time::Instant::now();
+    while committed == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no chunk committed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Some(id) = spooled_sessions(&s).first() {
+            committed = session_offset(&s, "cli", id).await.unwrap_or(0);
+        }
+    }
+    assert!(committed < LEN, "restarted before the upload ended");
+    let s = s.restart_at_same_addr(opts()).await;
+    let o = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    let v: serde_json::Value = serde_json::from_str(&ok(o)).unwrap();
+    assert_eq!(v["digest"], blake3::hash(&data).to_hex().as_str());
+    assert!(err.contains("upload interrupted"), "{err}");
+    assert!(err.contains("resuming in"), "{err}");
+    // Stored right, by the restarted server, and the session is over.
+    let resp = s
+        .get(&format!("/v1/blobs/cli/{}", v["digest"].as_str().unwrap()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.bytes().await.unwrap() == data);
+    assert_eq!(s.ops.upload_sessions(), 0);
+    assert!(spooled_sessions(&s).is_empty());
+    // Resumed, not started over: what was committed before the restart
+    // was not sent again (at most the chunk the restart cut was).
+    let sent = proxy.sent_len() as u64;
+    assert!(sent >= LEN, "{sent}");
+    assert!(sent < LEN + (8 << 20) + (1 << 20), "sent {sent} for {LEN}");
+    assert_eq!(proxy.count("POST /v1/uploads/"), 1, "one session");
+    assert!(
+        proxy.count("HEAD /v1/uploads/cli/") >= 1,
+        "asked for the offset"
+    );
+}
+
+/// Issue 15: a server without upload sessions (disabled, or older) gets
+/// the plain streaming put.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_put_falls_back_to_a_plain_put_without_upload_sessions() {
+    let s = start(Opts {
+        uploads: false,
+        ..Opts::default()
+    })
+    .await;
+    let proxy = Proxy::start(s.addr, None).await;
+    let base = proxy.base.clone();
+    let direct = s.base.clone();
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let data = write_file(&d, "big", (9 << 20) + 5, 44);
+        let digest = ok(run(cmd(&d).args([
+            "--server",
+            &base,
+            "put",
+            "big",
+            "--release",
+        ])));
+        assert_eq!(digest, blake3::hash(&data).to_hex().as_str());
+        ok(run(cmd(&d).args([
+            "--server", &direct, "get", &digest, "-o", "big.out",
+        ])));
+        assert_eq!(std::fs::read(d.join("big.out")).unwrap(), data);
+    })
+    .await
+    .unwrap();
+    assert_eq!(proxy.count("POST /v1/uploads/"), 1, "asked once");
+    assert_eq!(proxy.count("PATCH "), 0);
+    assert_eq!(
+        proxy.count("PUT /v1/blobs/default HTTP/1.1"),
+        1,
+        "the plain put"
+    );
+}

@@ -31,6 +31,9 @@ pub struct Opts {
     pub upload_idle: Duration,
     /// Resumable uploads: sessions per identity.
     pub max_uploads_per_owner: usize,
+    /// Whether resumable uploads are enabled at all (`false`: the
+    /// `/v1/uploads` routes answer 404, as on a server without them).
+    pub uploads: bool,
 }
 
 impl Default for Opts {
@@ -46,6 +49,7 @@ impl Default for Opts {
             http: Default::default(),
             upload_idle: store_ops::uploads::DEFAULT_UPLOAD_IDLE_TIMEOUT,
             max_uploads_per_owner: store_ops::uploads::DEFAULT_MAX_UPLOADS_PER_OWNER,
+            uploads: true,
         }
     }
 }
@@ -77,6 +81,11 @@ pub async fn start(opts: Opts) -> Server {
 
 /// [`start`] on the data (store and upload sessions) left in `dir`.
 pub async fn start_in(dir: tempfile::TempDir, opts: Opts) -> Server {
+    start_in_at(dir, opts, "127.0.0.1:0".parse().unwrap()).await
+}
+
+/// [`start_in`] listening on `addr` (port 0: an ephemeral one).
+pub async fn start_in_at(dir: tempfile::TempDir, opts: Opts, addr: std::net::SocketAddr) -> Server {
     let kv = SqliteEngine::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
         .await
         .unwrap();
@@ -112,7 +121,7 @@ pub async fn start_in(dir: tempfile::TempDir, opts: Opts) -> Server {
             token_ttl: Some(opts.token_ttl),
             max_tokens: opts.max_tokens,
             max_tokens_per_owner: opts.max_tokens_per_owner,
-            uploads: Some(store_ops::uploads::UploadConfig {
+            uploads: opts.uploads.then(|| store_ops::uploads::UploadConfig {
                 idle_timeout: opts.upload_idle,
                 max_sessions_per_owner: opts.max_uploads_per_owner,
                 ..store_ops::uploads::UploadConfig::new(dir.path().join("uploads"))
@@ -121,7 +130,7 @@ pub async fn start_in(dir: tempfile::TempDir, opts: Opts) -> Server {
         },
     )
     .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
     let handle = tokio::spawn(store_ops::http::serve_with(
@@ -162,6 +171,19 @@ impl Server {
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
         drop(self);
         start_in(dir, opts).await
+    }
+
+    /// [`Server::restart`] on the same address, so clients reconnect to
+    /// the new server. Requests still open when the old one's
+    /// `drain_timeout` runs out are cut: start it with a drain timeout of
+    /// a millisecond to cut them as a crash would.
+    pub async fn restart_at_same_addr(mut self, opts: Opts) -> Server {
+        let handle = self.begin_shutdown();
+        handle.await.unwrap().unwrap();
+        let addr = self.addr;
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        drop(self);
+        start_in_at(dir, opts, addr).await
     }
 
     /// Triggers graceful shutdown; returns the serve task.
