@@ -295,7 +295,7 @@ async fn unacknowledged_bytes_are_cut_back_at_restart() {
 #[tokio::test]
 async fn idle_sessions_are_reaped_with_their_files() {
     let s = start(Opts {
-        upload_idle: Duration::from_millis(300),
+        upload_idle: Duration::from_secs(2),
         ..Opts::default()
     })
     .await;
