@@ -85,10 +85,46 @@ impl Direct {
     /// (including a verification failure, which the store reports at the
     /// end of the content) discards a file sink; a closed stdout is
     /// [`CliError::stdout_closed`].
-    pub async fn get(&self, key: &Key, mut sink: Sink) -> Result<GetResult, CliError> {
-        let Some(blob) = self.store.get(key).await? else {
-            sink.abort().await;
-            return Err(missing(key));
+    pub async fn get(&self, key: &Key, sink: Sink) -> Result<GetResult, CliError> {
+        self.get_maybe_range(key, None, sink).await
+    }
+
+    /// `range` of the entry into `sink`, verified by chunk group before any
+    /// of its bytes is written ([`store_core::Store::read_range`], ADR-032).
+    /// Cancel-safe as [`Direct::get`].
+    pub async fn get_range(
+        &self,
+        key: &Key,
+        range: std::ops::Range<u64>,
+        sink: Sink,
+    ) -> Result<GetResult, CliError> {
+        self.get_maybe_range(key, Some(range), sink).await
+    }
+
+    async fn get_maybe_range(
+        &self,
+        key: &Key,
+        range: Option<std::ops::Range<u64>>,
+        mut sink: Sink,
+    ) -> Result<GetResult, CliError> {
+        let got = match range {
+            None => self.store.get(key).await,
+            Some(r) => match self.store.read_range(key, r).await {
+                Ok(b) => Ok(Some(b)),
+                Err(store_types::Error::Missing) => Ok(None),
+                Err(e) => Err(e),
+            },
+        };
+        let blob = match got {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                sink.abort().await;
+                return Err(missing(key));
+            }
+            Err(e) => {
+                sink.abort().await;
+                return Err(e.into());
+            }
         };
         let len = blob.len();
         let pb = bar(self.progress, Some(len), "get");

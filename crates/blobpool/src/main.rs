@@ -247,6 +247,11 @@ enum Command {
         /// verifies.
         #[arg(long, short = 'o', value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Only bytes START through END (inclusive, as HTTP's `Range`),
+        /// verified by 16 KiB chunk group against the digest before they
+        /// are written (with --server: a bao stream).
+        #[arg(long, value_name = "START-END", value_parser = parse_range)]
+        range: Option<std::ops::Range<u64>>,
     },
     /// Show a blob's size, tier and creation time.
     Stat {
@@ -560,14 +565,21 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             };
             copy::run(opts, json).await
         }
-        Command::Get { digest, ns, output } => {
+        Command::Get {
+            digest,
+            ns,
+            output,
+            range,
+        } => {
             let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
             let t = target(&cli).await?;
             let sink = Sink::open(output.as_deref()).await?;
             let to_stdout = sink.path().is_none();
-            let r = match t {
-                Target::Direct(d) => d.get(&key, sink).await?,
-                Target::Remote(r) => r.get(&key, sink).await?,
+            let r = match (t, range.clone()) {
+                (Target::Direct(d), None) => d.get(&key, sink).await?,
+                (Target::Direct(d), Some(r)) => d.get_range(&key, r, sink).await?,
+                (Target::Remote(r), None) => r.get(&key, sink).await?,
+                (Target::Remote(r), Some(range)) => r.get_range(&key, range, sink).await?,
             };
             if !to_stdout {
                 emit(json, &r, |_| String::new())?;
@@ -771,4 +783,18 @@ mod tests {
             assert!(d(bad).is_err(), "{bad:?}");
         }
     }
+}
+
+/// `--range START-END` (inclusive) as `START..END+1`.
+fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
+    let bad = || format!("{s:?} is not START-END (inclusive byte offsets, START <= END)");
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let (a, b): (u64, u64) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if a > b || b == u64::MAX {
+        return Err(bad());
+    }
+    Ok(a..b + 1)
 }

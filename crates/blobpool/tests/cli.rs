@@ -1441,3 +1441,57 @@ async fn a_large_put_falls_back_to_a_plain_put_without_upload_sessions() {
         "the plain put"
     );
 }
+
+/// `get --range START-END`: directly (verified by chunk group) and against
+/// a server (a bao stream decoded as it arrives); a range over a flipped
+/// byte fails with `verification` and writes nothing, a range away from it
+/// is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn get_range_is_verified_directly_and_over_a_server() {
+    const G: u64 = 16 * 1024;
+    let data = bytes_of(20 * G + 99, 64);
+    // Directly, on the default store in the working directory.
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().to_path_buf();
+    std::fs::write(d.join("f"), &data).unwrap();
+    let (dd, want) = (d.clone(), data.clone());
+    tokio::task::spawn_blocking(move || {
+        let digest = ok(run(cmd(&dd).args(["put", "f"])));
+        let o = run(cmd(&dd).args(["get", &digest, "--range", "100000-100099"]));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(o.stdout, &want[100_000..100_100]);
+        // A malformed range is a usage error (clap's exit code 2).
+        let o = run(cmd(&dd).args(["get", &digest, "--range", "9-3"]));
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("START-END"), "{}", stderr(&o));
+    })
+    .await
+    .unwrap();
+
+    // Against a server.
+    let s = start(Opts::default()).await;
+    let (_t, digest) = s.put_ok("rng", data.clone()).await;
+    let key = store_types::Key::parse("rng", &digest).unwrap();
+    let flip = 12 * G + 500;
+    s.large.corrupt_byte_at(&key, flip).await.unwrap();
+    let (b, dd, want) = (s.base.clone(), d.clone(), data.clone());
+    tokio::task::spawn_blocking(move || {
+        let args = |r: &str| {
+            let mut c = cmd(&dd);
+            c.args(["--server", &b, "get", &digest, "-n", "rng", "--range", r]);
+            c
+        };
+        let o = run(&mut args(&format!("{}-{}", 3 * G + 1, 5 * G)));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(o.stdout, &want[(3 * G + 1) as usize..=(5 * G) as usize]);
+        let o = run(&mut args(&format!("{}-{}", flip - 10, flip + 10)));
+        assert!(o.stdout.is_empty(), "no byte of a corrupt group");
+        fails_with(o, "verification");
+        fails_with(
+            run(&mut args(&format!("{}-{}", 30 * G, 31 * G))),
+            "invalid_range",
+        );
+    })
+    .await
+    .unwrap();
+}

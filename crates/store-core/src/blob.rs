@@ -132,9 +132,17 @@ impl Blob {
         // byte leaves before the verdict anyway), then hash it in one pass
         // that uses several cores (the outboard builder's parallel groups),
         // instead of one core's worth as the bytes pass through `poll_read`.
-        let Blob { reader, verify, len, .. } = &mut self;
+        let Blob {
+            reader,
+            verify,
+            len,
+            ..
+        } = &mut self;
         if let Some(v) = verify.as_mut().filter(|v| {
-            !v.finished && v.seen == 0 && matches!(v.check, Check::Here(_)) && *len >= PARALLEL_HASH_MIN
+            !v.finished
+                && v.seen == 0
+                && matches!(v.check, Check::Here(_))
+                && *len >= PARALLEL_HASH_MIN
         }) {
             loop {
                 let n = reader.read_buf(&mut buf).await.map_err(Error::from)?;
