@@ -759,6 +759,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--range START-END` (inclusive) as `START..END+1`.
+fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
+    let bad = || format!("{s:?} is not START-END (inclusive byte offsets, START <= END)");
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let (a, b): (u64, u64) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if a > b || b == u64::MAX {
+        return Err(bad());
+    }
+    Ok(a..b + 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -783,18 +797,4 @@ mod tests {
             assert!(d(bad).is_err(), "{bad:?}");
         }
     }
-}
-
-/// `--range START-END` (inclusive) as `START..END+1`.
-fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
-    let bad = || format!("{s:?} is not START-END (inclusive byte offsets, START <= END)");
-    let (a, b) = s.split_once('-').ok_or_else(bad)?;
-    let (a, b): (u64, u64) = (
-        a.trim().parse().map_err(|_| bad())?,
-        b.trim().parse().map_err(|_| bad())?,
-    );
-    if a > b || b == u64::MAX {
-        return Err(bad());
-    }
-    Ok(a..b + 1)
 }
