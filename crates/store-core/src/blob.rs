@@ -13,6 +13,18 @@ use tokio::sync::oneshot;
 /// [`Blob::bytes`] (the outboard builder hashes from 32 chunk groups).
 const PARALLEL_HASH_MIN: u64 = 512 * 1024;
 
+/// The BLAKE3 digest of `bytes`, on several cores when they are large
+/// enough ([`PARALLEL_HASH_MIN`]: the outboard builder's parallel groups;
+/// its outboard is dropped).
+pub(crate) fn digest_of(bytes: &[u8]) -> Digest {
+    if (bytes.len() as u64) < PARALLEL_HASH_MIN {
+        return Digest::of(bytes);
+    }
+    let mut builder = store_types::outboard::OutboardBuilder::new();
+    builder.update(bytes);
+    builder.finalize().0
+}
+
 /// A streaming read of an entry (or of a range of it).
 ///
 /// Whole-entry reads from [`Store::get`](crate::Store::get) are verified:
@@ -32,6 +44,10 @@ pub struct Blob {
     verify: Option<Verifier>,
     /// A range read whose reader checks every byte before yielding it.
     range_checked: bool,
+    /// The entry's bytes, when the engine had them in memory
+    /// ([`BlobReader::in_memory`]): [`Blob::bytes`] hashes and returns them
+    /// without a copy.
+    whole: Option<Bytes>,
 }
 
 struct Verifier {
@@ -77,6 +93,7 @@ impl Blob {
                 check,
             }),
             range_checked: false,
+            whole: r.in_memory,
         }
     }
 
@@ -89,6 +106,7 @@ impl Blob {
             reader: r.reader,
             verify: None,
             range_checked: true,
+            whole: None,
         }
     }
 
@@ -124,39 +142,46 @@ impl Blob {
     }
 
     /// Reads everything into memory (verifying when [`Blob::is_verified`]).
+    ///
+    /// An entry the engine holds in memory is hashed in place and returned
+    /// without a copy; a large one the facade verifies is hashed in one
+    /// pass on several cores once read (no byte leaves before the verdict
+    /// anyway).
     pub async fn bytes(mut self) -> Result<Bytes> {
-        // One byte of headroom: the final read that observes EOF (and runs
-        // the verification) must not force the buffer to grow and copy.
-        let mut buf = BytesMut::with_capacity((self.len.min(64 << 20) as usize).saturating_add(1));
-        // A large verified read the facade hashes: read it all first (no
-        // byte leaves before the verdict anyway), then hash it in one pass
-        // that uses several cores (the outboard builder's parallel groups),
-        // instead of one core's worth as the bytes pass through `poll_read`.
         let Blob {
             reader,
             verify,
             len,
+            whole,
             ..
         } = &mut self;
-        if let Some(v) = verify.as_mut().filter(|v| {
-            !v.finished
-                && v.seen == 0
-                && matches!(v.check, Check::Here(_))
-                && *len >= PARALLEL_HASH_MIN
-        }) {
-            loop {
-                let n = reader.read_buf(&mut buf).await.map_err(Error::from)?;
-                if n == 0 || buf.len() as u64 > *len {
-                    break;
-                }
+        let hashed_here = verify
+            .as_mut()
+            .filter(|v| !v.finished && v.seen == 0 && matches!(v.check, Check::Here(_)));
+        if let Some(v) = hashed_here {
+            // The engine's own buffer: no copy.
+            if let Some(bytes) = whole.take() {
+                v.seen = bytes.len() as u64;
+                v.verdict(*len, digest_of(&bytes)).map_err(Error::from)?;
+                return Ok(bytes);
             }
-            let mut builder = store_types::outboard::OutboardBuilder::new();
-            builder.update(&buf);
-            let (actual, _) = builder.finalize();
-            v.seen = buf.len() as u64;
-            v.verdict(*len, actual).map_err(Error::from)?;
-            return Ok(buf.freeze());
+            if *len >= PARALLEL_HASH_MIN {
+                let mut buf =
+                    BytesMut::with_capacity(((*len).min(64 << 20) as usize).saturating_add(1));
+                loop {
+                    let n = reader.read_buf(&mut buf).await.map_err(Error::from)?;
+                    if n == 0 || buf.len() as u64 > *len {
+                        break;
+                    }
+                }
+                v.seen = buf.len() as u64;
+                v.verdict(*len, digest_of(&buf)).map_err(Error::from)?;
+                return Ok(buf.freeze());
+            }
         }
+        // One byte of headroom: the final read that observes EOF (and runs
+        // the verification) must not force the buffer to grow and copy.
+        let mut buf = BytesMut::with_capacity((self.len.min(64 << 20) as usize).saturating_add(1));
         loop {
             let n = self.read_buf(&mut buf).await.map_err(Error::from)?;
             if n == 0 {
@@ -284,6 +309,7 @@ mod tests {
     fn engine_reader(bytes: &'static [u8], rx: oneshot::Receiver<Digest>) -> BlobReader {
         BlobReader {
             yielded_digest: Some(rx),
+            in_memory: None,
             ..BlobReader::from_bytes(Bytes::from_static(bytes))
         }
     }
@@ -385,6 +411,34 @@ mod tests {
         };
         let err = verified(r, Digest::of(data)).bytes().await.unwrap_err();
         assert!(matches!(err, Error::Io(_)), "{err:?}");
+    }
+
+    /// An engine's in-memory bytes are hashed in place (on several cores
+    /// when large) and returned without a copy; wrong ones fail, small or
+    /// large, and a declared length they do not have fails too.
+    #[tokio::test]
+    async fn in_memory_bytes_are_verified_in_place() {
+        for n in [10usize, 3 << 20] {
+            let data = Bytes::from((0..n).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+            let got = verified(BlobReader::from_bytes(data.clone()), Digest::of(&data))
+                .bytes()
+                .await
+                .unwrap();
+            assert_eq!(got, data);
+            assert_eq!(got.as_ptr(), data.as_ptr(), "{n} bytes: no copy");
+            let wrong = Digest::of(b"other");
+            let err = verified(BlobReader::from_bytes(data.clone()), wrong)
+                .bytes()
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Verification { .. }), "{err:?}");
+            let r = BlobReader {
+                len: n as u64 + 1,
+                ..BlobReader::from_bytes(data.clone())
+            };
+            let err = verified(r, Digest::of(&data)).bytes().await.unwrap_err();
+            assert!(matches!(err, Error::Verification { .. }), "{err:?}");
+        }
     }
 
     #[tokio::test]

@@ -488,6 +488,7 @@ impl Store {
                 state: Arc::clone(&state),
             }),
             yielded_digest: None,
+            in_memory: None,
         };
         save(Blob::unverified(reader, tier)).await?;
         let (actual, size) = {

@@ -40,6 +40,10 @@ impl PutReceipt {
 /// Memory per put: one batch (plus the engine's bounded write queue).
 const HASH_BATCH: usize = 4 * CHUNK_SIZE;
 
+/// The most a put with a declared length allocates for its kv buffer before
+/// any byte arrives.
+const PREALLOCATE_MAX: usize = 64 << 20;
+
 /// Reads from `body` into `buf` until EOF or until `buf` holds `cap` bytes.
 /// Returns whether EOF was reached.
 async fn fill<R: AsyncRead + Unpin + ?Sized>(
@@ -118,7 +122,14 @@ impl Store {
         // length) to learn whether the body overflows.
         let cap = len.unwrap_or(limit).min(limit).saturating_add(1);
         let cap = usize::try_from(cap).unwrap_or(usize::MAX);
-        let mut buf = BytesMut::with_capacity(cap.min(CHUNK_SIZE));
+        // A declared length is allocated at once (up to a bound, so a
+        // false declaration cannot reserve unbounded memory): no regrowth
+        // copies while the buffer fills.
+        let initial = match len {
+            Some(_) => cap.min(PREALLOCATE_MAX),
+            None => cap.min(CHUNK_SIZE),
+        };
+        let mut buf = BytesMut::with_capacity(initial);
         let eof = fill(&mut body, &mut buf, cap).await?;
         let got = buf.len() as u64;
         if let Some(n) = len {
@@ -135,7 +146,7 @@ impl Store {
             }
             return self.put_large(ns, &mut body, buf, len, expect).await;
         }
-        let digest = Digest::of(&buf);
+        let digest = crate::blob::digest_of(&buf);
         check_expect(expect, digest)?;
         let key = Key::new(ns.clone(), digest);
         let pin = self.inner.gc.pins().pin(key.clone()).await;

@@ -227,6 +227,7 @@ impl GroupVerifier {
             len,
             reader: Box::pin(v),
             yielded_digest: None,
+            in_memory: None,
         }
     }
 

@@ -68,6 +68,8 @@ pub fn wrap_reader(reader: BlobReader, hook: impl ReadHook + Unpin) -> BlobReade
         len: reader.len,
         reader: Box::pin(HookedReader::new(reader.reader, hook)),
         yielded_digest: reader.yielded_digest,
+        // The hook must see every byte: never bypassed.
+        in_memory: None,
     }
 }
 

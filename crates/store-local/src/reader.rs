@@ -90,6 +90,7 @@ pub(crate) async fn open_reader(
             recycle,
         }),
         yielded_digest: digest_rx,
+        in_memory: None,
     }))
 }
 

@@ -91,6 +91,7 @@ impl Inner {
                 remaining: len,
             }),
             yielded_digest: digest_rx,
+            in_memory: None,
         }))
     }
 }

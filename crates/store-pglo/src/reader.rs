@@ -48,6 +48,7 @@ impl PgLoEngine {
             len,
             reader: Box::pin(tokio_util::io::StreamReader::new(Box::pin(stream))),
             yielded_digest: None,
+            in_memory: None,
         }
     }
 }
@@ -109,5 +110,6 @@ pub(crate) fn inline_reader(key: &Key, want: u64, bytes: Vec<u8>) -> BlobReader 
         len: want,
         reader: Box::pin(tokio_util::io::StreamReader::new(stream::iter(parts))),
         yielded_digest: None,
+        in_memory: None,
     }
 }

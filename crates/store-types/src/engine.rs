@@ -102,6 +102,13 @@ pub struct BlobReader {
     /// failed. Ranged reads are verified by the facade with the entry's
     /// outboard (ADR-032); engines need not hash them.
     pub yielded_digest: Option<tokio::sync::oneshot::Receiver<Digest>>,
+    /// The very bytes `reader` yields, when the engine holds them in memory
+    /// anyway (a `Bytes` handle: no copy): the facade may take them instead
+    /// of reading `reader` (a whole verified `Blob::bytes` then hashes them
+    /// in place). `None` for streamed reads, and it must be `None` for any
+    /// reader that wraps another one to observe or change its bytes (a
+    /// layer's hook would otherwise be bypassed).
+    pub in_memory: Option<Bytes>,
 }
 
 impl BlobReader {
@@ -110,8 +117,9 @@ impl BlobReader {
     pub fn from_bytes(bytes: Bytes) -> Self {
         BlobReader {
             len: bytes.len() as u64,
-            reader: Box::pin(std::io::Cursor::new(bytes)),
+            reader: Box::pin(std::io::Cursor::new(bytes.clone())),
             yielded_digest: None,
+            in_memory: Some(bytes),
         }
     }
 }
