@@ -247,35 +247,20 @@ impl OutboardBuilder {
 }
 
 /// Chaining values of the full groups of `body` (which starts at group
-/// `first`), computed on the calling thread and one scoped helper thread
-/// per further core, at most four in all.
+/// `first`), computed on rayon's global pool (one thread per core, started
+/// once: no thread is spawned per batch). The caller blocks until they are
+/// done, as it would hashing them itself.
 fn hash_groups_parallel(first: u64, body: &[u8]) -> Vec<blake3::Hash> {
+    use rayon::prelude::*;
     let groups = body.len() / GROUP_SIZE;
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 4)
-        .min(groups);
-    if threads <= 1 {
-        return body
-            .chunks(GROUP_SIZE)
-            .enumerate()
-            .map(|(i, g)| hash_group(first + i as u64, g, false))
-            .collect();
-    }
-    let per = groups.div_ceil(threads);
     let mut out = vec![blake3::Hash::from([0u8; 32]); groups];
-    std::thread::scope(|s| {
-        let mut slots = out.chunks_mut(per);
-        let mut parts = body.chunks(per * GROUP_SIZE).enumerate();
-        let mine = (slots.next(), parts.next());
-        for (slot, (p, part)) in slots.zip(parts) {
-            s.spawn(move || hash_into(first + (p * per) as u64, part, slot));
-        }
-        if let (Some(slot), Some((_, part))) = mine {
-            hash_into(first, part, slot);
-        }
-    });
+    // Slices of several groups each: enough work per task to amortise the
+    // pool's hand-off, enough tasks to keep every core busy.
+    const PER_TASK: usize = 8;
+    out.par_chunks_mut(PER_TASK)
+        .zip(body[..groups * GROUP_SIZE].par_chunks(PER_TASK * GROUP_SIZE))
+        .enumerate()
+        .for_each(|(t, (slot, part))| hash_into(first + (t * PER_TASK) as u64, part, slot));
     out
 }
 
