@@ -116,6 +116,10 @@ pub struct Row {
     pub targets: Vec<Target>,
     /// Spread of the rounds, (max - min) / median.
     pub spread: f64,
+    /// Blobpool's figure is durable when the operation returns and the
+    /// peers' are not (their puts never fsync their data): the peer
+    /// target says so.
+    pub durable_vs_peers: bool,
 }
 
 impl Row {
@@ -132,6 +136,7 @@ impl Row {
             iroh: Peer::default(),
             targets: Vec::new(),
             spread: 0.0,
+            durable_vs_peers: false,
         }
     }
 
@@ -246,6 +251,9 @@ impl Row {
             Target::MinOfLimits(k) => format!("≥ {k}× min(BLAKE3, raw)"),
             Target::Raw(k) => format!("≥ {k}× raw"),
             Target::AheadOfPeer => match self.best_peer() {
+                Some((name, _)) if self.durable_vs_peers => {
+                    format!("ahead of the better peer ({name}; durable vs not)")
+                }
                 Some((name, _)) => format!("ahead of the better peer ({name})"),
                 None => "ahead of the better peer".to_string(),
             },
@@ -403,6 +411,12 @@ mod tests {
         r.iroh.variants.clear();
         let (best, _) = r.best_peer().expect("cacache");
         assert_eq!(best, "cacache sync");
+        r.durable_vs_peers = true;
+        let md = markdown(&[r]);
+        assert!(
+            md.contains("ahead of the better peer (cacache sync; durable vs not): **met** (1.50×)"),
+            "{md}"
+        );
         let mut sweep = Row::new("mem", "sweep", Unit::Entries(100_000), 0.5);
         sweep.targets = vec![Target::Rate(100_000.0)];
         assert_eq!(sweep.verdict(&sweep.targets[0]), Some((true, 2.0)));
