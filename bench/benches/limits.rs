@@ -1,7 +1,8 @@
-//! `cargo bench -p bench --bench limits`: the machine's limits and the peer,
-//! alone (criterion): BLAKE3, raw write+fsync+rename and file reads, raw
-//! rusqlite insert/select (WAL, FULL and NORMAL), raw sqlx bytea and large
-//! objects, and `cacache` puts and verified gets at every size.
+//! `cargo bench -p bench --bench limits`: the machine's limits and the
+//! peers, alone (criterion): BLAKE3, raw write+fsync+rename and file reads,
+//! raw rusqlite insert/select (WAL, FULL and NORMAL), raw sqlx bytea and
+//! large objects, `cacache` puts and verified gets (async and blocking API)
+//! and, with the `iroh` feature, iroh-blobs' at every size.
 //!
 //! In criterion's test mode (no `--bench`) only 1 KiB runs and PostgreSQL
 //! is skipped.
@@ -108,9 +109,29 @@ fn run(c: &mut Criterion) -> BenchResult<()> {
         let mut w = cacache_put_op(&cc, size);
         bench_workload(&mut g, &rt, &format!("write_hash/{sz}"), t.clone(), &mut w);
         let mut w = rt.block_on(cacache_get_op(&cc, size))?;
-        bench_workload(&mut g, &rt, &format!("read_hash/{sz}"), t, &mut w);
+        bench_workload(&mut g, &rt, &format!("read_hash/{sz}"), t.clone(), &mut w);
+        let mut w = cacache_put_sync_op(&cc, size);
+        let name = format!("write_hash_sync/{sz}");
+        bench_workload(&mut g, &rt, &name, t.clone(), &mut w);
+        let mut w = rt.block_on(cacache_get_sync_op(&cc, size))?;
+        bench_workload(&mut g, &rt, &format!("read_hash_sync/{sz}"), t, &mut w);
     }
     g.finish();
+
+    #[cfg(feature = "iroh")]
+    {
+        let mut g = group(c, "iroh-blobs");
+        for &size in sizes {
+            let sz = size_name(size);
+            let t = Throughput::Bytes(size as u64);
+            let root = scratch.path().join(format!("iroh-blobs-{size}"));
+            let mut w = rt.block_on(iroh_put_op(&root.join("put"), size))?;
+            bench_workload(&mut g, &rt, &format!("add_bytes/{sz}"), t.clone(), &mut w);
+            let mut w = rt.block_on(iroh_get_op(&root.join("get"), size))?;
+            bench_workload(&mut g, &rt, &format!("get_bytes/{sz}"), t, &mut w);
+        }
+        g.finish();
+    }
 
     for (name, durability) in [
         ("raw-sqlite-full", Durability::Full),

@@ -113,6 +113,39 @@ impl Payload {
     }
 }
 
+/// A [`Payload`] handed out as [`Bytes`](bytes::Bytes), for APIs that take
+/// the body by value (iroh-blobs' `add_bytes`) and so are called without a
+/// copy on their fastest path: the buffer of the previous put is stamped
+/// and handed out again once the callee has let go of it, and copied from
+/// the template only when the callee still holds it (an entry it keeps in
+/// memory, e.g. iroh-blobs' inline ones).
+pub struct BytesPayload {
+    template: Payload,
+    last: Option<bytes::Bytes>,
+}
+
+impl BytesPayload {
+    /// A random body of `size` bytes.
+    pub fn new(size: usize) -> Self {
+        BytesPayload {
+            template: Payload::new(size),
+            last: None,
+        }
+    }
+
+    /// Makes the content new and returns it.
+    pub fn fresh(&mut self) -> bytes::Bytes {
+        let mut buf = match self.last.take().map(bytes::Bytes::try_into_mut) {
+            Some(Ok(reused)) => reused,
+            _ => bytes::BytesMut::from(self.template.current()),
+        };
+        stamp(&mut buf);
+        let b = buf.freeze();
+        self.last = Some(b.clone());
+        b
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,6 +159,20 @@ mod tests {
         let mut small = Payload::new(8);
         let c = small.fresh().to_vec();
         assert_ne!(c, small.fresh());
+    }
+
+    #[test]
+    fn bytes_payloads_never_repeat_nor_change_a_held_body() {
+        let mut p = BytesPayload::new(4096);
+        let held = p.fresh();
+        let copy = held.to_vec();
+        let next = p.fresh();
+        assert_eq!(held, copy, "a body still held is never rewritten");
+        assert_ne!(next, held);
+        drop(held);
+        drop(next);
+        let again = p.fresh();
+        assert_ne!(again, copy);
     }
 
     #[test]

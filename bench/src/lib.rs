@@ -1,5 +1,5 @@
 //! Blobpool's benchmark suite: the workloads, the machine's limits they are
-//! compared with, the `cacache` peer, and the timing loop.
+//! compared with, the peers (`cacache`, iroh-blobs), and the timing loop.
 //!
 //! Three front ends share this library:
 //!

@@ -1,5 +1,5 @@
 //! The ratio table: one row per figure, each with its ratios to the limits
-//! and the peer measured in the same run.
+//! and the peers measured in the same run.
 
 use std::fmt::Write as _;
 
@@ -34,6 +34,47 @@ pub struct Ref {
     pub value: f64,
 }
 
+/// A peer measured with a row, in one or more variants of its API (e.g.
+/// cacache's async and blocking calls); the row is compared with the
+/// fastest.
+#[derive(Clone, Debug, Default)]
+pub struct Peer {
+    /// Each variant measured: its name and median seconds per op.
+    pub variants: Vec<Ref>,
+}
+
+impl Peer {
+    /// The fastest variant.
+    pub fn best(&self) -> Option<&Ref> {
+        self.variants
+            .iter()
+            .min_by(|a, b| a.value.total_cmp(&b.value))
+    }
+
+    /// The table cell: the fastest variant (named when there are several)
+    /// and the others' rates.
+    fn cell(&self, unit: Unit) -> String {
+        let Some(best) = self.best() else {
+            return "—".to_string();
+        };
+        if self.variants.len() == 1 {
+            return speed(unit, best.value);
+        }
+        let others: Vec<String> = self
+            .variants
+            .iter()
+            .filter(|v| !std::ptr::eq(*v, best))
+            .map(|v| format!("{} {} ops/s", v.name, count(1.0 / v.value)))
+            .collect();
+        format!(
+            "{}: {} ({})",
+            best.name,
+            speed(unit, best.value),
+            others.join(", ")
+        )
+    }
+}
+
 /// A goal a row is judged against.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -41,7 +82,7 @@ pub enum Target {
     MinOfLimits(f64),
     /// At least `k` × the raw ceiling.
     Raw(f64),
-    /// Faster than the peer.
+    /// Faster than the better (faster) of the peers measured.
     AheadOfPeer,
     /// At least this many units (entries, ops) per second.
     Rate(f64),
@@ -67,12 +108,18 @@ pub struct Row {
     pub blake3: Option<f64>,
     /// The raw ceiling of the backend.
     pub raw: Option<Ref>,
-    /// The peer (cacache), seconds per op.
-    pub peer: Option<f64>,
+    /// The cacache peer (async and blocking calls).
+    pub cacache: Peer,
+    /// The iroh-blobs peer (its file-system store).
+    pub iroh: Peer,
     /// The goals the issue sets for this figure.
     pub targets: Vec<Target>,
     /// Spread of the rounds, (max - min) / median.
     pub spread: f64,
+    /// Blobpool's figure is durable when the operation returns and the
+    /// peers' are not (their puts never fsync their data): the peer
+    /// target says so.
+    pub durable_vs_peers: bool,
 }
 
 impl Row {
@@ -85,9 +132,11 @@ impl Row {
             figure: secs,
             blake3: None,
             raw: None,
-            peer: None,
+            cacache: Peer::default(),
+            iroh: Peer::default(),
             targets: Vec::new(),
             spread: 0.0,
+            durable_vs_peers: false,
         }
     }
 
@@ -110,9 +159,32 @@ impl Row {
         self.blake3.map(|b| self.speed_ratio(b))
     }
 
-    /// Ratio to the peer.
-    pub fn peer_ratio(&self) -> Option<f64> {
-        self.peer.map(|p| self.speed_ratio(p))
+    /// Ratio to cacache's fastest variant.
+    pub fn cacache_ratio(&self) -> Option<f64> {
+        self.cacache.best().map(|p| self.speed_ratio(p.value))
+    }
+
+    /// Ratio to iroh-blobs.
+    pub fn iroh_ratio(&self) -> Option<f64> {
+        self.iroh.best().map(|p| self.speed_ratio(p.value))
+    }
+
+    /// The better (faster) peer: its name (with the variant when the peer
+    /// has several) and the ratio to it.
+    pub fn best_peer(&self) -> Option<(String, f64)> {
+        [("cacache", &self.cacache), ("iroh-blobs", &self.iroh)]
+            .into_iter()
+            .filter_map(|(name, p)| {
+                let best = p.best()?;
+                let label = if p.variants.len() > 1 {
+                    format!("{name} {}", best.name)
+                } else {
+                    name.to_string()
+                };
+                Some((label, best.value))
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(name, secs)| (name, self.speed_ratio(secs)))
     }
 
     /// Whether each target is met, and the ratio it was judged on.
@@ -137,7 +209,7 @@ impl Row {
                 (r >= *k, r)
             }
             Target::AheadOfPeer => {
-                let r = self.peer_ratio()?;
+                let (_, r) = self.best_peer()?;
                 (r > 1.0, r)
             }
             Target::Rate(min) => {
@@ -178,7 +250,13 @@ impl Row {
         let what = match t {
             Target::MinOfLimits(k) => format!("≥ {k}× min(BLAKE3, raw)"),
             Target::Raw(k) => format!("≥ {k}× raw"),
-            Target::AheadOfPeer => "ahead of cacache".to_string(),
+            Target::AheadOfPeer => match self.best_peer() {
+                Some((name, _)) if self.durable_vs_peers => {
+                    format!("ahead of the better peer ({name}; durable vs not)")
+                }
+                Some((name, _)) => format!("ahead of the better peer ({name})"),
+                None => "ahead of the better peer".to_string(),
+            },
             Target::Rate(min) => format!("≥ {}/s", count(*min)),
             Target::PeakAtMostRef => "≤ limit".to_string(),
             Target::OneStatement => "one statement per tier (≥ 0.1× one raw statement)".to_string(),
@@ -263,28 +341,26 @@ fn ratio(r: Option<f64>) -> String {
 /// The Markdown table of `rows`.
 pub fn markdown(rows: &[Row]) -> String {
     let mut s = String::new();
-    s.push_str("| Engine | Operation | Blobpool | × BLAKE3 | Raw ceiling (same run) | × raw | cacache | × cacache | Target |\n");
-    s.push_str("|---|---|---|---:|---|---:|---|---:|---|\n");
+    s.push_str("| Engine | Operation | Blobpool | × BLAKE3 | Raw ceiling (same run) | × raw | cacache (faster of async, sync) | × cacache | iroh-blobs | × iroh-blobs | Target |\n");
+    s.push_str("|---|---|---|---:|---|---:|---|---:|---|---:|---|\n");
     for r in rows {
         let raw = match &r.raw {
             Some(x) => format!("{}: {}", x.name, speed(r.unit, x.value)),
             None => "—".to_string(),
         };
-        let peer = match r.peer {
-            Some(p) => speed(r.unit, p),
-            None => "—".to_string(),
-        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.engine,
             r.op,
             speed(r.unit, r.figure),
             ratio(r.blake3_ratio()),
             raw,
             ratio(r.raw_ratio()),
-            peer,
-            ratio(r.peer_ratio()),
+            r.cacache.cell(r.unit),
+            ratio(r.cacache_ratio()),
+            r.iroh.cell(r.unit),
+            ratio(r.iroh_ratio()),
             r.target_text(),
         );
     }
@@ -303,13 +379,44 @@ mod tests {
             name: "write+fsync+rename".into(),
             value: 0.18,
         });
-        r.peer = Some(0.3);
+        r.cacache.variants = vec![
+            Ref {
+                name: "async".into(),
+                value: 0.4,
+            },
+            Ref {
+                name: "sync".into(),
+                value: 0.3,
+            },
+        ];
+        r.iroh.variants = vec![Ref {
+            name: "async".into(),
+            value: 0.25,
+        }];
         r.targets = vec![Target::MinOfLimits(0.8), Target::AheadOfPeer];
         let (met, ratio) = r.verdict(&r.targets[0]).expect("judged");
         assert!(met && (ratio - 0.9).abs() < 1e-9);
-        assert!((r.peer_ratio().unwrap() - 1.5).abs() < 1e-9);
-        let md = markdown(&[r]);
+        assert!((r.cacache_ratio().unwrap() - 1.5).abs() < 1e-9);
+        let (best, ratio) = r.best_peer().expect("peers");
+        assert_eq!(best, "iroh-blobs");
+        assert!((ratio - 1.25).abs() < 1e-9);
+        let md = markdown(&[r.clone()]);
         assert!(md.contains("**met** (0.90×)"), "{md}");
+        assert!(md.contains("| sync: 3.33 ops/s"), "{md}");
+        assert!(md.contains("(async 2.50 ops/s)"), "{md}");
+        assert!(
+            md.contains("ahead of the better peer (iroh-blobs): **met** (1.25×)"),
+            "{md}"
+        );
+        r.iroh.variants.clear();
+        let (best, _) = r.best_peer().expect("cacache");
+        assert_eq!(best, "cacache sync");
+        r.durable_vs_peers = true;
+        let md = markdown(&[r]);
+        assert!(
+            md.contains("ahead of the better peer (cacache sync; durable vs not): **met** (1.50×)"),
+            "{md}"
+        );
         let mut sweep = Row::new("mem", "sweep", Unit::Entries(100_000), 0.5);
         sweep.targets = vec![Target::Rate(100_000.0)];
         assert_eq!(sweep.verdict(&sweep.targets[0]), Some((true, 2.0)));

@@ -207,6 +207,77 @@ pub async fn cacache_get_op(c: &Cacache, size: usize) -> BenchResult<impl Worklo
     }))
 }
 
+/// `n` cacache `write_hash_sync`es of fresh content on the bench's thread;
+/// the cache's files are removed between batches.
+pub fn cacache_put_sync_op(c: &Cacache, size: usize) -> impl Workload + '_ {
+    let mut p = Payload::new(size);
+    let dir = c.dir().to_path_buf();
+    op(async move |n: u64| {
+        for _ in 0..n {
+            c.put_sync(p.fresh()).expect("cacache put");
+        }
+    })
+    .with_reset(async move || wipe_files(&dir))
+}
+
+/// `n` verified cacache `read_hash_sync`s of one entry on the bench's
+/// thread.
+pub async fn cacache_get_sync_op(c: &Cacache, size: usize) -> BenchResult<impl Workload + '_> {
+    let sri = c.put(&unique_body(size)).await?;
+    Ok(op(async move |n: u64| {
+        for _ in 0..n {
+            let v = c.get_sync(&sri).expect("cacache get");
+            assert_eq!(v.len(), size);
+        }
+    }))
+}
+
+/// `n` iroh-blobs `add_bytes` of fresh content handed over without a copy,
+/// then one `sync_db`, so the batch pays for the metadata commit its puts
+/// queued (a put returns before it). The store is replaced by an empty one
+/// between batches (untimed).
+#[cfg(feature = "iroh")]
+pub async fn iroh_put_op(root: &Path, size: usize) -> BenchResult<impl Workload> {
+    use crate::measure::LocalFut;
+    struct IrohPut {
+        peer: crate::peer::IrohBlobs,
+        payload: crate::data::BytesPayload,
+    }
+    impl Workload for IrohPut {
+        fn run(&mut self, n: u64) -> LocalFut<'_> {
+            Box::pin(async move {
+                for _ in 0..n {
+                    let body = self.payload.fresh();
+                    self.peer.put(body).await.expect("iroh-blobs put");
+                }
+                self.peer.sync().await.expect("iroh-blobs sync_db");
+            })
+        }
+
+        fn reset(&mut self) -> LocalFut<'_> {
+            Box::pin(async move { self.peer.renew().await.expect("iroh-blobs renew") })
+        }
+    }
+    Ok(IrohPut {
+        peer: crate::peer::IrohBlobs::open(root).await?,
+        payload: crate::data::BytesPayload::new(size),
+    })
+}
+
+/// `n` verified iroh-blobs reads (`get_bytes`) of one blob.
+#[cfg(feature = "iroh")]
+pub async fn iroh_get_op(root: &Path, size: usize) -> BenchResult<impl Workload> {
+    let peer = crate::peer::IrohBlobs::open(root).await?;
+    let hash = peer.put(unique_body(size).into()).await?;
+    peer.sync().await?;
+    Ok(op(async move |n: u64| {
+        for _ in 0..n {
+            let v = peer.get(hash).await.expect("iroh-blobs get");
+            assert_eq!(v.len(), size);
+        }
+    }))
+}
+
 /// `n` raw write (+ fsync) + rename of fresh names; the files are removed
 /// between batches.
 pub fn fs_put_op(fs: &RawFs, size: usize, fsync: bool) -> impl Workload + '_ {

@@ -1,7 +1,8 @@
 //! `bench-table [--quick] [--write [PATH]] [--only a,b,...]`: measures the
 //! suite and prints one Markdown table in which every Blobpool figure
-//! appears with its ratios to the machine's limits and to the peer
-//! (`cacache`), all measured in interleaved rounds of this one run.
+//! appears with its ratios to the machine's limits and to the peers
+//! (`cacache`, async and blocking; iroh-blobs with the `iroh` feature), all
+//! measured in interleaved rounds of this one run.
 //! `--write` also writes `docs/BENCHMARKS.md` (or PATH).
 //!
 //! Sections (`--only`): mem, local, sqlite, composite, postgres, pglo,
@@ -18,7 +19,7 @@ use bench::peer::Cacache;
 use bench::raw::{fresh_key, RawFs, RawPg, RawSqlite};
 use bench::sweep::{self, MemRawSweep, RawSqliteSweep, SweepWork, SWEEP_ENTRIES};
 use bench::sysinfo::{loadavg, Machine};
-use bench::table::{self, Ref, Row, Target, Unit};
+use bench::table::{self, Peer, Ref, Row, Target, Unit};
 use bench::workloads::*;
 use store_sqlite::Durability;
 
@@ -98,10 +99,51 @@ impl Ctx {
 
 /// The references a row is measured with (all optional).
 #[derive(Default)]
-struct Refs<'a> {
+struct Refs<'a, 'p> {
     blake3: Option<&'a mut dyn Workload>,
     raw: Option<(String, &'a mut dyn Workload)>,
-    peer: Option<&'a mut dyn Workload>,
+    peers: Option<&'a mut Peers<'p>>,
+}
+
+/// The peers of one put or get row: cacache through its async and its
+/// blocking API, and iroh-blobs (feature `iroh`), each at its fastest path.
+struct Peers<'p> {
+    cacache: Vec<(&'static str, Box<dyn Workload + 'p>)>,
+    iroh: Option<Box<dyn Workload + 'p>>,
+}
+
+impl<'p> Peers<'p> {
+    /// Fresh puts of `size` bytes into `cc` and into an iroh-blobs store
+    /// under `iroh_root`.
+    #[cfg_attr(not(feature = "iroh"), allow(unused_variables))]
+    async fn put(cc: &'p Cacache, iroh_root: &Path, size: usize) -> BenchResult<Self> {
+        Ok(Peers {
+            cacache: vec![
+                ("async", Box::new(cacache_put_op(cc, size))),
+                ("sync", Box::new(cacache_put_sync_op(cc, size))),
+            ],
+            #[cfg(feature = "iroh")]
+            iroh: Some(Box::new(iroh_put_op(iroh_root, size).await?)),
+            #[cfg(not(feature = "iroh"))]
+            iroh: None,
+        })
+    }
+
+    /// Verified gets of one `size`-byte entry from `cc` and from an
+    /// iroh-blobs store under `iroh_root`.
+    #[cfg_attr(not(feature = "iroh"), allow(unused_variables))]
+    async fn get(cc: &'p Cacache, iroh_root: &Path, size: usize) -> BenchResult<Self> {
+        Ok(Peers {
+            cacache: vec![
+                ("async", Box::new(cacache_get_op(cc, size).await?)),
+                ("sync", Box::new(cacache_get_sync_op(cc, size).await?)),
+            ],
+            #[cfg(feature = "iroh")]
+            iroh: Some(Box::new(iroh_get_op(iroh_root, size).await?)),
+            #[cfg(not(feature = "iroh"))]
+            iroh: None,
+        })
+    }
 }
 
 /// Measures `fig` interleaved with its references and records the row.
@@ -111,7 +153,7 @@ async fn row(
     op_name: &str,
     unit: Unit,
     fig: &mut dyn Workload,
-    refs: Refs<'_>,
+    refs: Refs<'_, '_>,
     targets: Vec<Target>,
 ) -> Row {
     let mut group: Vec<&mut dyn Workload> = vec![fig];
@@ -123,10 +165,18 @@ async fn row(
         group.push(w);
         (name, group.len() - 1)
     });
-    let peer_at = refs.peer.map(|w| {
-        group.push(w);
-        group.len() - 1
-    });
+    let mut cacache_at = Vec::new();
+    let mut iroh_at = None;
+    if let Some(peers) = refs.peers {
+        for (name, w) in peers.cacache.iter_mut() {
+            group.push(&mut **w);
+            cacache_at.push((*name, group.len() - 1));
+        }
+        if let Some(w) = peers.iroh.as_mut() {
+            group.push(&mut **w);
+            iroh_at = Some(group.len() - 1);
+        }
+    }
     let started = Instant::now();
     let m = interleaved(ctx.plan, &mut group).await;
     let mut r = Row::new(engine, op_name, unit, m[0].secs_per_op);
@@ -136,7 +186,22 @@ async fn row(
         name,
         value: m[i].secs_per_op,
     });
-    r.peer = peer_at.map(|i| m[i].secs_per_op);
+    let peer = |at: &[(&str, usize)]| Peer {
+        variants: at
+            .iter()
+            .map(|&(name, i)| Ref {
+                name: name.into(),
+                value: m[i].secs_per_op,
+            })
+            .collect(),
+    };
+    r.cacache = peer(&cacache_at);
+    r.iroh = peer(
+        &iroh_at
+            .map(|i| ("async", i))
+            .into_iter()
+            .collect::<Vec<_>>(),
+    );
     r.targets = targets;
     eprintln!(
         "  {engine} · {op_name}: {}{}{}{}  [{:.1}s, spread {:.0}%, load {}]",
@@ -147,8 +212,8 @@ async fn row(
         r.raw_ratio()
             .map(|x| format!(", {x:.2}× raw"))
             .unwrap_or_default(),
-        r.peer_ratio()
-            .map(|x| format!(", {x:.2}× cacache"))
+        r.best_peer()
+            .map(|(name, x)| format!(", {x:.2}× {name} (the better peer)"))
             .unwrap_or_default(),
         started.elapsed().as_secs_f64(),
         r.spread * 100.0,
@@ -295,6 +360,7 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
         outboard_put_row(ctx, engine, Some(&dir), fsync).await?;
         let fs = RawFs::new(dir.join("raw")).map_err(err)?;
         let cc = Cacache::new(dir.join("cacache"));
+        let iroh_root = dir.join("iroh-blobs");
         let raw_put = if fsync {
             "write+fsync+rename"
         } else {
@@ -310,11 +376,11 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
             let mut fig = local_put_op(store.clone(), size, &dir.join("large"));
             let mut b3 = blake3_op(size);
             let mut rw = fs_put_op(&fs, size, fsync);
-            let mut peer = cacache_put_op(&cc, size);
+            let mut peers = Peers::put(&cc, &iroh_root.join(format!("put-{size}")), size).await?;
             let refs = Refs {
                 blake3: Some(&mut b3),
                 raw: Some((raw_put.into(), &mut rw)),
-                peer: Some(&mut peer),
+                peers: Some(&mut peers),
             };
             row(
                 ctx,
@@ -326,16 +392,17 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
                 targets.clone(),
             )
             .await;
+            ctx.rows.last_mut().expect("row").durable_vs_peers = fsync;
 
             let key = put_one(&store, size).await?;
             let mut fig = get_op(store.clone(), key, size);
             let mut b3 = blake3_op(size);
             let mut rr = fs_get_op(&fs, size)?;
-            let mut peer = cacache_get_op(&cc, size).await?;
+            let mut peers = Peers::get(&cc, &iroh_root.join(format!("get-{size}")), size).await?;
             let refs = Refs {
                 blake3: Some(&mut b3),
                 raw: Some(("file read".into(), &mut rr)),
-                peer: Some(&mut peer),
+                peers: Some(&mut peers),
             };
             row(
                 ctx,
@@ -482,7 +549,7 @@ async fn sqlite_section(ctx: &mut Ctx) -> BenchResult<()> {
             let refs = Refs {
                 blake3: Some(&mut b3),
                 raw: Some(("INSERT, 1 tx each".into(), &mut rw)),
-                peer: None,
+                peers: None,
             };
             row(
                 ctx,
@@ -502,7 +569,7 @@ async fn sqlite_section(ctx: &mut Ctx) -> BenchResult<()> {
                 let refs = Refs {
                     blake3: Some(&mut b3),
                     raw: Some(("point SELECT".into(), &mut rr)),
-                    peer: None,
+                    peers: None,
                 };
                 row(
                     ctx,
@@ -610,6 +677,7 @@ async fn composite_section(ctx: &mut Ctx) -> BenchResult<()> {
     let fs = RawFs::new(dir.join("raw")).map_err(err)?;
     let db = RawSqlite::open(&dir.join("raw.sqlite"), Durability::Full)?;
     let cc = Cacache::new(dir.join("cacache"));
+    let iroh_root = dir.join("iroh-blobs");
     for size in SIZES {
         let sz = size_name(size);
         let unit = Unit::Bytes(size as u64);
@@ -623,11 +691,11 @@ async fn composite_section(ctx: &mut Ctx) -> BenchResult<()> {
         } else {
             ("write+fsync+rename".into(), &mut rw_fs)
         };
-        let mut peer = cacache_put_op(&cc, size);
+        let mut peers = Peers::put(&cc, &iroh_root.join(format!("put-{size}")), size).await?;
         let refs = Refs {
             blake3: Some(&mut b3),
             raw: Some(raw),
-            peer: Some(&mut peer),
+            peers: Some(&mut peers),
         };
         row(
             ctx,
@@ -639,6 +707,8 @@ async fn composite_section(ctx: &mut Ctx) -> BenchResult<()> {
             vec![Target::AheadOfPeer],
         )
         .await;
+        // SQLite `synchronous=FULL` and durable local files.
+        ctx.rows.last_mut().expect("row").durable_vs_peers = true;
 
         let key = put_one(&store, size).await?;
         let mut fig = get_op(store.clone(), key, size);
@@ -650,11 +720,11 @@ async fn composite_section(ctx: &mut Ctx) -> BenchResult<()> {
         } else {
             ("file read".into(), &mut rr_fs)
         };
-        let mut peer = cacache_get_op(&cc, size).await?;
+        let mut peers = Peers::get(&cc, &iroh_root.join(format!("get-{size}")), size).await?;
         let refs = Refs {
             blake3: Some(&mut b3),
             raw: Some(raw),
-            peer: Some(&mut peer),
+            peers: Some(&mut peers),
         };
         row(
             ctx,
@@ -696,7 +766,7 @@ async fn postgres_section(ctx: &mut Ctx, pg: &PgScope) -> BenchResult<()> {
         let refs = Refs {
             blake3: Some(&mut b3),
             raw: Some(("bytea INSERT, 1 tx each".into(), &mut rw)),
-            peer: None,
+            peers: None,
         };
         row(
             ctx,
@@ -715,7 +785,7 @@ async fn postgres_section(ctx: &mut Ctx, pg: &PgScope) -> BenchResult<()> {
         let refs = Refs {
             blake3: Some(&mut b3),
             raw: Some(("bytea SELECT".into(), &mut rr)),
-            peer: None,
+            peers: None,
         };
         row(
             ctx,
@@ -803,7 +873,7 @@ async fn pglo_section(ctx: &mut Ctx, pg: &PgScope) -> BenchResult<()> {
         let refs = Refs {
             blake3: Some(&mut b3),
             raw: Some(("lo_from_bytea".into(), &mut rw)),
-            peer: None,
+            peers: None,
         };
         row(
             ctx,
@@ -822,7 +892,7 @@ async fn pglo_section(ctx: &mut Ctx, pg: &PgScope) -> BenchResult<()> {
         let refs = Refs {
             blake3: Some(&mut b3),
             raw: Some(("lo_get".into(), &mut rr)),
-            peer: None,
+            peers: None,
         };
         row(
             ctx,
@@ -1210,10 +1280,32 @@ result; the absolute figures are context.
   For the 16-putter rows the ceiling is the **serial** one-insert-per-
   transaction rate. For the cross-engine rows the \"raw\" column is the
   other engine.
-- **cacache**: the `cacache` 13 crate (`write_hash` / verified
-  `read_hash`), which never fsyncs and hashes with SHA-256. `local (fsync)`
-  against it is Blobpool's durable path against a non-durable one;
-  `local (fsync: false)` is the like-for-like comparison.
+- **Peers**, each called on its fastest path, in the same rounds. Neither
+  peer's put is durable when it returns: `local (fsync)` and
+  `sqlite+local (default)` against them is Blobpool's durable path against
+  non-durable ones (their put rows' target says \"durable vs not\");
+  `local (fsync: false)` is the like-for-like comparison. \"Ahead of the
+  better peer\" is judged against the faster of the two.
+  - **cacache**: the `cacache` 13 crate (`write_hash` / verified
+    `read_hash`), SHA-256, a temporary file renamed into place, never
+    fsynced. Measured through its async API (tokio: each call hops to the
+    blocking pool) and its blocking one (`write_hash_sync` /
+    `read_hash_sync`, on the bench's thread); the column shows the faster,
+    named, with the other's rate in parentheses.
+  - **iroh-blobs**: version 0.104, its file-system store (`FsStore`)
+    through the Rust API, no networking (bench feature `iroh`, on by
+    default). Put: `add_bytes` of a body handed over without a copy,
+    awaited (which also sets a persistent tag), and one `sync_db` at the
+    end of each timed batch; verified get: `get_bytes`, a bao export
+    validated against the outboard as it reads. BLAKE3 with 16 KiB chunk
+    groups. Entries up to 16 KiB live inline in its redb database; larger
+    ones are a data file and an outboard file, written under a temporary
+    name and renamed into place, never fsynced. Metadata commits are
+    batched: a put returns once its update is queued in the open redb
+    write transaction, which commits (with redb's default durability: an
+    fsync) after 1000 operations (reads included), 500 ms, or a `sync_db`
+    — so a crash can lose acknowledged puts, metadata included. The
+    `sync_db` per batch charges that commit to the timed puts.
 - Configurations: `local` is dual-tier with threshold 0 (every non-empty
   entry in the local engine); `sqlite` and `postgres` are kv-only;
   `pg-lo` is dual-tier with threshold 0; `sqlite+local (default)` is the
@@ -1224,8 +1316,9 @@ result; the absolute figures are context.
 - `has_many` is judged \"one statement per tier\" when it reaches at least
   0.1× one raw statement doing the same lookup; 1000 point statements would
   land near 0.01×.
-- Every put workload (Blobpool, raw, cacache) removes what it wrote between
-  timed batches, untimed. On this VM, page cache or heap that grows into
+- Every put workload (Blobpool, raw, peers) removes what it wrote between
+  timed batches, untimed (iroh-blobs, which deletes only by garbage
+  collection: its store is replaced by an empty one in a fresh directory). On this VM, page cache or heap that grows into
   guest memory never touched before costs several times more per page than
   reused memory (64 MiB writes into a growing page cache slowed from ~25 ms
   to ~180 ms in a probe), which would otherwise dominate and randomise the
