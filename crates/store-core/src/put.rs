@@ -128,7 +128,7 @@ impl Store {
         // false declaration cannot reserve unbounded memory): no regrowth
         // copies while the buffer fills.
         let initial = match len {
-            Some(_) => cap.min(PREALLOCATE_MAX),
+            Some(_) => cap.min(PREALLOCATE_MAX + 1),
             None => cap.min(CHUNK_SIZE),
         };
         let mut buf = BytesMut::with_capacity(initial);
