@@ -200,8 +200,13 @@ impl Store {
                     let _ = stage.abort().await;
                     return Err(e);
                 }
-                // The outboard is published with the entry (ADR-032).
-                if let Some(outboard) = outboard {
+                // The outboard is published with the entry (ADR-032) —
+                // unless the entry is small enough to be verified whole on
+                // every range read, which never needs it (and saves the
+                // engine an outboard file, object or column per put).
+                if let Some(outboard) =
+                    outboard.filter(|_| size > crate::verified::WHOLE_VERIFY_MAX)
+                {
                     if let Err(e) = stage.set_outboard(outboard).await {
                         let _ = stage.abort().await;
                         return Err(e);

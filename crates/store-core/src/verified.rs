@@ -114,15 +114,17 @@ pub(crate) async fn group_hashes(
             return Ok(h);
         }
     }
-    // Kv entries keep no outboard (ADR-032): theirs is computed each time
-    // it is not cached, from a read that is cheap at their size.
-    let kept = match tier {
-        store_types::Tier::Large => engine.read_outboard(key).await?,
-        store_types::Tier::Kv => None,
+    // Kv entries, and entries small enough to be verified whole, keep no
+    // outboard (ADR-032): theirs is computed each time it is not cached,
+    // from a read that is cheap at their size.
+    let keeps = tier == store_types::Tier::Large && size > WHOLE_VERIFY_MAX;
+    let kept = match keeps {
+        true => engine.read_outboard(key).await?,
+        false => None,
     };
     let hashes = match kept {
         Some(ob) => GroupHashes::from_outboard(key.digest, size, ob)?,
-        None if tier == store_types::Tier::Kv => compute_from_entry(engine, key, size).await?,
+        None if !keeps => compute_from_entry(engine, key, size).await?,
         None => {
             let hashes = compute_from_entry(engine, key, size).await?;
             engine

@@ -65,7 +65,9 @@
 //!
 //!    3a. Before the link, the entry's outboard (handed over by the facade,
 //!    [`store_types::StagedWrite::set_outboard`]) is written to a stage
-//!    file of its own, `fdatasync`ed (with `fsync` on) and **renamed** to
+//!    file of its own, `fdatasync`ed (with `fsync` on; on a second thread
+//!    while step 2 syncs the entry's bytes, so the two cost about one) and
+//!    **renamed** to
 //!    `<digest>.obao` beside the content path. Its name precedes the
 //!    entry's in the same directory, and step 4's one directory fsync makes
 //!    both durable: a crash leaves no entry, an outboard without its entry

@@ -196,15 +196,11 @@ fn existing_entry(target: &Path, size: u64) -> std::io::Result<Existing> {
     })
 }
 
-/// Writes `outboard` to a fresh (locked) stage file, syncs it (with
-/// `fsync` on) and renames it to `dest`, the entry's outboard name. The
-/// name's durability is the caller's: the fan-out directory fsync of the
-/// publish that follows. A rename replaces whatever `dest` held — an
-/// outboard is a function of the content, so an existing valid one has the
-/// same bytes, and an invalid one is repaired. A failure part-way leaves
-/// only the stage file, which its drop (or the orphan sweep) removes.
-pub(crate) fn place_outboard(inner: &Inner, outboard: &Bytes, dest: &Path) -> Result<()> {
-    let mut tmp = create_stage_file(inner)?;
+/// Writes `outboard` to a fresh (locked) stage file and syncs it (with
+/// `fsync` on). A failure leaves only the stage file, which its drop (or
+/// the orphan sweep) removes.
+fn stage_outboard(inner: &Inner, outboard: &Bytes) -> Result<StageFile> {
+    let tmp = create_stage_file(inner)?;
     write_chunks(&tmp, std::slice::from_ref(outboard))?;
     if inner.options.fsync {
         inner
@@ -212,12 +208,27 @@ pub(crate) fn place_outboard(inner: &Inner, outboard: &Bytes, dest: &Path) -> Re
             .sync_data(&tmp.file, &tmp.path, "local: publish: fdatasync outboard")
             .map_err(|e| io_err("fsyncing outboard stage", &tmp.path, e))?;
     }
+    Ok(tmp)
+}
+
+/// Renames a staged outboard to `dest`, the entry's outboard name. The
+/// name's durability is the caller's: the fan-out directory fsync of the
+/// publish that follows. A rename replaces whatever `dest` held — an
+/// outboard is a function of the content, so an existing valid one has the
+/// same bytes, and an invalid one is repaired.
+fn rename_outboard(inner: &Inner, mut tmp: StageFile, dest: &Path) -> Result<()> {
     inner
         .seam
         .rename(&tmp.path, dest)
         .map_err(|e| io_err("publishing outboard to", dest, e))?;
     tmp.gone = true;
     Ok(())
+}
+
+/// [`stage_outboard`] then [`rename_outboard`].
+pub(crate) fn place_outboard(inner: &Inner, outboard: &Bytes, dest: &Path) -> Result<()> {
+    let tmp = stage_outboard(inner, outboard)?;
+    rename_outboard(inner, tmp, dest)
 }
 
 /// Publishes a fully written stage of `size` bytes under `key` (steps 1–4
@@ -242,12 +253,33 @@ fn publish(
         }
         return already_present(inner, &fan_dir); // `stage` drops: removed.
     }
-    if fsync {
-        inner
-            .seam
-            .sync_data(&stage.file, &stage.path, "local: publish: fdatasync stage")
-            .map_err(|e| io_err("fsyncing stage file", &stage.path, e))?;
-    }
+    // The entry's bytes and its outboard's are synced at once (the
+    // outboard's on a second thread): two fdatasyncs cost about one.
+    let sync_stage = || -> Result<()> {
+        if fsync {
+            inner
+                .seam
+                .sync_data(&stage.file, &stage.path, "local: publish: fdatasync stage")
+                .map_err(|e| io_err("fsyncing stage file", &stage.path, e))?;
+        }
+        Ok(())
+    };
+    let staged_outboard = match &outboard {
+        Some(ob) if fsync => std::thread::scope(|s| {
+            let ob_thread = s.spawn(|| stage_outboard(inner, ob));
+            let synced = sync_stage();
+            let staged = ob_thread.join().unwrap_or_else(|_| {
+                Err(Error::io(store_types::ErrorKind::Other, "stage outboard")
+                    .with_source("the outboard's thread panicked"))
+            });
+            synced.and(staged.map(Some))
+        })?,
+        Some(ob) => Some(stage_outboard(inner, ob)?),
+        None => {
+            sync_stage()?;
+            None
+        }
+    };
     inner
         .seam
         .create_dir_all(&fan_dir)
@@ -255,8 +287,8 @@ fn publish(
     // The outboard's name first, the entry's second, one directory fsync
     // for both (step 4): whatever durable listing a crash leaves that holds
     // the entry holds its outboard too.
-    if let Some(ob) = &outboard {
-        place_outboard(inner, ob, &outboard_path)?;
+    if let Some(tmp) = staged_outboard {
+        rename_outboard(inner, tmp, &outboard_path)?;
     }
     let mut attempt = 1;
     loop {

@@ -205,15 +205,22 @@ async fn check_outboards(h: &Harness, keys: &[(Key, Vec<u8>)], when: &str) {
         let stat = h.store.stat(key).await.unwrap().expect("present");
         let engine = tier_engine(h, key).await;
         let kept = engine.read_outboard(key).await.unwrap();
-        if stat.tier == Tier::Large && KEEPS_OUTBOARDS.contains(&engine.descriptor().kind) {
+        // Entries small enough to be verified whole keep none (ADR-032).
+        let needs = stat.size > WHOLE_VERIFY_MAX;
+        if stat.tier == Tier::Large && needs && KEEPS_OUTBOARDS.contains(&engine.descriptor().kind)
+        {
             assert!(
                 kept.as_deref() == Some(&want[..]),
                 "{}: {key}: the {} engine keeps no outboard, or a wrong one ({when})",
                 h.spec.name,
                 engine.descriptor().kind
             );
-        } else if stat.tier == Tier::Kv {
-            assert_eq!(kept, None, "{}: kv entries keep no outboard", h.spec.name);
+        } else if stat.tier == Tier::Kv || !needs {
+            assert_eq!(
+                kept, None,
+                "{}: kv entries, and entries verified whole, keep no outboard",
+                h.spec.name
+            );
         }
         let ob = h.store.outboard(key).await.unwrap().expect("present");
         assert_eq!(ob.digest(), key.digest);
