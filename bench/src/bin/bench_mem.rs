@@ -140,7 +140,12 @@ async fn probe(dir: &std::path::Path) -> BenchResult<()> {
     println!("put_peak_above_baseline_bytes={put_above}");
     println!("get_peak_above_baseline_bytes={get_above}");
     println!("peak_above_baseline_bytes={}", put_above.max(get_above));
-    println!("limit_bytes={}", DEFAULT_THRESHOLD + 4 * MIB as u64);
+    // The put holds the entry's outboard (ADR-032, 0.39 % of it) until it
+    // publishes it with the entry: the limit counts it.
+    println!(
+        "limit_bytes={}",
+        DEFAULT_THRESHOLD + 4 * MIB as u64 + store_types::outboard::outboard_len(SIZE)
+    );
     println!("put_secs={put_secs:.3}");
     println!("get_secs={get_secs:.3}");
     Ok(())

@@ -33,14 +33,13 @@ impl PutReceipt {
     }
 }
 
-/// Bytes a large put reads, hashes and hands to the stage at a time: 128
-/// chunk groups, which the outboard builder hashes on every core (rayon's
-/// pool, from 32 groups, `store_types::outboard`). Measured on this
-/// 2-core machine (64 MiB in batches of the size, digest + outboard):
-/// 1 MiB 4.4–5.3 GiB/s, 2 MiB 6.6–6.9, 4 MiB 7.5–7.8, single-threaded
-/// `blake3::hash` 5.0–5.8. Memory per put: one batch (plus the engine's
-/// bounded write queue).
-const HASH_BATCH: usize = 8 * CHUNK_SIZE;
+/// Bytes a large put reads, hashes and hands to the stage at a time: one
+/// chunk. A 2 MiB batch (which the outboard builder hashes on every core)
+/// measured 6.6–6.9 GiB/s against 5.0–5.8 single-threaded, but raised the
+/// 1 GiB put + get peak RSS from 1.25 to 9.96 MiB above baseline (batches
+/// queued behind the engine's writer), past the memory target of
+/// threshold + 4 MiB; so puts stay at one chunk per batch (ADR-035).
+const HASH_BATCH: usize = CHUNK_SIZE;
 
 /// The most a put with a declared length allocates for its kv buffer before
 /// any byte arrives.
@@ -190,7 +189,11 @@ impl Store {
             None => large.stage(ns).await?,
         };
         let hasher = if self.inner.outboards_at_put {
-            PutHasher::Outboard(store_types::outboard::OutboardBuilder::new())
+            let mut b = store_types::outboard::OutboardBuilder::new();
+            if let Some(n) = len {
+                b.reserve_for(n);
+            }
+            PutHasher::Outboard(b)
         } else {
             PutHasher::Plain(Box::new(blake3::Hasher::new()))
         };
