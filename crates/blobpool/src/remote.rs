@@ -586,12 +586,7 @@ impl Remote {
     }
 
     /// The bao half of [`Remote::get`]: decodes `resp` into `sink`.
-    async fn get_bao(
-        &self,
-        key: &Key,
-        resp: Response,
-        mut sink: Sink,
-    ) -> Result<GetResult, CliError> {
+    async fn get_bao(&self, key: &Key, resp: Response, sink: Sink) -> Result<GetResult, CliError> {
         let h = resp.headers();
         let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
         let bad = |what: &str| CliError::new("http", format!("server sent a bad {what} header"));
@@ -612,38 +607,7 @@ impl Remote {
                 return Err(e);
             }
         };
-        let pb = bar(self.progress, Some(size), "get");
-        let body = StreamReader::new(resp.bytes_stream().map_err(std::io::Error::other));
-        let decoded = store_ops::bao::decode(key.digest, size, None, body);
-        futures::pin_mut!(decoded);
-        let mut n: u64 = 0;
-        let copied: Result<(), CliError> = async {
-            while let Some(chunk) = decoded.next().await {
-                match chunk {
-                    Ok(c) => {
-                        n += c.len() as u64;
-                        pb.inc(c.len() as u64);
-                        sink.write_all(&c).await?;
-                    }
-                    Err(e) => return Err(self.bao_failure(key, e, n).await),
-                }
-            }
-            Ok(())
-        }
-        .await;
-        pb.finish_and_clear();
-        if let Err(e) = copied {
-            sink.abort().await;
-            return Err(e);
-        }
-        let path = sink.path().map(|p| p.display().to_string());
-        sink.commit().await?;
-        Ok(GetResult {
-            namespace: key.namespace.to_string(),
-            digest: key.digest.to_hex(),
-            size: n,
-            path,
-        })
+        self.decode_into(key, resp, size, None, sink).await
     }
 
     /// `range` (`start..end`, bytes) of the entry, streamed into `sink`
@@ -659,7 +623,7 @@ impl Remote {
         &self,
         key: &Key,
         range: std::ops::Range<u64>,
-        mut sink: Sink,
+        sink: Sink,
     ) -> Result<GetResult, CliError> {
         if range.start >= range.end {
             sink.abort().await;
@@ -711,9 +675,26 @@ impl Remote {
                 ));
             }
         };
-        let pb = bar(self.progress, Some(range.end - range.start), "get");
+        self.decode_into(key, resp, size, Some(range), sink).await
+    }
+
+    /// Decodes the bao body of `resp` (the entry `key` of `size` bytes, or
+    /// `range` of it) into `sink`, which gets only verified bytes and is
+    /// committed once the stream decoded to its end (aborted otherwise).
+    /// Cancel-safe as [`Remote::get`].
+    async fn decode_into(
+        &self,
+        key: &Key,
+        resp: Response,
+        size: u64,
+        range: Option<std::ops::Range<u64>>,
+        mut sink: Sink,
+    ) -> Result<GetResult, CliError> {
+        let start = range.as_ref().map_or(0, |r| r.start);
+        let want = range.as_ref().map_or(size, |r| r.end - r.start);
+        let pb = bar(self.progress, Some(want), "get");
         let body = StreamReader::new(resp.bytes_stream().map_err(std::io::Error::other));
-        let decoded = store_ops::bao::decode(key.digest, size, Some(range.clone()), body);
+        let decoded = store_ops::bao::decode(key.digest, size, range, body);
         futures::pin_mut!(decoded);
         let mut n: u64 = 0;
         let copied: Result<(), CliError> = async {
@@ -724,7 +705,7 @@ impl Remote {
                         pb.inc(c.len() as u64);
                         sink.write_all(&c).await?;
                     }
-                    Err(e) => return Err(self.bao_failure(key, e, range.start + n).await),
+                    Err(e) => return Err(self.bao_failure(key, e, start + n).await),
                 }
             }
             Ok(())
