@@ -408,13 +408,9 @@ async fn server_mode_get_is_a_verified_stream() {
     let other = bytes_of(5 * G, 62);
     let (_t, od) = s.put_ok("rot", other).await;
     let okey = store_types::Key::parse("rot", &od).unwrap();
-    let obao = s
-        .large
-        .root()
-        .join("rot")
-        .join(okey.digest.prefix2())
-        .join(format!("{od}.obao"));
-    std::fs::remove_file(&obao).expect("the local engine keeps the outboard beside the entry");
+    s.large
+        .forget_outboard(&okey)
+        .expect("the local engine keeps the outboard beside the entry");
     s.large.corrupt_byte_at(&okey, 2 * G).await.unwrap();
     let (b, dd) = (base.clone(), d.clone());
     tokio::task::spawn_blocking(move || {

@@ -292,13 +292,9 @@ async fn a_corrupt_entry_never_decodes_to_wrong_bytes() {
     let other = bytes_of(5 * G, 7);
     let (_t, od) = s.put_ok("rot", other).await;
     let okey = store_types::Key::parse("rot", &od).unwrap();
-    let obao = s
-        .large
-        .root()
-        .join("rot")
-        .join(okey.digest.prefix2())
-        .join(format!("{od}.obao"));
-    std::fs::remove_file(&obao).expect("the local engine keeps the outboard beside the entry");
+    s.large
+        .forget_outboard(&okey)
+        .expect("the local engine keeps the outboard beside the entry");
     s.large.corrupt_byte_at(&okey, 3 * G).await.unwrap();
     let resp = bao_get(&s, &format!("/v1/blobs/rot/{od}"), Some("bytes=0-9")).await;
     assert_error(resp, 422, "verification").await;

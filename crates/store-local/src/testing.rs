@@ -21,6 +21,12 @@ impl LocalEngine {
         Ok(n)
     }
 
+    /// Removes the outboard kept beside `key`'s entry, as if the entry had
+    /// been stored before outboards (ADR-032); fails if there was none.
+    pub fn forget_outboard(&self, key: &Key) -> std::io::Result<()> {
+        fs::remove_file(crate::outboard_path(&self.inner.content_path(key)))
+    }
+
     /// Damages the stored file of `key` so that reads no longer hash to
     /// its digest: the byte in the middle is bit-flipped in place; an empty
     /// file gets one byte appended instead. The change is fsynced.

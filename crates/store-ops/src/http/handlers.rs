@@ -168,6 +168,29 @@ fn accepts_bao(headers: &HeaderMap) -> bool {
         })
 }
 
+/// A put's answer (also a finished upload's): `201` (`200` when the entry
+/// existed) with `{token, digest}`, `Location`, and the dedup and tier
+/// headers.
+pub(super) fn put_answer(ns: &str, out: &crate::PutOutcome) -> Response {
+    let status = if out.deduplicated {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let mut resp = (status, Json(&out.response)).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        LOCATION,
+        value(format!("/v1/blobs/{ns}/{}", out.response.digest)),
+    );
+    h.insert(
+        header(HEADER_DEDUPLICATED),
+        value(out.deduplicated.to_string()),
+    );
+    h.insert(header(HEADER_TIER), value(out.tier.to_string()));
+    resp
+}
+
 /// `PUT /v1/blobs/{ns}`.
 pub(super) async fn put_blob(
     State(ops): State<Ops>,
@@ -210,25 +233,7 @@ pub(super) async fn put_blob(
         .put_as(&identity, &ns, reader, len, expect.as_deref())
         .await
     {
-        Ok(out) => {
-            let status = if out.deduplicated {
-                StatusCode::OK
-            } else {
-                StatusCode::CREATED
-            };
-            let mut resp = (status, Json(&out.response)).into_response();
-            let h = resp.headers_mut();
-            h.insert(
-                LOCATION,
-                value(format!("/v1/blobs/{ns}/{}", out.response.digest)),
-            );
-            h.insert(
-                header(HEADER_DEDUPLICATED),
-                value(out.deduplicated.to_string()),
-            );
-            h.insert(header(HEADER_TIER), value(out.tier.to_string()));
-            resp
-        }
+        Ok(out) => put_answer(&ns, &out),
         Err(mut e) => {
             if body_failed.load(Ordering::SeqCst) && e.code.redacts_message() {
                 e = OpsError::new(ErrorCode::IncompleteBody, e.message);

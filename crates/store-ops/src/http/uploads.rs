@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::body::body_reader;
-use super::handlers::{fail, path_error};
+use super::handlers::{fail, path_error, put_answer};
 use crate::auth::{Identity, Scope};
 use crate::error::OpsError;
 use crate::uploads::UploadStatus;
@@ -162,23 +162,7 @@ pub(super) async fn finish(
     }
     .await;
     match r {
-        Ok((ns, out)) => {
-            let status = if out.deduplicated {
-                StatusCode::OK
-            } else {
-                StatusCode::CREATED
-            };
-            let mut resp = (status, Json(&out.response)).into_response();
-            let h = resp.headers_mut();
-            if let Ok(v) = HeaderValue::from_str(&format!("/v1/blobs/{ns}/{}", out.response.digest))
-            {
-                h.insert(LOCATION, v);
-            }
-            if let Ok(v) = HeaderValue::from_str(&out.deduplicated.to_string()) {
-                h.insert(HeaderName::from_static(super::HEADER_DEDUPLICATED), v);
-            }
-            resp
-        }
+        Ok((ns, out)) => put_answer(&ns, &out),
         Err(e) => fail(&ops, e),
     }
 }
