@@ -188,6 +188,35 @@ pub async fn composite_store(dir: &Path) -> BenchResult<Store> {
     .await
 }
 
+/// [`composite_store`] with the SQLite engine's hot-entry cache turned off
+/// (`cache_bytes: 0`, ADR-037): every small get reads the file on a reader
+/// connection — the cold path the "hot" rows are shown beside.
+pub async fn composite_store_uncached(dir: &Path) -> BenchResult<Store> {
+    let kv = SqliteEngine::open(
+        dir.join("kv.sqlite"),
+        SqliteOptions {
+            cache_bytes: 0,
+            ..SqliteOptions::default()
+        },
+    )
+    .await
+    .map_err(err)?;
+    let large = store_registry::Registry::default()
+        .open_large(
+            &url("file", &dir.join("large")),
+            &store_registry::Options::default(),
+        )
+        .await
+        .map_err(err)?
+        .ok_or_else(|| err("file:// opened no large engine"))?;
+    Store::builder()
+        .kv(kv)
+        .large_shared(large)
+        .build()
+        .await
+        .map_err(err)
+}
+
 /// A kv-only store over the PostgreSQL engine in `pg`'s schema.
 pub async fn postgres_store(pg: &PgScope) -> BenchResult<(Store, PostgresEngine)> {
     let engine = PostgresEngine::connect(&pg.url, &pg.schema)

@@ -472,7 +472,7 @@ impl Store {
         };
         let mut found = None;
         for (tier, engine) in self.inspect_tiers() {
-            if let Some(r) = engine.read(key).await? {
+            if let Some(r) = engine.read_stored(key).await? {
                 found = Some((tier, r));
                 break;
             }
@@ -639,7 +639,15 @@ impl Store {
         bytes: &AtomicU64,
         opts: &VerifyOptions,
     ) -> Result<()> {
-        let Some(mut blob) = self.get(key).await? else {
+        // The stored bytes, never an engine's in-memory copy of them.
+        let mut found = None;
+        for (tier, engine) in self.tiers() {
+            if let Some(r) = engine.read_stored(key).await? {
+                found = Some(Blob::verified(r, tier, key.digest));
+                break;
+            }
+        }
+        let Some(mut blob) = found else {
             return Err(Error::Missing);
         };
         let mut buf = vec![0u8; 256 * 1024];

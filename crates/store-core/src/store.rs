@@ -130,7 +130,7 @@ impl Store {
     }
 
     /// The engines in fall-through order: kv, then large.
-    fn tiers(&self) -> impl Iterator<Item = (Tier, &dyn Engine)> {
+    pub(crate) fn tiers(&self) -> impl Iterator<Item = (Tier, &dyn Engine)> {
         let kv: &dyn Engine = self.inner.kv.as_ref();
         std::iter::once((Tier::Kv, kv)).chain(
             self.inner

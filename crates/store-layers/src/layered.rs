@@ -125,6 +125,16 @@ impl<E: Engine + ?Sized> Engine for Layered<E> {
         })
     }
 
+    /// Seen by layers as an [`Op::Read`](crate::Op::Read): it is one.
+    async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let mut call = self.call(crate::Op::Read);
+        call.ns = Some(&key.namespace);
+        call.digest = Some(&key.digest);
+        through!(self, call, Reader, async move {
+            self.inner.read_stored(key).await.map(Reply::Reader)
+        })
+    }
+
     async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
         let mut call = self.call(crate::Op::ReadRange);
         call.ns = Some(&key.namespace);

@@ -12,13 +12,14 @@ use store_types::{
     Key, KvEngine, Namespace, PublishOutcome, RefStore, Result, Sharing, Timestamp,
 };
 
+use crate::cache::Hot;
 use crate::error::SqlResultExt;
 use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64};
 use crate::window::SqliteGcSeam;
 use crate::{SqliteEngine, MAX_BLOB_LEN};
 
 const META: &str = "SELECT size, created_at FROM entries WHERE ns = ?1 AND digest = ?2";
-const READ: &str = "SELECT content FROM entries WHERE ns = ?1 AND digest = ?2";
+const READ: &str = "SELECT content, size, created_at FROM entries WHERE ns = ?1 AND digest = ?2";
 /// `substr` of a zero-length blob is NULL in SQLite; `ifnull` keeps it a blob.
 const READ_RANGE: &str =
     "SELECT ifnull(substr(content, ?3, ?4), x'') FROM entries WHERE ns = ?1 AND digest = ?2";
@@ -40,6 +41,41 @@ const DELETE: &str = "DELETE FROM entries WHERE ns = ?1 AND digest = ?2 RETURNIN
 
 fn blob(bytes: Vec<u8>) -> BlobReader {
     BlobReader::from_bytes(Bytes::from(bytes))
+}
+
+/// The stored row of `key`: its content and creation time.
+fn read_row(conn: &rusqlite::Connection, key: &Key) -> Result<Option<Hot>> {
+    let mut stmt = conn.prepare_cached(READ).sql()?;
+    stmt.query_row((key.namespace.as_str(), &key.digest.as_bytes()[..]), |r| {
+        Ok(Hot {
+            content: Bytes::from(r.get::<_, Vec<u8>>(0)?),
+            size: r.get(1)?,
+            created_at: r.get(2)?,
+        })
+    })
+    .optional()
+    .sql()
+}
+
+impl SqliteEngine {
+    /// Reads `key`'s row on a reader connection and offers it to the
+    /// hot-entry cache (the epoch is taken before the query: see the
+    /// `cache` module).
+    async fn read_through(&self, key: &Key) -> Result<Option<Hot>> {
+        let key = key.clone();
+        let cache = self.inner.cache.clone();
+        self.inner
+            .readers
+            .run(move |conn| {
+                let seen = cache.epoch();
+                let row = read_row(conn, &key)?;
+                if let Some(hot) = &row {
+                    cache.offer(&key, hot.clone(), seen);
+                }
+                Ok(row)
+            })
+            .await
+    }
 }
 
 #[async_trait]
@@ -67,7 +103,14 @@ impl Engine for SqliteEngine {
             })?
     }
 
+    /// Answered from the hot-entry cache when `key` is in it.
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
+        if let Some(hot) = self.inner.cache.get(key) {
+            return Ok(Some(EntryMeta {
+                size: to_u64(hot.size)?,
+                created_at: Timestamp(hot.created_at),
+            }));
+        }
         let key = key.clone();
         self.inner
             .readers
@@ -90,36 +133,69 @@ impl Engine for SqliteEngine {
             .await
     }
 
+    /// Digests in the hot-entry cache are present without a query; the
+    /// others are asked about in one query.
     async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
         if digests.is_empty() {
             return Ok(Vec::new());
         }
+        let mut present = vec![false; digests.len()];
+        let mut ask = Vec::new();
+        let mut key = Key::new(ns.clone(), digests[0]);
+        for (i, d) in digests.iter().enumerate() {
+            key.digest = *d;
+            if self.inner.cache.get(&key).is_some() {
+                present[i] = true;
+            } else {
+                ask.push(i);
+            }
+        }
+        if ask.is_empty() {
+            return Ok(present);
+        }
         let ns = ns.clone();
-        let digests = digests.to_vec();
-        self.inner
+        let asked: Vec<Digest> = ask.iter().map(|i| digests[*i]).collect();
+        let answer = self
+            .inner
             .readers
-            .run(move |conn| sql::present_in(conn, "entries", ns.as_str(), &digests))
-            .await
+            .run(move |conn| sql::present_in(conn, "entries", ns.as_str(), &asked))
+            .await?;
+        for (i, a) in ask.into_iter().zip(answer) {
+            present[i] = a;
+        }
+        Ok(present)
     }
 
+    /// A hot entry's bytes come from the cache, in the calling task; a
+    /// cold one is read on a reader connection and offered to the cache.
     async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        if let Some(hot) = self.inner.cache.get(key) {
+            return Ok(Some(BlobReader::from_bytes(hot.content)));
+        }
+        Ok(self
+            .read_through(key)
+            .await?
+            .map(|hot| BlobReader::from_bytes(hot.content)))
+    }
+
+    /// Always the stored row, never the cache (and it does not fill it).
+    async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
         let key = key.clone();
         self.inner
             .readers
-            .run(move |conn| {
-                let mut stmt = conn.prepare_cached(READ).sql()?;
-                let content = stmt
-                    .query_row((key.namespace.as_str(), &key.digest.as_bytes()[..]), |r| {
-                        r.get::<_, Vec<u8>>(0)
-                    })
-                    .optional()
-                    .sql()?;
-                Ok(content.map(blob))
-            })
+            .run(move |conn| Ok(read_row(conn, &key)?.map(|h| BlobReader::from_bytes(h.content))))
             .await
     }
 
+    /// A hot entry's range is sliced out of the cached bytes.
     async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        if let Some(hot) = self.inner.cache.get(key) {
+            let len = hot.content.len() as u64;
+            if range.start <= range.end && range.end <= len {
+                let r = range.start as usize..range.end as usize;
+                return Ok(Some(BlobReader::from_bytes(hot.content.slice(r))));
+            }
+        }
         let key = key.clone();
         let start = to_i64(range.start).saturating_add(1);
         let len = to_i64(range.end.saturating_sub(range.start));
@@ -151,21 +227,31 @@ impl Engine for SqliteEngine {
         let ns = ns.clone();
         let digests = digests.to_vec();
         let cost = digests.len() * 64;
+        // After the commit (or failure), before the answer: no cache of
+        // this file answers for a deleted key once this returns (ADR-037).
+        let cache = self.inner.cache.clone();
+        let gone: Vec<Key> = digests.iter().map(|d| Key::new(ns.clone(), *d)).collect();
+        let invalidate: crate::writer::AfterCommit = Box::new(move || cache.invalidate(&gone));
         self.inner
             .writer
-            .submit(cost, true, move |conn, _now| {
-                let mut stmt = conn.prepare_cached(DELETE).sql()?;
-                digests
-                    .iter()
-                    .map(|d| {
-                        let freed = stmt
-                            .query_row((ns.as_str(), &d.as_bytes()[..]), |r| r.get::<_, i64>(0))
-                            .optional()
-                            .sql()?;
-                        freed.map(to_u64).transpose()
-                    })
-                    .collect()
-            })
+            .submit_then(
+                cost,
+                true,
+                move |conn, _now| {
+                    let mut stmt = conn.prepare_cached(DELETE).sql()?;
+                    digests
+                        .iter()
+                        .map(|d| {
+                            let freed = stmt
+                                .query_row((ns.as_str(), &d.as_bytes()[..]), |r| r.get::<_, i64>(0))
+                                .optional()
+                                .sql()?;
+                            freed.map(to_u64).transpose()
+                        })
+                        .collect()
+                },
+                Some(invalidate),
+            )
             .await
     }
 

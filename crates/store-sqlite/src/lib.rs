@@ -99,6 +99,7 @@
 
 #![warn(missing_docs)]
 
+mod cache;
 #[cfg(feature = "crash-model")]
 pub mod crash;
 mod engine;
@@ -115,6 +116,8 @@ mod window;
 mod writer;
 
 #[cfg(test)]
+mod cache_tests;
+#[cfg(test)]
 mod tests;
 
 use std::path::{Path, PathBuf};
@@ -123,6 +126,7 @@ use std::sync::Arc;
 
 use store_types::{Error, Result};
 
+use crate::cache::HotCache;
 use crate::reader::Readers;
 use crate::writer::Writer;
 
@@ -155,7 +159,20 @@ pub struct SqliteOptions {
     /// SQLite's default VFS. The crash model's tests set it to
     /// `store_sqlite::crash::CrashModel::vfs_name` (feature `crash-model`).
     pub vfs: Option<String>,
+    /// Capacity in bytes of the hot-entry cache (ADR-037): entries read
+    /// recently (each at most 256 KiB and 1/16 of the capacity) are
+    /// answered by `read`, `meta` and `has_many` without a hand-off to the
+    /// blocking pool. 0 turns it off. Default [`DEFAULT_CACHE_BYTES`].
+    ///
+    /// Invalidation is exact within the process (see the `cache` module);
+    /// turn it off for an engine opened *without* a store when another
+    /// process may delete rows of the same file (a store's instance lock
+    /// rules that out).
+    pub cache_bytes: u64,
 }
+
+/// Default [`SqliteOptions::cache_bytes`]: 32 MiB.
+pub const DEFAULT_CACHE_BYTES: u64 = 32 * 1024 * 1024;
 
 impl Default for SqliteOptions {
     fn default() -> Self {
@@ -163,6 +180,7 @@ impl Default for SqliteOptions {
             durability: Durability::Full,
             readers: 4,
             vfs: None,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -200,6 +218,7 @@ struct Inner {
     durability: Durability,
     writer: Writer,
     readers: Arc<Readers>,
+    cache: Arc<HotCache>,
 }
 
 impl std::fmt::Debug for SqliteEngine {
@@ -253,6 +272,7 @@ impl SqliteEngine {
             .map(|_| schema::open_reader(&canonical, vfs))
             .collect::<Result<Vec<_>>>()?;
         let writer = Writer::spawn(writer_conn)?;
+        let cache = HotCache::register(&canonical, options.cache_bytes);
         tracing::debug!(path = %canonical.display(), ?options, "sqlite engine opened");
         Ok(SqliteEngine {
             inner: Arc::new(Inner {
@@ -260,6 +280,7 @@ impl SqliteEngine {
                 durability: options.durability,
                 writer,
                 readers: Readers::new(readers),
+                cache,
             }),
         })
     }
@@ -278,6 +299,12 @@ impl SqliteEngine {
     /// once opened).
     pub async fn schema_version(&self) -> Result<i64> {
         self.inner.readers.run(schema::schema_version).await
+    }
+
+    /// Entries and bytes (content plus a fixed per-entry overhead) the
+    /// hot-entry cache holds now.
+    pub fn cache_usage(&self) -> (usize, u64) {
+        self.inner.cache.usage()
     }
 
     /// A snapshot of the writer thread's counters.

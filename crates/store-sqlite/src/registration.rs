@@ -11,14 +11,15 @@ use crate::{Durability, SqliteEngine, SqliteOptions};
 
 /// `sqlite://PATH` (relative to the working directory; `sqlite:///abs`
 /// for an absolute one). Settings: `durability = full | normal`,
-/// `readers = N`.
+/// `readers = N`, `cache_bytes = SIZE` (the hot-entry cache, e.g. `64MiB`;
+/// `0` turns it off).
 pub static REGISTRATION: &dyn EngineFactory = &SqliteFactory;
 
 /// The factory behind [`REGISTRATION`].
 struct SqliteFactory;
 
 /// The settings [`SqliteFactory`] takes.
-const PARAMS: &[&str] = &["durability", "readers"];
+const PARAMS: &[&str] = &["durability", "readers", "cache_bytes"];
 
 impl SqliteFactory {
     fn options(options: &Options) -> Result<SqliteOptions> {
@@ -36,6 +37,13 @@ impl SqliteFactory {
             v.parse::<usize>().map_err(|e| e.to_string())
         })? {
             o.readers = n;
+        }
+        if let Some(n) = options.parsed(
+            "sqlite",
+            "cache_bytes",
+            store_types::registry::parse_size_param,
+        )? {
+            o.cache_bytes = n;
         }
         Ok(o)
     }

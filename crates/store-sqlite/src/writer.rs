@@ -93,6 +93,10 @@ pub(crate) trait Job: Send {
     fn complete(self: Box<Self>, outcome: Result<()>);
 }
 
+/// What runs on the writer thread once a job's transaction has committed
+/// or failed, before its waiter is answered.
+pub(crate) type AfterCommit = Box<dyn FnOnce() + Send>;
+
 /// A job made of a closure and the channel its result goes to.
 struct FnJob<T, F> {
     f: F,
@@ -100,6 +104,7 @@ struct FnJob<T, F> {
     savepoint: bool,
     result: Option<T>,
     reply: oneshot::Sender<Result<T>>,
+    after: Option<AfterCommit>,
 }
 
 impl<T, F> Job for FnJob<T, F>
@@ -120,7 +125,10 @@ where
         Ok(())
     }
 
-    fn complete(self: Box<Self>, outcome: Result<()>) {
+    fn complete(mut self: Box<Self>, outcome: Result<()>) {
+        if let Some(after) = self.after.take() {
+            after();
+        }
         let answer = match (outcome, self.result) {
             (Ok(()), Some(v)) => Ok(v),
             (Ok(()), None) => Err(Error::backend(
@@ -187,6 +195,25 @@ impl Writer {
         T: Send + 'static,
         F: FnMut(&Connection, Timestamp) -> Result<T> + Send + 'static,
     {
+        self.submit_then(cost, savepoint, f, None)
+    }
+
+    /// [`submit`](Self::submit), and `after` runs on the writer thread once
+    /// the job's transaction has committed or failed (whatever the outcome,
+    /// and whether or not anyone still awaits the answer), before the
+    /// answer is sent. It must not block. The hot-entry cache's
+    /// invalidation of deleted keys runs here (ADR-037).
+    pub(crate) fn submit_then<T, F>(
+        &self,
+        cost: usize,
+        savepoint: bool,
+        f: F,
+        after: Option<AfterCommit>,
+    ) -> impl Future<Output = Result<T>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection, Timestamp) -> Result<T> + Send + 'static,
+    {
         let (reply, rx) = oneshot::channel();
         let job = Box::new(FnJob {
             f,
@@ -194,6 +221,7 @@ impl Writer {
             savepoint,
             result: None,
             reply,
+            after,
         });
         let sent = self.tx.send(job).is_ok();
         if sent {

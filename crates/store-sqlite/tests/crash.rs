@@ -630,6 +630,7 @@ async fn run_once(
         durability,
         readers: 2,
         vfs: Some(model.vfs_name().into()),
+        ..SqliteOptions::default()
     };
     let data = Data::new(seed);
     scenario.setup(&path, &opts, &data).await;
@@ -858,6 +859,7 @@ async fn the_model_loses_unsynced_commits_and_keeps_synced_ones() {
                 durability,
                 readers: 1,
                 vfs: Some(model.vfs_name().into()),
+                ..SqliteOptions::default()
             };
             let e = SqliteEngine::open(&path, opts.clone()).await.unwrap();
             let data = Data::new(seed);

@@ -255,6 +255,15 @@ pub trait Engine: Send + Sync + 'static {
     /// A streaming read of `range` (already validated against the size).
     async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>>;
 
+    /// A streaming read of the whole entry **from its storage**, never from
+    /// an in-memory copy the engine may keep (the SQLite engine's hot-entry
+    /// cache, ADR-037): what `verify` and `quarantine` read, so they judge
+    /// the stored bytes. The default is [`Engine::read`] (an engine without
+    /// a cache reads its storage anyway).
+    async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
+        self.read(key).await
+    }
+
     /// Deletes entries, returning the freed size of each (`None` if absent).
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>>;
 

@@ -61,6 +61,9 @@ macro_rules! delegate_engine {
             async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
                 self.0.read(key).await
             }
+            async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
+                self.0.read_stored(key).await
+            }
             async fn read_range(&self, key: &Key, r: Range<u64>) -> Result<Option<BlobReader>> {
                 self.0.read_range(key, r).await
             }

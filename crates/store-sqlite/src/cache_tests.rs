@@ -1,0 +1,205 @@
+//! The hot-entry cache (ADR-037): hits without the reader pool, exact
+//! invalidation by deletes (also from another engine on the same file, and
+//! racing reads), `read_stored` past the cache, the size limits.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use store_types::{Digest, Engine, Key, KvEngine, Namespace};
+
+use crate::cache::{Hot, HotCache};
+use crate::{SqliteEngine, SqliteOptions};
+
+async fn open(path: &Path, cache_bytes: u64) -> SqliteEngine {
+    let options = SqliteOptions {
+        cache_bytes,
+        ..SqliteOptions::default()
+    };
+    SqliteEngine::open(path, options).await.unwrap()
+}
+
+fn key(data: &[u8]) -> Key {
+    Key::new(Namespace::new("hot").unwrap(), Digest::of(data))
+}
+
+async fn put(engine: &SqliteEngine, data: &[u8]) -> Key {
+    let k = key(data);
+    engine.put(&k, Bytes::copy_from_slice(data)).await.unwrap();
+    k
+}
+
+async fn read(engine: &SqliteEngine, k: &Key) -> Option<Vec<u8>> {
+    let r = engine.read(k).await.unwrap()?;
+    Some(r.in_memory.expect("sqlite reads are in memory").to_vec())
+}
+
+/// Deletes `k`'s row behind the engine's back (another connection): only
+/// a cache can still answer for it afterwards.
+fn delete_behind(path: &Path, k: &Key) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .unwrap();
+    let n = conn
+        .execute(
+            "DELETE FROM entries WHERE ns = ?1 AND digest = ?2",
+            (k.namespace.as_str(), &k.digest.as_bytes()[..]),
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn a_read_entry_is_answered_from_the_cache_and_put_does_not_fill_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.sqlite");
+    let e = open(&path, 1 << 20).await;
+    let k = put(&e, b"hot bytes").await;
+    assert_eq!(e.cache_usage().0, 0, "a put caches nothing");
+    let meta = e.meta(&k).await.unwrap().unwrap();
+    assert_eq!(e.cache_usage().0, 0, "meta caches nothing");
+    assert_eq!(read(&e, &k).await.as_deref(), Some(&b"hot bytes"[..]));
+    assert_eq!(e.cache_usage().0, 1);
+    delete_behind(&path, &k);
+    // Only the cache knows the entry now.
+    assert_eq!(read(&e, &k).await.as_deref(), Some(&b"hot bytes"[..]));
+    assert_eq!(e.meta(&k).await.unwrap(), Some(meta), "meta from the cache");
+    let other = key(b"never stored");
+    assert_eq!(
+        e.has_many(&k.namespace, &[k.digest, other.digest])
+            .await
+            .unwrap(),
+        vec![true, false]
+    );
+    let r = e.read_range(&k, 4..9).await.unwrap().unwrap();
+    assert_eq!(&r.in_memory.unwrap()[..], b"bytes");
+    // `read_stored` reads the file.
+    assert!(e.read_stored(&k).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn with_the_cache_off_every_read_goes_to_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.sqlite");
+    let e = open(&path, 0).await;
+    let k = put(&e, b"cold").await;
+    assert_eq!(read(&e, &k).await.as_deref(), Some(&b"cold"[..]));
+    assert_eq!(e.cache_usage(), (0, 0));
+    delete_behind(&path, &k);
+    assert_eq!(read(&e, &k).await, None);
+    assert_eq!(e.meta(&k).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_delete_removes_the_key_from_every_cache_of_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.sqlite");
+    let a = open(&path, 1 << 20).await;
+    let b = open(&path, 1 << 20).await;
+    let off = open(&path, 0).await;
+    let k = put(&a, b"shared").await;
+    assert!(read(&a, &k).await.is_some());
+    assert!(read(&b, &k).await.is_some());
+    // An engine without a cache of its own still invalidates the others.
+    assert_eq!(
+        off.delete_many(&k.namespace, &[k.digest]).await.unwrap(),
+        vec![Some(6)]
+    );
+    for e in [&a, &b] {
+        assert_eq!(read(e, &k).await, None);
+        assert_eq!(e.meta(&k).await.unwrap(), None);
+        assert_eq!(
+            e.has_many(&k.namespace, &[k.digest]).await.unwrap(),
+            vec![false]
+        );
+        assert_eq!(e.cache_usage().0, 0);
+    }
+}
+
+#[tokio::test]
+async fn entries_above_the_size_limit_are_not_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.sqlite");
+    // 1 MiB of cache takes entries of at most 64 KiB.
+    let e = open(&path, 1 << 20).await;
+    let big = vec![7u8; (64 << 10) + 1];
+    let small = vec![8u8; 64 << 10];
+    let kb = put(&e, &big).await;
+    let ks = put(&e, &small).await;
+    assert!(read(&e, &kb).await.is_some());
+    assert!(read(&e, &ks).await.is_some());
+    assert_eq!(e.cache_usage().0, 1);
+    delete_behind(&path, &kb);
+    delete_behind(&path, &ks);
+    assert_eq!(read(&e, &kb).await, None);
+    assert!(read(&e, &ks).await.is_some());
+}
+
+/// The protocol step by step: a read whose query found the row before a
+/// delete committed, offering it after the delete's invalidation, must not
+/// insert it; one offering before the invalidation is removed by it.
+#[test]
+fn an_offer_racing_an_invalidation_never_outlives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = HotCache::register(&dir.path().join("f"), 1 << 20);
+    let k = key(b"racing");
+    let hot = || Hot {
+        content: Bytes::from_static(b"racing"),
+        size: 6,
+        created_at: 1,
+    };
+    // Epoch loaded, query found the row; the delete commits and
+    // invalidates; then the offer.
+    let seen = cache.epoch();
+    cache.invalidate(std::slice::from_ref(&k));
+    cache.offer(&k, hot(), seen);
+    assert!(cache.get(&k).is_none());
+    // Offer first, invalidation after: removed.
+    let seen = cache.epoch();
+    cache.offer(&k, hot(), seen);
+    assert!(cache.get(&k).is_some());
+    cache.invalidate(std::slice::from_ref(&k));
+    assert!(cache.get(&k).is_none());
+}
+
+/// Readers hammer a key while it is deleted: once `delete_many` has
+/// returned, no read answers for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_read_after_a_delete_returns_sees_the_deleted_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir.path().join("db.sqlite"), 1 << 20).await;
+    for round in 0..200u32 {
+        let data = round.to_le_bytes();
+        let k = put(&e, &data).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (e, k, stop) = (e.clone(), k.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = e.read(&k).await.unwrap();
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        e.delete_many(&k.namespace, &[k.digest]).await.unwrap();
+        for _ in 0..20 {
+            assert!(
+                read(&e, &k).await.is_none(),
+                "round {round}: deleted entry read"
+            );
+            assert_eq!(e.meta(&k).await.unwrap(), None, "round {round}");
+            tokio::task::yield_now().await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for r in readers {
+            r.await.unwrap();
+        }
+        // And nothing the readers offered late stayed behind.
+        assert!(
+            read(&e, &k).await.is_none(),
+            "round {round}: late offer kept"
+        );
+    }
+}
