@@ -138,7 +138,7 @@ fn unknown_option_keys_are_rejected_by_name() {
     let e = err(r().resolve("sqlite://x", Tier::Kv, &o).unwrap_err());
     assert!(
         e.contains(
-            "unknown option \"durabilty\" for the sqlite engine (it takes durability, readers)"
+            "unknown option \"durabilty\" for the sqlite engine (it takes durability, readers, cache_bytes)"
         ),
         "{e}"
     );
