@@ -467,7 +467,7 @@ const ROOM_DIRS: [&str; 2] = ["testing", "tests"];
 /// The files of one engine beyond [`ROOMS`]: concerns only it has.
 fn room_extras(krate: &str) -> &'static [&'static str] {
     match krate {
-        "store-sqlite" => &["sql.rs"],
+        "store-sqlite" => &["sql.rs", "cache.rs", "cache_tests.rs"],
         "store-local" => &["fsio.rs"],
         "store-postgres" => &["batch.rs", "fence.rs", "fleet.rs", "plumbing.rs"],
         "store-object" => &["url.rs", "retry.rs"],
