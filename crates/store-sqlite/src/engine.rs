@@ -43,7 +43,7 @@ fn blob(bytes: Vec<u8>) -> BlobReader {
     BlobReader::from_bytes(Bytes::from(bytes))
 }
 
-/// The stored row of `key`: its content and creation time.
+/// The stored row of `key`: its content, recorded size and creation time.
 fn read_row(conn: &rusqlite::Connection, key: &Key) -> Result<Option<Hot>> {
     let mut stmt = conn.prepare_cached(READ).sql()?;
     stmt.query_row((key.namespace.as_str(), &key.digest.as_bytes()[..]), |r| {
