@@ -188,6 +188,28 @@ pub async fn composite_store(dir: &Path) -> BenchResult<Store> {
     .await
 }
 
+/// The default composite's layout at the peers' durability: SQLite
+/// `synchronous=NORMAL` (a process crash loses nothing acknowledged, a power
+/// loss may lose the last commits) and local files renamed into place without
+/// fsync — the like-for-like configuration the put rows against cacache and
+/// iroh-blobs (neither of which syncs before answering) are judged on.
+pub async fn composite_store_unsynced(dir: &Path) -> BenchResult<Store> {
+    let options = store_registry::Options {
+        fsync: false,
+        ..store_registry::Options::default()
+    };
+    open_store(
+        &format!(
+            "{}?durability=normal",
+            url("sqlite", &dir.join("kv.sqlite"))
+        ),
+        Some(&url("file", &dir.join("large"))),
+        &options,
+        None,
+    )
+    .await
+}
+
 /// [`composite_store`] with the SQLite engine's hot-entry cache turned off
 /// (`cache_bytes: 0`, ADR-037): every small get reads the file on a reader
 /// connection — the cold path the "hot" rows are shown beside.

@@ -766,6 +766,7 @@ async fn composite_section(ctx: &mut Ctx) -> BenchResult<()> {
             .await;
         }
     }
+    composite_unsynced_puts(ctx, &dir.join("unsynced")).await?;
     let digests = has_many_set(&store, HAS_MANY / 2).await?;
     let mut fig = has_many_op(store.clone(), digests, HAS_MANY / 2);
     row(
@@ -778,6 +779,50 @@ async fn composite_section(ctx: &mut Ctx) -> BenchResult<()> {
         vec![],
     )
     .await;
+    Ok(())
+}
+
+/// Puts on the default composite's layout at the peers' durability
+/// (SQLite `synchronous=NORMAL`, local files without fsync): the
+/// like-for-like put rows against cacache and iroh-blobs. Gets do not
+/// depend on durability; the default composite's get rows stand for both.
+async fn composite_unsynced_puts(ctx: &mut Ctx, dir: &Path) -> BenchResult<()> {
+    let engine = "sqlite (NORMAL)+local (fsync: false)";
+    eprintln!("== {engine}");
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let store = fixtures::composite_store_unsynced(dir).await?;
+    let fs = RawFs::new(dir.join("raw")).map_err(err)?;
+    let db = RawSqlite::open(&dir.join("raw.sqlite"), Durability::Normal)?;
+    let cc = Cacache::new(dir.join("cacache"));
+    let iroh_root = dir.join("iroh-blobs");
+    for size in SIZES {
+        let kv = size <= store_core::DEFAULT_THRESHOLD as usize;
+        let mut fig = local_put_op(store.clone(), size, &dir.join("large"));
+        let mut b3 = blake3_op(size);
+        let mut rw_sql = sqlite_put_op(&db, size);
+        let mut rw_fs = fs_put_op(&fs, size, false);
+        let raw: (String, &mut dyn Workload) = if kv {
+            ("sqlite NORMAL INSERT, 1 tx each".into(), &mut rw_sql)
+        } else {
+            ("write+rename".into(), &mut rw_fs)
+        };
+        let mut peers = Peers::put(&cc, &iroh_root.join(format!("put-{size}")), size).await?;
+        let refs = Refs {
+            blake3: Some(&mut b3),
+            raw: Some(raw),
+            peers: Some(&mut peers),
+        };
+        row(
+            ctx,
+            engine,
+            &format!("put {}", size_name(size)),
+            Unit::Bytes(size as u64),
+            &mut fig,
+            refs,
+            vec![Target::AheadOfPeer],
+        )
+        .await;
+    }
     Ok(())
 }
 

@@ -368,13 +368,14 @@ async fn a_corrupted_blob_aborts_the_response_instead_of_completing() {
     let resp = range("bytes=0-9").await.unwrap();
     assert_eq!(resp.status(), 206);
     assert_eq!(resp.bytes().await.unwrap(), &data[..10]);
-    // ...one covering it never completes: the connection drops before the
-    // headers or before the body's end (the server holds back the end of
+    // ...one covering it (and longer than the 256 KiB read whole before
+    // the head, so it streams) never completes: the connection drops before
+    // the headers or before the body's end (the server holds back the end of
     // what it has), and no byte of the corrupt group is ever sent.
     let mid = (3u64 << 20) / 2;
     let sent = fresh
         .get(s.url(&format!("/v1/blobs/rot/{d}")))
-        .header("range", format!("bytes={}-{}", mid - 20_000, mid + 10))
+        .header("range", format!("bytes={}-{}", mid - 300_000, mid + 10))
         .send()
         .await;
     let mut got = Vec::new();
@@ -392,11 +393,50 @@ async fn a_corrupted_blob_aborts_the_response_instead_of_completing() {
         }
     };
     assert!(failed, "a 206 over a corrupt group completed");
-    let start = (mid - 20_000) as usize;
-    assert!(got.len() < 20_010);
+    let start = (mid - 300_000) as usize;
+    assert!(got.len() < 300_010);
     assert_eq!(
         &got[..],
         &data[start..start + got.len()],
         "only verified bytes"
     );
+}
+
+#[tokio::test]
+async fn a_corrupt_small_body_is_answered_422_before_any_byte() {
+    // Bodies of at most 256 KiB (whole entries or ranges) are read and
+    // verified before the head: a corrupt one is a JSON `verification`
+    // error, not a 200 cut short.
+    let s = start(Opts {
+        threshold: 1024,
+        ..Default::default()
+    })
+    .await;
+    let len = 100u64 << 10;
+    let data = bytes_of(len, 78);
+    let (_t, d) = s.put_ok("rot", data.clone()).await;
+    let key = store_types::Key::parse("rot", &d).unwrap();
+    let path = format!("/v1/blobs/rot/{d}");
+    let resp = s.get(&path).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.bytes().await.unwrap(), &data[..]);
+    s.large.corrupt_one_byte(&key).await.unwrap(); // the middle byte
+    assert_error(s.get(&path).await, 422, "verification").await;
+    let ranged = |r: String| {
+        reqwest::Client::new()
+            .get(s.url(&path))
+            .header("range", r)
+            .send()
+    };
+    // A range over the flipped byte's chunk group: 422 too...
+    let mid = len / 2;
+    let resp = ranged(format!("bytes={}-{}", mid - 10, mid + 10))
+        .await
+        .unwrap();
+    assert_error(resp, 422, "verification").await;
+    // ...one away from it is served intact.
+    let resp = ranged("bytes=0-9".into()).await.unwrap();
+    assert_eq!(resp.status(), 206);
+    assert_eq!(resp.bytes().await.unwrap(), &data[..10]);
+    assert!(s.ops.metrics().errors(store_ops::ErrorCode::Verification) >= 2);
 }

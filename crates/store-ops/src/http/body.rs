@@ -80,7 +80,24 @@ pub(crate) async fn read_limited(
     Ok(buf.freeze())
 }
 
-/// A blob response body.
+/// Largest blob response (a whole entry or a range) that is read and
+/// verified whole before its head is sent: one response chunk.
+pub(crate) const BUFFERED_MAX: u64 = RESPONSE_CHUNK as u64;
+
+/// A small blob response body (at most [`BUFFERED_MAX`] bytes), read and
+/// verified before the head: sent as one buffer (no chunk stream, no
+/// 256 KiB read buffer per response), and a corrupt entry is an error the
+/// caller answers with a status (`verification`, 422) instead of a response
+/// cut short.
+///
+/// Cancel-safe: it only reads.
+pub(crate) async fn buffered_body(blob: Blob, ops: &Ops) -> Result<Body, OpsError> {
+    let bytes = blob.bytes().await?;
+    ops.metrics().get_bytes(bytes.len() as u64);
+    Ok(Body::from(bytes))
+}
+
+/// A blob response body, streamed (larger ones than [`BUFFERED_MAX`]).
 ///
 /// It holds each chunk back until the next read succeeds, so a failure at
 /// EOF — a verified read whose bytes do not hash to the digest — withholds

@@ -13,7 +13,9 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::body::{bao_body, blob_body, body_reader, have_body_limit, read_limited};
+use super::body::{
+    bao_body, blob_body, body_reader, buffered_body, have_body_limit, read_limited, BUFFERED_MAX,
+};
 use super::gate::request_id;
 use super::{
     HEADER_BAO_RANGE, HEADER_CREATED_AT, HEADER_DEDUPLICATED, HEADER_DIGEST, HEADER_EXPECT_DIGEST,
@@ -284,7 +286,14 @@ pub(super) async fn get_blob(
             value(format!("bytes {}-{}/{}", r.start, r.end - 1, got.size)),
         );
     }
-    let body = blob_body(got.blob, ops);
+    let body = if len <= BUFFERED_MAX {
+        match buffered_body(got.blob, &ops).await {
+            Ok(b) => b,
+            Err(e) => return fail(&ops, e),
+        }
+    } else {
+        blob_body(got.blob, ops)
+    };
     (status, h, body).into_response()
 }
 
