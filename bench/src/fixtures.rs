@@ -194,20 +194,30 @@ pub async fn composite_store(dir: &Path) -> BenchResult<Store> {
 /// fsync — the like-for-like configuration the put rows against cacache and
 /// iroh-blobs (neither of which syncs before answering) are judged on.
 pub async fn composite_store_unsynced(dir: &Path) -> BenchResult<Store> {
+    let kv = SqliteEngine::open(
+        dir.join("kv.sqlite"),
+        SqliteOptions {
+            durability: Durability::Normal,
+            ..SqliteOptions::default()
+        },
+    )
+    .await
+    .map_err(err)?;
     let options = store_registry::Options {
         fsync: false,
         ..store_registry::Options::default()
     };
-    open_store(
-        &format!(
-            "{}?durability=normal",
-            url("sqlite", &dir.join("kv.sqlite"))
-        ),
-        Some(&url("file", &dir.join("large"))),
-        &options,
-        None,
-    )
-    .await
+    let large = store_registry::Registry::default()
+        .open_large(&url("file", &dir.join("large")), &options)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| err("file:// opened no large engine"))?;
+    Store::builder()
+        .kv(kv)
+        .large_shared(large)
+        .build()
+        .await
+        .map_err(err)
 }
 
 /// [`composite_store`] with the SQLite engine's hot-entry cache turned off
