@@ -38,12 +38,27 @@ impl PutReceipt {
 /// measured 6.6–6.9 GiB/s against 5.0–5.8 single-threaded, but raised the
 /// 1 GiB put + get peak RSS from 1.25 to 9.96 MiB above baseline (batches
 /// queued behind the engine's writer), past the memory target of
-/// threshold + 4 MiB; so puts stay at one chunk per batch (ADR-035).
+/// threshold + 4 MiB; so puts stay at one chunk per batch (ADR-035), and
+/// use the second core by hashing each batch on the pool while the next is
+/// read (ADR-039).
 const HASH_BATCH: usize = CHUNK_SIZE;
 
 /// The most a put with a declared length allocates for its kv buffer before
 /// any byte arrives.
 const PREALLOCATE_MAX: usize = 64 << 20;
+
+/// Bytes of a kv-path put hashed as one task on rayon's pool while the next
+/// ones are read (ADR-039).
+const KV_REGION: usize = 1 << 20;
+
+/// Declared lengths from which a kv-path put hashes while it reads
+/// ([`fill_hashing`]); shorter bodies are read whole, then hashed.
+const OVERLAP_MIN: u64 = 2 * KV_REGION as u64;
+
+/// Large-tier batches hashed on the pool but not yet pushed into the
+/// outboard builder: bounds the chunks a put keeps alive for hashing
+/// beyond what the stage holds (ADR-039).
+const MAX_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Reads from `body` into `buf` until EOF or until `buf` holds `cap` bytes.
 /// Returns whether EOF was reached.
@@ -67,6 +82,72 @@ async fn fill<R: AsyncRead + Unpin + ?Sized>(
     Ok(false)
 }
 
+/// Reads a body of declared length `len` into one buffer (allocated once,
+/// huge-page backed when large: [`store_types::buffer::entry_buffer`]),
+/// hashing each full [`KV_REGION`] on rayon's pool while the next one is
+/// read (ADR-039). The regions travel to the pool and back as handles of
+/// the one allocation and are joined again without a copy. Fails with
+/// [`Error::LengthMismatch`] when the body is shorter or longer than `len`.
+async fn fill_hashing<R: AsyncRead + Unpin + ?Sized>(
+    body: &mut R,
+    len: usize,
+) -> Result<(BytesMut, Digest)> {
+    use store_types::outboard::{HashedGroups, OutboardBuilder};
+    let mut rest = store_types::buffer::entry_buffer(len);
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut offset = 0usize;
+    loop {
+        let want = (len - offset).min(KV_REGION);
+        let eof = fill(body, &mut rest, want).await?;
+        if eof {
+            return Err(Error::LengthMismatch {
+                declared: len as u64,
+                actual: (offset + rest.len()) as u64,
+            });
+        }
+        if offset + want == len {
+            break;
+        }
+        let region = rest.split_to(want);
+        in_flight.push_back(HashedGroups::spawn(offset as u64, region));
+        offset += want;
+    }
+    // One byte past the declared length means the body is longer.
+    let mut probe = [0u8; 1];
+    if body.read(&mut probe).await.map_err(Error::from)? > 0 {
+        return Err(Error::LengthMismatch {
+            declared: len as u64,
+            actual: len as u64 + 1,
+        });
+    }
+    let mut builder = OutboardBuilder::new();
+    let mut whole: Option<BytesMut> = None;
+    for rx in in_flight {
+        let (region, groups) = rx.await.map_err(|_| hashing_lost())?;
+        builder.push_hashed(groups);
+        whole = Some(join(whole, region));
+    }
+    // The last region (at most KV_REGION bytes) is hashed here.
+    builder.update(&rest);
+    let digest = builder.finalize().0;
+    Ok((join(whole, rest), digest))
+}
+
+/// `head` followed by `tail`: no copy when they are adjacent views of one
+/// allocation (as regions split off one buffer are), else `tail` is
+/// appended.
+fn join(head: Option<BytesMut>, tail: BytesMut) -> BytesMut {
+    match head {
+        None => tail,
+        Some(mut head) => {
+            if let Err(tail) = head.try_unsplit(tail) {
+                head.extend_from_slice(&tail);
+            }
+            head
+        }
+    }
+}
+
 fn check_expect(expect: Option<Digest>, actual: Digest) -> Result<()> {
     match expect {
         Some(expected) if expected != actual => Err(Error::Verification { expected, actual }),
@@ -82,8 +163,9 @@ impl Store {
     /// - `expect`: the digest the caller expects; a mismatch fails with
     ///   [`Error::Verification`] and publishes nothing.
     ///
-    /// Memory stays bounded by the threshold plus one chunk whatever the
-    /// body's size. The receipt's [`Pin`] protects the entry from GC until
+    /// Memory stays bounded by the threshold plus one chunk (and up to
+    /// four 256 KiB batches being hashed on rayon's pool, ADR-039) whatever
+    /// the body's size. The receipt's [`Pin`] protects the entry from GC until
     /// dropped; a put that finds the entry already stored pins it and
     /// reports `deduplicated: true`.
     ///
@@ -130,6 +212,11 @@ impl Store {
             Some(_) => cap.min(PREALLOCATE_MAX + 1),
             None => cap.min(CHUNK_SIZE),
         };
+        if let Some(n) = len.filter(|&n| (OVERLAP_MIN..=PREALLOCATE_MAX as u64).contains(&n)) {
+            // Large enough to hash on other cores while the rest is read.
+            let (buf, digest) = fill_hashing(&mut body, n as usize).await?;
+            return self.put_kv(ns, buf, digest, expect).await;
+        }
         let mut buf = BytesMut::with_capacity(initial);
         let eof = fill(&mut body, &mut buf, cap).await?;
         let got = buf.len() as u64;
@@ -148,7 +235,19 @@ impl Store {
             return self.put_large(ns, &mut body, buf, len, expect).await;
         }
         let digest = crate::blob::digest_of(&buf);
+        self.put_kv(ns, buf, digest, expect).await
+    }
+
+    /// The kv half of a put: `buf` is the whole body, `digest` its hash.
+    async fn put_kv(
+        &self,
+        ns: &Namespace,
+        buf: BytesMut,
+        digest: Digest,
+        expect: Option<Digest>,
+    ) -> Result<PutReceipt> {
         check_expect(expect, digest)?;
+        let got = buf.len() as u64;
         let key = Key::new(ns.clone(), digest);
         let pin = self.inner.gc.pins().pin(key.clone()).await;
         let outcome = match self.pin_intent() {
@@ -301,7 +400,117 @@ impl PutHasher {
 /// building the entry's outboard in the same pass (unless `hasher` is
 /// plain). Enforces the declared length. Returns the digest, the size and
 /// the outboard.
+///
+/// With an outboard builder the body is cut into [`HASH_BATCH`]es at
+/// batch-aligned offsets of the entry; each full batch goes to the stage
+/// and, as a handle of the same buffer, to rayon's pool to be hashed while
+/// the next one is read (at most [`MAX_BATCHES_IN_FLIGHT`] unpushed, ADR-039).
 async fn stream_into<R>(
+    stage: &mut Box<dyn StagedWrite>,
+    body: &mut R,
+    prefix: BytesMut,
+    len: Option<u64>,
+    hasher: PutHasher,
+) -> Result<(Digest, u64, Option<Bytes>)>
+where
+    R: AsyncRead + Unpin + Send,
+{
+    let mut builder = match hasher {
+        PutHasher::Outboard(b) => b,
+        plain @ PutHasher::Plain(_) => return stream_plain(stage, body, prefix, len, plain).await,
+    };
+    let mut in_flight = std::collections::VecDeque::new();
+    // Bytes read but not yet handed on; starts with the kv probe's buffer.
+    let mut pending = prefix;
+    let mut total = 0u64;
+    let mut eof = false;
+    // Set once a piece was hashed here: the builder then holds a partial
+    // group, and every later byte goes through it too.
+    let mut inline = false;
+    loop {
+        let boundary = HASH_BATCH - (total % HASH_BATCH as u64) as usize;
+        if pending.len() < boundary && !eof {
+            // Never read more than one byte past the declared length.
+            let limit = match len {
+                Some(n) => n.saturating_add(1).saturating_sub(total) as usize,
+                None => usize::MAX,
+            };
+            let want = boundary.min(limit);
+            if pending.len() < want {
+                eof = fill(body, &mut pending, want).await?;
+            }
+        }
+        if pending.is_empty() {
+            break;
+        }
+        let piece = pending.split_to(boundary.min(pending.len())).freeze();
+        let at = total;
+        total += piece.len() as u64;
+        if let Some(n) = len {
+            if total > n {
+                return Err(Error::LengthMismatch {
+                    declared: n,
+                    actual: total,
+                });
+            }
+        }
+        if piece.len() == HASH_BATCH && !inline {
+            // A full, aligned batch: hashed on the pool.
+            if in_flight.len() >= MAX_BATCHES_IN_FLIGHT {
+                push_next(&mut builder, &mut in_flight).await?;
+            }
+            in_flight.push_back(store_types::outboard::HashedGroups::spawn(
+                at,
+                piece.clone(),
+            ));
+        } else {
+            // The entry's last piece (or its only one): hashed here, after
+            // every batch before it.
+            while !in_flight.is_empty() {
+                push_next(&mut builder, &mut in_flight).await?;
+            }
+            builder.update(&piece);
+            inline = true;
+        }
+        stage.write(piece).await?;
+    }
+    if let Some(n) = len {
+        if total != n {
+            return Err(Error::LengthMismatch {
+                declared: n,
+                actual: total,
+            });
+        }
+    }
+    while !in_flight.is_empty() {
+        push_next(&mut builder, &mut in_flight).await?;
+    }
+    let (digest, outboard) = builder.finalize();
+    Ok((digest, total, Some(outboard)))
+}
+
+type InFlight = std::collections::VecDeque<
+    tokio::sync::oneshot::Receiver<(Bytes, store_types::outboard::HashedGroups)>,
+>;
+
+/// Waits for the oldest batch on the pool and pushes its groups.
+async fn push_next(
+    builder: &mut store_types::outboard::OutboardBuilder,
+    in_flight: &mut InFlight,
+) -> Result<()> {
+    let rx = in_flight.pop_front().expect("a batch in flight");
+    let (_, groups) = rx.await.map_err(|_| hashing_lost())?;
+    builder.push_hashed(groups);
+    Ok(())
+}
+
+fn hashing_lost() -> Error {
+    Error::backend(store_types::ErrorKind::Other, "a hashing task ended early")
+}
+
+/// [`stream_into`] with a plain hasher: each chunk hashed on the caller's
+/// thread ([`crate::StoreBuilder::outboards_at_put`] off).
+async fn stream_plain<R>(
     stage: &mut Box<dyn StagedWrite>,
     body: &mut R,
     prefix: BytesMut,
@@ -358,4 +567,186 @@ where
     }
     let (digest, outboard) = hasher.finalize();
     Ok((digest, total, outboard))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin as StdPin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+
+    use async_trait::async_trait;
+    use store_types::outboard::{self, GROUP_SIZE};
+    use tokio::io::ReadBuf;
+
+    use super::*;
+
+    /// A body that hands out `data` in odd-sized pieces and answers
+    /// `Pending` (waking itself) on every other poll, as a network body
+    /// does.
+    struct Chunky {
+        data: Vec<u8>,
+        at: usize,
+        polls: usize,
+    }
+
+    impl Chunky {
+        fn new(data: Vec<u8>) -> Self {
+            Chunky {
+                data,
+                at: 0,
+                polls: 0,
+            }
+        }
+    }
+
+    impl AsyncRead for Chunky {
+        fn poll_read(
+            mut self: StdPin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            const SIZES: [usize; 6] = [1, 7, 16_385, 100_003, 3, 262_147];
+            self.polls += 1;
+            if self.polls.is_multiple_of(2) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let piece = SIZES[self.polls / 2 % SIZES.len()];
+            let n = piece.min(buf.remaining()).min(self.data.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.data[at..at + n]);
+            self.at += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn data(n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i * 31 + i / 251 + i / 65_521) as u8)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn kv_bodies_hashed_while_read_give_the_digest_and_the_bytes() {
+        for n in [
+            2 * KV_REGION,
+            2 * KV_REGION + 1,
+            3 * KV_REGION + 12_345,
+            4 * KV_REGION,
+            5 * KV_REGION + 7,
+        ] {
+            let d = data(n);
+            let (buf, digest) = fill_hashing(&mut Chunky::new(d.clone()), n)
+                .await
+                .expect("fill");
+            assert_eq!(digest, Digest::of(&d), "digest at {n}");
+            assert!(buf[..] == d[..], "bytes at {n}");
+            if cfg!(target_os = "linux") && n >= store_types::buffer::HUGE_BUFFER_MIN {
+                // The regions were joined in place: the buffer is still the
+                // one 2 MiB-aligned allocation (a copying join would have
+                // moved it).
+                assert!(
+                    (buf.as_ptr() as usize).is_multiple_of(2 << 20),
+                    "joined without a copy at {n}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn kv_bodies_of_another_length_fail() {
+        let n = 3 * KV_REGION + 5;
+        let short = fill_hashing(&mut Chunky::new(data(n - 1)), n).await;
+        assert!(
+            matches!(short, Err(Error::LengthMismatch { declared, actual })
+                if declared == n as u64 && actual == n as u64 - 1),
+            "{short:?}"
+        );
+        let long = fill_hashing(&mut Chunky::new(data(n + 10)), n).await;
+        assert!(
+            matches!(long, Err(Error::LengthMismatch { declared, actual })
+                if declared == n as u64 && actual == n as u64 + 1),
+            "{long:?}"
+        );
+    }
+
+    /// A stage that keeps what it is given.
+    #[derive(Debug, Default)]
+    struct Collect(Arc<Mutex<Vec<u8>>>);
+
+    #[async_trait]
+    impl StagedWrite for Collect {
+        async fn write(&mut self, chunk: Bytes) -> Result<()> {
+            self.0.lock().unwrap().extend_from_slice(&chunk);
+            Ok(())
+        }
+        async fn publish(self: Box<Self>, _key: &Key) -> Result<PublishOutcome> {
+            Ok(PublishOutcome::Inserted)
+        }
+        async fn abort(self: Box<Self>) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    async fn stream(
+        d: &[u8],
+        prefix_len: usize,
+        len: Option<u64>,
+    ) -> (Result<(Digest, u64, Option<Bytes>)>, Vec<u8>) {
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let mut stage: Box<dyn StagedWrite> = Box::new(Collect(written.clone()));
+        let prefix = BytesMut::from(&d[..prefix_len]);
+        let mut body = Chunky::new(d[prefix_len..].to_vec());
+        let hasher = PutHasher::Outboard(outboard::OutboardBuilder::new());
+        let r = stream_into(&mut stage, &mut body, prefix, len, hasher).await;
+        let w = written.lock().unwrap().clone();
+        (r, w)
+    }
+
+    #[tokio::test]
+    async fn large_puts_hashed_on_the_pool_give_the_digest_and_the_outboard() {
+        let b = HASH_BATCH;
+        for n in [
+            0,
+            100,
+            GROUP_SIZE + 1,
+            b - 1,
+            b,
+            b + 1,
+            4 * b,
+            5 * b + GROUP_SIZE,
+            (MAX_BATCHES_IN_FLIGHT + 3) * b + 12_345,
+        ] {
+            let d = data(n);
+            let (rd, rob) = outboard::compute(&d);
+            for prefix in [0, 65_537.min(n), (b + 3).min(n)] {
+                for len in [Some(n as u64), None] {
+                    let (r, written) = stream(&d, prefix, len).await;
+                    let (digest, size, ob) = r.expect("stream");
+                    let what = format!("n {n} prefix {prefix} len {len:?}");
+                    assert_eq!(digest, rd, "digest: {what}");
+                    assert_eq!(size, n as u64, "size: {what}");
+                    assert_eq!(ob.as_deref(), Some(&rob[..]), "outboard: {what}");
+                    assert!(written == d, "staged bytes: {what}");
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn large_puts_of_another_length_fail() {
+        let n = 3 * HASH_BATCH + 17;
+        let d = data(n);
+        let (short, _) = stream(&d, 0, Some(n as u64 + 1)).await;
+        assert!(
+            matches!(short, Err(Error::LengthMismatch { actual, .. }) if actual == n as u64),
+            "{short:?}"
+        );
+        let (long, _) = stream(&d, 0, Some(n as u64 - 1)).await;
+        assert!(
+            matches!(long, Err(Error::LengthMismatch { actual, .. }) if actual == n as u64),
+            "{long:?}"
+        );
+    }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use store_types::{Error, Key, Namespace, PublishOutcome, Result, StagedWrite};
 
 use crate::MemEngine;
@@ -40,7 +40,9 @@ impl MemStage {
             0 => Bytes::new(),
             1 => self.chunks.pop().expect("one chunk"),
             _ => {
-                let mut buf = BytesMut::with_capacity(self.len);
+                // Huge-page backed when large (ADR-039): the join writes
+                // the whole entry into fresh memory.
+                let mut buf = store_types::buffer::entry_buffer(self.len);
                 for c in &self.chunks {
                     buf.extend_from_slice(c);
                 }

@@ -27,6 +27,7 @@
 //!
 //! Architecture invariant: nothing here names a concrete engine.
 
+pub mod buffer;
 pub mod crash;
 mod digest;
 mod engine;

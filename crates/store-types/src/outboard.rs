@@ -232,8 +232,40 @@ impl OutboardBuilder {
         self.pending.extend_from_slice(tail);
     }
 
+    /// Pushes groups hashed apart from the builder ([`HashedGroups::hash`],
+    /// typically on another thread while the caller reads on): the next
+    /// `h.groups()` full groups of the entry. Push them in order; bytes
+    /// given to [`OutboardBuilder::update`] after them continue the entry.
+    ///
+    /// # Panics
+    /// When the builder holds a partial group (an earlier `update` left
+    /// bytes pending), when `h` does not start where the builder stands, or
+    /// when the builder would then hold a single group (a one-group entry
+    /// is hashed as the root, which [`HashedGroups`] never does).
+    pub fn push_hashed(&mut self, h: HashedGroups) {
+        assert!(
+            self.pending.is_empty(),
+            "push_hashed after an update left bytes pending"
+        );
+        assert_eq!(h.first, self.groups, "hashed groups pushed out of order");
+        assert!(
+            self.groups + h.cvs.len() as u64 >= 2 || h.cvs.is_empty(),
+            "a one-group entry cannot be pushed pre-hashed"
+        );
+        self.len += (h.cvs.len() * GROUP_SIZE) as u64;
+        for cv in h.cvs {
+            self.push_cv(cv);
+        }
+    }
+
     /// The entry's digest and its post-order outboard.
     pub fn finalize(mut self) -> (Digest, Bytes) {
+        if self.pending.is_empty() && self.groups >= 2 {
+            // The last group came through `push_hashed` and is already
+            // pushed (merged exactly as `push_cv` would have done for it);
+            // only the right spine remains.
+            return self.merge_spine();
+        }
         if self.groups == 0 {
             // One group (possibly empty): it is the root; no pairs.
             return (
@@ -243,6 +275,10 @@ impl OutboardBuilder {
         }
         let last = hash_group(self.groups, &self.pending, false);
         self.push_cv(last);
+        self.merge_spine()
+    }
+
+    fn merge_spine(mut self) -> (Digest, Bytes) {
         // Merge the right spine from the bottom up; the last merge is the root.
         while self.stack.len() > 1 {
             let right = self.stack.pop().expect("stack holds two");
@@ -254,6 +290,66 @@ impl OutboardBuilder {
         }
         let root = self.stack.pop().expect("one root");
         (Digest::from(root), Bytes::from(self.outboard))
+    }
+}
+
+/// The chaining values of consecutive full chunk groups of an entry,
+/// hashed apart from its [`OutboardBuilder`] — on another thread, while the
+/// put reads the next bytes — and handed to it with
+/// [`OutboardBuilder::push_hashed`].
+#[derive(Clone, Debug)]
+pub struct HashedGroups {
+    first: u64,
+    cvs: Vec<blake3::Hash>,
+}
+
+impl HashedGroups {
+    /// Hashes `data`, a whole number of groups starting at byte `offset` of
+    /// the entry, on the calling thread. The groups are hashed as interior
+    /// nodes: the entry must have at least two groups.
+    ///
+    /// # Panics
+    /// When `offset` or `data.len()` is not a multiple of [`GROUP_SIZE`].
+    pub fn hash(offset: u64, data: &[u8]) -> HashedGroups {
+        assert!(
+            offset.is_multiple_of(GROUP_SIZE as u64) && data.len().is_multiple_of(GROUP_SIZE),
+            "hashed groups must be whole groups"
+        );
+        let first = offset / GROUP_SIZE as u64;
+        let mut cvs = vec![blake3::Hash::from([0u8; 32]); data.len() / GROUP_SIZE];
+        hash_into(first, data, &mut cvs);
+        HashedGroups { first, cvs }
+    }
+
+    /// How many groups these are.
+    pub fn groups(&self) -> u64 {
+        self.cvs.len() as u64
+    }
+
+    /// Hashes `data` (as [`HashedGroups::hash`]) as one task on rayon's
+    /// global pool and sends the groups, with `data` handed back, on the
+    /// returned channel: the caller goes on reading while a core hashes.
+    /// Dropping the receiver is harmless (the task still runs, then drops
+    /// `data`).
+    ///
+    /// # Panics
+    /// When `offset` or the length is not a multiple of [`GROUP_SIZE`]
+    /// (checked here, before the task is queued).
+    pub fn spawn<T>(offset: u64, data: T) -> tokio::sync::oneshot::Receiver<(T, HashedGroups)>
+    where
+        T: AsRef<[u8]> + Send + 'static,
+    {
+        assert!(
+            offset.is_multiple_of(GROUP_SIZE as u64)
+                && data.as_ref().len().is_multiple_of(GROUP_SIZE),
+            "hashed groups must be whole groups"
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        rayon::spawn(move || {
+            let h = HashedGroups::hash(offset, data.as_ref());
+            let _ = tx.send((data, h));
+        });
+        rx
     }
 }
 
@@ -503,6 +599,46 @@ mod tests {
                 assert_eq!((digest, &ob[..]), (rd, &rob[..]), "n {n} step {step}");
             }
         }
+    }
+
+    #[test]
+    fn groups_hashed_apart_then_updates_match_bao_tree() {
+        for n in sizes().into_iter().filter(|&n| n > 2 * G) {
+            let d = data(n);
+            let (rd, rob) = reference(&d);
+            for per in [2usize, 3, 16] {
+                // Whole regions of `per` groups pushed pre-hashed, in
+                // order; the rest (if any) through `update`.
+                let regions = n / (per * G);
+                if regions == 0 {
+                    continue;
+                }
+                for rest_by_update in [true, false] {
+                    let hashed = if rest_by_update || n.is_multiple_of(per * G) {
+                        regions
+                    } else {
+                        continue;
+                    };
+                    let mut b = OutboardBuilder::single_threaded();
+                    for r in 0..hashed {
+                        let at = r * per * G;
+                        b.push_hashed(HashedGroups::hash(at as u64, &d[at..at + per * G]));
+                    }
+                    b.update(&d[hashed * per * G..]);
+                    assert_eq!(b.len(), n as u64);
+                    let (digest, ob) = b.finalize();
+                    assert_eq!((digest, &ob[..]), (rd, &rob[..]), "n {n} per {per}");
+                }
+            }
+        }
+        // Every byte pre-hashed: the last group came through push_hashed.
+        let d = data(8 * G);
+        let mut b = OutboardBuilder::new();
+        b.push_hashed(HashedGroups::hash(0, &d[..4 * G]));
+        b.push_hashed(HashedGroups::hash(4 * G as u64, &d[4 * G..]));
+        let (digest, ob) = b.finalize();
+        let (rd, rob) = reference(&d);
+        assert_eq!((digest, &ob[..]), (rd, &rob[..]));
     }
 
     #[test]
