@@ -300,7 +300,7 @@ pub async fn read_range_sized_answers_size_and_span(spec: Spec) {
         for engine in &engines {
             let holds = engine.meta(key).await.unwrap().is_some();
             for whole_max in [WHOLE_VERIFY_MAX, 0] {
-                for range in ranges.iter().cloned() {
+                for range in ranges.clone() {
                     let req = RangeRequest::new(range.clone(), whole_max);
                     for round in 0..2 {
                         let what = format!(
