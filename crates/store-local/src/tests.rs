@@ -1136,3 +1136,20 @@ async fn replacing_an_unusable_file_drops_its_cached_descriptor() {
     );
     assert_eq!(read_range(&engine, &key, None).await, data);
 }
+
+#[test]
+fn the_registry_takes_open_files_and_refuses_a_bad_value() {
+    use store_types::registry::{EngineUrl, Options};
+    let f = crate::REGISTRATION;
+    let url = EngineUrl::parse("file:///srv/large").unwrap();
+    assert!(f.accepts_param(&url, "open_files"));
+    assert!(!f.accepts_param(&url, "open_file"));
+    let ok = Options::default().param("open_files", "16");
+    f.check(&url, store_types::Tier::Large, &ok).unwrap();
+    let bad = Options::default().param("open_files", "many");
+    let err = f.check(&url, store_types::Tier::Large, &bad).unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ref m) if m.contains("open_files")),
+        "{err:?}"
+    );
+}
