@@ -158,6 +158,24 @@ pub async fn local_store(dir: &Path, fsync: bool) -> BenchResult<Store> {
     .await
 }
 
+/// [`local_store`] with the local engine's open-file cache off
+/// (`open_files = 0`, ADR-036): every small read opens its file in one
+/// blocking call — the path the cached rows are shown beside.
+pub async fn local_store_uncached(dir: &Path, fsync: bool) -> BenchResult<Store> {
+    let options = store_registry::Options {
+        fsync,
+        ..store_registry::Options::default()
+    }
+    .param("open_files", "0");
+    open_store(
+        "mem://",
+        Some(&url("file", &dir.join("large"))),
+        &options,
+        Some(Mode::DualTier { threshold: 0 }),
+    )
+    .await
+}
+
 /// The local large engine on the same directory as [`local_store`]'s, opened
 /// without a store: its `read_range` is the unverified engine read the
 /// verified range row compares with (ADR-032).

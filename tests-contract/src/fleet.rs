@@ -166,6 +166,7 @@ impl FleetEnv {
                     LocalOptions {
                         shared_media: true,
                         fsync: true,
+                        ..LocalOptions::default()
                     },
                 )
                 .await

@@ -46,10 +46,12 @@ async fn construction_matrix() {
     let shared = LocalOptions {
         shared_media: true,
         fsync: true,
+        ..LocalOptions::default()
     };
     let unshared = LocalOptions {
         shared_media: false,
         fsync: true,
+        ..LocalOptions::default()
     };
     let dir = tempfile::tempdir().unwrap();
 

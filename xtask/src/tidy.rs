@@ -468,7 +468,7 @@ const ROOM_DIRS: [&str; 2] = ["testing", "tests"];
 fn room_extras(krate: &str) -> &'static [&'static str] {
     match krate {
         "store-sqlite" => &["sql.rs", "cache.rs", "cache_tests.rs"],
-        "store-local" => &["fsio.rs"],
+        "store-local" => &["fsio.rs", "cache.rs"],
         "store-postgres" => &["batch.rs", "fence.rs", "fleet.rs", "plumbing.rs"],
         "store-object" => &["url.rs", "retry.rs"],
         _ => &[],

@@ -441,6 +441,52 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
                 vec![],
             )
             .await;
+            // The same reads with the open-file cache off (ADR-036): one
+            // blocking call each (open, fstat, pread) instead of none.
+            let cold = fixtures::local_store_uncached(&dir.join("cold"), fsync).await?;
+            let cold_key = put_one(&cold, RANGE_BLOB).await?;
+            let mut fig = range_op(cold.clone(), cold_key);
+            let mut i = 0u64;
+            let mut rr = op(async |n: u64| {
+                for _ in 0..n {
+                    let v = RawFs::read_range(&path, range_offset(i), RANGE_LEN).expect("pread");
+                    i += 1;
+                    assert_eq!(v.len(), RANGE_LEN);
+                }
+            });
+            let refs = Refs {
+                raw: Some(("open+pread".into(), &mut rr)),
+                ..Refs::default()
+            };
+            row(
+                ctx,
+                engine,
+                "read_range 4 KiB of 64 MiB (open-file cache off)",
+                Unit::Range(RANGE_LEN as u64),
+                &mut fig,
+                refs,
+                vec![],
+            )
+            .await;
+            let cold_key = put_one(&cold, KIB).await?;
+            let mut fig = get_op(cold.clone(), cold_key, KIB);
+            let mut rr = fs_get_op(&fs, KIB)?;
+            let mut peers = Peers::get(&cc, &iroh_root.join("get-cold-1024"), KIB).await?;
+            let refs = Refs {
+                blake3: None,
+                raw: Some(("file read".into(), &mut rr)),
+                peers: Some(&mut peers),
+            };
+            row(
+                ctx,
+                engine,
+                "get 1 KiB (verified, open-file cache off)",
+                Unit::Bytes(KIB as u64),
+                &mut fig,
+                refs,
+                vec![],
+            )
+            .await;
             // Verified (the store, outboard cached) against the unverified
             // read of the same ranges as the store did it before ADR-032
             // (meta, then the engine's read_range): target ≥ 0.5×.

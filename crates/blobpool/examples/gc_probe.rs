@@ -26,6 +26,7 @@ async fn open(dir: &std::path::Path) -> Res<Store> {
         LocalOptions {
             shared_media: false,
             fsync: true,
+            ..LocalOptions::default()
         },
     )
     .await?;

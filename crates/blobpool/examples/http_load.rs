@@ -524,6 +524,7 @@ async fn open_store(dir: &std::path::Path) -> Res<(Store, SqliteEngine)> {
         LocalOptions {
             shared_media: false,
             fsync: true,
+            ..LocalOptions::default()
         },
     )
     .await?;

@@ -312,6 +312,7 @@ async fn main() -> Result<(), BoxError> {
         LocalOptions {
             shared_media: false,
             fsync: false,
+            ..LocalOptions::default()
         },
     )
     .await?;

@@ -196,6 +196,7 @@ impl SqliteLocal {
             LocalOptions {
                 shared_media: false,
                 fsync: false,
+                ..LocalOptions::default()
             },
         )
         .await

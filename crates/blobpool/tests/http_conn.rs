@@ -85,6 +85,7 @@ async fn start(limits: ServerLimits, tls: Option<TlsSettings>, app: Option<Route
         LocalOptions {
             shared_media: false,
             fsync: false,
+            ..LocalOptions::default()
         },
     )
     .await

@@ -66,6 +66,7 @@ impl Server {
                     LocalOptions {
                         shared_media: false,
                         fsync: false,
+                        ..LocalOptions::default()
                     },
                 )
                 .await

@@ -170,35 +170,29 @@ impl Store {
     /// asks the engine to keep one, which is atomic); dropping the future
     /// leaves nothing behind.
     pub async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Blob> {
+        // One engine call answers the size and opens the read of what
+        // verification needs (ADR-036): the whole entry up to 64 KiB, else
+        // the chunk groups covering the range.
+        let request =
+            store_types::RangeRequest::new(range.clone(), crate::verified::WHOLE_VERIFY_MAX);
         for (tier, engine) in self.tiers() {
-            let Some(meta) = engine.meta(key).await? else {
+            let Some(read) = engine.read_range_sized(key, &request).await? else {
                 continue;
             };
-            if range.start > range.end || range.end > meta.size {
-                return Err(Error::InvalidRange {
-                    start: range.start,
-                    end: range.end,
-                    size: meta.size,
-                });
-            }
-            let reader = if meta.size <= crate::verified::WHOLE_VERIFY_MAX {
-                crate::verified::small_range(engine, key, range).await?
+            let reader = if request.reads_whole(read.size) {
+                crate::verified::small_range(read.reader, key, range).await?
             } else {
                 let hashes = crate::verified::group_hashes(
                     &self.inner.outboards,
                     engine,
                     tier,
                     key,
-                    meta.size,
+                    read.size,
                 )
                 .await?;
-                crate::verified::GroupVerifier::open(engine, key, hashes, range).await?
+                crate::verified::GroupVerifier::over(read.reader.reader, hashes, range)
             };
-            return match reader {
-                Some(r) => Ok(Blob::range_verified(r, tier)),
-                // Deleted between the two calls.
-                None => Err(Error::Missing),
-            };
+            return Ok(Blob::range_verified(reader, tier));
         }
         Err(Error::Missing)
     }

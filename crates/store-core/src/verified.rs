@@ -188,25 +188,9 @@ pub(crate) struct GroupVerifier {
 }
 
 impl GroupVerifier {
-    /// Opens the verified read of `range` (already checked against the
-    /// size) from `engine`.
-    pub(crate) async fn open(
-        engine: &dyn Engine,
-        key: &Key,
-        hashes: Arc<GroupHashes>,
-        range: std::ops::Range<u64>,
-    ) -> Result<Option<BlobReader>> {
-        let size = hashes.size();
-        let cover = covering_groups(&range, size);
-        let Some(r) = engine.read_range(key, cover.clone()).await? else {
-            return Ok(None);
-        };
-        Ok(Some(Self::over(r.reader, hashes, range)))
-    }
-
     /// The verified read of `range` from `reader`, which yields the bytes
     /// of the groups covering it.
-    fn over(
+    pub(crate) fn over(
         reader: Pin<Box<dyn AsyncRead + Send>>,
         hashes: Arc<GroupHashes>,
         range: std::ops::Range<u64>,
@@ -299,17 +283,14 @@ impl AsyncRead for GroupVerifier {
     }
 }
 
-/// A verified range of a small entry: the whole entry read verified, then
-/// sliced.
+/// A verified range of a small entry: `whole` (a read of the whole entry)
+/// verified, then sliced.
 pub(crate) async fn small_range(
-    engine: &dyn Engine,
+    whole: BlobReader,
     key: &Key,
     range: std::ops::Range<u64>,
-) -> Result<Option<BlobReader>> {
-    let Some(r) = engine.read(key).await? else {
-        return Ok(None);
-    };
-    let whole: Bytes = Blob::verified(r, store_types::Tier::Kv, key.digest)
+) -> Result<BlobReader> {
+    let whole: Bytes = Blob::verified(whole, store_types::Tier::Kv, key.digest)
         .bytes()
         .await?;
     let (s, e) = (range.start as usize, range.end as usize);
@@ -319,7 +300,7 @@ pub(crate) async fn small_range(
             actual: store_types::Digest::of(&whole),
         });
     }
-    Ok(Some(BlobReader::from_bytes(whole.slice(s..e))))
+    Ok(BlobReader::from_bytes(whole.slice(s..e)))
 }
 
 #[cfg(test)]

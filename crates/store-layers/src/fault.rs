@@ -125,10 +125,10 @@ impl Rule {
         Self::on_any(&[Op::Stage, Op::StageExpecting])
     }
 
-    /// A rule for opening reads (`read` and `read_range`), where the
-    /// byte-offset read faults apply.
+    /// A rule for opening reads (`read`, `read_range` and
+    /// `read_range_sized`), where the byte-offset read faults apply.
     pub fn reads() -> RuleBuilder {
-        Self::on_any(&[Op::Read, Op::ReadRange])
+        Self::on_any(&[Op::Read, Op::ReadRange, Op::ReadRangeSized])
     }
 }
 
@@ -456,6 +456,30 @@ impl FaultLayer {
                         fail: Some((kind, msg)),
                     },
                 )))
+            }
+            (Fault::ReadFailsAt { offset, kind }, Reply::SizedRead(Some(mut r))) => {
+                let msg = format!(
+                    "injected fault: read failure at byte {offset} on {op} (rule {rule}, seed {})",
+                    self.state.seed
+                );
+                r.reader = wrap_reader(
+                    r.reader,
+                    ReadFault {
+                        at: offset,
+                        fail: Some((kind, msg)),
+                    },
+                );
+                Reply::SizedRead(Some(r))
+            }
+            (Fault::ReadTruncatedAt { offset }, Reply::SizedRead(Some(mut r))) => {
+                r.reader = wrap_reader(
+                    r.reader,
+                    ReadFault {
+                        at: offset,
+                        fail: None,
+                    },
+                );
+                Reply::SizedRead(Some(r))
             }
             (Fault::ReadTruncatedAt { offset }, Reply::Reader(Some(r))) => {
                 Reply::Reader(Some(wrap_reader(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use store_types::{
     BlobReader, Digest, EntryMeta, Error, InstanceLock, Namespace, PublishOutcome, Result,
-    StagedWrite, Tier,
+    SizedRead, StagedWrite, Tier,
 };
 
 /// A boxed, sendable future borrowing for `'a`.
@@ -32,6 +32,9 @@ pub enum Op {
     Read,
     /// [`Engine::read_range`](store_types::Engine::read_range) (opening the stream).
     ReadRange,
+    /// [`Engine::read_range_sized`](store_types::Engine::read_range_sized)
+    /// (sizing the entry and opening the stream of the span).
+    ReadRangeSized,
     /// [`Engine::delete_many`](store_types::Engine::delete_many).
     DeleteMany,
     /// [`Engine::namespaces`](store_types::Engine::namespaces).
@@ -60,11 +63,12 @@ pub enum Op {
 
 impl Op {
     /// Every operation, in declaration order.
-    pub const ALL: [Op; 16] = [
+    pub const ALL: [Op; 17] = [
         Op::Meta,
         Op::HasMany,
         Op::Read,
         Op::ReadRange,
+        Op::ReadRangeSized,
         Op::DeleteMany,
         Op::Namespaces,
         Op::Scan,
@@ -86,6 +90,7 @@ impl Op {
             Op::HasMany => "has_many",
             Op::Read => "read",
             Op::ReadRange => "read_range",
+            Op::ReadRangeSized => "read_range_sized",
             Op::DeleteMany => "delete_many",
             Op::Namespaces => "namespaces",
             Op::Scan => "scan",
@@ -169,6 +174,8 @@ pub enum Reply {
     Presence(Vec<bool>),
     /// `read`, `read_range`.
     Reader(Option<BlobReader>),
+    /// `read_range_sized`.
+    SizedRead(Option<SizedRead>),
     /// `delete_many`.
     Freed(Vec<Option<u64>>),
     /// `namespaces`.
@@ -196,6 +203,7 @@ impl Reply {
             Reply::Meta(_) => "meta",
             Reply::Presence(_) => "presence",
             Reply::Reader(_) => "reader",
+            Reply::SizedRead(_) => "sized reader",
             Reply::Freed(_) => "freed",
             Reply::Namespaces(_) => "namespaces",
             Reply::Scan(_) => "scan",

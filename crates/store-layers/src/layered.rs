@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use store_types::{
     BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, GcSeam, InstanceLock, Key, KvEngine,
-    LargeEngine, Namespace, PinIntent, PublishOutcome, RefStore, Result, StagedWrite, Tier,
-    Timestamp,
+    LargeEngine, Namespace, PinIntent, PublishOutcome, RangeRequest, RefStore, Result, SizedRead,
+    StagedWrite, Tier, Timestamp,
 };
 
 use crate::layer::{wrong_reply, Call, EngineLayer, Reply};
@@ -143,6 +143,27 @@ impl<E: Engine + ?Sized> Engine for Layered<E> {
         call.len = range.end.saturating_sub(range.start);
         through!(self, call, Reader, async move {
             self.inner.read_range(key, range).await.map(Reply::Reader)
+        })
+    }
+
+    /// Seen by layers as an [`Op::ReadRangeSized`](crate::Op::ReadRangeSized)
+    /// with the requested range's start and length (the span it resolves
+    /// to is known only once the inner engine has sized the entry).
+    async fn read_range_sized(
+        &self,
+        key: &Key,
+        request: &RangeRequest,
+    ) -> Result<Option<SizedRead>> {
+        let mut call = self.call(crate::Op::ReadRangeSized);
+        call.ns = Some(&key.namespace);
+        call.digest = Some(&key.digest);
+        call.offset = request.range.start;
+        call.len = request.range.end.saturating_sub(request.range.start);
+        through!(self, call, SizedRead, async move {
+            self.inner
+                .read_range_sized(key, request)
+                .await
+                .map(Reply::SizedRead)
         })
     }
 

@@ -394,6 +394,15 @@ impl EngineLayer for MetricsLayer {
                         stats: stats.clone(),
                     },
                 ))),
+                Reply::SizedRead(Some(mut r)) => {
+                    r.reader = wrap_reader(
+                        r.reader,
+                        CountBytes {
+                            stats: stats.clone(),
+                        },
+                    );
+                    Reply::SizedRead(Some(r))
+                }
                 Reply::Stage(s) => {
                     stats.stages_open.fetch_add(1, Ordering::Relaxed);
                     Reply::Stage(Box::new(CountedStage {

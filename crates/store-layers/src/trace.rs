@@ -46,6 +46,13 @@ fn describe(reply: &Reply) -> String {
             Some(r) => format!("reader of {} bytes", r.len),
             None => "absent".into(),
         },
+        Reply::SizedRead(r) => match r {
+            Some(r) => format!(
+                "entry of {} bytes, reader of {} bytes",
+                r.size, r.reader.len
+            ),
+            None => "absent".into(),
+        },
         Reply::Freed(v) => format!(
             "{} of {} deleted",
             v.iter().filter(|f| f.is_some()).count(),

@@ -14,8 +14,8 @@ use store_layers::{
 };
 use store_types::{
     BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, GcSeam, Instance, InstanceLock,
-    Key, KvEngine, LargeEngine, Namespace, PinIntent, PublishOutcome, RefStore, Result, Sharing,
-    StagedWrite, Timestamp,
+    Key, KvEngine, LargeEngine, Namespace, PinIntent, PublishOutcome, RangeRequest, RefStore,
+    Result, Sharing, SizedRead, StagedWrite, Timestamp,
 };
 use tokio::io::AsyncReadExt;
 
@@ -84,6 +84,23 @@ impl Engine for Recorder {
         Ok(Some(BlobReader::from_bytes(Bytes::copy_from_slice(
             &all[range.start as usize..range.end as usize],
         ))))
+    }
+    /// Answers a size and span no default (meta + read_range) would give.
+    async fn read_range_sized(
+        &self,
+        _key: &Key,
+        request: &RangeRequest,
+    ) -> Result<Option<SizedRead>> {
+        self.note("read_range_sized");
+        let all = b"content";
+        let span = request.range.clone();
+        Ok(Some(SizedRead {
+            size: 99,
+            span: span.clone(),
+            reader: BlobReader::from_bytes(Bytes::copy_from_slice(
+                &all[span.start as usize..span.end as usize],
+            )),
+        }))
     }
     async fn delete_many(&self, _ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
         self.note("delete_many");
@@ -234,6 +251,18 @@ async fn call_everything(kv: &dyn KvEngine, large: &dyn LargeEngine) {
         rd.read_to_end(&mut buf).await.unwrap()
     };
     assert_eq!(buf, b"ont");
+    buf.clear();
+    let r = kv
+        .read_range_sized(&k, &RangeRequest::new(2..5, 0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.size, r.span.clone()), (99, 2..5));
+    {
+        let mut rd = r.reader.reader;
+        rd.read_to_end(&mut buf).await.unwrap()
+    };
+    assert_eq!(buf, b"nte");
     assert_eq!(kv.delete_many(&ns(), &d).await.unwrap(), vec![Some(7)]);
     assert_eq!(kv.namespaces().await.unwrap(), vec![ns()]);
     assert_eq!(kv.scan(&ns(), None, 10).await.unwrap(), vec![(k.digest, 7)]);
@@ -279,13 +308,14 @@ async fn call_everything(kv: &dyn KvEngine, large: &dyn LargeEngine) {
     );
 }
 
-const EVERY_METHOD: [&str; 24] = [
+const EVERY_METHOD: [&str; 25] = [
     "descriptor",
     "meta",
     "has_many",
     "read",
     "read_stored",
     "read_range",
+    "read_range_sized",
     "delete_many",
     "namespaces",
     "scan",
@@ -351,7 +381,11 @@ async fn the_shipped_stack_forwards_every_method() {
             .errors_of("instance_locked"),
         1
     );
-    assert_eq!(kv.bytes_read, 17, "7 bytes read whole, 7 stored, 3 ranged");
+    assert_eq!(
+        kv.bytes_read, 20,
+        "7 bytes read whole, 7 stored, 3 ranged, 3 ranged and sized"
+    );
+    assert_eq!(kv.op(store_layers::Op::ReadRangeSized).calls, 1);
     let large = snap
         .engine("recorder", Some(store_types::Tier::Large))
         .expect("large counted");

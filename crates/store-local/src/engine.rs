@@ -6,12 +6,12 @@ use std::ops::Range;
 use async_trait::async_trait;
 use store_types::{
     BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Instance, InstanceLock, Key,
-    LargeEngine, Namespace, Result, Sharing, StagedWrite,
+    LargeEngine, Namespace, RangeRequest, Result, Sharing, SizedRead, StagedWrite,
 };
 
 use crate::error::{blocking, io_err, is_absent};
 use crate::fsio;
-use crate::reader::open_reader;
+use crate::reader::{open_entry, Want};
 use crate::stage::LocalStage;
 use crate::{LocalEngine, LOCK_FILE};
 
@@ -92,12 +92,30 @@ impl Engine for LocalEngine {
         .await
     }
 
+    /// Inline for an entry of at most one chunk whose descriptor is cached
+    /// and whose bytes are in the page cache; else one blocking call, or
+    /// a read-ahead stream (see `reader.rs`).
     async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        open_reader(self.inner.content_path(key), None).await
+        let found = open_entry(&self.inner, key, Want::Whole).await?;
+        Ok(found.map(|(_, _, r)| r))
     }
 
     async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        open_reader(self.inner.content_path(key), Some(range)).await
+        let found = open_entry(&self.inner, key, Want::Range(range)).await?;
+        Ok(found.map(|(_, _, r)| r))
+    }
+
+    /// One engine call, never two (ADR-036): inline when the entry's
+    /// descriptor is cached and the span's bytes are in the page cache,
+    /// else one blocking call that opens, sizes and (for a span of at most
+    /// one chunk) reads.
+    async fn read_range_sized(
+        &self,
+        key: &Key,
+        request: &RangeRequest,
+    ) -> Result<Option<SizedRead>> {
+        let found = open_entry(&self.inner, key, Want::Sized(request.clone())).await?;
+        Ok(found.map(|(size, span, reader)| SizedRead { size, span, reader }))
     }
 
     /// Reads `<digest>.obao` in one blocking call (`None` if absent). Only
@@ -138,7 +156,10 @@ impl Engine for LocalEngine {
     }
 
     /// Removes the files in one blocking task, then (with `fsync` on)
-    /// fsyncs each affected fan-out directory once. A key found absent
+    /// fsyncs each affected fan-out directory once, then drops the keys'
+    /// cached descriptors in every engine on this root (ADR-036) — also
+    /// when it fails part-way, and even when the future is dropped (the
+    /// blocking task runs to its end). A key found absent
     /// counts as affected too: another process may have unlinked it and
     /// not yet fsynced the directory, and a returned delete must be
     /// durable (ADR-029, finding 2). Fan-out directories that do not
@@ -147,6 +168,9 @@ impl Engine for LocalEngine {
         let inner = self.inner.clone();
         let keys: Vec<_> = digests.iter().map(|d| Key::new(ns.clone(), *d)).collect();
         blocking(move || {
+            // Runs when this closure ends, however it ends: after every
+            // unlink it did, before the delete is answered.
+            let _invalidate = Invalidate(&inner.open_files, &keys);
             let mut freed = Vec::with_capacity(keys.len());
             let mut touched = BTreeSet::new();
             for key in &keys {
@@ -184,6 +208,15 @@ impl Engine for LocalEngine {
     ) -> Result<Vec<(Digest, u64)>> {
         let ns_dir = self.inner.ns_dir(ns);
         blocking(move || fsio::scan_dir(&ns_dir, after, limit)).await
+    }
+}
+
+/// Invalidates its keys in the open-file caches when dropped.
+struct Invalidate<'a>(&'a crate::cache::OpenFiles, &'a [Key]);
+
+impl Drop for Invalidate<'_> {
+    fn drop(&mut self) {
+        self.0.invalidate(self.1);
     }
 }
 

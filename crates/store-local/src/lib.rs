@@ -136,20 +136,36 @@
 //! then reads (and, for a whole-entry read, hashes) it in
 //! [`store_types::CHUNK_SIZE`] chunks, one blocking call per chunk, into a
 //! small bounded channel, so the facade's verification overlaps with disk
-//! reads. Entries no larger than one chunk are read in one go and
-//! returned from memory.
+//! reads. Reads of at most one chunk are read in one go and returned from
+//! memory, and their descriptor is kept in the **open-file cache**
+//! (ADR-036, [`LocalOptions::open_files`]): the next small read of the
+//! entry runs in the calling task — `fstat` of the descriptor, then
+//! `preadv2(…, RWF_NOWAIT)`, which copies the bytes only if all are in the
+//! page cache and otherwise fails at once, sending the read to the
+//! blocking pool (one `pread`, no open). Every delete drops the keys'
+//! cached descriptors in every engine on the root before it returns.
+//! [`store_types::Engine::read_range_sized`] answers the size and the
+//! span's bytes in that one step.
 //!
 //! # Threads
 //!
-//! Every file-system call runs on tokio's blocking pool
-//! (`spawn_blocking`), and each such call is short: open, stat, one
+//! Every file-system call that may wait for the disk runs on tokio's
+//! blocking pool (`spawn_blocking`), and each such call is short: open, stat, one
 //! chunk's read, one batch's write, a publish. Nothing ever waits for a
 //! client on a blocking thread: a reader whose consumer stalls (a slow or
 //! stopped HTTP client) waits in async code with its few read-ahead
 //! chunks, and a stage whose uploader stalls holds only its file and
 //! buffered bytes. So however many streaming clients stall, the blocking
 //! pool stays free for the work that needs it (SQLite reads, stats,
-//! other streams' chunks).
+//! other streams' chunks). The two calls made on the runtime's threads —
+//! `fstat` of a cached descriptor and `preadv2` with `RWF_NOWAIT` — cannot
+//! wait for the disk: the inode is in memory while the descriptor is open,
+//! and `RWF_NOWAIT` answers `EAGAIN` for any byte not in the page cache
+//! (`O_NOATIME` keeps the read from dirtying the inode). They run only on
+//! Linux and on a root whose file system is not a network or FUSE one
+//! (`statfs` at open); a file system that refuses `RWF_NOWAIT` turns them
+//! off for the engine. A descriptor whose last holder is such a read is
+//! closed on the blocking pool.
 //!
 //! # Durability
 //!
@@ -169,6 +185,7 @@
 //! `local` is not a GC seam member: its delete-window staging is
 //! in-process (`gc_seam` is `None`).
 
+mod cache;
 #[cfg(feature = "crash-model")]
 pub mod crash;
 mod engine;
@@ -234,13 +251,25 @@ pub struct LocalOptions {
     /// `false` is the like-for-like setting for comparisons with
     /// non-fsyncing peers and is **not crash-safe**.
     pub fsync: bool,
+    /// How many entry files the open-file cache keeps open (ADR-036):
+    /// small reads of a cached entry need no `open(2)` and, when their
+    /// bytes are in the page cache, no hand-off to the blocking pool.
+    /// Default [`DEFAULT_OPEN_FILES`]; `0` turns the cache off. Ignored
+    /// (always off) with `shared_media`: another node's delete could not
+    /// invalidate it. Registry setting `open_files`.
+    pub open_files: usize,
 }
+
+/// Default [`LocalOptions::open_files`]: 256 descriptors (a quarter of the
+/// common 1024 soft limit).
+pub const DEFAULT_OPEN_FILES: usize = 256;
 
 impl Default for LocalOptions {
     fn default() -> Self {
         LocalOptions {
             shared_media: false,
             fsync: true,
+            open_files: DEFAULT_OPEN_FILES,
         }
     }
 }
@@ -270,6 +299,10 @@ pub(crate) struct Inner {
     /// The file-system calls a crash model watches (plain `std::fs` calls
     /// without one).
     seam: Seam,
+    /// The open-file cache (ADR-036; empty when off).
+    open_files: Arc<cache::OpenFiles>,
+    /// Whether small reads of cached entries may run inline.
+    inline: reader::Inline,
 }
 
 impl LocalEngine {
@@ -371,6 +404,12 @@ impl Inner {
         let stage_dir = root.join(STAGE_DIR);
         seam.create_dir_all(&stage_dir)
             .map_err(|e| error::io_err("creating", &stage_dir, e))?;
+        let open_files = match options.shared_media {
+            true => 0,
+            false => options.open_files,
+        };
+        let inline = reader::Inline::new(&root, open_files > 0);
+        let open_files = cache::OpenFiles::register(&root, open_files);
         let inner = Inner {
             root,
             stage_dir,
@@ -379,6 +418,8 @@ impl Inner {
             next_stage: AtomicU64::new(0),
             durable_dirs: Mutex::new(HashSet::new()),
             seam,
+            open_files,
+            inline,
         };
         let removed = fsio::remove_orphan_stages(&inner.seam, &inner.stage_dir)?;
         if removed > 0 {

@@ -1,13 +1,26 @@
-//! Reads: one blocking call for a read of at most one chunk, else an
-//! async read-ahead task feeding an [`AsyncRead`] adapter. The task waits
-//! for the consumer in async code and reads in short blocking calls
-//! (`spawn_blocking`) that each fill only the room already free in the
-//! channel to the reader and then return, so a reader whose consumer
-//! stalls (a slow or stopped HTTP client) holds no blocking-pool thread
-//! while it waits: only its few read-ahead chunks and the open file. For
-//! a whole-entry read the blocking call also hashes each chunk before it
-//! is handed over, so the BLAKE3 work of a verified get overlaps the
-//! consumer's copying ([`BlobReader::yielded_digest`]).
+//! Reads: none, one or a few hand-offs.
+//!
+//! - **Inline** (ADR-036): a read of at most one chunk of an entry whose
+//!   descriptor is in the open-file cache (`cache.rs`) is done in the
+//!   calling task — `fstat` of the open descriptor, then
+//!   `preadv2(…, RWF_NOWAIT)`, which copies the bytes only if every one
+//!   of them is in the page cache and fails with `EAGAIN` rather than
+//!   wait for the disk. Linux only, and only on a root on local media
+//!   (see [`Inline`]).
+//! - **One blocking call** for a read of at most one chunk otherwise:
+//!   `pread` of the cached descriptor when the inline read would have
+//!   waited, else open, `fstat`, `pread` (the descriptor then goes into the
+//!   cache).
+//! - Otherwise an async read-ahead task feeding an [`AsyncRead`] adapter.
+//!   The task waits for the consumer in async code and reads in short
+//!   blocking calls (`spawn_blocking`) that each fill only the room
+//!   already free in the channel to the reader and then return, so a
+//!   reader whose consumer stalls (a slow or stopped HTTP client) holds no
+//!   blocking-pool thread while it waits: only its few read-ahead chunks
+//!   and the open file. For a whole-entry read the blocking call also
+//!   hashes each chunk before it is handed over, so the BLAKE3 work of a
+//!   verified get overlaps the consumer's copying
+//!   ([`BlobReader::yielded_digest`]).
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -16,14 +29,17 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use store_types::{BlobReader, Digest, Error, Result, CHUNK_SIZE};
+use store_types::{BlobReader, Digest, Error, Key, RangeRequest, Result, CHUNK_SIZE};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::cache::{release, OpenFile};
 use crate::error::{blocking, io_err, is_absent};
+use crate::Inner;
 
 /// Chunks read ahead of the consumer (the channel's capacity).
 const READ_AHEAD_CHUNKS: usize = 3;
@@ -32,46 +48,123 @@ const READ_AHEAD_CHUNKS: usize = 3;
 /// up, the call returns at this bound rather than at a full channel.
 const MAX_CHUNKS_PER_CALL: usize = 16;
 
-/// What the opening half of a read reports.
-enum Opened {
-    /// The wanted bytes fit in one chunk and were read at once.
-    Inline(Bytes),
-    /// `len` bytes (more than one chunk) are to be read from `file`'s
-    /// current position.
-    Streaming { file: File, len: u64 },
+/// What a read wants of an entry.
+#[derive(Clone, Debug)]
+pub(crate) enum Want {
+    /// All of it (hashed on the way when streamed).
+    Whole,
+    /// `range`, already checked against the size by the caller (checked
+    /// again here all the same).
+    Range(Range<u64>),
+    /// What the request's span is once the size is known.
+    Sized(RangeRequest),
 }
 
-/// Opens `path` and reads `range` of it (the whole file when `None`).
-///
-/// A range of at most [`CHUNK_SIZE`] bytes is one blocking call (open,
-/// `fstat`, `pread`) returning the bytes. Otherwise one blocking call
-/// opens the file (and reads it at once when it is at most one chunk);
-/// for more than one chunk a read-ahead task ([`read_ahead`]) then reads
-/// in [`CHUNK_SIZE`] chunks, in short blocking calls that never wait for
-/// the consumer, until the range is done or the reader is dropped. A streamed whole-file read (`range`
-/// `None`) carries the task's digest of the bytes it yields. Returns
-/// `None` when the file is absent.
-pub(crate) async fn open_reader(
-    path: PathBuf,
-    range: Option<Range<u64>>,
-) -> Result<Option<BlobReader>> {
-    let small = |r: &Range<u64>| r.end.saturating_sub(r.start) <= CHUNK_SIZE as u64;
-    if let Some(range) = range.clone().filter(small) {
-        let bytes = blocking(move || read_small_range(&path, range)).await?;
-        return Ok(bytes.map(BlobReader::from_bytes));
+impl Want {
+    /// The bytes to read of an entry of `size` bytes.
+    fn span(&self, size: u64) -> Result<Range<u64>> {
+        match self {
+            Want::Whole => Ok(0..size),
+            Want::Range(r) => check_range(r, size).map(|()| r.clone()),
+            Want::Sized(req) => req.span(size),
+        }
     }
-    let whole = range.is_none();
+
+    /// Whether a streamed read of an entry of `size` bytes is of all of
+    /// it (and so is hashed as it streams).
+    fn whole(&self, size: u64) -> bool {
+        match self {
+            Want::Whole => true,
+            Want::Range(_) => false,
+            Want::Sized(req) => req.reads_whole(size),
+        }
+    }
+}
+
+/// What a read found: the entry's size, the span it reads, the reader.
+pub(crate) type Found = (u64, Range<u64>, BlobReader);
+
+/// Whether the inline path may run on a root (see the module docs), and
+/// which way each inline attempt went (counted for tests).
+#[derive(Default)]
+pub(crate) struct Inline {
+    /// Inline reads are on: Linux, a root on local media, an open-file
+    /// cache. Cleared for good when the file system refuses `RWF_NOWAIT`.
+    pub(crate) on: std::sync::atomic::AtomicBool,
+    /// Test hook: every inline attempt behaves as if it had hit `EAGAIN`.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) force_would_block: std::sync::atomic::AtomicBool,
+    /// Reads served inline.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) served: std::sync::atomic::AtomicU64,
+    /// Reads of a cached descriptor that went to the blocking pool.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fell_back: std::sync::atomic::AtomicU64,
+}
+
+impl Inline {
+    /// The inline state of a root: on only where `wanted` (an open-file
+    /// cache exists) and the root is on local media.
+    pub(crate) fn new(root: &Path, wanted: bool) -> Self {
+        let me = Inline::default();
+        me.on.store(
+            wanted && local_media(root),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        me
+    }
+
+    fn on(&self) -> bool {
+        self.on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn count(&self, served: bool) {
+        #[cfg(any(test, feature = "testing"))]
+        {
+            let c = if served {
+                &self.served
+            } else {
+                &self.fell_back
+            };
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let _ = served;
+    }
+}
+
+/// Opens a read of `want` of `key`'s entry, or `None` when it is absent.
+///
+/// A span of at most [`CHUNK_SIZE`] bytes is read at once: inline when
+/// the entry's descriptor is cached and its bytes are in the page cache,
+/// else in one blocking call (the cached descriptor's `pread`, or open,
+/// `fstat`, `pread`, caching the descriptor). A longer span is opened in
+/// one blocking call and streamed by a read-ahead task ([`read_ahead`]),
+/// in short blocking calls that never wait for the consumer, until the
+/// span is done or the reader is dropped. A streamed whole-entry read
+/// carries the task's digest of the bytes it yields.
+pub(crate) async fn open_entry(inner: &Arc<Inner>, key: &Key, want: Want) -> Result<Option<Found>> {
+    if let Some(file) = inner.open_files.get(key) {
+        // `None`: longer than a chunk, streamed below.
+        if let Some(found) = cached_read(inner, key, file, &want).await? {
+            return Ok(Some(found));
+        }
+    }
+    let path = inner.content_path(key);
+    let (cache, k, w) = (inner.clone(), key.clone(), want.clone());
     let opening = path.clone();
-    let Some(opened) = blocking(move || open_streaming(&opening, range)).await? else {
+    let Some(opened) = blocking(move || open_blocking(&cache, &k, &opening, &w)).await? else {
         return Ok(None);
     };
-    let (file, len) = match opened {
-        Opened::Inline(bytes) => return Ok(Some(BlobReader::from_bytes(bytes))),
-        Opened::Streaming { file, len } => (file, len),
+    let (file, size, span) = match opened {
+        Opened::Inline { size, span, bytes } => {
+            return Ok(Some((size, span, BlobReader::from_bytes(bytes))))
+        }
+        Opened::Streaming { file, size, span } => (file, size, span),
     };
+    let len = span.end - span.start;
     let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
     let (recycle, recycled) = std_mpsc::channel();
-    let (digest_tx, digest_rx) = whole.then(oneshot::channel).unzip();
+    let (digest_tx, digest_rx) = want.whole(size).then(oneshot::channel).unzip();
     let state = ReadAhead {
         file,
         path,
@@ -80,7 +173,7 @@ pub(crate) async fn open_reader(
         hash: digest_tx.map(|d| (Box::new(blake3::Hasher::new()), d)),
     };
     tokio::spawn(read_ahead(state, tx));
-    Ok(Some(BlobReader {
+    let reader = BlobReader {
         len,
         reader: Box::pin(ChunkReader {
             rx,
@@ -91,33 +184,223 @@ pub(crate) async fn open_reader(
         }),
         yielded_digest: digest_rx,
         in_memory: None,
-    }))
+    };
+    Ok(Some((size, span, reader)))
 }
 
-/// The blocking half of a read of at most one chunk: open, `fstat`,
-/// `pread`, nothing else. `None` when there is no such file.
-fn read_small_range(path: &Path, range: Range<u64>) -> Result<Option<Bytes>> {
-    let Some((file, size)) = open_file(path)? else {
-        return Ok(None);
+/// A read through a cached descriptor: `None` when the span is longer than
+/// a chunk (the caller streams it). Inline when it can be; else one
+/// blocking `pread` of the same descriptor.
+async fn cached_read(
+    inner: &Arc<Inner>,
+    key: &Key,
+    file: Arc<OpenFile>,
+    want: &Want,
+) -> Result<Option<Found>> {
+    let inline = inner.inline.on();
+    let size = if inline {
+        // `fstat` of an open descriptor on local media reads the in-memory
+        // inode: it does not wait for the disk.
+        match file.file.metadata() {
+            Ok(m) => Some(m.len()),
+            Err(_) => None,
+        }
+    } else {
+        None
     };
-    check_range(&range, size)?;
-    pread_exact(&file, range.start, (range.end - range.start) as usize)
-        .map(Some)
-        .map_err(|e| io_err("reading", path, e))
-}
-
-/// The opening blocking call of a streamed read: opens `path`, positions
-/// it at the start of `range`, and reads a file of at most one chunk at
-/// once. `None` when there is no such file.
-fn open_streaming(path: &Path, range: Option<Range<u64>>) -> Result<Option<Opened>> {
-    let Some((mut file, len)) = open_range(path, range)? else {
-        return Ok(None);
+    let spanned = match size {
+        Some(size) => match want.span(size) {
+            Ok(span) if span.end - span.start > CHUNK_SIZE as u64 => {
+                release(file);
+                return Ok(None);
+            }
+            Ok(span) => Some((size, span)),
+            Err(e) => {
+                release(file);
+                return Err(e);
+            }
+        },
+        None => None,
     };
-    if len <= CHUNK_SIZE as u64 {
-        let bytes = read_chunk(&mut file, len as usize).map_err(|e| io_err("reading", path, e))?;
-        return Ok(Some(Opened::Inline(bytes)));
+    if let Some((size, span)) = &spanned {
+        match read_nowait(
+            inner,
+            &file.file,
+            span.start,
+            (span.end - span.start) as usize,
+        ) {
+            Nowait::Read(bytes) => {
+                inner.inline.count(true);
+                release(file);
+                return Ok(Some((*size, span.clone(), BlobReader::from_bytes(bytes))));
+            }
+            Nowait::WouldBlock => {}
+            Nowait::Unsupported => inner
+                .inline
+                .on
+                .store(false, std::sync::atomic::Ordering::Relaxed),
+        }
+        inner.inline.count(false);
     }
-    Ok(Some(Opened::Streaming { file, len }))
+    let (want, key, inner) = (want.clone(), key.clone(), inner.clone());
+    // The descriptor is dropped in here, on the blocking thread.
+    blocking(move || {
+        let size = match spanned {
+            Some((size, _)) => size,
+            None => file
+                .file
+                .metadata()
+                .map_err(|e| io_err("stat", &inner.content_path(&key), e))?
+                .len(),
+        };
+        let span = want.span(size)?;
+        if span.end - span.start > CHUNK_SIZE as u64 {
+            return Ok(None);
+        }
+        let bytes = pread_exact(&file.file, span.start, (span.end - span.start) as usize)
+            .map_err(|e| io_err("reading", &inner.content_path(&key), e))?;
+        Ok(Some((size, span, BlobReader::from_bytes(bytes))))
+    })
+    .await
+}
+
+/// What [`read_nowait`] did.
+enum Nowait {
+    /// All the bytes, from the page cache.
+    Read(Bytes),
+    /// Some byte is not in the page cache (or the file is shorter than
+    /// expected): the blocking path reads (and reports) it.
+    WouldBlock,
+    /// The file system does not do `RWF_NOWAIT`.
+    Unsupported,
+}
+
+/// `preadv2(fd, len bytes at offset, RWF_NOWAIT)`: the bytes only if all
+/// of them are in the page cache, without ever waiting for the disk.
+#[cfg(target_os = "linux")]
+fn read_nowait(inner: &Inner, file: &File, offset: u64, len: usize) -> Nowait {
+    use std::os::fd::AsRawFd;
+    #[cfg(any(test, feature = "testing"))]
+    if inner
+        .inline
+        .force_would_block
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return Nowait::WouldBlock;
+    }
+    let _ = inner;
+    let Ok(offset) = libc::off_t::try_from(offset) else {
+        return Nowait::WouldBlock;
+    };
+    let mut buf = Vec::<u8>::with_capacity(len);
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    // SAFETY: `iov` describes `len` bytes of `buf`'s spare capacity, which
+    // outlives the call; the kernel writes at most `len` bytes there.
+    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
+    if n < 0 {
+        return match io::Error::last_os_error().raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => Nowait::Unsupported,
+            _ => Nowait::WouldBlock,
+        };
+    }
+    if n as usize != len {
+        // Partly cached, or the file is shorter than it was: the blocking
+        // read decides.
+        return Nowait::WouldBlock;
+    }
+    // SAFETY: the kernel initialised exactly `len` bytes (checked above).
+    unsafe { buf.set_len(len) };
+    Nowait::Read(Bytes::from(buf))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn read_nowait(_inner: &Inner, _file: &File, _offset: u64, _len: usize) -> Nowait {
+    Nowait::Unsupported
+}
+
+/// Whether `root` is on media whose `fstat` and page-cache reads never
+/// wait on a network: not NFS, SMB/CIFS, FUSE, Ceph, AFS, 9p, Lustre or a
+/// cluster file system.
+#[cfg(target_os = "linux")]
+fn local_media(root: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(root.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `statfs` is plain data; all-zero is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid out-pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    const REMOTE: [i64; 11] = [
+        0x6969,      // NFS
+        0xFF53_4D42, // CIFS
+        0xFE53_4D42, // SMB2
+        0x517B,      // SMB
+        0x6573_5546, // FUSE
+        0x00C3_6400, // Ceph
+        0x5346_414F, // AFS
+        0x0102_1997, // 9p
+        0x0BD0_0BD0, // Lustre
+        0x0116_1970, // GFS2
+        0x7461_636F, // OCFS2
+    ];
+    #[allow(clippy::unnecessary_cast)]
+    let kind = st.f_type as i64;
+    !REMOTE.contains(&kind)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn local_media(_root: &Path) -> bool {
+    false
+}
+
+/// What the opening blocking call of a read found.
+enum Opened {
+    /// The span fits in one chunk and was read at once.
+    Inline {
+        size: u64,
+        span: Range<u64>,
+        bytes: Bytes,
+    },
+    /// The span (more than one chunk) is to be read from `file`'s current
+    /// position.
+    Streaming {
+        file: File,
+        size: u64,
+        span: Range<u64>,
+    },
+}
+
+/// The blocking half of opening a read: open, `fstat`, and for a span of
+/// at most one chunk `pread` it (caching the descriptor, unless a delete
+/// ran meanwhile: the epoch is loaded before the open, see `cache.rs`);
+/// else position the file at the span's start. `None` when there is no
+/// such file.
+fn open_blocking(inner: &Inner, key: &Key, path: &Path, want: &Want) -> Result<Option<Opened>> {
+    let seen = inner.open_files.epoch();
+    let Some((mut file, size)) = open_file(path)? else {
+        return Ok(None);
+    };
+    let span = want.span(size)?;
+    let len = span.end - span.start;
+    if len <= CHUNK_SIZE as u64 {
+        let bytes =
+            pread_exact(&file, span.start, len as usize).map_err(|e| io_err("reading", path, e))?;
+        if inner.open_files.enabled() {
+            drop(inner.open_files.offer(key, file, seen));
+        }
+        return Ok(Some(Opened::Inline { size, span, bytes }));
+    }
+    if span.start > 0 {
+        file.seek(SeekFrom::Start(span.start))
+            .map_err(|e| io_err("seeking", path, e))?;
+    }
+    Ok(Some(Opened::Streaming { file, size, span }))
 }
 
 /// What the read-ahead task carries from one blocking call to the next.
@@ -133,7 +416,7 @@ struct ReadAhead {
     hash: Option<(Box<blake3::Hasher>, oneshot::Sender<Digest>)>,
 }
 
-/// The read-ahead task behind a streamed [`open_reader`]: an async task
+/// The read-ahead task behind a streamed [`open_entry`]: an async task
 /// that waits for room in the channel to the reader — for the consumer —
 /// and then reads in one blocking call ([`read_some`]) as many
 /// [`CHUNK_SIZE`] chunks as there is room for.
@@ -223,7 +506,7 @@ fn close_off_runtime(file: File) {
 /// Opens `path` and returns it with its size; `None` when there is no such
 /// file (or the name is not a regular file).
 fn open_file(path: &Path) -> Result<Option<(File, u64)>> {
-    let file = match File::open(path) {
+    let file = match open_noatime(path) {
         Ok(f) => f,
         Err(e) if is_absent(&e) => return Ok(None),
         Err(e) => return Err(io_err("opening", path, e)),
@@ -233,6 +516,25 @@ fn open_file(path: &Path) -> Result<Option<(File, u64)>> {
         return Ok(None);
     }
     Ok(Some((file, meta.len())))
+}
+
+/// Opens `path` read-only, without updating its access time where the
+/// process may ask that (Linux `O_NOATIME`, for files it owns): a read
+/// then never dirties the inode, inline or not.
+fn open_noatime(path: &Path) -> io::Result<File> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOATIME)
+            .open(path)
+        {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            other => return other,
+        }
+    }
+    File::open(path)
 }
 
 /// [`Error::InvalidRange`] unless `range` lies within `size` bytes.
@@ -245,23 +547,6 @@ fn check_range(range: &Range<u64>, size: u64) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// Opens `path`, positions it at the start of `range`, and returns it with
-/// the number of bytes to read; `None` when there is no such file.
-fn open_range(path: &Path, range: Option<Range<u64>>) -> Result<Option<(File, u64)>> {
-    let Some((mut file, size)) = open_file(path)? else {
-        return Ok(None);
-    };
-    let Some(range) = range else {
-        return Ok(Some((file, size)));
-    };
-    check_range(&range, size)?;
-    if range.start > 0 {
-        file.seek(SeekFrom::Start(range.start))
-            .map_err(|e| io_err("seeking", path, e))?;
-    }
-    Ok(Some((file, range.end - range.start)))
 }
 
 /// Reads exactly `n` bytes at `offset` (`pread`, no seek); a file that
@@ -279,11 +564,6 @@ fn short_file(e: io::Error) -> io::Error {
     } else {
         e
     }
-}
-
-/// Reads exactly `n` bytes; a file that ends early is an error.
-fn read_chunk(file: &mut File, n: usize) -> io::Result<Bytes> {
-    fill_chunk(file, n, None).map(Bytes::from)
 }
 
 /// Reads exactly `n` bytes into `spare` (a buffer handed back by the

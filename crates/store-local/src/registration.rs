@@ -11,11 +11,29 @@ use crate::{LocalEngine, LocalOptions};
 
 /// `file://PATH` (relative to the working directory; `file:///abs` for
 /// an absolute one). Takes [`Options::shared_media`] and
-/// [`Options::fsync`].
+/// [`Options::fsync`]; setting `open_files = N` (the open-file cache,
+/// ADR-036; `0` turns it off).
 pub static REGISTRATION: &dyn EngineFactory = &LocalFactory;
 
 /// The factory behind [`REGISTRATION`].
 struct LocalFactory;
+
+/// The settings [`LocalFactory`] takes.
+const PARAMS: &[&str] = &["open_files"];
+
+fn options(options: &Options) -> Result<LocalOptions> {
+    let mut o = LocalOptions {
+        shared_media: options.shared_media,
+        fsync: options.fsync,
+        ..LocalOptions::default()
+    };
+    if let Some(n) = options.parsed("local", "open_files", |v| {
+        v.parse::<usize>().map_err(|e| e.to_string())
+    })? {
+        o.open_files = n;
+    }
+    Ok(o)
+}
 
 fn root(url: &EngineUrl) -> Result<&Path> {
     if url.rest().is_empty() {
@@ -44,8 +62,17 @@ impl EngineFactory for LocalFactory {
         "file://PATH"
     }
 
-    fn check(&self, url: &EngineUrl, _tier: Tier, _options: &Options) -> Result<()> {
-        root(url).map(drop)
+    fn accepts_param(&self, _url: &EngineUrl, key: &str) -> bool {
+        PARAMS.contains(&key)
+    }
+
+    fn param_names(&self) -> &'static [&'static str] {
+        PARAMS
+    }
+
+    fn check(&self, url: &EngineUrl, _tier: Tier, options: &Options) -> Result<()> {
+        root(url)?;
+        self::options(options).map(drop)
     }
 
     fn describe(&self, url: &EngineUrl, _tier: Tier, options: &Options) -> String {
@@ -66,14 +93,7 @@ impl EngineFactory for LocalFactory {
         url: &EngineUrl,
         options: &Options,
     ) -> Result<Opened<dyn LargeEngine>> {
-        let engine = LocalEngine::open(
-            root(url)?,
-            LocalOptions {
-                shared_media: options.shared_media,
-                fsync: options.fsync,
-            },
-        )
-        .await?;
+        let engine = LocalEngine::open(root(url)?, self::options(options)?).await?;
         #[cfg(feature = "testing")]
         let testing: Option<Arc<dyn store_types::registry::Testing>> =
             Some(Arc::new(hooks::LocalTesting(engine.clone())));

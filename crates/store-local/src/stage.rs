@@ -309,7 +309,7 @@ fn publish(
             Ok(Existing::Unusable(why)) => why,
             Err(e) => return Err(io_err("checking existing entry", &target, e)),
         };
-        return replace_unusable(inner, stage, &target, &fan_dir, &why);
+        return replace_unusable(inner, stage, key, &target, &fan_dir, &why);
     }
     // The entry is visible and complete. Unlinking the stage name is
     // housekeeping: if it fails, the orphan sweep at next open finishes it.
@@ -332,6 +332,7 @@ fn publish(
 fn replace_unusable(
     inner: &Inner,
     mut stage: StageFile,
+    key: &Key,
     target: &Path,
     fan_dir: &Path,
     why: &str,
@@ -346,6 +347,9 @@ fn replace_unusable(
         .with_path(target)
     })?;
     stage.gone = true;
+    // A descriptor a read cached of the unusable file must not outlive its
+    // name (ADR-036).
+    inner.open_files.invalidate(std::slice::from_ref(key));
     if inner.options.fsync {
         make_durable(inner, fan_dir)?;
     }

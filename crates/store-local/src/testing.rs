@@ -21,6 +21,41 @@ impl LocalEngine {
         Ok(n)
     }
 
+    /// Descriptors the open-file cache holds now (ADR-036).
+    pub fn open_file_count(&self) -> usize {
+        self.inner.open_files.len()
+    }
+
+    /// Whether small reads of cached entries may run inline (Linux, local
+    /// media, an open-file cache, `RWF_NOWAIT` not refused so far).
+    pub fn inline_reads_on(&self) -> bool {
+        self.inner
+            .inline
+            .on
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many reads of a cached descriptor were served inline, and how
+    /// many went to the blocking pool because the inline read would have
+    /// waited (or was forced to, [`LocalEngine::force_inline_would_block`]).
+    pub fn inline_read_counts(&self) -> (u64, u64) {
+        let i = &self.inner.inline;
+        (
+            i.served.load(std::sync::atomic::Ordering::Relaxed),
+            i.fell_back.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Makes every inline read attempt behave as if `preadv2` had answered
+    /// `EAGAIN` (the bytes not in the page cache), to exercise the
+    /// fallback.
+    pub fn force_inline_would_block(&self, on: bool) {
+        self.inner
+            .inline
+            .force_would_block
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Removes the outboard kept beside `key`'s entry, as if the entry had
     /// been stored before outboards (ADR-032); fails if there was none.
     pub fn forget_outboard(&self, key: &Key) -> std::io::Result<()> {

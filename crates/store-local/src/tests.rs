@@ -399,6 +399,7 @@ async fn descriptor_reports_root_media_and_durability() {
         LocalOptions {
             shared_media: true,
             fsync: false,
+            ..LocalOptions::default()
         },
     )
     .await
@@ -953,4 +954,202 @@ async fn orphan_outboards_are_reaped_after_the_grace_period() {
     assert!(!orphan_path.exists());
     assert!(junk.exists(), "junk is never touched");
     assert_eq!(engine.read_outboard(&kept).await.unwrap(), Some(outboard));
+}
+
+/// Reads `range` of `key` through `read_range_sized` (the facade's path),
+/// with groups widened as the facade asks (whole up to 64 KiB).
+async fn read_sized(engine: &LocalEngine, key: &Key, range: std::ops::Range<u64>) -> Vec<u8> {
+    let req = store_types::RangeRequest::new(range, 64 * 1024);
+    let read = engine
+        .read_range_sized(key, &req)
+        .await
+        .unwrap()
+        .expect("entry present");
+    assert_eq!(read.span, req.span(read.size).unwrap());
+    let mut out = Vec::new();
+    let mut rd = read.reader.reader;
+    rd.read_to_end(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn cached_small_reads_run_inline_and_fall_back_when_they_would_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    assert!(
+        engine.inline_reads_on() || !cfg!(target_os = "linux"),
+        "a temporary directory is on local media"
+    );
+    let data = content(200 * 1024, 3);
+    let key = put(&engine, "a", &data).await;
+    // The first read opens the file on the blocking pool and caches it.
+    assert_eq!(
+        read_range(&engine, &key, Some((100, 4196))).await,
+        &data[100..4196]
+    );
+    assert_eq!(engine.open_file_count(), 1);
+    assert_eq!(engine.inline_read_counts(), (0, 0));
+    // Now: inline (the bytes were just read, so they are in the page cache).
+    assert_eq!(read_range(&engine, &key, Some((5, 9))).await, &data[5..9]);
+    assert_eq!(read_range(&engine, &key, None).await, data);
+    assert_eq!(
+        read_sized(&engine, &key, 70_000..70_010).await,
+        &data[65_536..81_920]
+    );
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    assert_eq!(engine.inline_read_counts(), (3, 0));
+    // Would block: the same descriptor is read on the blocking pool.
+    engine.force_inline_would_block(true);
+    assert_eq!(
+        read_range(&engine, &key, Some((7, 7000))).await,
+        &data[7..7000]
+    );
+    assert_eq!(read_range(&engine, &key, None).await, data);
+    assert_eq!(read_sized(&engine, &key, 0..10).await, &data[..16 * 1024]);
+    assert_eq!(engine.inline_read_counts(), (3, 3));
+    assert_eq!(engine.open_file_count(), 1);
+    engine.force_inline_would_block(false);
+    // A range past the end is refused inline as it is on the pool.
+    let err = engine
+        .read_range_sized(&key, &store_types::RangeRequest::new(0..300_000, 0))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidRange { size, .. } if size == data.len() as u64),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_delete_drops_cached_descriptors_in_every_engine_on_the_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let other = open(dir.path()).await;
+    let data = content(3000, 4);
+    let key = put(&engine, "a", &data).await;
+    for e in [&engine, &other] {
+        assert_eq!(read_range(e, &key, None).await, data);
+        assert_eq!(read_range(e, &key, Some((1, 2))).await, &data[1..2]);
+        assert_eq!(e.open_file_count(), 1);
+    }
+    let freed = engine
+        .delete_many(&key.namespace, &[key.digest])
+        .await
+        .unwrap();
+    assert_eq!(freed, vec![Some(3000)]);
+    for e in [&engine, &other] {
+        assert_eq!(e.open_file_count(), 0);
+        assert!(e.read(&key).await.unwrap().is_none());
+        assert!(e.read_range(&key, 0..1).await.unwrap().is_none());
+        let req = store_types::RangeRequest::new(0..1, 0);
+        assert!(e.read_range_sized(&key, &req).await.unwrap().is_none());
+    }
+}
+
+#[tokio::test]
+async fn a_read_that_opened_before_a_delete_does_not_cache_its_descriptor() {
+    // The race of cache.rs step by step: the epoch is loaded, the file
+    // opened, then a delete unlinks it and invalidates, then the read
+    // offers its descriptor.
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(100, 5);
+    let key = put(&engine, "a", &data).await;
+    let files = &engine.inner.open_files;
+    let seen = files.epoch();
+    let file = fs::File::open(engine.inner.content_path(&key)).unwrap();
+    engine
+        .delete_many(&key.namespace, &[key.digest])
+        .await
+        .unwrap();
+    drop(files.offer(&key, file, seen));
+    assert_eq!(engine.open_file_count(), 0);
+    assert!(engine.read(&key).await.unwrap().is_none());
+    // Control: without a delete in between, the offer is taken.
+    let key = put(&engine, "a", &data).await;
+    let seen = files.epoch();
+    let file = fs::File::open(engine.inner.content_path(&key)).unwrap();
+    drop(files.offer(&key, file, seen));
+    assert_eq!(engine.open_file_count(), 1);
+}
+
+#[tokio::test]
+async fn the_open_file_cache_keeps_at_most_its_bound_and_can_be_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = LocalOptions {
+        open_files: 4,
+        ..LocalOptions::default()
+    };
+    let engine = LocalEngine::open(dir.path(), small).await.unwrap();
+    let mut keys = Vec::new();
+    for i in 0..10u8 {
+        let data = content(1000 + i as usize, i);
+        keys.push((put(&engine, "a", &data).await, data));
+    }
+    for _ in 0..3 {
+        for (key, data) in &keys {
+            assert_eq!(&read_range(&engine, key, None).await, data);
+            assert!(engine.open_file_count() <= 4);
+        }
+    }
+    assert_eq!(engine.open_file_count(), 4);
+    for options in [
+        LocalOptions {
+            open_files: 0,
+            ..LocalOptions::default()
+        },
+        LocalOptions {
+            shared_media: true,
+            ..LocalOptions::default()
+        },
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        let off = LocalEngine::open(root.path(), options).await.unwrap();
+        let data = content(10, 1);
+        let key = put(&off, "a", &data).await;
+        for _ in 0..2 {
+            assert_eq!(read_range(&off, &key, None).await, data);
+        }
+        assert_eq!(off.open_file_count(), 0, "{options:?}");
+        assert!(!off.inline_reads_on(), "{options:?}");
+        assert_eq!(off.inline_read_counts(), (0, 0), "{options:?}");
+    }
+}
+
+#[tokio::test]
+async fn replacing_an_unusable_file_drops_its_cached_descriptor() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(5000, 6);
+    let key = Key::new(ns("a"), Digest::of(&data));
+    let path = content_path(dir.path(), &key);
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(&path, &data[..1000]).unwrap();
+    // A read of the truncated file caches its descriptor.
+    assert_eq!(read_range(&engine, &key, None).await, &data[..1000]);
+    assert_eq!(engine.open_file_count(), 1);
+    assert_eq!(
+        publish(&engine, &key, &data).await.unwrap(),
+        PublishOutcome::Inserted
+    );
+    assert_eq!(read_range(&engine, &key, None).await, data);
+}
+
+#[test]
+fn the_registry_takes_open_files_and_refuses_a_bad_value() {
+    use store_types::registry::{EngineUrl, Options};
+    let f = crate::REGISTRATION;
+    let url = EngineUrl::parse("file:///srv/large").unwrap();
+    assert!(f.accepts_param(&url, "open_files"));
+    assert!(!f.accepts_param(&url, "open_file"));
+    let ok = Options::default().param("open_files", "16");
+    f.check(&url, store_types::Tier::Large, &ok).unwrap();
+    let bad = Options::default().param("open_files", "many");
+    let err = f.check(&url, store_types::Tier::Large, &bad).unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ref m) if m.contains("open_files")),
+        "{err:?}"
+    );
 }

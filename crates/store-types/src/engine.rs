@@ -133,6 +133,65 @@ impl fmt::Debug for BlobReader {
     }
 }
 
+/// A verified range read as the facade asks for it in one engine call
+/// ([`Engine::read_range_sized`]): the bytes wanted, and how to widen them
+/// to what verification needs once the entry's size is known — the whole
+/// entry when it is at most [`RangeRequest::whole_max`] bytes, else the
+/// 16 KiB chunk groups covering the range
+/// ([`crate::outboard::covering_groups`], ADR-032).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeRequest {
+    /// The bytes the caller wants.
+    pub range: Range<u64>,
+    /// Entries of at most this many bytes are read whole (and verified
+    /// whole by the facade).
+    pub whole_max: u64,
+}
+
+impl RangeRequest {
+    /// A request for `range`, reading entries of at most `whole_max`
+    /// bytes whole.
+    pub fn new(range: Range<u64>, whole_max: u64) -> Self {
+        RangeRequest { range, whole_max }
+    }
+
+    /// Whether an entry of `size` bytes is read whole.
+    pub fn reads_whole(&self, size: u64) -> bool {
+        size <= self.whole_max
+    }
+
+    /// The bytes to read of an entry of `size` bytes: all of it when it is
+    /// read whole, else the chunk groups covering the range.
+    /// [`Error::InvalidRange`](crate::Error::InvalidRange) (naming `size`)
+    /// unless `start <= end <= size`.
+    pub fn span(&self, size: u64) -> crate::Result<Range<u64>> {
+        let r = &self.range;
+        if r.start > r.end || r.end > size {
+            return Err(crate::Error::InvalidRange {
+                start: r.start,
+                end: r.end,
+                size,
+            });
+        }
+        if self.reads_whole(size) {
+            return Ok(0..size);
+        }
+        Ok(crate::outboard::covering_groups(r, size))
+    }
+}
+
+/// What [`Engine::read_range_sized`] answers: the entry's size and a read
+/// of exactly [`RangeRequest::span`] of it.
+#[derive(Debug)]
+pub struct SizedRead {
+    /// The entry's size in bytes.
+    pub size: u64,
+    /// The bytes `reader` yields: `request.span(size)`.
+    pub span: Range<u64>,
+    /// The read of `span`.
+    pub reader: BlobReader,
+}
+
 /// Where an engine keeps its data, so the facade can tell whether two
 /// engines share one database instance (fleet validity, ADR-012 §4).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -254,6 +313,42 @@ pub trait Engine: Send + Sync + 'static {
 
     /// A streaming read of `range` (already validated against the size).
     async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>>;
+
+    /// The entry's size and a read of `request.span(size)`, in one call
+    /// (what the facade's verified [`range read`] needs, without a `meta`
+    /// first), or `None` if absent. Unlike [`Engine::read_range`], the
+    /// range is checked here: [`Error::InvalidRange`](crate::Error::InvalidRange)
+    /// (naming the size) when it is not within the entry.
+    ///
+    /// The default is [`Engine::meta`], then [`Engine::read`] for an entry
+    /// read whole or [`Engine::read_range`] of the span: two calls, which
+    /// an engine whose calls each cost a hand-off answers in one (`local`:
+    /// one blocking call, or none for a page-cached read, ADR-036). `None`
+    /// from the second call (deleted in between) is `None`.
+    ///
+    /// Cancel-safe: it only reads.
+    ///
+    /// [`range read`]: Engine::read_range
+    async fn read_range_sized(
+        &self,
+        key: &Key,
+        request: &RangeRequest,
+    ) -> Result<Option<SizedRead>> {
+        let Some(meta) = self.meta(key).await? else {
+            return Ok(None);
+        };
+        let span = request.span(meta.size)?;
+        let reader = if request.reads_whole(meta.size) {
+            self.read(key).await?
+        } else {
+            self.read_range(key, span.clone()).await?
+        };
+        Ok(reader.map(|reader| SizedRead {
+            size: meta.size,
+            span,
+            reader,
+        }))
+    }
 
     /// A streaming read of the whole entry **from its storage**, never from
     /// an in-memory copy the engine may keep (the SQLite engine's hot-entry

@@ -45,7 +45,7 @@ mod seam;
 pub use digest::{Digest, DIGEST_HEX_LEN};
 pub use engine::{
     BlobReader, Engine, EngineDescriptor, EntryMeta, Instance, KvEngine, LargeEngine,
-    PublishOutcome, Sharing, StagedWrite, Stat, Tier, Timestamp,
+    PublishOutcome, RangeRequest, Sharing, SizedRead, StagedWrite, Stat, Tier, Timestamp,
 };
 pub use error::{Error, ProtectReason, Result};
 pub use failure::{Context, ErrorKind, Failure, Report, Source};

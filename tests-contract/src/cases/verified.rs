@@ -250,3 +250,95 @@ pub async fn small_range_on_corrupt_entry_fails(spec: Spec) {
         }
     }
 }
+
+/// `Engine::read_range_sized` (ADR-036) on each engine of the composite:
+/// the engine holding the entry answers its size and a read of exactly
+/// `RangeRequest::span` — the whole entry up to `whole_max`, else the
+/// covering chunk groups — and the same `InvalidRange` the facade gives;
+/// an engine not holding it answers `None`. Twice each, so an engine that
+/// caches what it read (local's open files, sqlite's hot entries) answers
+/// the second time from its cache the same.
+pub async fn read_range_sized_answers_size_and_span(spec: Spec) {
+    use store_types::RangeRequest;
+    use tokio::io::AsyncReadExt;
+    let h = Harness::open(spec).await;
+    let g = GROUP_SIZE as u64;
+    let mut keys = Vec::new();
+    for (i, len) in [0usize, 1000, 3 * GROUP_SIZE + 100, 5 * GROUP_SIZE]
+        .into_iter()
+        .enumerate()
+    {
+        let data = content(700 + i as u64, len);
+        if let Some(k) = put_or_rejected(&h, &data).await {
+            keys.push((k, data));
+        }
+    }
+    let absent = Key::new(ns(), store_types::Digest::of(b"never stored"));
+    let engines: Vec<Arc<dyn Engine>> = std::iter::once(h.kv_engine())
+        .chain(h.large_engine())
+        .collect();
+    for engine in &engines {
+        let req = RangeRequest::new(0..0, WHOLE_VERIFY_MAX);
+        assert!(
+            engine
+                .read_range_sized(&absent, &req)
+                .await
+                .unwrap()
+                .is_none(),
+            "{}: absent key",
+            spec.name
+        );
+    }
+    for (key, data) in &keys {
+        let size = data.len() as u64;
+        let ranges = [
+            0..size,
+            size / 2..size,
+            size / 3..(size / 3 + 1).min(size),
+            (g + 5).min(size)..(2 * g + 7).min(size),
+        ];
+        for engine in &engines {
+            let holds = engine.meta(key).await.unwrap().is_some();
+            for whole_max in [WHOLE_VERIFY_MAX, 0] {
+                for range in ranges.clone() {
+                    let req = RangeRequest::new(range.clone(), whole_max);
+                    for round in 0..2 {
+                        let what = format!(
+                            "{}: {size} bytes, {range:?}, whole_max {whole_max}, round {round}",
+                            spec.name
+                        );
+                        let got = engine.read_range_sized(key, &req).await.unwrap();
+                        let Some(read) = got else {
+                            assert!(!holds, "{what}: None from the engine holding it");
+                            continue;
+                        };
+                        assert!(holds, "{what}: answered by an engine without it");
+                        let want = req.span(size).unwrap();
+                        assert_eq!(read.size, size, "{what}");
+                        assert_eq!(read.span, want, "{what}");
+                        assert_eq!(read.reader.len, want.end - want.start, "{what}");
+                        let mut buf = Vec::new();
+                        let mut rd = read.reader.reader;
+                        rd.read_to_end(&mut buf).await.unwrap();
+                        assert!(
+                            buf == data[want.start as usize..want.end as usize],
+                            "{what}: wrong bytes"
+                        );
+                    }
+                }
+                let bad = RangeRequest::new(size..size + 1, whole_max);
+                match engine.read_range_sized(key, &bad).await {
+                    Ok(None) if !holds => {}
+                    Err(Error::InvalidRange {
+                        start,
+                        end,
+                        size: s,
+                    }) if holds => {
+                        assert_eq!((start, end, s), (size, size + 1, size), "{}", spec.name);
+                    }
+                    other => panic!("{}: {size} bytes, range past the end: {other:?}", spec.name),
+                }
+            }
+        }
+    }
+}

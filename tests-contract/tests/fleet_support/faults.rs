@@ -196,6 +196,7 @@ pub async fn crash_between_pin_and_rename() {
             store_local::LocalOptions {
                 shared_media: true,
                 fsync: true,
+                ..store_local::LocalOptions::default()
             },
         )
         .await
@@ -259,6 +260,7 @@ pub async fn crash_between_stage_and_pin() {
         store_local::LocalOptions {
             shared_media: true,
             fsync: true,
+            ..store_local::LocalOptions::default()
         },
     )
     .await

@@ -94,6 +94,7 @@ pub async fn start_in_at(dir: tempfile::TempDir, opts: Opts, addr: std::net::Soc
         LocalOptions {
             shared_media: false,
             fsync: false,
+            ..LocalOptions::default()
         },
     )
     .await
