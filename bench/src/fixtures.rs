@@ -165,15 +165,24 @@ pub async fn local_store_uncached(dir: &Path, fsync: bool) -> BenchResult<Store>
     let options = store_registry::Options {
         fsync,
         ..store_registry::Options::default()
-    }
-    .param("open_files", "0");
-    open_store(
-        "mem://",
-        Some(&url("file", &dir.join("large"))),
-        &options,
-        Some(Mode::DualTier { threshold: 0 }),
-    )
-    .await
+    };
+    let registry = store_registry::Registry::default();
+    // The setting is the local engine's only (the mem kv tier takes none).
+    let large = registry
+        .open_large(
+            &url("file", &dir.join("large")),
+            &options.clone().param("open_files", "0"),
+        )
+        .await
+        .map_err(err)?
+        .ok_or_else(|| err("file:// opened no large engine"))?;
+    Store::builder()
+        .kv_shared(registry.open_kv("mem://", &options).await.map_err(err)?)
+        .large_shared(large)
+        .mode(Mode::DualTier { threshold: 0 })
+        .build()
+        .await
+        .map_err(err)
 }
 
 /// The local large engine on the same directory as [`local_store`]'s, opened
