@@ -221,21 +221,29 @@ pub async fn composite_store(dir: &Path) -> BenchResult<Store> {
 /// fsync — the like-for-like configuration the put rows against cacache and
 /// iroh-blobs (neither of which syncs before answering) are judged on.
 pub async fn composite_store_unsynced(dir: &Path) -> BenchResult<Store> {
-    let kv = SqliteEngine::open(
-        dir.join("kv.sqlite"),
-        SqliteOptions {
-            durability: Durability::Normal,
-            ..SqliteOptions::default()
-        },
-    )
-    .await
-    .map_err(err)?;
-    let options = store_registry::Options {
+    let kv = SqliteOptions {
+        durability: Durability::Normal,
+        ..SqliteOptions::default()
+    };
+    let large = store_registry::Options {
         fsync: false,
         ..store_registry::Options::default()
     };
+    sqlite_local_store(dir, kv, &large).await
+}
+
+/// The default composite's layout (SQLite at `dir/kv.sqlite`, local files
+/// at `dir/large`, default threshold) with these engine options.
+async fn sqlite_local_store(
+    dir: &Path,
+    kv: SqliteOptions,
+    large: &store_registry::Options,
+) -> BenchResult<Store> {
+    let kv = SqliteEngine::open(dir.join("kv.sqlite"), kv)
+        .await
+        .map_err(err)?;
     let large = store_registry::Registry::default()
-        .open_large(&url("file", &dir.join("large")), &options)
+        .open_large(&url("file", &dir.join("large")), large)
         .await
         .map_err(err)?
         .ok_or_else(|| err("file:// opened no large engine"))?;
@@ -251,29 +259,11 @@ pub async fn composite_store_unsynced(dir: &Path) -> BenchResult<Store> {
 /// (`cache_bytes: 0`, ADR-037): every small get reads the file on a reader
 /// connection — the cold path the "hot" rows are shown beside.
 pub async fn composite_store_uncached(dir: &Path) -> BenchResult<Store> {
-    let kv = SqliteEngine::open(
-        dir.join("kv.sqlite"),
-        SqliteOptions {
-            cache_bytes: 0,
-            ..SqliteOptions::default()
-        },
-    )
-    .await
-    .map_err(err)?;
-    let large = store_registry::Registry::default()
-        .open_large(
-            &url("file", &dir.join("large")),
-            &store_registry::Options::default(),
-        )
-        .await
-        .map_err(err)?
-        .ok_or_else(|| err("file:// opened no large engine"))?;
-    Store::builder()
-        .kv(kv)
-        .large_shared(large)
-        .build()
-        .await
-        .map_err(err)
+    let kv = SqliteOptions {
+        cache_bytes: 0,
+        ..SqliteOptions::default()
+    };
+    sqlite_local_store(dir, kv, &store_registry::Options::default()).await
 }
 
 /// A kv-only store over the PostgreSQL engine in `pg`'s schema.

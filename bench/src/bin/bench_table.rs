@@ -723,37 +723,23 @@ async fn composite_section(ctx: &mut Ctx) -> BenchResult<()> {
     let db = RawSqlite::open(&dir.join("raw.sqlite"), Durability::Full)?;
     let cc = Cacache::new(dir.join("cacache"));
     let iroh_root = dir.join("iroh-blobs");
+    let peer_stores = (&cc, iroh_root.as_path());
     for size in SIZES {
         let sz = size_name(size);
         let unit = Unit::Bytes(size as u64);
         let kv = size <= store_core::DEFAULT_THRESHOLD as usize;
-        let mut fig = local_put_op(store.clone(), size, &dir.join("large"));
-        let mut b3 = blake3_op(size);
-        let mut rw_sql = sqlite_put_op(&db, size);
-        let mut rw_fs = fs_put_op(&fs, size, true);
-        let raw: (String, &mut dyn Workload) = if kv {
-            ("sqlite INSERT, 1 tx each".into(), &mut rw_sql)
-        } else {
-            ("write+fsync+rename".into(), &mut rw_fs)
-        };
-        let mut peers = Peers::put(&cc, &iroh_root.join(format!("put-{size}")), size).await?;
-        let refs = Refs {
-            blake3: Some(&mut b3),
-            raw: Some(raw),
-            peers: Some(&mut peers),
-        };
-        row(
+        // SQLite `synchronous=FULL` and durable local files.
+        composite_put_row(
             ctx,
             engine,
-            &format!("put {sz}"),
-            unit,
-            &mut fig,
-            refs,
-            vec![Target::AheadOfPeer],
+            &store,
+            &dir,
+            (&fs, &db),
+            peer_stores,
+            size,
+            true,
         )
-        .await;
-        // SQLite `synchronous=FULL` and durable local files.
-        ctx.rows.last_mut().expect("row").durable_vs_peers = true;
+        .await?;
 
         let key = put_one(&store, size).await?;
         let mut fig = get_op(store.clone(), key, size);
@@ -841,34 +827,66 @@ async fn composite_unsynced_puts(ctx: &mut Ctx, dir: &Path) -> BenchResult<()> {
     let db = RawSqlite::open(&dir.join("raw.sqlite"), Durability::Normal)?;
     let cc = Cacache::new(dir.join("cacache"));
     let iroh_root = dir.join("iroh-blobs");
+    let peer_stores = (&cc, iroh_root.as_path());
     for size in SIZES {
-        let kv = size <= store_core::DEFAULT_THRESHOLD as usize;
-        let mut fig = local_put_op(store.clone(), size, &dir.join("large"));
-        let mut b3 = blake3_op(size);
-        let mut rw_sql = sqlite_put_op(&db, size);
-        let mut rw_fs = fs_put_op(&fs, size, false);
-        let raw: (String, &mut dyn Workload) = if kv {
-            ("sqlite NORMAL INSERT, 1 tx each".into(), &mut rw_sql)
-        } else {
-            ("write+rename".into(), &mut rw_fs)
-        };
-        let mut peers = Peers::put(&cc, &iroh_root.join(format!("put-{size}")), size).await?;
-        let refs = Refs {
-            blake3: Some(&mut b3),
-            raw: Some(raw),
-            peers: Some(&mut peers),
-        };
-        row(
+        composite_put_row(
             ctx,
             engine,
-            &format!("put {}", size_name(size)),
-            Unit::Bytes(size as u64),
-            &mut fig,
-            refs,
-            vec![Target::AheadOfPeer],
+            &store,
+            dir,
+            (&fs, &db),
+            peer_stores,
+            size,
+            false,
         )
-        .await;
+        .await?;
     }
+    Ok(())
+}
+
+/// One composite put row of `size` against BLAKE3, the raw reference of the
+/// tier it lands in (`db`'s INSERT up to the default threshold, `fs`'s
+/// write+rename above, with fsync when `durable`) and both peers; a
+/// `durable` row is labelled "durable vs not" against them.
+#[allow(clippy::too_many_arguments)]
+async fn composite_put_row(
+    ctx: &mut Ctx,
+    engine: &str,
+    store: &store_core::Store,
+    dir: &Path,
+    (fs, db): (&RawFs, &RawSqlite),
+    (cc, iroh_root): (&Cacache, &Path),
+    size: usize,
+    durable: bool,
+) -> BenchResult<()> {
+    let kv = size <= store_core::DEFAULT_THRESHOLD as usize;
+    let mut fig = local_put_op(store.clone(), size, &dir.join("large"));
+    let mut b3 = blake3_op(size);
+    let mut rw_sql = sqlite_put_op(db, size);
+    let mut rw_fs = fs_put_op(fs, size, durable);
+    let raw: (String, &mut dyn Workload) = match (kv, durable) {
+        (true, true) => ("sqlite INSERT, 1 tx each".into(), &mut rw_sql),
+        (true, false) => ("sqlite NORMAL INSERT, 1 tx each".into(), &mut rw_sql),
+        (false, true) => ("write+fsync+rename".into(), &mut rw_fs),
+        (false, false) => ("write+rename".into(), &mut rw_fs),
+    };
+    let mut peers = Peers::put(cc, &iroh_root.join(format!("put-{size}")), size).await?;
+    let refs = Refs {
+        blake3: Some(&mut b3),
+        raw: Some(raw),
+        peers: Some(&mut peers),
+    };
+    row(
+        ctx,
+        engine,
+        &format!("put {}", size_name(size)),
+        Unit::Bytes(size as u64),
+        &mut fig,
+        refs,
+        vec![Target::AheadOfPeer],
+    )
+    .await;
+    ctx.rows.last_mut().expect("row").durable_vs_peers = durable;
     Ok(())
 }
 
