@@ -257,6 +257,31 @@ async fn outboard_put_row(
     Ok(())
 }
 
+/// A verified 4 KiB range row (`fig`) against `open+pread` of the same
+/// offsets in the raw file at `path`.
+async fn range_vs_pread_row(
+    ctx: &mut Ctx,
+    engine: &str,
+    label: &str,
+    mut fig: impl Workload,
+    path: &Path,
+) {
+    let mut i = 0u64;
+    let mut rr = op(async |n: u64| {
+        for _ in 0..n {
+            let v = RawFs::read_range(path, range_offset(i), RANGE_LEN).expect("pread");
+            i += 1;
+            assert_eq!(v.len(), RANGE_LEN);
+        }
+    });
+    let refs = Refs {
+        raw: Some(("open+pread".into(), &mut rr)),
+        ..Refs::default()
+    };
+    let unit = Unit::Range(RANGE_LEN as u64);
+    row(ctx, engine, label, unit, &mut fig, refs, vec![]).await;
+}
+
 async fn mem_section(ctx: &mut Ctx) -> BenchResult<()> {
     eprintln!("== mem");
     let store = fixtures::mem_store().await?;
@@ -418,56 +443,15 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
         if fsync {
             let key = put_one(&store, RANGE_BLOB).await?;
             let path = fs.put(&unique_body(RANGE_BLOB), false).map_err(err)?;
-            let mut fig = range_op(store.clone(), key.clone());
-            let mut i = 0u64;
-            let mut rr = op(async |n: u64| {
-                for _ in 0..n {
-                    let v = RawFs::read_range(&path, range_offset(i), RANGE_LEN).expect("pread");
-                    i += 1;
-                    assert_eq!(v.len(), RANGE_LEN);
-                }
-            });
-            let refs = Refs {
-                raw: Some(("open+pread".into(), &mut rr)),
-                ..Refs::default()
-            };
-            row(
-                ctx,
-                engine,
-                "read_range 4 KiB of 64 MiB",
-                Unit::Range(RANGE_LEN as u64),
-                &mut fig,
-                refs,
-                vec![],
-            )
-            .await;
+            let fig = range_op(store.clone(), key.clone());
+            range_vs_pread_row(ctx, engine, "read_range 4 KiB of 64 MiB", fig, &path).await;
             // The same reads with the open-file cache off (ADR-036): one
             // blocking call each (open, fstat, pread) instead of none.
             let cold = fixtures::local_store_uncached(&dir.join("cold"), fsync).await?;
             let cold_key = put_one(&cold, RANGE_BLOB).await?;
-            let mut fig = range_op(cold.clone(), cold_key);
-            let mut i = 0u64;
-            let mut rr = op(async |n: u64| {
-                for _ in 0..n {
-                    let v = RawFs::read_range(&path, range_offset(i), RANGE_LEN).expect("pread");
-                    i += 1;
-                    assert_eq!(v.len(), RANGE_LEN);
-                }
-            });
-            let refs = Refs {
-                raw: Some(("open+pread".into(), &mut rr)),
-                ..Refs::default()
-            };
-            row(
-                ctx,
-                engine,
-                "read_range 4 KiB of 64 MiB (open-file cache off)",
-                Unit::Range(RANGE_LEN as u64),
-                &mut fig,
-                refs,
-                vec![],
-            )
-            .await;
+            let fig = range_op(cold.clone(), cold_key);
+            let label = "read_range 4 KiB of 64 MiB (open-file cache off)";
+            range_vs_pread_row(ctx, engine, label, fig, &path).await;
             let cold_key = put_one(&cold, KIB).await?;
             let mut fig = get_op(cold.clone(), cold_key, KIB);
             let mut rr = fs_get_op(&fs, KIB)?;
