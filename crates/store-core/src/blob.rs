@@ -157,6 +157,21 @@ impl Blob {
             whole,
             ..
         } = &mut self;
+        if let Some(v) = verify
+            .as_mut()
+            .filter(|v| !v.finished && v.seen == 0 && matches!(v.check, Check::Engine { .. }))
+        {
+            // Bytes the engine read and hashed in one go: await its digest
+            // (already sent) and hand its buffer on without a copy.
+            if let Some(bytes) = whole.take() {
+                v.seen = bytes.len() as u64;
+                let len = *len;
+                std::future::poll_fn(|cx| v.poll_engine_digest(cx, len))
+                    .await
+                    .map_err(Error::from)?;
+                return Ok(bytes);
+            }
+        }
         let hashed_here = verify
             .as_mut()
             .filter(|v| !v.finished && v.seen == 0 && matches!(v.check, Check::Here(_)));
@@ -441,6 +456,52 @@ mod tests {
             let err = verified(r, Digest::of(&data)).bytes().await.unwrap_err();
             assert!(matches!(err, Error::Verification { .. }), "{err:?}");
         }
+    }
+
+    /// Bytes an engine read and hashed in one go ([`BlobReader::hashed_bytes`])
+    /// are judged by the engine's digest, not hashed again, and returned
+    /// without a copy; a digest that is not the key's fails, and so does a
+    /// declared length the bytes do not have.
+    #[tokio::test]
+    async fn engine_hashed_bytes_are_taken_as_they_are() {
+        let data = Bytes::from_static(b"hashed by the engine");
+        let expected = Digest::of(&data);
+        // The engine's digest is `expected` while the bytes hash to
+        // something else: a pass shows no hashing happened here.
+        let other = Bytes::from_static(b"bytes the engine hashed");
+        let got = verified(BlobReader::hashed_bytes(other.clone(), expected), expected)
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(got.as_ptr(), other.as_ptr(), "no copy");
+        let err = verified(
+            BlobReader::hashed_bytes(data.clone(), expected),
+            Digest::of(b"key"),
+        )
+        .bytes()
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err,
+            Error::Verification {
+                expected: Digest::of(b"key"),
+                actual: expected
+            }
+        );
+        let r = BlobReader {
+            len: data.len() as u64 + 1,
+            ..BlobReader::hashed_bytes(data.clone(), expected)
+        };
+        let err = verified(r, expected).bytes().await.unwrap_err();
+        assert!(matches!(err, Error::Verification { .. }), "{err:?}");
+        // Streamed instead of taken whole, the same reader is checked at EOF.
+        let mut blob = verified(
+            BlobReader::hashed_bytes(data.clone(), expected),
+            Digest::of(b"key"),
+        );
+        let mut buf = Vec::new();
+        let err = Error::from(blob.read_to_end(&mut buf).await.unwrap_err());
+        assert!(matches!(err, Error::Verification { .. }), "{err:?}");
     }
 
     #[tokio::test]

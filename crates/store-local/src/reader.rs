@@ -7,10 +7,12 @@
 //!   of them is in the page cache and fails with `EAGAIN` rather than
 //!   wait for the disk. Linux only, and only on a root on local media
 //!   (see [`Inline`]).
-//! - **One blocking call** for a read of at most one chunk otherwise:
-//!   `pread` of the cached descriptor when the inline read would have
-//!   waited, else open, `fstat`, `pread` (the descriptor then goes into the
-//!   cache).
+//! - **One blocking call** for a read of at most one chunk otherwise, and
+//!   for a whole entry of at most [`WHOLE_READ_MAX`] (1 MiB; hashed in the
+//!   same call, so a verified get does not hash it again and takes the
+//!   buffer without a copy): `pread` of the cached descriptor when the
+//!   inline read would have waited (or hashes), else open, `fstat`,
+//!   `pread` (the descriptor then goes into the cache).
 //! - Otherwise an async read-ahead task feeding an [`AsyncRead`] adapter.
 //!   The task waits for the consumer in async code and reads in short
 //!   blocking calls (`spawn_blocking`) that each fill only the room
@@ -48,6 +50,14 @@ const READ_AHEAD_CHUNKS: usize = 3;
 /// up, the call returns at this bound rather than at a full channel.
 const MAX_CHUNKS_PER_CALL: usize = 16;
 
+/// Largest whole-entry read done in one blocking call — read, hashed and
+/// handed over as one buffer — rather than streamed: the chunks a streamed
+/// read may hold at once anyway (the channel's [`READ_AHEAD_CHUNKS`] and
+/// the consumer's current one), so a reader holds no more memory either
+/// way, and an entry of a few chunks costs one hand-off instead of one per
+/// read-ahead call plus the task's wake-ups.
+pub(crate) const WHOLE_READ_MAX: u64 = ((READ_AHEAD_CHUNKS + 1) * CHUNK_SIZE) as u64;
+
 /// What a read wants of an entry.
 #[derive(Clone, Debug)]
 pub(crate) enum Want {
@@ -79,6 +89,28 @@ impl Want {
             Want::Sized(req) => req.reads_whole(size),
         }
     }
+}
+
+/// Whether `span` of an entry of `size` bytes is read in one blocking call
+/// rather than streamed: at most one chunk, or a whole entry of at most
+/// [`WHOLE_READ_MAX`] bytes (hashed there too).
+fn read_at_once(want: &Want, size: u64, span: &Range<u64>) -> bool {
+    let len = span.end - span.start;
+    len <= CHUNK_SIZE as u64 || (len <= WHOLE_READ_MAX && want.whole(size))
+}
+
+/// Reads `span` of `file` for a read done at once ([`read_at_once`]): a
+/// span of more than one chunk is a whole entry, hashed here, on the
+/// blocking thread, so a verified read does not hash it again.
+fn read_span(file: &File, want: &Want, size: u64, span: &Range<u64>) -> io::Result<BlobReader> {
+    let len = (span.end - span.start) as usize;
+    if len <= CHUNK_SIZE {
+        return pread_exact(file, span.start, len).map(BlobReader::from_bytes);
+    }
+    debug_assert!(want.whole(size) && span.start == 0);
+    let bytes = pread_exact_uninit(file, span.start, len)?;
+    let digest = Digest::from(blake3::hash(&bytes));
+    Ok(BlobReader::hashed_bytes(bytes, digest))
 }
 
 /// What a read found: the entry's size, the span it reads, the reader.
@@ -137,7 +169,9 @@ impl Inline {
 /// A span of at most [`CHUNK_SIZE`] bytes is read at once: inline when
 /// the entry's descriptor is cached and its bytes are in the page cache,
 /// else in one blocking call (the cached descriptor's `pread`, or open,
-/// `fstat`, `pread`, caching the descriptor). A longer span is opened in
+/// `fstat`, `pread`, caching the descriptor). So is a whole entry of at
+/// most [`WHOLE_READ_MAX`] bytes, always in the blocking call, which
+/// hashes it too ([`read_at_once`]). A longer span is opened in
 /// one blocking call and streamed by a read-ahead task ([`read_ahead`]),
 /// in short blocking calls that never wait for the consumer, until the
 /// span is done or the reader is dropped. A streamed whole-entry read
@@ -156,9 +190,7 @@ pub(crate) async fn open_entry(inner: &Arc<Inner>, key: &Key, want: Want) -> Res
         return Ok(None);
     };
     let (file, size, span) = match opened {
-        Opened::Inline { size, span, bytes } => {
-            return Ok(Some((size, span, BlobReader::from_bytes(bytes))))
-        }
+        Opened::Inline { size, span, reader } => return Ok(Some((size, span, reader))),
         Opened::Streaming { file, size, span } => (file, size, span),
     };
     let len = span.end - span.start;
@@ -210,7 +242,7 @@ async fn cached_read(
     };
     let spanned = match size {
         Some(size) => match want.span(size) {
-            Ok(span) if span.end - span.start > CHUNK_SIZE as u64 => {
+            Ok(span) if !read_at_once(want, size, &span) => {
                 release(file);
                 return Ok(None);
             }
@@ -222,7 +254,12 @@ async fn cached_read(
         },
         None => None,
     };
-    if let Some((size, span)) = &spanned {
+    // Inline only for at most one chunk: a longer whole read is hashed,
+    // which is not for a runtime worker.
+    let inline_span = spanned
+        .as_ref()
+        .filter(|(_, span)| span.end - span.start <= CHUNK_SIZE as u64);
+    if let Some((size, span)) = inline_span {
         match read_nowait(
             inner,
             &file.file,
@@ -254,12 +291,12 @@ async fn cached_read(
                 .len(),
         };
         let span = want.span(size)?;
-        if span.end - span.start > CHUNK_SIZE as u64 {
+        if !read_at_once(&want, size, &span) {
             return Ok(None);
         }
-        let bytes = pread_exact(&file.file, span.start, (span.end - span.start) as usize)
+        let reader = read_span(&file.file, &want, size, &span)
             .map_err(|e| io_err("reading", &inner.content_path(&key), e))?;
-        Ok(Some((size, span, BlobReader::from_bytes(bytes))))
+        Ok(Some((size, span, reader)))
     })
     .await
 }
@@ -361,13 +398,13 @@ fn local_media(_root: &Path) -> bool {
 
 /// What the opening blocking call of a read found.
 enum Opened {
-    /// The span fits in one chunk and was read at once.
+    /// The span was read at once ([`read_at_once`]).
     Inline {
         size: u64,
         span: Range<u64>,
-        bytes: Bytes,
+        reader: BlobReader,
     },
-    /// The span (more than one chunk) is to be read from `file`'s current
+    /// The span (not read at once) is to be read from `file`'s current
     /// position.
     Streaming {
         file: File,
@@ -376,8 +413,8 @@ enum Opened {
     },
 }
 
-/// The blocking half of opening a read: open, `fstat`, and for a span of
-/// at most one chunk `pread` it (caching the descriptor, unless a delete
+/// The blocking half of opening a read: open, `fstat`, and for a span read
+/// at once ([`read_at_once`]) `pread` it (caching the descriptor, unless a delete
 /// ran meanwhile: the epoch is loaded before the open, see `cache.rs`);
 /// else position the file at the span's start. `None` when there is no
 /// such file.
@@ -387,14 +424,12 @@ fn open_blocking(inner: &Inner, key: &Key, path: &Path, want: &Want) -> Result<O
         return Ok(None);
     };
     let span = want.span(size)?;
-    let len = span.end - span.start;
-    if len <= CHUNK_SIZE as u64 {
-        let bytes =
-            pread_exact(&file, span.start, len as usize).map_err(|e| io_err("reading", path, e))?;
+    if read_at_once(want, size, &span) {
+        let reader = read_span(&file, want, size, &span).map_err(|e| io_err("reading", path, e))?;
         if inner.open_files.enabled() {
             drop(inner.open_files.offer(key, file, seen));
         }
-        return Ok(Some(Opened::Inline { size, span, bytes }));
+        return Ok(Some(Opened::Inline { size, span, reader }));
     }
     if span.start > 0 {
         file.seek(SeekFrom::Start(span.start))
@@ -554,6 +589,42 @@ fn check_range(range: &Range<u64>, size: u64) -> Result<()> {
 fn pread_exact(file: &File, offset: u64, n: usize) -> io::Result<Bytes> {
     let mut buf = vec![0u8; n];
     file.read_exact_at(&mut buf, offset).map_err(short_file)?;
+    Ok(Bytes::from(buf))
+}
+
+/// [`pread_exact`] into a buffer that is not zero-filled first (the
+/// kernel writes every byte the result holds).
+pub(crate) fn pread_exact_uninit(file: &File, offset: u64, n: usize) -> io::Result<Bytes> {
+    use std::os::fd::AsRawFd;
+    let mut buf = Vec::<u8>::with_capacity(n);
+    while buf.len() < n {
+        let done = buf.len();
+        let at = libc::off_t::try_from(offset + done as u64)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset out of range"))?;
+        // SAFETY: the destination is the `n - done` bytes of spare capacity
+        // of `buf`, which outlives the call; the kernel writes at most that
+        // many bytes there and reports how many.
+        let got = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buf.as_mut_ptr().add(done).cast(),
+                n - done,
+                at,
+            )
+        };
+        match got {
+            0 => return Err(short_file(io::ErrorKind::UnexpectedEof.into())),
+            g if g < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            // SAFETY: the kernel initialised `g` more bytes after `done`.
+            g => unsafe { buf.set_len(done + g as usize) },
+        }
+    }
     Ok(Bytes::from(buf))
 }
 

@@ -460,19 +460,31 @@ async fn read_with_digest(engine: &LocalEngine, key: &Key) -> (Vec<u8>, Option<D
     (out, digest)
 }
 
+/// Whole reads of more than one chunk carry the digest of the bytes they
+/// yield: up to 1 MiB read and hashed in one blocking call and held in
+/// memory, beyond that streamed by the read-ahead task, which hashes as it
+/// goes.
 #[tokio::test]
-async fn streamed_whole_reads_send_the_digest_of_the_bytes_read() {
+async fn whole_reads_of_more_than_a_chunk_send_the_digest_of_the_bytes_read() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path()).await;
     for len in [
         CHUNK_SIZE + 1,
         2 * CHUNK_SIZE,
         3 * CHUNK_SIZE + 12_345,
+        4 * CHUNK_SIZE,
+        4 * CHUNK_SIZE + 1,
         // More chunks than are ever in flight: buffers are recycled.
         9 * CHUNK_SIZE + 1,
     ] {
         let data = content(len, 3);
         let key = put(&engine, "a", &data).await;
+        let r = engine.read(&key).await.unwrap().unwrap();
+        let at_once = len as u64 <= crate::reader::WHOLE_READ_MAX;
+        assert_eq!(r.in_memory.is_some(), at_once, "len {len}");
+        if let Some(bytes) = &r.in_memory {
+            assert_eq!(bytes[..], data[..], "len {len}");
+        }
         let (got, digest) = read_with_digest(&engine, &key).await;
         assert_eq!(got, data, "len {len}");
         assert_eq!(digest, Some(Digest::of(&data)), "len {len}");
@@ -483,6 +495,9 @@ async fn streamed_whole_reads_send_the_digest_of_the_bytes_read() {
         assert_ne!(got, data);
         assert_eq!(digest, Some(Digest::of(&got)), "len {len}");
         assert_ne!(digest, Some(key.digest));
+        // The same after the descriptor was cached (the cached read path).
+        let (again, digest) = read_with_digest(&engine, &key).await;
+        assert_eq!((again, digest), (got.clone(), Some(Digest::of(&got))));
     }
     // A whole file of at most one chunk is read at once and hashed by the
     // facade; ranges are not verified, so carry no digest either.
@@ -1152,4 +1167,19 @@ fn the_registry_takes_open_files_and_refuses_a_bad_value() {
         matches!(err, Error::Config(ref m) if m.contains("open_files")),
         "{err:?}"
     );
+}
+
+#[test]
+fn a_whole_read_of_a_file_shorter_than_its_size_fails() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let data = content(3 * CHUNK_SIZE, 9);
+    fs::File::create(&path).unwrap().write_all(&data).unwrap();
+    let file = fs::File::open(&path).unwrap();
+    let got = crate::reader::pread_exact_uninit(&file, 5, data.len() - 5).unwrap();
+    assert_eq!(got[..], data[5..]);
+    let err = crate::reader::pread_exact_uninit(&file, 5, data.len()).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+    assert!(err.to_string().contains("shorter"), "{err}");
 }

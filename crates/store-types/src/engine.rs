@@ -122,6 +122,21 @@ impl BlobReader {
             in_memory: Some(bytes),
         }
     }
+
+    /// A reader over bytes in memory that the engine has already hashed:
+    /// `digest` must be the BLAKE3 digest of exactly `bytes` (the
+    /// [`BlobReader::yielded_digest`] contract). A verified read then does
+    /// not hash them again, and a whole read into memory takes `bytes`
+    /// without a copy.
+    pub fn hashed_bytes(bytes: Bytes, digest: Digest) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The receiver is alive: it is returned below.
+        let _ = tx.send(digest);
+        BlobReader {
+            yielded_digest: Some(rx),
+            ..BlobReader::from_bytes(bytes)
+        }
+    }
 }
 
 impl fmt::Debug for BlobReader {

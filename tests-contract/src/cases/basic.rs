@@ -359,9 +359,10 @@ pub async fn lying_lengths(spec: Spec) {
 /// Bytes corrupted after publish make `get` fail with Verification.
 pub async fn corruption_detected(spec: Spec) {
     let h = Harness::open(spec).await;
-    // 300 KiB: beyond one 256 KiB chunk, so engines that hash on their own
-    // read-ahead thread (local, object) take their streaming path.
-    for len in [0usize, 200, THRESHOLD as usize + 1000, 300 << 10] {
+    // 300 KiB: beyond one 256 KiB chunk, so an engine that hashes on its
+    // own thread does (local reads it whole and hashes it in one call); 2 MiB:
+    // beyond that too, so it streams and hashes on its read-ahead thread.
+    for len in [0usize, 200, THRESHOLD as usize + 1000, 300 << 10, 2 << 20] {
         let data = content(13, len);
         let Ok(r) = h.store.put(&ns(), &data[..], None, None).await else {
             continue;
@@ -373,6 +374,13 @@ pub async fn corruption_detected(spec: Spec) {
         assert!(
             matches!(err, Error::Verification { expected, .. } if expected == key.digest),
             "len {len}: {err:?}"
+        );
+        // Read as a stream instead of whole, the same entry fails at EOF.
+        let mut blob = h.store.get(&key).await.unwrap().expect("still present");
+        let err = Error::from(blob.read_to_end(&mut Vec::new()).await.unwrap_err());
+        assert!(
+            matches!(err, Error::Verification { expected, .. } if expected == key.digest),
+            "len {len}, streamed: {err:?}"
         );
     }
 }
