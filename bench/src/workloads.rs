@@ -66,6 +66,60 @@ fn put_fn(
     }
 }
 
+/// Puts of fresh `size`-byte bodies the caller already owns as `Bytes`
+/// (`Store::put_bytes`): at most [`OWNED_BATCH`] per timed batch, their
+/// bodies made (copied from a stamped payload) and the previous batch's
+/// entries deleted in the untimed reset. Making a body is the caller's
+/// cost, not the store's, so it is not timed.
+pub fn owned_put_op(store: Store, size: usize) -> impl Workload {
+    OwnedPut {
+        store,
+        payload: Payload::new(size),
+        bodies: Vec::new(),
+        written: Vec::new(),
+    }
+}
+
+/// Most puts of one [`owned_put_op`] batch (each body is prepared ahead).
+pub const OWNED_BATCH: u64 = 4;
+
+struct OwnedPut {
+    store: Store,
+    payload: Payload,
+    bodies: Vec<bytes::Bytes>,
+    written: Vec<Key>,
+}
+
+impl Workload for OwnedPut {
+    fn run(&mut self, n: u64) -> crate::measure::LocalFut<'_> {
+        Box::pin(async move {
+            let ns = ns();
+            for body in self.bodies.drain(..n as usize) {
+                let r = self.store.put_bytes(&ns, body, None).await.expect("put");
+                assert!(!r.deduplicated, "bench puts must be fresh");
+                self.written.push(r.key().clone());
+            }
+        })
+    }
+
+    fn reset(&mut self) -> crate::measure::LocalFut<'_> {
+        Box::pin(async move {
+            for k in self.written.drain(..) {
+                self.store.delete(&k).await.expect("delete");
+            }
+            self.bodies.clear();
+            for _ in 0..OWNED_BATCH {
+                let body = bytes::Bytes::copy_from_slice(self.payload.fresh());
+                self.bodies.push(body);
+            }
+        })
+    }
+
+    fn max_batch(&self) -> u64 {
+        OWNED_BATCH
+    }
+}
+
 /// Puts one fresh `size`-byte entry and returns its key.
 pub async fn put_one(store: &Store, size: usize) -> BenchResult<Key> {
     let body = unique_body(size);

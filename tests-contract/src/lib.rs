@@ -126,6 +126,7 @@ macro_rules! contract_suite {
             basic::read_ranges,
             basic::delete_semantics,
             basic::expected_digest,
+            basic::put_bytes_matches_put,
             basic::lying_lengths,
             basic::corruption_detected,
             basic::failing_reader_leaves_nothing,

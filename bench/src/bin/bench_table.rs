@@ -321,6 +321,24 @@ async fn mem_section(ctx: &mut Ctx) -> BenchResult<()> {
         )
         .await;
     }
+    // A body the caller already owns (`put_bytes`, ADR-042): no copy into
+    // fresh memory, hashed on every core.
+    let mut fig = owned_put_op(store.clone(), RANGE_BLOB);
+    let mut b3 = blake3_op(RANGE_BLOB);
+    let refs = Refs {
+        blake3: Some(&mut b3),
+        ..Refs::default()
+    };
+    row(
+        ctx,
+        "mem",
+        "put 64 MiB (owned `Bytes`, `put_bytes`)",
+        Unit::Bytes(RANGE_BLOB as u64),
+        &mut fig,
+        refs,
+        vec![],
+    )
+    .await;
     // Outboard overhead (ADR-032): digest + outboard in one pass against a
     // plain single-threaded BLAKE3 hash of the same 64 MiB.
     let mut fig = outboard_op(RANGE_BLOB);

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 /// through the outboard builder). Below it the pool's hand-off costs what
 /// it saves: measured on 2 cores, 1 MiB hashes at 4.4–5.3 GiB/s on the pool
 /// against 5.0–5.8 single-threaded, 4 MiB at 7.5–7.8 (ADR-035).
-const PARALLEL_HASH_MIN: u64 = 4 << 20;
+pub(crate) const PARALLEL_HASH_MIN: u64 = 4 << 20;
 
 /// The BLAKE3 digest of `bytes`, on several cores when they are large
 /// enough ([`PARALLEL_HASH_MIN`]: the outboard builder's parallel groups;

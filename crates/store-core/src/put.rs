@@ -215,7 +215,7 @@ impl Store {
         if let Some(n) = len.filter(|&n| (OVERLAP_MIN..=PREALLOCATE_MAX as u64).contains(&n)) {
             // Large enough to hash on other cores while the rest is read.
             let (buf, digest) = fill_hashing(&mut body, n as usize).await?;
-            return self.put_kv(ns, buf, digest, expect).await;
+            return self.put_kv(ns, buf.freeze(), digest, expect).await;
         }
         let mut buf = BytesMut::with_capacity(initial);
         let eof = fill(&mut body, &mut buf, cap).await?;
@@ -235,14 +235,62 @@ impl Store {
             return self.put_large(ns, &mut body, buf, len, expect).await;
         }
         let digest = crate::blob::digest_of(&buf);
-        self.put_kv(ns, buf, digest, expect).await
+        self.put_kv(ns, buf.freeze(), digest, expect).await
+    }
+
+    /// Stores `bytes`, a body already in memory, in `ns`: [`Store::put`]
+    /// without the read, and with the same errors, pins and cancel-safety.
+    ///
+    /// On the kv tier the entry is `bytes` itself — no copy (the mem engine
+    /// keeps this very buffer; a database engine writes it from there) —
+    /// and a body of 4 MiB or more is hashed on every core, on rayon's
+    /// pool, while the calling task awaits it without holding a runtime
+    /// worker. A body for the large tier is streamed into the engine's
+    /// stage as `put` streams a reader (its bytes are written elsewhere
+    /// anyway). A body too large for a store without a large tier fails
+    /// with [`Error::TooLarge`] before anything is hashed.
+    ///
+    /// An engine that keeps the buffer (mem) keeps all of it: a `Bytes`
+    /// sliced from a much larger allocation holds that allocation for as
+    /// long as the entry lives — pass `Bytes::copy_from_slice(..)` then.
+    pub async fn put_bytes(
+        &self,
+        ns: &Namespace,
+        bytes: Bytes,
+        expect: Option<Digest>,
+    ) -> Result<PutReceipt> {
+        let len = bytes.len() as u64;
+        let limit = match self.inner.mode {
+            Mode::MemOnly => u64::MAX,
+            Mode::KvOnly { threshold } | Mode::DualTier { threshold } => threshold,
+        };
+        if len > limit {
+            if !matches!(self.inner.mode, Mode::DualTier { .. }) {
+                return Err(Error::TooLarge { limit, got: len });
+            }
+            return self
+                .put_large(ns, &mut &bytes[..], BytesMut::new(), Some(len), expect)
+                .await;
+        }
+        let (bytes, digest) = if len >= crate::blob::PARALLEL_HASH_MIN {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            rayon::spawn(move || {
+                let digest = crate::blob::digest_of(&bytes);
+                let _ = tx.send((bytes, digest));
+            });
+            rx.await.map_err(|_| hashing_lost())?
+        } else {
+            let digest = Digest::of(&bytes);
+            (bytes, digest)
+        };
+        self.put_kv(ns, bytes, digest, expect).await
     }
 
     /// The kv half of a put: `buf` is the whole body, `digest` its hash.
     async fn put_kv(
         &self,
         ns: &Namespace,
-        buf: BytesMut,
+        buf: Bytes,
         digest: Digest,
         expect: Option<Digest>,
     ) -> Result<PutReceipt> {
@@ -252,8 +300,8 @@ impl Store {
         let pin = self.inner.gc.pins().pin(key.clone()).await;
         let outcome = match self.pin_intent() {
             // Fleet: entry and pin row in one transaction on the GC host.
-            Some((intent, fleet)) => fleet.pins.put_pinned(&key, buf.freeze(), &intent).await?,
-            None => self.inner.kv.put(&key, buf.freeze()).await?,
+            Some((intent, fleet)) => fleet.pins.put_pinned(&key, buf, &intent).await?,
+            None => self.inner.kv.put(&key, buf).await?,
         };
         Ok(PutReceipt {
             digest,

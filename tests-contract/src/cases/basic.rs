@@ -330,6 +330,61 @@ pub async fn expected_digest(spec: Spec) {
     }
 }
 
+/// `put_bytes` stores what `put` stores, in the same tier, under the same
+/// key: small, at the threshold, above it, and large enough to be hashed on
+/// the pool; a second put deduplicates; a wrong expected digest fails and
+/// stores nothing; a body too large for the mode is refused.
+pub async fn put_bytes_matches_put(spec: Spec) {
+    let h = Harness::open(spec).await;
+    for len in [
+        0usize,
+        100,
+        THRESHOLD as usize,
+        THRESHOLD as usize + 1,
+        5 << 20,
+    ] {
+        let data = bytes::Bytes::from(content(16, len));
+        let wrong = Digest::of(b"something else");
+        let res = h.store.put_bytes(&ns(), data.clone(), Some(wrong)).await;
+        let Some(tier) = expected_tier(&h, len as u64) else {
+            assert!(
+                matches!(res, Err(Error::TooLarge { got, .. }) if got == len as u64),
+                "len {len}: {res:?}"
+            );
+            continue;
+        };
+        assert!(
+            matches!(res, Err(Error::Verification { expected, actual }) if expected == wrong && actual == Digest::of(&data)),
+            "len {len}: {res:?}"
+        );
+        let key = Key::new(ns(), Digest::of(&data));
+        assert_absent(&h, &key).await;
+        let r = h
+            .store
+            .put_bytes(&ns(), data.clone(), Some(key.digest))
+            .await
+            .unwrap();
+        assert_eq!((r.digest, r.size, r.tier), (key.digest, len as u64, tier));
+        assert!(!r.deduplicated, "len {len}");
+        let blob = h.store.get(&key).await.unwrap().expect("stored");
+        let got = blob.bytes().await.unwrap();
+        assert_eq!((r.tier, &got), (tier, &data), "len {len}");
+        if h.spec.mem_only && len > 0 {
+            // The mem engine keeps the caller's very buffer: no copy in,
+            // none out.
+            assert_eq!(got.as_ptr(), data.as_ptr(), "len {len}");
+        }
+        // The same body through `put` finds it, and `put_bytes` again too.
+        let again = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+        assert!(
+            again.deduplicated && again.digest == key.digest,
+            "len {len}"
+        );
+        let again = h.store.put_bytes(&ns(), data, None).await.unwrap();
+        assert!(again.deduplicated && again.tier == tier, "len {len}");
+    }
+}
+
 /// A declared length that disagrees with the body fails and publishes
 /// nothing, whether the body is shorter or longer, small or large.
 pub async fn lying_lengths(spec: Spec) {
