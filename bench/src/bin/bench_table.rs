@@ -282,81 +282,39 @@ async fn range_vs_pread_row(
     row(ctx, engine, label, unit, &mut fig, refs, vec![]).await;
 }
 
+/// A mem row of `size`-byte operations against single-thread BLAKE3 of
+/// the same bytes.
+async fn mem_blake3_row(ctx: &mut Ctx, label: &str, size: usize, fig: &mut dyn Workload) {
+    let mut b3 = blake3_op(size);
+    let refs = Refs {
+        blake3: Some(&mut b3),
+        ..Refs::default()
+    };
+    let unit = Unit::Bytes(size as u64);
+    row(ctx, "mem", label, unit, fig, refs, vec![]).await;
+}
+
 async fn mem_section(ctx: &mut Ctx) -> BenchResult<()> {
     eprintln!("== mem");
     let store = fixtures::mem_store().await?;
     for size in SIZES {
         let sz = size_name(size);
         let mut fig = churn_put_op(store.clone(), size);
-        let mut b3 = blake3_op(size);
-        let refs = Refs {
-            blake3: Some(&mut b3),
-            ..Refs::default()
-        };
-        row(
-            ctx,
-            "mem",
-            &format!("put {sz}"),
-            Unit::Bytes(size as u64),
-            &mut fig,
-            refs,
-            vec![],
-        )
-        .await;
+        mem_blake3_row(ctx, &format!("put {sz}"), size, &mut fig).await;
         let key = put_one(&store, size).await?;
         let mut fig = get_op(store.clone(), key, size);
-        let mut b3 = blake3_op(size);
-        let refs = Refs {
-            blake3: Some(&mut b3),
-            ..Refs::default()
-        };
-        row(
-            ctx,
-            "mem",
-            &format!("get {sz}"),
-            Unit::Bytes(size as u64),
-            &mut fig,
-            refs,
-            vec![],
-        )
-        .await;
+        mem_blake3_row(ctx, &format!("get {sz}"), size, &mut fig).await;
     }
     // A body the caller already owns (`put_bytes`, ADR-042): no copy into
     // fresh memory, hashed on every core.
     let mut fig = owned_put_op(store.clone(), RANGE_BLOB);
-    let mut b3 = blake3_op(RANGE_BLOB);
-    let refs = Refs {
-        blake3: Some(&mut b3),
-        ..Refs::default()
-    };
-    row(
-        ctx,
-        "mem",
-        "put 64 MiB (owned `Bytes`, `put_bytes`)",
-        Unit::Bytes(RANGE_BLOB as u64),
-        &mut fig,
-        refs,
-        vec![],
-    )
-    .await;
+    let label = "put 64 MiB (owned `Bytes`, `put_bytes`)";
+    mem_blake3_row(ctx, label, RANGE_BLOB, &mut fig).await;
     // Outboard overhead (ADR-032): digest + outboard in one pass against a
     // plain single-threaded BLAKE3 hash of the same 64 MiB.
     let mut fig = outboard_op(RANGE_BLOB);
-    let mut b3 = blake3_op(RANGE_BLOB);
-    let refs = Refs {
-        blake3: Some(&mut b3),
-        ..Refs::default()
-    };
-    row(
-        ctx,
-        "mem",
-        "digest + outboard 64 MiB (put's hashing)",
-        Unit::Bytes(RANGE_BLOB as u64),
-        &mut fig,
-        refs,
-        vec![],
-    )
-    .await;
+    let label = "digest + outboard 64 MiB (put's hashing)";
+    mem_blake3_row(ctx, label, RANGE_BLOB, &mut fig).await;
     // The outboard's cost on the whole put path (ADR-032): a large-tier
     // put of 64 MiB that builds and publishes the outboard, against the
     // same put with `outboards_at_put(false)` (plain BLAKE3, no outboard).
