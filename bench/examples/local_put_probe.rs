@@ -16,7 +16,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let puts: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(5000);
     let kib: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1024);
     let dir = tempfile::tempdir()?;
-    let store = local_store(dir.path(), false).await.map_err(|e| e.to_string())?;
+    let store = local_store(dir.path(), false)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut p = Payload::new(kib << 10);
     let ns = ns();
     let mut keys = Vec::new();
