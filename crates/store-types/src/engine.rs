@@ -107,7 +107,10 @@ pub struct BlobReader {
     /// of reading `reader` (a whole verified `Blob::bytes` then hashes them
     /// in place). `None` for streamed reads, and it must be `None` for any
     /// reader that wraps another one to observe or change its bytes (a
-    /// layer's hook would otherwise be bypassed).
+    /// layer's hook would otherwise be bypassed). With a
+    /// [`BlobReader::yielded_digest`] as well, the digest must arrive
+    /// without `reader` being polled (as [`BlobReader::hashed_bytes`] sends
+    /// it up front): a facade that takes these bytes awaits it directly.
     pub in_memory: Option<Bytes>,
 }
 
