@@ -185,12 +185,7 @@ impl Store {
     where
         R: AsyncRead + Unpin + Send,
     {
-        let mode = self.inner.mode;
-        let (limit, spill) = match mode {
-            Mode::MemOnly => (u64::MAX, false),
-            Mode::KvOnly { threshold } => (threshold, false),
-            Mode::DualTier { threshold } => (threshold, true),
-        };
+        let (limit, spill) = self.kv_limit();
         if let Some(n) = len {
             if n > limit {
                 if !spill {
@@ -260,12 +255,9 @@ impl Store {
         expect: Option<Digest>,
     ) -> Result<PutReceipt> {
         let len = bytes.len() as u64;
-        let limit = match self.inner.mode {
-            Mode::MemOnly => u64::MAX,
-            Mode::KvOnly { threshold } | Mode::DualTier { threshold } => threshold,
-        };
+        let (limit, spill) = self.kv_limit();
         if len > limit {
-            if !matches!(self.inner.mode, Mode::DualTier { .. }) {
+            if !spill {
                 return Err(Error::TooLarge { limit, got: len });
             }
             return self
@@ -284,6 +276,16 @@ impl Store {
             (bytes, digest)
         };
         self.put_kv(ns, bytes, digest, expect).await
+    }
+
+    /// The most bytes the kv tier takes in this mode, and whether a larger
+    /// body spills to the large tier (dual-tier) rather than failing.
+    fn kv_limit(&self) -> (u64, bool) {
+        match self.inner.mode {
+            Mode::MemOnly => (u64::MAX, false),
+            Mode::KvOnly { threshold } => (threshold, false),
+            Mode::DualTier { threshold } => (threshold, true),
+        }
     }
 
     /// The kv half of a put: `buf` is the whole body, `digest` its hash.

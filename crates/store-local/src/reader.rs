@@ -27,7 +27,6 @@
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::mpsc as std_mpsc;
@@ -104,11 +103,11 @@ fn read_at_once(want: &Want, size: u64, span: &Range<u64>) -> bool {
 /// blocking thread, so a verified read does not hash it again.
 fn read_span(file: &File, want: &Want, size: u64, span: &Range<u64>) -> io::Result<BlobReader> {
     let len = (span.end - span.start) as usize;
+    let bytes = pread_exact(file, span.start, len)?;
     if len <= CHUNK_SIZE {
-        return pread_exact(file, span.start, len).map(BlobReader::from_bytes);
+        return Ok(BlobReader::from_bytes(bytes));
     }
     debug_assert!(want.whole(size) && span.start == 0);
-    let bytes = pread_exact_uninit(file, span.start, len)?;
     let digest = Digest::from(blake3::hash(&bytes));
     Ok(BlobReader::hashed_bytes(bytes, digest))
 }
@@ -584,17 +583,10 @@ fn check_range(range: &Range<u64>, size: u64) -> Result<()> {
     Ok(())
 }
 
-/// Reads exactly `n` bytes at `offset` (`pread`, no seek); a file that
-/// ends early is an error.
-fn pread_exact(file: &File, offset: u64, n: usize) -> io::Result<Bytes> {
-    let mut buf = vec![0u8; n];
-    file.read_exact_at(&mut buf, offset).map_err(short_file)?;
-    Ok(Bytes::from(buf))
-}
-
-/// [`pread_exact`] into a buffer that is not zero-filled first (the
-/// kernel writes every byte the result holds).
-pub(crate) fn pread_exact_uninit(file: &File, offset: u64, n: usize) -> io::Result<Bytes> {
+/// Reads exactly `n` bytes at `offset` (`pread`, no seek) into a buffer
+/// that is not zero-filled first (the kernel writes every byte the result
+/// holds); a file that ends early is an error.
+pub(crate) fn pread_exact(file: &File, offset: u64, n: usize) -> io::Result<Bytes> {
     use std::os::fd::AsRawFd;
     let mut buf = Vec::<u8>::with_capacity(n);
     while buf.len() < n {

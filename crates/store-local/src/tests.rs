@@ -1177,9 +1177,9 @@ fn a_whole_read_of_a_file_shorter_than_its_size_fails() {
     let data = content(3 * CHUNK_SIZE, 9);
     fs::File::create(&path).unwrap().write_all(&data).unwrap();
     let file = fs::File::open(&path).unwrap();
-    let got = crate::reader::pread_exact_uninit(&file, 5, data.len() - 5).unwrap();
+    let got = crate::reader::pread_exact(&file, 5, data.len() - 5).unwrap();
     assert_eq!(got[..], data[5..]);
-    let err = crate::reader::pread_exact_uninit(&file, 5, data.len()).unwrap_err();
+    let err = crate::reader::pread_exact(&file, 5, data.len()).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     assert!(err.to_string().contains("shorter"), "{err}");
 }
