@@ -735,7 +735,7 @@ impl Ops {
                 Some(&hex),
             )
             .await?;
-        uploads.remove(&session).await?;
+        uploads.remove(&session, &guard).await?;
         drop(guard);
         Ok(out)
     }
@@ -749,8 +749,8 @@ impl Ops {
         id: &str,
     ) -> Result<(), OpsError> {
         let (uploads, session) = self.upload_session(identity, namespace, id)?;
-        let _guard = uploads.claim(&session)?;
-        uploads.remove(&session).await
+        let guard = uploads.claim(&session)?;
+        uploads.remove(&session, &guard).await
     }
 
     /// Open upload sessions (0 when uploads are not enabled).

@@ -657,14 +657,24 @@ impl Uploads {
         Ok(f.take(session.offset()))
     }
 
-    /// Ends the session and removes its files (finish, abort, reaping).
-    /// The caller holds its guard.
-    pub(crate) async fn remove(self: &Arc<Self>, session: &Arc<Session>) -> Result<(), OpsError> {
-        session.gone.store(true, Ordering::SeqCst);
-        lock(&self.sessions).remove(&session.id);
-        let (this, id) = (self.clone(), session.id.clone());
+    /// Ends the session and removes its files (finish, abort, reaping) in
+    /// one call on the blocking pool that holds the caller's claim `guard`
+    /// to its end: the files go first, then the session stops answering
+    /// (every lookup is `missing` from then on, never while a file is left)
+    /// and leaves the table, and only then can a request waiting for the
+    /// session claim it — and find it gone. Cancel-safe: once started, the
+    /// removal runs to its end even if this future is dropped.
+    pub(crate) async fn remove(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        guard: &SessionGuard,
+    ) -> Result<(), OpsError> {
+        let (this, session, guard) = (self.clone(), session.clone(), guard.clone());
         blocking(move || {
-            this.remove_files(&id);
+            this.remove_files(&session.id);
+            session.gone.store(true, Ordering::SeqCst);
+            lock(&this.sessions).remove(&session.id);
+            drop(guard);
             Ok(())
         })
         .await
@@ -681,10 +691,10 @@ impl Uploads {
             .collect();
         let mut n = 0;
         for s in expired {
-            let Ok(_guard) = s.io.clone().try_lock_owned() else {
+            let Ok(guard) = s.io.clone().try_lock_owned() else {
                 continue;
             };
-            if self.remove(&s).await.is_ok() {
+            if self.remove(&s, &Arc::new(guard)).await.is_ok() {
                 n += 1;
                 tracing::info!(session = %s.id, "reaped an idle upload session");
             }
