@@ -598,7 +598,8 @@ async fn outboards_are_shared_by_the_fleet() {
             env.node("a", &ns_named(NS)).await,
             env.node("b", &ns_named(NS)).await,
         );
-        let data = content(300, 20 * 16_384 + 5);
+        // Over 1 MiB, so that an outboard is kept (ADR-043).
+        let data = content(300, 70 * 16_384 + 5);
         let key = a
             .put(&ns_named(NS), &data[..], None, None)
             .await

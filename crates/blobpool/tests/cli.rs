@@ -402,10 +402,11 @@ async fn server_mode_get_is_a_verified_stream() {
     .await
     .unwrap();
 
-    // An entry without a kept outboard (stored before outboards), corrupt
-    // before the server ever computed one: refused before the stream
-    // starts (its outboard needs a verified whole read), nothing on stdout.
-    let other = bytes_of(5 * G, 62);
+    // An entry without a kept outboard (stored before outboards; over
+    // 1 MiB, so that it had one to forget, ADR-043), corrupt before the
+    // server ever computed one: refused before the stream starts (its
+    // outboard needs a verified whole read), nothing on stdout.
+    let other = bytes_of(70 * G, 62);
     let (_t, od) = s.put_ok("rot", other).await;
     let okey = store_types::Key::parse("rot", &od).unwrap();
     s.large
@@ -1457,7 +1458,9 @@ async fn a_large_put_falls_back_to_a_plain_put_without_upload_sessions() {
 #[tokio::test(flavor = "multi_thread")]
 async fn get_range_is_verified_directly_and_over_a_server() {
     const G: u64 = 16 * 1024;
-    let data = bytes_of(20 * G + 99, 64);
+    // Over 1 MiB, so that the entry keeps its outboard (ADR-043) and a
+    // range away from the flip is served by a fresh server.
+    let data = bytes_of(70 * G + 99, 64);
     // Directly, on the default store in the working directory.
     let work = tempfile::tempdir().unwrap();
     let d = work.path().to_path_buf();
@@ -1496,7 +1499,7 @@ async fn get_range_is_verified_directly_and_over_a_server() {
         assert!(o.stdout.is_empty(), "no byte of a corrupt group");
         fails_with(o, "verification");
         fails_with(
-            run(&mut args(&format!("{}-{}", 30 * G, 31 * G))),
+            run(&mut args(&format!("{}-{}", 80 * G, 81 * G))),
             "invalid_range",
         );
     })

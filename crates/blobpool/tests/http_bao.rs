@@ -286,10 +286,11 @@ async fn a_corrupt_entry_never_decodes_to_wrong_bytes() {
         &data[..100_000]
     );
 
-    // An entry without a kept outboard (stored before outboards), corrupt
-    // before one was ever computed: the whole read that computes it
-    // fails, so any stream is refused up front.
-    let other = bytes_of(5 * G, 7);
+    // An entry without a kept outboard (stored before outboards; over
+    // 1 MiB, so that it had one to forget, ADR-043), corrupt before one
+    // was ever computed: the whole read that computes it fails, so any
+    // stream is refused up front.
+    let other = bytes_of(70 * G, 7);
     let (_t, od) = s.put_ok("rot", other).await;
     let okey = store_types::Key::parse("rot", &od).unwrap();
     s.large

@@ -42,7 +42,7 @@ pub use inspect::{
 pub use put::PutReceipt;
 pub use refs::{GcPolicy, Refs};
 pub use store::{Liveness, Store};
-pub use verified::{DEFAULT_OUTBOARD_CACHE_BYTES, WHOLE_VERIFY_MAX};
+pub use verified::{DEFAULT_OUTBOARD_CACHE_BYTES, OUTBOARD_KEPT_ABOVE, WHOLE_VERIFY_MAX};
 
 pub use store_gc::{
     Clock, GcAbortCause, LivenessSource, ManualClock, NamespaceCounts, Pin, ProtectCallback,

@@ -353,11 +353,11 @@ impl Store {
                     return Err(e);
                 }
                 // The outboard is published with the entry (ADR-032) —
-                // unless the entry is small enough to be verified whole on
-                // every range read, which never needs it (and saves the
-                // engine an outboard file, object or column per put).
+                // unless the entry is at most 1 MiB: a range read computes
+                // that from one whole read when it needs it (ADR-043), and
+                // the engine saves an outboard file, object or row per put.
                 if let Some(outboard) =
-                    outboard.filter(|_| size > crate::verified::WHOLE_VERIFY_MAX)
+                    outboard.filter(|_| size > crate::verified::OUTBOARD_KEPT_ABOVE)
                 {
                     if let Err(e) = stage.set_outboard(outboard).await {
                         let _ = stage.abort().await;

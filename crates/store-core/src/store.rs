@@ -158,10 +158,11 @@ impl Store {
     /// range is not within the entry.
     ///
     /// Entries up to 64 KiB are verified whole and sliced. Larger ones are
-    /// verified 16 KiB chunk group by group against their outboard (the
-    /// engine's, checked against the digest and cached; computed from one
-    /// verified whole read for an entry that has none, and handed to the
-    /// engine to keep). A corrupt group the range touches fails the read
+    /// verified 16 KiB chunk group by group against their outboard, checked
+    /// against the digest and cached: the engine's for entries over 1 MiB
+    /// (computed from one verified whole read for an entry that has none,
+    /// and handed to the engine to keep); computed from one verified whole
+    /// read, and only cached, up to 1 MiB (ADR-043). A corrupt group the range touches fails the read
     /// with [`Error::Verification`] (inside the `io::Error` of the read that
     /// reached it) before any of its bytes are yielded; corruption outside
     /// the covering groups is not read and does not fail it.

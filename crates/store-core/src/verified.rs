@@ -13,6 +13,9 @@
 //!   outboards, or on an engine that keeps none) gets it computed from one
 //!   verified whole read, handed to the engine to keep
 //!   ([`Engine::store_outboard`]) and cached.
+//! - Entries of at most [`OUTBOARD_KEPT_ABOVE`] bytes keep no outboard
+//!   (ADR-043): theirs is computed from one verified whole read when it is
+//!   not cached, and only cached.
 
 use std::io;
 use std::pin::Pin;
@@ -30,6 +33,15 @@ use crate::blob::Blob;
 
 /// Entries up to this size are range-read by verifying the whole entry.
 pub const WHOLE_VERIFY_MAX: u64 = 64 * 1024;
+
+/// Large-tier entries larger than this keep their outboard with them: a put
+/// publishes it with the entry, and a range read loads it. Up to this size
+/// none is kept (ADR-043): a range read that finds no validated outboard in
+/// the cache computes it from one verified whole read (at most 1 MiB, one
+/// blocking read on the local engine, ADR-041) and caches it. This saves
+/// each such put a second file, object or row — on the local engine a
+/// second inode, rename and, durable, fdatasync.
+pub const OUTBOARD_KEPT_ABOVE: u64 = 1 << 20;
 
 /// Default byte budget of the validated-outboard cache (64 MiB: the
 /// outboards and group hashes of ≈ 11 GiB of entries).
@@ -114,10 +126,10 @@ pub(crate) async fn group_hashes(
             return Ok(h);
         }
     }
-    // Kv entries, and entries small enough to be verified whole, keep no
-    // outboard (ADR-032): theirs is computed each time it is not cached,
+    // Kv entries, and large entries of at most 1 MiB, keep no outboard
+    // (ADR-032, ADR-043): theirs is computed each time it is not cached,
     // from a read that is cheap at their size.
-    let keeps = tier == store_types::Tier::Large && size > WHOLE_VERIFY_MAX;
+    let keeps = tier == store_types::Tier::Large && size > OUTBOARD_KEPT_ABOVE;
     let kept = match keeps {
         true => engine.read_outboard(key).await?,
         false => None,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bao_tree::io::outboard::PostOrderMemOutboard;
 use bao_tree::BlockSize;
 use bytes::Bytes;
-use store_core::{Error, Key, Mode, Tier, WHOLE_VERIFY_MAX};
+use store_core::{Error, Key, Mode, Tier, OUTBOARD_KEPT_ABOVE, WHOLE_VERIFY_MAX};
 use store_types::outboard::{GROUP_CHUNK_LOG, GROUP_SIZE};
 use store_types::Engine;
 
@@ -77,15 +77,23 @@ async fn tier_engine(h: &Harness, key: &Key) -> Arc<dyn Engine> {
     }
 }
 
-/// A 20-group entry with one byte flipped in group 7: ranges inside other
-/// groups read the right bytes, ranges whose covering groups include
-/// group 7 fail with Verification. A fresh store, which has no cached
-/// outboard, fails every range when the engine keeps none (the outboard
-/// is then computed from a verified whole read, which the flip fails).
+/// An entry with one byte flipped in group 7: ranges inside other groups
+/// read the right bytes, ranges whose covering groups include group 7 fail
+/// with Verification. A fresh store, which has no cached outboard, fails
+/// every range when the engine keeps none — always for a 20-group entry
+/// (at most 1 MiB: none is kept, ADR-043), and for a 70-group one on an
+/// engine that keeps no outboards (the outboard is then computed from a
+/// verified whole read, which the flip fails).
 pub async fn range_corruption_is_caught_only_in_covering_groups(spec: Spec) {
+    for groups in [20, 70] {
+        range_corruption_in(spec, groups).await;
+    }
+}
+
+async fn range_corruption_in(spec: Spec, groups: u64) {
     let h = Harness::open(spec).await;
     let g = GROUP_SIZE as u64;
-    let n = 20 * g + 123;
+    let n = groups * g + 123;
     let data = content(31, n as usize);
     let Some(key) = put_or_rejected(&h, &data).await else {
         return;
@@ -115,7 +123,7 @@ pub async fn range_corruption_is_caught_only_in_covering_groups(spec: Spec) {
         6 * g + 16000..7 * g,
         8 * g..8 * g + 1,
         8 * g..n,
-        19 * g + 77..n,
+        (groups - 1) * g + 77..n,
         n - 1..n,
     ] {
         let got = read(&h, &key, ok.clone())
@@ -150,6 +158,10 @@ pub async fn range_corruption_is_caught_only_in_covering_groups(spec: Spec) {
         .read_outboard(&key)
         .await
         .unwrap();
+    // Entries of at most 1 MiB keep none, on every engine (ADR-043).
+    if n <= OUTBOARD_KEPT_ABOVE {
+        assert_eq!(stored, None, "{}: {n} bytes", h.spec.name);
+    }
     let h = h.reopen().await;
     if stored.is_some() {
         assert_eq!(read(&h, &key, 0..g).await.unwrap(), &data[..g as usize]);
@@ -178,6 +190,10 @@ pub async fn outboards_match_bao_tree(spec: Spec) {
         (44, g + 1),
         (45, 3 * g + 1),
         (46, (1 << 20) + 4321),
+        // The last size that keeps no outboard (ADR-043), and the first
+        // that keeps one.
+        (47, 1 << 20),
+        (48, (1 << 20) + 1),
     ] {
         let data = content(seed, len);
         let Some(key) = put_or_rejected(&h, &data).await else {
@@ -205,8 +221,8 @@ async fn check_outboards(h: &Harness, keys: &[(Key, Vec<u8>)], when: &str) {
         let stat = h.store.stat(key).await.unwrap().expect("present");
         let engine = tier_engine(h, key).await;
         let kept = engine.read_outboard(key).await.unwrap();
-        // Entries small enough to be verified whole keep none (ADR-032).
-        let needs = stat.size > WHOLE_VERIFY_MAX;
+        // Entries of at most 1 MiB keep none (ADR-032, ADR-043).
+        let needs = stat.size > OUTBOARD_KEPT_ABOVE;
         if stat.tier == Tier::Large && needs && KEEPS_OUTBOARDS.contains(&engine.descriptor().kind)
         {
             assert!(
@@ -218,7 +234,7 @@ async fn check_outboards(h: &Harness, keys: &[(Key, Vec<u8>)], when: &str) {
         } else if stat.tier == Tier::Kv || !needs {
             assert_eq!(
                 kept, None,
-                "{}: kv entries, and entries verified whole, keep no outboard",
+                "{}: kv entries, and entries of at most 1 MiB, keep no outboard",
                 h.spec.name
             );
         }
