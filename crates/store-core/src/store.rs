@@ -201,8 +201,9 @@ impl Store {
     /// The entry's validated BLAKE3 outboard ([`store_types::outboard`]:
     /// bao-tree's post-order encoding, 16 KiB chunk groups), or `None` when
     /// absent. Loaded from the engine and checked against the digest, or
-    /// computed from a verified whole read (kv entries, entries stored
-    /// before outboards) — what a bao stream for clients is encoded with.
+    /// computed from a verified whole read (kv entries, large entries of at
+    /// most 1 MiB — ADR-043 — and entries stored before outboards) — what
+    /// a bao stream for clients is encoded with.
     ///
     /// Cancel-safe: it only reads (see [`Store::read_range`]).
     pub async fn outboard(
