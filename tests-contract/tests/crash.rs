@@ -54,7 +54,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use store_core::{
     Clock, GcPolicy, ManualClock, Mode, NamespaceCounts, RefExpect, RefName, Store, SweepOptions,
-    Timestamp, VerifyOptions, MAX_LIST_LIMIT,
+    Timestamp, VerifyOptions, MAX_LIST_LIMIT, OUTBOARD_KEPT_ABOVE,
 };
 use store_local::{LocalEngine, LocalOptions};
 use store_sqlite::crash::Loss;
@@ -97,9 +97,14 @@ fn scratch() -> tempfile::TempDir {
         .unwrap()
 }
 
-/// Seeded content: small (kv) or large (local).
+/// Seeded content: small (kv) or large (local); one large blob in four is
+/// over 1 MiB, so that its put publishes an outboard (ADR-043) and the
+/// crash models cover the outboard's stage, rename and sync too.
 fn blob(rng: &mut StdRng, large: bool) -> Vec<u8> {
-    let len = if large {
+    let kept = OUTBOARD_KEPT_ABOVE as usize;
+    let len = if large && rng.random_ratio(1, 4) {
+        rng.random_range(kept + 1..kept + 40_000)
+    } else if large {
         rng.random_range(THRESHOLD as usize + 1..80_000)
     } else {
         rng.random_range(1..=THRESHOLD as usize)
@@ -557,6 +562,19 @@ async fn check(dir: &tempfile::TempDir, clock: &ManualClock, rec: &Record, conte
                     .await
                     .unwrap_or_else(|e| panic!("{context}: {d} does not verify: {e}"));
                 assert!(got == data[..], "{context}: {d} differs");
+                // A range read checks the outboard a crash left beside an
+                // entry over 1 MiB (loaded and validated up to the digest),
+                // or computes one.
+                let n = data.len() as u64;
+                let range = n / 2..(n / 2 + 100).min(n);
+                let part = store
+                    .read_range(&key, range.clone())
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap_or_else(|e| panic!("{context}: {d} {range:?}: {e}"));
+                assert!(part == data[range.start as usize..range.end as usize]);
                 assert_eq!(
                     stat.map(|s| s.size),
                     Some(data.len() as u64),

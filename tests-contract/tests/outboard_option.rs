@@ -1,7 +1,7 @@
 //! `StoreBuilder::outboards_at_put` (ADR-032): on (the default), a large
 //! put publishes the entry's outboard with it; off, it publishes none and
-//! the first range read builds it lazily (and hands it to the engine), so
-//! ranges stay verified either way.
+//! the first range read builds it lazily (and, over 1 MiB, hands it to the
+//! engine), so ranges stay verified either way.
 
 use store_core::{Mode, Store};
 use store_mem::MemEngine;

@@ -167,9 +167,9 @@ impl Store {
     /// reached it) before any of its bytes are yielded; corruption outside
     /// the covering groups is not read and does not fail it.
     ///
-    /// Cancel-safe: it only reads (and, for an entry without an outboard,
-    /// asks the engine to keep one, which is atomic); dropping the future
-    /// leaves nothing behind.
+    /// Cancel-safe: it only reads (and, for an entry over 1 MiB without an
+    /// outboard, asks the engine to keep one, which is atomic); dropping the
+    /// future leaves nothing behind.
     pub async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Blob> {
         // One engine call answers the size and opens the read of what
         // verification needs (ADR-036): the whole entry up to 64 KiB, else

@@ -12,7 +12,8 @@
 //!   use and cached ([`OutboardCache`]); an entry without one (stored before
 //!   outboards, or on an engine that keeps none) gets it computed from one
 //!   verified whole read, handed to the engine to keep
-//!   ([`Engine::store_outboard`]) and cached.
+//!   ([`Engine::store_outboard`]; over [`OUTBOARD_KEPT_ABOVE`] only) and
+//!   cached.
 //! - Entries of at most [`OUTBOARD_KEPT_ABOVE`] bytes keep no outboard
 //!   (ADR-043): theirs is computed from one verified whole read when it is
 //!   not cached, and only cached.
@@ -113,7 +114,8 @@ impl OutboardCache {
 
 /// The validated outboard of `key` (an entry of `size` bytes on `engine`):
 /// cached, else the engine's (checked), else computed from a verified whole
-/// read and handed to the engine to keep.
+/// read — and handed to the engine to keep for entries over
+/// [`OUTBOARD_KEPT_ABOVE`] (ADR-043); only cached up to it.
 pub(crate) async fn group_hashes(
     cache: &OutboardCache,
     engine: &dyn Engine,

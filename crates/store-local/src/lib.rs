@@ -73,7 +73,8 @@
 //!    both durable: a crash leaves no entry, an outboard without its entry
 //!    (invisible: every read looks for the entry first; `maintain` removes
 //!    it after [`ORPHAN_OUTBOARD_GRACE`]), or the entry with its outboard —
-//!    never the entry without it. A publish that deduplicates onto an
+//!    never the entry without it (entries of at most 1 MiB are handed no
+//!    outboard and keep none, ADR-043). A publish that deduplicates onto an
 //!    entry without an outboard (stored before outboards) gives it this one;
 //! 4. with `fsync` on, the fan-out directory is fsynced, and — once per
 //!    process for each directory not yet known durable — its parents too.
@@ -81,8 +82,9 @@
 //! A delete removes the entry's name, then its outboard's. The one window
 //! that can leave a visible entry without its outboard is a re-put of the
 //! same content racing that delete (its outboard renamed in between the
-//! two unlinks); such an entry gets its outboard again on its first range
-//! read (the facade's lazy path, [`store_types::Engine::store_outboard`]).
+//! two unlinks); such an entry (over 1 MiB) gets its outboard again on its
+//! first range read (the facade's lazy path,
+//! [`store_types::Engine::store_outboard`]).
 //! An outboard is never *wrong*: it is a function of the content, and the
 //! facade validates it against the digest before use.
 //!

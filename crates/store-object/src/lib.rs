@@ -58,9 +58,9 @@
 //!   upload. [`ObjectOptions::direct_expected_puts`] turns this off.
 //!
 //! Every publish first writes the entry's outboard object (when the facade
-//! handed one over, [`store_types::StagedWrite::set_outboard`]), and only
-//! once that write has succeeded makes the entry's name appear: a visible
-//! entry always has its outboard, and a crash in between leaves an
+//! handed one over, [`store_types::StagedWrite::set_outboard`]: entries
+//! over 1 MiB, ADR-043), and only once that write has succeeded makes the
+//! entry's name appear: a visible entry given one always has it, and a crash in between leaves an
 //! outboard without its entry, which is invisible (reads look for the
 //! entry first) and is overwritten by the next put of that content. Not
 //! yet removed by maintenance: such leftovers cost 0.4 % of the put that

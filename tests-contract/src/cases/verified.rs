@@ -81,11 +81,12 @@ async fn tier_engine(h: &Harness, key: &Key) -> Arc<dyn Engine> {
 /// read the right bytes, ranges whose covering groups include group 7 fail
 /// with Verification. A fresh store, which has no cached outboard, fails
 /// every range when the engine keeps none — always for a 20-group entry
-/// (at most 1 MiB: none is kept, ADR-043), and for a 70-group one on an
-/// engine that keeps no outboards (the outboard is then computed from a
+/// (at most 1 MiB: none is kept, ADR-043), and for a 70-group one (over
+/// 1 MiB, which keeps its outboard) on an engine that keeps none (the outboard is then computed from a
 /// verified whole read, which the flip fails).
 pub async fn range_corruption_is_caught_only_in_covering_groups(spec: Spec) {
-    for groups in [20, 70] {
+    let kept = OUTBOARD_KEPT_ABOVE / GROUP_SIZE as u64;
+    for groups in [20, kept + 6] {
         range_corruption_in(spec, groups).await;
     }
 }
@@ -158,9 +159,17 @@ async fn range_corruption_in(spec: Spec, groups: u64) {
         .read_outboard(&key)
         .await
         .unwrap();
-    // Entries of at most 1 MiB keep none, on every engine (ADR-043).
+    // Entries of at most 1 MiB keep none, on every engine (ADR-043); larger
+    // large-tier ones keep theirs where the engine keeps outboards.
+    let kind = tier_engine(&h, &key).await.descriptor().kind;
     if n <= OUTBOARD_KEPT_ABOVE {
         assert_eq!(stored, None, "{}: {n} bytes", h.spec.name);
+    } else if tier == Tier::Large && KEEPS_OUTBOARDS.contains(&kind) {
+        assert!(
+            stored.is_some(),
+            "{}: {n} bytes keep an outboard",
+            h.spec.name
+        );
     }
     let h = h.reopen().await;
     if stored.is_some() {
