@@ -78,6 +78,16 @@ async fn files_changed_behind_the_engine_fail_verification_through_the_facade() 
             matches!(err, Error::Verification { expected, .. } if expected == key.digest),
             "{what}: {err:?}"
         );
+        // A range read, with no outboard cached or kept (at most 1 MiB,
+        // ADR-043), computes one from the damaged file: refused too.
+        let err = match store.read_range(&key, 0..10).await {
+            Ok(blob) => blob.bytes().await.unwrap_err(),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(err, Error::Verification { expected, .. } if expected == key.digest),
+            "{what}: range: {err:?}"
+        );
     }
     // A flipped byte in a streamed entry.
     let data = content(20, len);

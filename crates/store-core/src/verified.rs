@@ -155,6 +155,9 @@ pub(crate) async fn group_hashes(
 /// Reads the whole entry (verified against the digest) and builds its
 /// outboard on the way.
 async fn compute_from_entry(engine: &dyn Engine, key: &Key, size: u64) -> Result<GroupHashes> {
+    if size <= OUTBOARD_KEPT_ABOVE {
+        return compute_in_memory(engine, key, size).await;
+    }
     let Some(r) = engine.read(key).await? else {
         return Err(Error::Missing);
     };
@@ -172,6 +175,49 @@ async fn compute_from_entry(engine: &dyn Engine, key: &Key, size: u64) -> Result
     // The verified read already failed on a mismatch; this guards the
     // builder against a reader that changed under it.
     if digest != key.digest {
+        return Err(Error::Verification {
+            expected: key.digest,
+            actual: digest,
+        });
+    }
+    GroupHashes::from_outboard(key.digest, size, outboard)
+}
+
+/// [`compute_from_entry`] for an entry of at most [`OUTBOARD_KEPT_ABOVE`]
+/// bytes (ADR-043): its raw bytes in one engine read (a range read over all
+/// of it, which engines do not hash), then one hash — on rayon's pool, off
+/// the runtime's workers — that builds the outboard; the outboard's root
+/// equal to the key's digest is the verification. A whole verified read
+/// followed by the builder hashed every byte twice.
+async fn compute_in_memory(engine: &dyn Engine, key: &Key, size: u64) -> Result<GroupHashes> {
+    let Some(read) = engine.read_range(key, 0..size).await? else {
+        return Err(Error::Missing);
+    };
+    let bytes = match read.in_memory {
+        Some(b) => b,
+        None => {
+            // One byte past the recorded size tells a longer entry apart.
+            let mut buf = Vec::with_capacity(size as usize + 1);
+            read.reader
+                .take(size + 1)
+                .read_to_end(&mut buf)
+                .await
+                .map_err(Error::from)?;
+            Bytes::from(buf)
+        }
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    rayon::spawn(move || {
+        let computed = store_types::outboard::compute(&bytes);
+        let _ = tx.send((bytes.len() as u64, computed));
+    });
+    let (len, (digest, outboard)) = rx.await.map_err(|_| {
+        Error::backend(
+            store_types::ErrorKind::Other,
+            "an outboard hashing task ended early",
+        )
+    })?;
+    if digest != key.digest || len != size {
         return Err(Error::Verification {
             expected: key.digest,
             actual: digest,
