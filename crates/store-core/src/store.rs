@@ -161,11 +161,12 @@ impl Store {
     /// verified 16 KiB chunk group by group against their outboard, checked
     /// against the digest and cached: the engine's for entries over 1 MiB
     /// (computed from one verified whole read for an entry that has none,
-    /// and handed to the engine to keep); computed from one verified whole
-    /// read, and only cached, up to 1 MiB (ADR-043). A corrupt group the range touches fails the read
-    /// with [`Error::Verification`] (inside the `io::Error` of the read that
-    /// reached it) before any of its bytes are yielded; corruption outside
-    /// the covering groups is not read and does not fail it.
+    /// and handed to the engine to keep); computed from one whole read, and
+    /// only cached, up to 1 MiB (ADR-043). A corrupt group the range touches
+    /// fails the read with [`Error::Verification`] (inside the `io::Error`
+    /// of the read that reached it) before any of its bytes are yielded;
+    /// corruption outside the covering groups is not read and does not fail
+    /// it (up to 1 MiB, only once the outboard is cached).
     ///
     /// Cancel-safe: it only reads (and, for an entry over 1 MiB without an
     /// outboard, asks the engine to keep one, which is atomic); dropping the

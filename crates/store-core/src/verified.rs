@@ -38,8 +38,8 @@ pub const WHOLE_VERIFY_MAX: u64 = 64 * 1024;
 /// Large-tier entries larger than this keep their outboard with them: a put
 /// publishes it with the entry, and a range read loads it. Up to this size
 /// none is kept (ADR-043): a range read that finds no validated outboard in
-/// the cache computes it from one verified whole read (at most 1 MiB, one
-/// blocking read on the local engine, ADR-041) and caches it. This saves
+/// the cache computes it from one read of the whole entry (at most 1 MiB;
+/// one hash, whose root must be the digest) and caches it. This saves
 /// each such put a second file, object or row — on the local engine a
 /// second inode, rename and, durable, fdatasync.
 pub const OUTBOARD_KEPT_ABOVE: u64 = 1 << 20;
