@@ -27,6 +27,26 @@ pub(crate) fn digest_of(bytes: &[u8]) -> Digest {
     builder.finalize().0
 }
 
+/// Runs `hash` (CPU-bound hashing) on rayon's pool and awaits its result
+/// without holding a runtime worker. Cancel-safe: dropping the future lets
+/// the task finish and discards what it returns.
+pub(crate) async fn on_pool<T, F>(hash: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    rayon::spawn(move || {
+        let _ = tx.send(hash());
+    });
+    rx.await.map_err(|_| hashing_lost())
+}
+
+/// The error of a hashing task on rayon's pool that ended without a result.
+pub(crate) fn hashing_lost() -> Error {
+    Error::backend(store_types::ErrorKind::Other, "a hashing task ended early")
+}
+
 /// A streaming read of an entry (or of a range of it).
 ///
 /// Whole-entry reads from [`Store::get`](crate::Store::get) are verified:

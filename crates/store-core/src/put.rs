@@ -123,7 +123,7 @@ async fn fill_hashing<R: AsyncRead + Unpin + ?Sized>(
     let mut builder = OutboardBuilder::new();
     let mut whole: Option<BytesMut> = None;
     for rx in in_flight {
-        let (region, groups) = rx.await.map_err(|_| hashing_lost())?;
+        let (region, groups) = rx.await.map_err(|_| crate::blob::hashing_lost())?;
         builder.push_hashed(groups);
         whole = Some(join(whole, region));
     }
@@ -265,12 +265,11 @@ impl Store {
                 .await;
         }
         let (bytes, digest) = if len >= crate::blob::PARALLEL_HASH_MIN {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            rayon::spawn(move || {
+            crate::blob::on_pool(move || {
                 let digest = crate::blob::digest_of(&bytes);
-                let _ = tx.send((bytes, digest));
-            });
-            rx.await.map_err(|_| hashing_lost())?
+                (bytes, digest)
+            })
+            .await?
         } else {
             let digest = Digest::of(&bytes);
             (bytes, digest)
@@ -549,13 +548,9 @@ async fn push_next(
     in_flight: &mut InFlight,
 ) -> Result<()> {
     let rx = in_flight.pop_front().expect("a batch in flight");
-    let (_, groups) = rx.await.map_err(|_| hashing_lost())?;
+    let (_, groups) = rx.await.map_err(|_| crate::blob::hashing_lost())?;
     builder.push_hashed(groups);
     Ok(())
-}
-
-fn hashing_lost() -> Error {
-    Error::backend(store_types::ErrorKind::Other, "a hashing task ended early")
 }
 
 /// [`stream_into`] with a plain hasher: each chunk hashed on the caller's

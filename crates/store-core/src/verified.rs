@@ -206,17 +206,9 @@ async fn compute_in_memory(engine: &dyn Engine, key: &Key, size: u64) -> Result<
             Bytes::from(buf)
         }
     };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    rayon::spawn(move || {
-        let computed = store_types::outboard::compute(&bytes);
-        let _ = tx.send((bytes.len() as u64, computed));
-    });
-    let (len, (digest, outboard)) = rx.await.map_err(|_| {
-        Error::backend(
-            store_types::ErrorKind::Other,
-            "an outboard hashing task ended early",
-        )
-    })?;
+    let (len, (digest, outboard)) =
+        crate::blob::on_pool(move || (bytes.len() as u64, store_types::outboard::compute(&bytes)))
+            .await?;
     if digest != key.digest || len != size {
         return Err(Error::Verification {
             expected: key.digest,
