@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use store_types::{BlobReader, Digest, Error, Result, Tier};
+use store_types::{BlobReader, Chunks, Digest, Error, Result, Tier, CHUNK_SIZE};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::sync::oneshot;
 
@@ -70,6 +70,11 @@ pub struct Blob {
     /// ([`BlobReader::in_memory`]): [`Blob::bytes`] hashes and returns them
     /// without a copy.
     whole: Option<Bytes>,
+    /// The engine's owned chunks of a whole read ([`BlobReader::chunks`]):
+    /// [`Blob::next_chunk`] hands them on without a copy.
+    chunks: Option<Chunks>,
+    /// [`Blob::next_chunk`]'s buffer when it reads through `reader`.
+    chunk_buf: BytesMut,
 }
 
 struct Verifier {
@@ -116,6 +121,8 @@ impl Blob {
             }),
             range_checked: false,
             whole: r.in_memory,
+            chunks: r.chunks,
+            chunk_buf: BytesMut::new(),
         }
     }
 
@@ -129,6 +136,8 @@ impl Blob {
             verify: None,
             range_checked: true,
             whole: None,
+            chunks: None,
+            chunk_buf: BytesMut::new(),
         }
     }
 
@@ -228,6 +237,79 @@ impl Blob {
     }
 }
 
+impl Blob {
+    /// The next chunk of the read; `None` at the end.
+    ///
+    /// When the engine reads ahead into owned buffers
+    /// ([`BlobReader::chunks`]: the local and object-storage engines' whole
+    /// reads) they are handed on without a copy; an entry the engine holds
+    /// in memory comes as one chunk (verified first); any other read is
+    /// copied out of the reader in chunks of up to [`CHUNK_SIZE`] bytes
+    /// (ADR-044).
+    ///
+    /// Verified like the [`AsyncRead`] view: the bytes are hashed (or
+    /// counted against the engine's digest) as they pass, and the call
+    /// after the last chunk — the one that would answer `None` — fails with
+    /// [`Error::Verification`] (inside the `io::Error`; convert it back with
+    /// `Error::from`) if they do not hash to the digest. A consumer that
+    /// must never forward a bad byte holds each chunk back until the next
+    /// call succeeds, as the HTTP response body does. The two views read
+    /// from one position and may be mixed.
+    ///
+    /// Cancel-safe: a chunk is consumed only when it is returned.
+    pub async fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
+        std::future::poll_fn(|cx| self.poll_next_chunk(cx)).await
+    }
+
+    /// [`Blob::next_chunk`] as a poll function.
+    pub fn poll_next_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
+        let len = self.len;
+        if let (Some(v), Some(whole)) = (
+            self.verify.as_mut().filter(|v| !v.finished && v.seen == 0),
+            &self.whole,
+        ) {
+            // In memory: the verdict first, then all of it at once.
+            v.seen = whole.len() as u64;
+            let verdict = match &mut v.check {
+                Check::Here(_) => {
+                    let actual = digest_of(whole);
+                    v.verdict(len, actual)
+                }
+                Check::Engine { .. } => ready!(v.poll_engine_digest(cx, len)),
+            };
+            // The reader yields the same bytes: it must not yield them
+            // again, after a pass or (unverified) after a failure.
+            self.reader = Box::pin(tokio::io::empty());
+            let whole = self.whole.take().unwrap_or_default();
+            verdict?;
+            return Poll::Ready(Ok((!whole.is_empty()).then_some(whole)));
+        }
+        if let Some(chunks) = &self.chunks {
+            let Some(v) = self.verify.as_mut().filter(|v| !v.finished) else {
+                return chunks.poll_chunk(cx);
+            };
+            if let Check::Engine { at_eof: true, .. } = v.check {
+                return v.poll_engine_digest(cx, len).map_ok(|()| None);
+            }
+            return Poll::Ready(match ready!(chunks.poll_chunk(cx))? {
+                Some(chunk) => v.saw(&chunk, len).map(|()| Some(chunk)),
+                None => return v.poll_at_eof(cx, len).map_ok(|()| None),
+            });
+        }
+        if self.chunk_buf.capacity() < CHUNK_SIZE {
+            self.chunk_buf.reserve(CHUNK_SIZE);
+        }
+        let mut buf = std::mem::take(&mut self.chunk_buf);
+        let got = tokio_util::io::poll_read_buf(Pin::new(&mut *self), cx, &mut buf);
+        let chunk = buf.split();
+        self.chunk_buf = buf;
+        match ready!(got)? {
+            0 => Poll::Ready(Ok(None)),
+            _ => Poll::Ready(Ok(Some(chunk.freeze()))),
+        }
+    }
+}
+
 impl fmt::Debug for Blob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Blob")
@@ -273,6 +355,53 @@ impl Verifier {
     }
 }
 
+impl Verifier {
+    /// After EOF: the verdict on every byte seen (hashed here, or the
+    /// engine's digest awaited).
+    fn poll_at_eof(&mut self, cx: &mut Context<'_>, len: u64) -> Poll<io::Result<()>> {
+        match &mut self.check {
+            Check::Here(hasher) => {
+                let actual = Digest::from(hasher.finalize());
+                Poll::Ready(self.verdict(len, actual))
+            }
+            Check::Engine { at_eof, .. } => {
+                *at_eof = true;
+                self.poll_engine_digest(cx, len)
+            }
+        }
+    }
+
+    /// Takes in bytes the read yields (not EOF): hashes them here or
+    /// counts them, failing the read once they exceed `len`.
+    fn saw(&mut self, fresh: &[u8], len: u64) -> io::Result<()> {
+        self.seen += fresh.len() as u64;
+        match &mut self.check {
+            Check::Here(hasher) => {
+                hasher.update(fresh);
+                if self.seen > len {
+                    let actual = Digest::from(hasher.finalize());
+                    return self.verdict(len, actual);
+                }
+            }
+            Check::Engine { .. } if self.seen > len => {
+                // The engine yields more than it declared: its digest (sent
+                // only after its last byte) cannot be awaited here, and the
+                // facade did not hash, so there is no digest to report.
+                self.finished = true;
+                return Err(
+                    Error::io(store_types::ErrorKind::InvalidData, "verify read")
+                        .with_source(format!(
+                            "the engine yielded more than the {len} bytes it declared"
+                        ))
+                        .into(),
+                );
+            }
+            Check::Engine { .. } => {}
+        }
+        Ok(())
+    }
+}
+
 impl AsyncRead for Blob {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -295,44 +424,9 @@ impl AsyncRead for Blob {
         let fresh = &buf.filled()[before..];
         if fresh.is_empty() {
             // EOF: every byte has been seen.
-            return match &mut v.check {
-                Check::Here(hasher) => {
-                    let actual = Digest::from(hasher.finalize());
-                    Poll::Ready(v.verdict(this.len, actual))
-                }
-                Check::Engine { at_eof, .. } => {
-                    *at_eof = true;
-                    v.poll_engine_digest(cx, this.len)
-                }
-            };
+            return v.poll_at_eof(cx, this.len);
         }
-        v.seen += fresh.len() as u64;
-        match &mut v.check {
-            Check::Here(hasher) => {
-                hasher.update(fresh);
-                if v.seen > this.len {
-                    let actual = Digest::from(hasher.finalize());
-                    return Poll::Ready(v.verdict(this.len, actual));
-                }
-            }
-            Check::Engine { .. } if v.seen > this.len => {
-                // The engine yields more than it declared: its digest (sent
-                // only after its last byte) cannot be awaited here, and the
-                // facade did not hash, so there is no digest to report.
-                v.finished = true;
-                return Poll::Ready(Err(Error::io(
-                    store_types::ErrorKind::InvalidData,
-                    "verify read",
-                )
-                .with_source(format!(
-                    "the engine yielded more than the {} bytes it declared",
-                    this.len
-                ))
-                .into()));
-            }
-            Check::Engine { .. } => {}
-        }
-        Poll::Ready(Ok(()))
+        Poll::Ready(v.saw(fresh, this.len))
     }
 }
 
@@ -347,6 +441,7 @@ mod tests {
         BlobReader {
             yielded_digest: Some(rx),
             in_memory: None,
+            chunks: None,
             ..BlobReader::from_bytes(Bytes::from_static(bytes))
         }
     }
@@ -550,5 +645,69 @@ mod tests {
         let blob = Blob::unverified(engine_reader(b"a range", rx), Tier::Large);
         assert!(!blob.is_verified());
         assert_eq!(blob.bytes().await.unwrap(), Bytes::from_static(b"a range"));
+    }
+
+    /// A read of `parts` sent as owned chunks, with an engine digest.
+    fn chunked(parts: &[&'static [u8]], digest: Digest) -> (BlobReader, Vec<Bytes>) {
+        let sent: Vec<Bytes> = parts.iter().map(|p| Bytes::from_static(p)).collect();
+        let (tx, rx) = tokio::sync::mpsc::channel(parts.len());
+        for b in &sent {
+            tx.try_send(Ok(b.clone())).unwrap();
+        }
+        let (dtx, drx) = oneshot::channel();
+        dtx.send(digest).unwrap();
+        let len = sent.iter().map(|b| b.len() as u64).sum();
+        (BlobReader::from_chunks(len, rx, Some(drx)), sent)
+    }
+
+    #[tokio::test]
+    async fn next_chunk_hands_on_the_engines_chunks_without_a_copy() {
+        let (r, sent) = chunked(&[b"abc", b"def"], Digest::of(b"abcdef"));
+        let mut blob = verified(r, Digest::of(b"abcdef"));
+        for want in &sent {
+            let got = blob.next_chunk().await.unwrap().unwrap();
+            assert_eq!(got, want);
+            assert_eq!(got.as_ptr(), want.as_ptr(), "the very buffer, not a copy");
+        }
+        assert!(blob.next_chunk().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn next_chunk_fails_the_call_after_the_last_chunk_on_a_bad_digest() {
+        let (r, _) = chunked(&[b"abc", b"def"], Digest::of(b"other"));
+        let mut blob = verified(r, Digest::of(b"abcdef"));
+        assert!(blob.next_chunk().await.unwrap().is_some());
+        assert!(blob.next_chunk().await.unwrap().is_some());
+        let err = Error::from(blob.next_chunk().await.unwrap_err());
+        assert!(matches!(err, Error::Verification { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn next_chunk_verifies_an_in_memory_entry_before_any_byte() {
+        let good = Bytes::from_static(b"the content");
+        let mut blob = verified(BlobReader::from_bytes(good.clone()), Digest::of(&good));
+        assert_eq!(blob.next_chunk().await.unwrap().unwrap(), good);
+        assert!(blob.next_chunk().await.unwrap().is_none());
+
+        let bad = BlobReader::from_bytes(Bytes::from_static(b"other bytes"));
+        let mut blob = verified(bad, Digest::of(&good));
+        let err = Error::from(blob.next_chunk().await.unwrap_err());
+        assert!(matches!(err, Error::Verification { .. }), "{err:?}");
+        // Nothing unverified comes out afterwards, from either view.
+        assert!(blob.next_chunk().await.unwrap().is_none());
+        let mut rest = Vec::new();
+        blob.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+    }
+
+    #[tokio::test]
+    async fn next_chunk_copies_out_of_a_reader_without_chunks() {
+        // A wrapped reader (as a layer's): no in-memory bytes, no chunks.
+        let (tx, rx) = oneshot::channel();
+        tx.send(Digest::of(b"streamed")).unwrap();
+        let r = engine_reader(b"streamed", rx);
+        let mut blob = verified(r, Digest::of(b"streamed"));
+        assert_eq!(blob.next_chunk().await.unwrap().unwrap(), &b"streamed"[..]);
+        assert!(blob.next_chunk().await.unwrap().is_none());
     }
 }

@@ -489,6 +489,7 @@ impl Store {
             }),
             yielded_digest: None,
             in_memory: None,
+            chunks: None,
         };
         save(Blob::unverified(reader, tier)).await?;
         let (actual, size) = {

@@ -266,6 +266,7 @@ impl GroupVerifier {
             reader: Box::pin(v),
             yielded_digest: None,
             in_memory: None,
+            chunks: None,
         }
     }
 

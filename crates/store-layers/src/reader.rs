@@ -70,6 +70,7 @@ pub fn wrap_reader(reader: BlobReader, hook: impl ReadHook + Unpin) -> BlobReade
         yielded_digest: reader.yielded_digest,
         // The hook must see every byte: never bypassed.
         in_memory: None,
+        chunks: None,
     }
 }
 

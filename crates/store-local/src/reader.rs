@@ -28,14 +28,11 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use store_types::{BlobReader, Digest, Error, Key, RangeRequest, Result, CHUNK_SIZE};
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::{release, OpenFile};
@@ -200,22 +197,12 @@ pub(crate) async fn open_entry(inner: &Arc<Inner>, key: &Key, want: Want) -> Res
         file,
         path,
         remaining: len,
+        recycle,
         recycled,
         hash: digest_tx.map(|d| (Box::new(blake3::Hasher::new()), d)),
     };
     tokio::spawn(read_ahead(state, tx));
-    let reader = BlobReader {
-        len,
-        reader: Box::pin(ChunkReader {
-            rx,
-            current: Vec::new(),
-            pos: 0,
-            remaining: len,
-            recycle,
-        }),
-        yielded_digest: digest_rx,
-        in_memory: None,
-    };
+    let reader = BlobReader::from_chunks(len, rx, digest_rx);
     Ok(Some((size, span, reader)))
 }
 
@@ -443,7 +430,10 @@ struct ReadAhead {
     path: PathBuf,
     /// Bytes still to read.
     remaining: u64,
-    /// Buffers the consumer handed back.
+    /// Where a sent chunk's buffer goes back once its last `Bytes` handle
+    /// is dropped ([`Recycled`]).
+    recycle: std_mpsc::Sender<Vec<u8>>,
+    /// Buffers handed back.
     recycled: std_mpsc::Receiver<Vec<u8>>,
     /// For a whole-file read: the hash of the bytes sent so far, and where
     /// its digest goes at the end.
@@ -463,7 +453,7 @@ struct ReadAhead {
 /// channel ([`READ_AHEAD_CHUNKS`]). The task ends when the range is read,
 /// a read fails (the error is the last thing sent) or the reader is
 /// dropped (the file is then closed on a blocking thread).
-async fn read_ahead(mut state: ReadAhead, mut tx: mpsc::Sender<io::Result<Vec<u8>>>) {
+async fn read_ahead(mut state: ReadAhead, mut tx: mpsc::Sender<io::Result<Bytes>>) {
     loop {
         let Ok(permit) = tx.reserve_owned().await else {
             close_off_runtime(state.file);
@@ -485,14 +475,16 @@ async fn read_ahead(mut state: ReadAhead, mut tx: mpsc::Sender<io::Result<Vec<u8
 /// `None` when done (digest sent), failed (error sent) or the reader is
 /// gone. The file is closed here, on the blocking thread, when done.
 ///
-/// Chunks are `Vec`s the consumer hands back through `recycled` once it
-/// has copied them out; they are read into again, so a read allocates
-/// (and initialises) only the few buffers in flight at once, and fresh
-/// ones are read into without zero-filling them first ([`fill_chunk`]).
+/// Chunks are `Vec`s sent as `Bytes` that hand their buffer back through
+/// `recycled` once the consumer drops them — copied out by the byte view,
+/// or written to a socket by a consumer that took them whole (ADR-044);
+/// they are read into again, so a read allocates (and initialises) only
+/// the few buffers in flight at once, and fresh ones are read into
+/// without zero-filling them first ([`fill_chunk`]).
 fn read_some(
     mut state: ReadAhead,
-    mut permit: mpsc::OwnedPermit<io::Result<Vec<u8>>>,
-) -> Option<(ReadAhead, mpsc::Sender<io::Result<Vec<u8>>>)> {
+    mut permit: mpsc::OwnedPermit<io::Result<Bytes>>,
+) -> Option<(ReadAhead, mpsc::Sender<io::Result<Bytes>>)> {
     let mut chunks_left = MAX_CHUNKS_PER_CALL;
     loop {
         let n = state.remaining.min(CHUNK_SIZE as u64) as usize;
@@ -510,7 +502,7 @@ fn read_some(
                 return None;
             }
         };
-        let tx = permit.send(Ok(chunk));
+        let tx = permit.send(Ok(Recycled::bytes(chunk, &state.recycle)));
         state.remaining -= n as u64;
         if state.remaining == 0 {
             if let Some((h, digest)) = state.hash {
@@ -651,55 +643,34 @@ fn fill_chunk(file: &mut File, n: usize, spare: Option<Vec<u8>>) -> io::Result<V
     Ok(buf)
 }
 
-/// [`AsyncRead`] over the chunks of a read-ahead task.
-struct ChunkReader {
-    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
-    /// The current chunk; `current[pos..]` is still unread.
-    current: Vec<u8>,
-    pos: usize,
-    /// Bytes still expected from the task, to tell a complete read from a
-    /// task that died early.
-    remaining: u64,
-    /// Hands fully read chunks back to the task for reuse.
-    recycle: std_mpsc::Sender<Vec<u8>>,
+/// A read-ahead chunk's buffer, sent back to the task for reuse when the
+/// last `Bytes` handle on it is dropped.
+struct Recycled {
+    buf: Vec<u8>,
+    to: std_mpsc::Sender<Vec<u8>>,
 }
 
-impl AsyncRead for ChunkReader {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        loop {
-            if buf.remaining() == 0 {
-                return Poll::Ready(Ok(()));
-            }
-            let this = &mut *self;
-            if this.pos < this.current.len() {
-                let n = (this.current.len() - this.pos).min(buf.remaining());
-                buf.put_slice(&this.current[this.pos..this.pos + n]);
-                this.pos += n;
-                return Poll::Ready(Ok(()));
-            }
-            match ready!(this.rx.poll_recv(cx)) {
-                Some(Ok(chunk)) => {
-                    this.remaining = this.remaining.saturating_sub(chunk.len() as u64);
-                    let done = std::mem::replace(&mut this.current, chunk);
-                    this.pos = 0;
-                    if done.capacity() > 0 {
-                        // The task may have finished: then the buffer is freed.
-                        let _ = this.recycle.send(done);
-                    }
-                }
-                Some(Err(e)) => return Poll::Ready(Err(e)),
-                None if this.remaining == 0 => return Poll::Ready(Ok(())),
-                None => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "read task ended early",
-                    )))
-                }
-            }
+impl Recycled {
+    fn bytes(buf: Vec<u8>, to: &std_mpsc::Sender<Vec<u8>>) -> Bytes {
+        Bytes::from_owner(Recycled {
+            buf,
+            to: to.clone(),
+        })
+    }
+}
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        if buf.capacity() > 0 {
+            // The task may have finished: then the buffer is freed.
+            let _ = self.to.send(buf);
         }
     }
 }

@@ -13,15 +13,12 @@
 
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetResultPayload};
 use store_types::{BlobReader, Digest, Result, CHUNK_SIZE};
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::backend_err;
@@ -83,16 +80,7 @@ impl Inner {
                 tokio::spawn(forward_stream(stream, path, tx));
             }
         }
-        Ok(Some(BlobReader {
-            len,
-            reader: Box::pin(ChunkReader {
-                rx,
-                current: Bytes::new(),
-                remaining: len,
-            }),
-            yielded_digest: digest_rx,
-            in_memory: None,
-        }))
+        Ok(Some(BlobReader::from_chunks(len, rx, digest_rx)))
     }
 }
 
@@ -292,55 +280,6 @@ async fn forward_stream(
                 }
                 tx.finish();
                 return;
-            }
-        }
-    }
-}
-
-/// [`AsyncRead`] over the chunks of a read-ahead task.
-struct ChunkReader {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    /// The unread rest of the current chunk.
-    current: Bytes,
-    /// Bytes still expected, to tell a complete read from one cut short.
-    remaining: u64,
-}
-
-impl AsyncRead for ChunkReader {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        loop {
-            if buf.remaining() == 0 {
-                return Poll::Ready(Ok(()));
-            }
-            if !self.current.is_empty() {
-                let n = self.current.len().min(buf.remaining());
-                buf.put_slice(&self.current[..n]);
-                self.current.advance(n);
-                return Poll::Ready(Ok(()));
-            }
-            match ready!(self.rx.poll_recv(cx)) {
-                Some(Ok(chunk)) => {
-                    if chunk.len() as u64 > self.remaining {
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "object store returned more bytes than the object's size",
-                        )));
-                    }
-                    self.remaining -= chunk.len() as u64;
-                    self.current = chunk;
-                }
-                Some(Err(e)) => return Poll::Ready(Err(e)),
-                None if self.remaining == 0 => return Poll::Ready(Ok(())),
-                None => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "object store read ended early",
-                    )))
-                }
             }
         }
     }

@@ -49,6 +49,7 @@ impl PgLoEngine {
             reader: Box::pin(tokio_util::io::StreamReader::new(Box::pin(stream))),
             yielded_digest: None,
             in_memory: None,
+            chunks: None,
         }
     }
 }
@@ -111,5 +112,6 @@ pub(crate) fn inline_reader(key: &Key, want: u64, bytes: Vec<u8>) -> BlobReader 
         reader: Box::pin(tokio_util::io::StreamReader::new(stream::iter(parts))),
         yielded_digest: None,
         in_memory: None,
+        chunks: None,
     }
 }

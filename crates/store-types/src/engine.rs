@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::io::AsyncRead;
 
-use crate::{Digest, GcSeam, InstanceLock, Key, Namespace, PinIntent, Result};
+use crate::{Chunks, Digest, GcSeam, InstanceLock, Key, Namespace, PinIntent, Result};
 
 /// Milliseconds since the Unix epoch. Engines stamp `created_at` with it;
 /// the GC window compares `visible_after` against an injectable clock in it.
@@ -112,6 +112,14 @@ pub struct BlobReader {
     /// without `reader` being polled (as [`BlobReader::hashed_bytes`] sends
     /// it up front): a facade that takes these bytes awaits it directly.
     pub in_memory: Option<Bytes>,
+    /// The very bytes `reader` yields, as owned chunks, when the engine
+    /// produces owned buffers anyway (a read-ahead task's chunks): a
+    /// consumer that forwards chunks — an HTTP response body — takes them
+    /// here instead of copying them out of `reader` (ADR-044). Both views
+    /// read from one position ([`Chunks`]). `None` for other reads, and it
+    /// must be `None` for any reader that wraps another one to observe or
+    /// change its bytes, as for [`BlobReader::in_memory`].
+    pub chunks: Option<Chunks>,
 }
 
 impl BlobReader {
@@ -123,6 +131,26 @@ impl BlobReader {
             reader: Box::pin(std::io::Cursor::new(bytes.clone())),
             yielded_digest: None,
             in_memory: Some(bytes),
+            chunks: None,
+        }
+    }
+
+    /// A streamed read of `len` bytes that arrive as owned chunks on `rx`
+    /// (an `Err` item ends the read with it; a channel closed early ends
+    /// it with `UnexpectedEof`), readable through `reader` and takeable
+    /// through [`BlobReader::chunks`]. `yielded_digest` as for the field.
+    pub fn from_chunks(
+        len: u64,
+        rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+        yielded_digest: Option<tokio::sync::oneshot::Receiver<Digest>>,
+    ) -> Self {
+        let chunks = Chunks::new(len, rx);
+        BlobReader {
+            len,
+            reader: Box::pin(chunks.reader()),
+            yielded_digest,
+            in_memory: None,
+            chunks: Some(chunks),
         }
     }
 
@@ -147,6 +175,7 @@ impl fmt::Debug for BlobReader {
         f.debug_struct("BlobReader")
             .field("len", &self.len)
             .field("yielded_digest", &self.yielded_digest.is_some())
+            .field("chunks", &self.chunks.is_some())
             .finish()
     }
 }

@@ -28,6 +28,7 @@
 //! Architecture invariant: nothing here names a concrete engine.
 
 pub mod buffer;
+mod chunks;
 pub mod crash;
 mod digest;
 mod engine;
@@ -42,6 +43,7 @@ mod refs;
 pub mod registry;
 mod seam;
 
+pub use chunks::Chunks;
 pub use digest::{Digest, DIGEST_HEX_LEN};
 pub use engine::{
     BlobReader, Engine, EngineDescriptor, EntryMeta, Instance, KvEngine, LargeEngine,

@@ -51,6 +51,11 @@ pub async fn put_get_round_trip(spec: Spec) {
     assert!(blob.is_verified());
     assert_eq!(blob.len(), 1000);
     assert_eq!(blob.bytes().await.unwrap(), data);
+    let blob = h.store.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        read_chunks(blob, 0).await.unwrap(),
+        (1000, Digest::of(&data))
+    );
     let st = h.store.stat(&key).await.unwrap().unwrap();
     assert_eq!((st.size, st.tier), (1000, Tier::Kv));
 }
@@ -437,7 +442,34 @@ pub async fn corruption_detected(spec: Spec) {
             matches!(err, Error::Verification { expected, .. } if expected == key.digest),
             "len {len}, streamed: {err:?}"
         );
+        // Taken chunk by chunk (ADR-044: the engine's own buffers where it
+        // reads ahead), the call that would end the read fails instead.
+        let blob = h.store.get(&key).await.unwrap().expect("still present");
+        let err = read_chunks(blob, 0).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Verification { expected, .. } if expected == key.digest),
+            "len {len}, chunked: {err:?}"
+        );
     }
+}
+
+/// Reads `blob` with [`Blob::next_chunk`](store_core::Blob::next_chunk)
+/// after `head` bytes through its `AsyncRead` view (the two views share a
+/// position): the byte count and the digest of all the bytes.
+async fn read_chunks(mut blob: store_core::Blob, head: usize) -> Result<(u64, Digest), Error> {
+    let mut hasher = blake3::Hasher::new();
+    let mut first = vec![0u8; head];
+    blob.read_exact(&mut first).await?;
+    hasher.update(&first);
+    let mut total = head as u64;
+    while let Some(chunk) = blob.next_chunk().await? {
+        assert!(!chunk.is_empty(), "next_chunk yields no empty chunk");
+        total += chunk.len() as u64;
+        hasher.update(&chunk);
+    }
+    // The end stays the end.
+    assert!(blob.next_chunk().await?.is_none());
+    Ok((total, Digest::from(hasher.finalize())))
 }
 
 /// A reader that fails mid-stream leaves nothing visible and no stage file.
@@ -502,6 +534,9 @@ pub async fn large_streamed_blob(spec: Spec) {
     }
     assert_eq!(total, len);
     assert_eq!(Digest::from(hasher.finalize()), digest);
+    // Chunk by chunk, after a head read through the byte view.
+    let blob = h.store.get(r.key()).await.unwrap().unwrap();
+    assert_eq!(read_chunks(blob, 1000).await.unwrap(), (len, digest));
     let mid = h
         .store
         .read_range(r.key(), (len / 2)..(len / 2 + 4096))

@@ -9,14 +9,15 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt, TryStreamExt};
 use store_core::{Blob, Error};
-use tokio_util::io::{ReaderStream, StreamReader};
+use tokio_util::io::StreamReader;
 
 use crate::bao::ChunkStream;
 use crate::error::{ErrorCode, OpsError};
 use crate::Ops;
 
-/// Chunk size of blob response bodies.
-const RESPONSE_CHUNK: usize = 256 * 1024;
+/// Chunk size of blob response bodies: the engines' read-ahead chunk,
+/// which is also what [`Blob::next_chunk`] copies at most per chunk.
+const RESPONSE_CHUNK: usize = store_types::CHUNK_SIZE;
 
 /// How much of an oversized `/v1/have` body is read and discarded before
 /// answering `too_many`, so that ordinary clients (which write the whole
@@ -97,7 +98,9 @@ pub(crate) async fn buffered_body(blob: Blob, ops: &Ops) -> Result<Body, OpsErro
     Ok(Body::from(bytes))
 }
 
-/// A blob response body, streamed (larger ones than [`BUFFERED_MAX`]).
+/// A blob response body, streamed (larger ones than [`BUFFERED_MAX`]): the
+/// blob's chunks as [`Blob::next_chunk`] gives them — the engine's own
+/// read-ahead buffers where it has them, with no copy (ADR-044).
 ///
 /// It holds each chunk back until the next read succeeds, so a failure at
 /// EOF — a verified read whose bytes do not hash to the digest — withholds
@@ -105,30 +108,26 @@ pub(crate) async fn buffered_body(blob: Blob, ops: &Ops) -> Result<Body, OpsErro
 /// `Content-Length` sees a short body and a closed connection, never a
 /// complete response with bad bytes.
 pub(crate) fn blob_body(blob: Blob, ops: Ops) -> Body {
-    let reader = ReaderStream::with_capacity(blob, RESPONSE_CHUNK);
-    type State<R> = Option<(R, Option<Bytes>, Ops)>;
-    let init: State<_> = Some((reader, None, ops));
+    type State = Option<(Blob, Option<Bytes>, Ops)>;
+    let init: State = Some((blob, None, ops));
     let stream = futures::stream::unfold(init, |state| async move {
-        let (mut reader, mut pending, ops) = state?;
+        let (mut blob, mut pending, ops) = state?;
         loop {
-            match reader.next().await {
-                Some(Ok(chunk)) => {
-                    if chunk.is_empty() {
-                        continue;
-                    }
+            match blob.next_chunk().await {
+                Ok(Some(chunk)) => {
                     if let Some(prev) = pending.replace(chunk) {
                         ops.metrics().get_bytes(prev.len() as u64);
-                        return Some((Ok(prev), Some((reader, pending, ops))));
+                        return Some((Ok(prev), Some((blob, pending, ops))));
                     }
                 }
-                Some(Err(e)) => {
+                Err(e) => {
                     let err = Error::from(e);
                     let code = OpsError::from(err.clone()).code;
                     ops.metrics().error(code);
                     tracing::warn!("aborting a blob response: {err}");
                     return Some((Err(io::Error::from(err)), None));
                 }
-                None => {
+                Ok(None) => {
                     let prev = pending.take()?;
                     ops.metrics().get_bytes(prev.len() as u64);
                     return Some((Ok(prev), None));
