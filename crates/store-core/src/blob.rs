@@ -243,9 +243,9 @@ impl Blob {
     /// When the engine reads ahead into owned buffers
     /// ([`BlobReader::chunks`]: the local and object-storage engines' whole
     /// reads) they are handed on without a copy; an entry the engine holds
-    /// in memory comes as one chunk (verified first); any other read is
-    /// copied out of the reader in chunks of up to [`CHUNK_SIZE`] bytes
-    /// (ADR-044).
+    /// in memory comes as one chunk, verified first, when the engine hashed
+    /// it or it is shorter than 4 MiB; any other read is copied out of the
+    /// reader in chunks of up to [`CHUNK_SIZE`] bytes (ADR-044).
     ///
     /// Verified like the [`AsyncRead`] view: the bytes are hashed (or
     /// counted against the engine's digest) as they pass, and the call
@@ -268,21 +268,37 @@ impl Blob {
             self.verify.as_mut().filter(|v| !v.finished && v.seen == 0),
             &self.whole,
         ) {
-            // In memory: the verdict first, then all of it at once.
-            v.seen = whole.len() as u64;
+            // In memory: the verdict first, then all of it at once — when
+            // the engine hashed it, or when hashing it here in one poll is
+            // short (below PARALLEL_HASH_MIN); a larger entry hashed here is
+            // copied out below, 256 KiB per poll, as the byte view reads it.
             let verdict = match &mut v.check {
+                Check::Here(_) if whole.len() as u64 >= PARALLEL_HASH_MIN => None,
                 Check::Here(_) => {
+                    v.seen = whole.len() as u64;
                     let actual = digest_of(whole);
-                    v.verdict(len, actual)
+                    Some(v.verdict(len, actual))
                 }
-                Check::Engine { .. } => ready!(v.poll_engine_digest(cx, len)),
+                Check::Engine { .. } => {
+                    v.seen = whole.len() as u64;
+                    match v.poll_engine_digest(cx, len) {
+                        Poll::Ready(verdict) => Some(verdict),
+                        Poll::Pending => {
+                            // Nothing consumed: the next poll starts over.
+                            v.seen = 0;
+                            return Poll::Pending;
+                        }
+                    }
+                }
             };
-            // The reader yields the same bytes: it must not yield them
-            // again, after a pass or (unverified) after a failure.
-            self.reader = Box::pin(tokio::io::empty());
-            let whole = self.whole.take().unwrap_or_default();
-            verdict?;
-            return Poll::Ready(Ok((!whole.is_empty()).then_some(whole)));
+            if let Some(verdict) = verdict {
+                // The reader yields the same bytes: it must not yield them
+                // again, after a pass or (unverified) after a failure.
+                self.reader = Box::pin(tokio::io::empty());
+                let whole = self.whole.take().unwrap_or_default();
+                verdict?;
+                return Poll::Ready(Ok((!whole.is_empty()).then_some(whole)));
+            }
         }
         if let Some(chunks) = &self.chunks {
             let Some(v) = self.verify.as_mut().filter(|v| !v.finished) else {
@@ -296,7 +312,11 @@ impl Blob {
                 None => return v.poll_at_eof(cx, len).map_ok(|()| None),
             });
         }
-        if self.chunk_buf.capacity() < CHUNK_SIZE {
+        if self.chunk_buf.capacity() == 0 {
+            // A fresh buffer only once the last one is used up (as
+            // `ReaderStream` does): a reader that yields a verified range
+            // 16 KiB group at a time fills one 256 KiB buffer with 16
+            // chunks instead of pinning a new buffer per chunk.
             self.chunk_buf.reserve(CHUNK_SIZE);
         }
         let mut buf = std::mem::take(&mut self.chunk_buf);
@@ -709,5 +729,56 @@ mod tests {
         let mut blob = verified(r, Digest::of(b"streamed"));
         assert_eq!(blob.next_chunk().await.unwrap().unwrap(), &b"streamed"[..]);
         assert!(blob.next_chunk().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn next_chunk_waits_for_a_late_engine_digest_of_in_memory_bytes() {
+        let (tx, rx) = oneshot::channel();
+        let bytes = Bytes::from_static(b"a late digest");
+        let r = BlobReader {
+            yielded_digest: Some(rx),
+            ..BlobReader::from_bytes(bytes.clone())
+        };
+        let mut blob = verified(r, Digest::of(&bytes));
+        // Polled (and then dropped) before the digest arrives: nothing is
+        // consumed, nothing counted twice.
+        let early = tokio::time::timeout(Duration::from_millis(20), blob.next_chunk()).await;
+        assert!(early.is_err(), "{early:?}");
+        tx.send(Digest::of(&bytes)).unwrap();
+        assert_eq!(blob.next_chunk().await.unwrap().unwrap(), bytes);
+        assert!(blob.next_chunk().await.unwrap().is_none());
+    }
+
+    /// Yields its bytes 16 KiB per read, as a verified range read does.
+    struct GroupAtATime(Bytes);
+
+    impl AsyncRead for GroupAtATime {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let n = self.0.len().min(16 << 10).min(buf.remaining());
+            buf.put_slice(&self.0.split_to(n));
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn next_chunk_copies_small_reads_into_one_buffer() {
+        let data = Bytes::from(vec![5u8; 64 << 10]);
+        let r = BlobReader {
+            len: data.len() as u64,
+            reader: Box::pin(GroupAtATime(data)),
+            yielded_digest: None,
+            in_memory: None,
+            chunks: None,
+        };
+        let mut blob = Blob::range_verified(r, Tier::Large);
+        let a = blob.next_chunk().await.unwrap().unwrap();
+        let b = blob.next_chunk().await.unwrap().unwrap();
+        assert_eq!((a.len(), b.len()), (16 << 10, 16 << 10));
+        // Held chunks do not make every next one allocate a fresh buffer.
+        assert_eq!(b.as_ptr() as usize, a.as_ptr() as usize + a.len());
     }
 }

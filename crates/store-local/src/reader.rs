@@ -13,7 +13,9 @@
 //!   buffer without a copy): `pread` of the cached descriptor when the
 //!   inline read would have waited (or hashes), else open, `fstat`,
 //!   `pread` (the descriptor then goes into the cache).
-//! - Otherwise an async read-ahead task feeding an [`AsyncRead`] adapter.
+//! - Otherwise an async read-ahead task sending owned chunks
+//!   ([`BlobReader::from_chunks`]: read as bytes, or taken as they are by a
+//!   consumer that forwards them, ADR-044).
 //!   The task waits for the consumer in async code and reads in short
 //!   blocking calls (`spawn_blocking`) that each fill only the room
 //!   already free in the channel to the reader and then return, so a
@@ -21,7 +23,7 @@
 //!   blocking-pool thread while it waits: only its few read-ahead chunks
 //!   and the open file. For a whole-entry read the blocking call also
 //!   hashes each chunk before it is handed over, so the BLAKE3 work of a
-//!   verified get overlaps the consumer's copying
+//!   verified get overlaps the consumer's work
 //!   ([`BlobReader::yielded_digest`]).
 
 use std::fs::File;
@@ -40,7 +42,7 @@ use crate::error::{blocking, io_err, is_absent};
 use crate::Inner;
 
 /// Chunks read ahead of the consumer (the channel's capacity).
-const READ_AHEAD_CHUNKS: usize = 3;
+pub(crate) const READ_AHEAD_CHUNKS: usize = 3;
 
 /// Most chunks one blocking call reads (4 MiB): with a consumer that keeps
 /// up, the call returns at this bound rather than at a full channel.
@@ -621,8 +623,9 @@ fn short_file(e: io::Error) -> io::Error {
     }
 }
 
-/// Reads exactly `n` bytes into `spare` (a buffer handed back by the
-/// consumer) or a new buffer; a file that ends early is an error.
+/// Reads exactly `n` bytes into `spare` (a buffer handed back once the
+/// last `Bytes` of its chunk was dropped) or a new buffer; a file that
+/// ends early is an error.
 ///
 /// Neither zero-fills: a recycled buffer is already initialised (its
 /// length is the size of the chunk it held) and is read into with one

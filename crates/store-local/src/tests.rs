@@ -1183,3 +1183,44 @@ fn a_whole_read_of_a_file_shorter_than_its_size_fails() {
     assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     assert!(err.to_string().contains("shorter"), "{err}");
 }
+
+/// A streamed whole read hands its chunks out as owned `Bytes`
+/// (`BlobReader::chunks`, ADR-044) whose buffers go back to the read-ahead
+/// task when dropped — on another thread too — so a long read reuses the
+/// few buffers in flight instead of allocating one per chunk.
+#[tokio::test]
+async fn taken_chunks_give_their_buffers_back_when_dropped() {
+    use std::collections::HashSet;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(16 * CHUNK_SIZE, 9);
+    let key = put(&engine, "a", &data).await;
+    let r = engine.read(&key).await.unwrap().unwrap();
+    assert!(r.in_memory.is_none(), "streamed, not read at once");
+    let chunks = r.chunks.clone().expect("a streamed read offers its chunks");
+    let mut got = Vec::new();
+    let mut buffers = HashSet::new();
+    let mut n = 0;
+    while let Some(chunk) = chunks.next_chunk().await.unwrap() {
+        got.extend_from_slice(&chunk);
+        buffers.insert(chunk.as_ptr() as usize);
+        n += 1;
+        if n % 2 == 0 {
+            std::thread::spawn(move || drop(chunk)).join().unwrap();
+        }
+    }
+    assert_eq!(got, data);
+    // In flight at once: the channel's chunks, the one being read, the one
+    // held here.
+    let most = crate::reader::READ_AHEAD_CHUNKS + 2;
+    assert!(
+        buffers.len() <= most,
+        "{} buffers for {n} chunks (at most {most} expected)",
+        buffers.len()
+    );
+    // The byte view of the same read is at its end too.
+    let mut rest = Vec::new();
+    let mut reader = r.reader;
+    reader.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty());
+}

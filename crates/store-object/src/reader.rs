@@ -1,7 +1,8 @@
-//! Reads: one (ranged) GET, drained by a read-ahead task into an
-//! [`AsyncRead`] adapter. For a whole-object read the task also hashes
-//! each chunk before handing it over, overlapping the BLAKE3 work of a
-//! verified get with the consumer's copying
+//! Reads: one (ranged) GET, drained by a read-ahead task into owned chunks
+//! ([`BlobReader::from_chunks`]: read as bytes, or taken as they are by a
+//! consumer that forwards them, ADR-044). For a whole-object read the task
+//! also hashes each chunk before handing it over, overlapping the BLAKE3
+//! work of a verified get with the consumer's
 //! ([`BlobReader::yielded_digest`]).
 //!
 //! No blocking thread ever waits for the consumer: a body streamed from a

@@ -18,7 +18,8 @@ use tokio::sync::mpsc;
 /// what one view consumed, the other does not see again.
 ///
 /// The bytes come from an engine's read-ahead task over a channel; an
-/// `Err` item ends the read with that error, and a channel that closes
+/// `Err` item ends the read with that error (later calls fail with its kind
+/// and message), and a channel that closes
 /// before `len` bytes arrived ends it with `UnexpectedEof` (the task died).
 /// Cloning shares the position. Only one consumer reads at a time (a
 /// `Blob` owns both views), so the lock is never contended.
@@ -34,8 +35,8 @@ struct State {
     /// Bytes still expected from the channel.
     remaining: u64,
     /// Set once the end or an error was reported: later polls answer the
-    /// end (after an error, an error again).
-    done: Option<Result<(), io::ErrorKind>>,
+    /// end, or an error of the same kind and message.
+    done: Option<Result<(), (io::ErrorKind, String)>>,
 }
 
 impl Chunks {
@@ -81,10 +82,10 @@ impl State {
         if !self.current.is_empty() {
             return Poll::Ready(Ok(Some(std::mem::take(&mut self.current))));
         }
-        if let Some(done) = self.done {
+        if let Some(done) = self.done.clone() {
             return Poll::Ready(match done {
                 Ok(()) => Ok(None),
-                Err(kind) => Err(io::Error::new(kind, "the read already failed")),
+                Err((kind, msg)) => Err(io::Error::new(kind, msg)),
             });
         }
         let got = loop {
@@ -110,7 +111,11 @@ impl State {
                 }
             }
         };
-        self.done = Some(got.as_ref().map(|_| ()).map_err(|e| e.kind()));
+        self.done = Some(
+            got.as_ref()
+                .map(|_| ())
+                .map_err(|e| (e.kind(), e.to_string())),
+        );
         Poll::Ready(got.map(|()| None))
     }
 }
@@ -209,5 +214,6 @@ mod tests {
         assert_eq!(out, b"ab");
         let e = c.next_chunk().await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(e.to_string(), "no", "the same error again");
     }
 }

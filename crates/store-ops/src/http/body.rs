@@ -15,8 +15,10 @@ use crate::bao::ChunkStream;
 use crate::error::{ErrorCode, OpsError};
 use crate::Ops;
 
-/// Chunk size of blob response bodies: the engines' read-ahead chunk,
-/// which is also what [`Blob::next_chunk`] copies at most per chunk.
+/// The engines' read-ahead chunk: the most [`Blob::next_chunk`] copies per
+/// chunk, and the largest response read whole before its head
+/// ([`BUFFERED_MAX`]). Streamed bodies send the chunks as they come (an
+/// engine's own, which may be larger).
 const RESPONSE_CHUNK: usize = store_types::CHUNK_SIZE;
 
 /// How much of an oversized `/v1/have` body is read and discarded before
