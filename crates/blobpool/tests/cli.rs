@@ -154,6 +154,30 @@ fn direct_mode_put_get_round_trips_byte_exactly() {
     assert_eq!(v["aborted"], "no_liveness_sources");
 }
 
+/// A direct-mode get streams the engine's chunks (ADR-044) and still
+/// fails with `verification` on a corrupt entry: a file output is never
+/// created, and nothing is committed.
+#[test]
+fn direct_mode_get_of_a_corrupt_entry_fails_and_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let len = 3u64 << 20;
+    let data = write_file(d, "big", len, 17);
+    let digest = ok(run(cmd(d).args(["put", "big"])));
+    let stored = find_file_of_len(&d.join("blobpool-data/large"), len).expect("stored file");
+    let mut bytes = std::fs::read(&stored).unwrap();
+    assert_eq!(bytes, data);
+    bytes[(len / 2) as usize] ^= 0x40;
+    std::fs::write(&stored, &bytes).unwrap();
+    fails_with(
+        run(cmd(d).args(["get", &digest, "-o", "out.bin"])),
+        "verification",
+    );
+    assert!(!d.join("out.bin").exists());
+    assert!(part_files(d).is_empty(), "{:?}", part_files(d));
+    fails_with(run(cmd(d).args(["get", &digest])), "verification");
+}
+
 #[test]
 fn direct_mode_reads_config_file_and_environment() {
     let dir = tempfile::tempdir().unwrap();
