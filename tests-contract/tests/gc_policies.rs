@@ -133,7 +133,7 @@ async fn policies(kv: Kv) {
     assert_eq!(counts(&first, &a_ns), (0, 0, 3), "{first:?}");
     // d: no policy, no reference: the implicit keep.
     assert!(first.unswept_namespaces.contains(&d_ns), "{first:?}");
-    assert_eq!(s.effective_gc_policy(&d_ns), GcPolicy::Keep);
+    assert_eq!(s.effective_gc_policy(&d_ns).await.unwrap(), GcPolicy::Keep);
 
     // Two hours later the unreferenced old entries in `a` are garbage.
     e.clock.advance(Duration::from_secs(2 * 3600));
@@ -145,7 +145,7 @@ async fn policies(kv: Kv) {
     refs.set(&d_ns, &name("one"), d[0].digest, RefExpect::Absent)
         .await
         .unwrap();
-    assert_eq!(s.effective_gc_policy(&d_ns), GcPolicy::Refs);
+    assert_eq!(s.effective_gc_policy(&d_ns).await.unwrap(), GcPolicy::Refs);
     let (first, second) = two_sweeps(s).await;
     assert_eq!(counts(&first, &d_ns), (1, 0, 1), "{first:?}");
     assert_eq!(counts(&second, &d_ns).1, 1, "{second:?}");
@@ -166,7 +166,7 @@ async fn policies(kv: Kv) {
     let (_, second) = two_sweeps(s).await;
     assert_eq!(counts(&second, &d_ns).1, 1, "{second:?}");
     assert!(!s.has(&d[0]).await.unwrap());
-    assert_eq!(s.effective_gc_policy(&d_ns), GcPolicy::Refs);
+    assert_eq!(s.effective_gc_policy(&d_ns).await.unwrap(), GcPolicy::Refs);
 
     // Changing a policy undoes the old registrations: `u` set to keep is
     // no longer swept, and set back to unreferenced it is again.
@@ -228,9 +228,9 @@ async fn a_reopened_store_adopts_namespaces_that_use_references() {
     }
     let s = open().await;
     // Without adoption the namespace is unswept…
-    assert_eq!(s.effective_gc_policy(&n), GcPolicy::Keep);
+    assert_eq!(s.effective_gc_policy(&n).await.unwrap(), GcPolicy::Keep);
     assert_eq!(s.adopt_ref_namespaces().await.unwrap(), vec![n.clone()]);
-    assert_eq!(s.effective_gc_policy(&n), GcPolicy::Refs);
+    assert_eq!(s.effective_gc_policy(&n).await.unwrap(), GcPolicy::Refs);
     let garbage = put_many(&s, &n, 50, 2).await;
     let (first, second) = two_sweeps(&s).await;
     assert_eq!(counts(&first, &n), (2, 0, 1), "{first:?}");

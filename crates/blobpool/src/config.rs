@@ -9,6 +9,8 @@
 //! fleet = false                               # ADR-012 §3 fleet admission
 //! window = "1h"                               # delete window, duration
 //! pin_ttl = "15m"                             # fleet pin-row lifetime, duration
+//! # node_name = "host-a"                      # this node's stable name in the fleet's pin and policy
+//!                                             #   rows (default: host name + absolute data_dir)
 //! schema = "blobpool"                         # PostgreSQL schema when the URL has no ?schema=
 //! shared_media = false                        # file:// large tier is on media shared by the fleet
 //! fsync = true                                # file:// large tier fsyncs publishes
@@ -216,6 +218,22 @@ pub fn format_size(n: u64) -> String {
     format!("{n} bytes")
 }
 
+/// The default `node_name`: `HOST:/absolute/data_dir`. Stable across
+/// restarts of one node (so a restarted node replaces its own fleet policy
+/// rows instead of leaving an old name's behind) and distinct between
+/// nodes unless two share a host and a data directory — set `node_name`
+/// explicitly then.
+pub fn default_node_name(data_dir: &Path) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    let dir = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    format!("{host}:{}", dir.display())
+}
+
 /// The TOML file's shape. Unknown keys are errors (typos must not pass
 /// silently).
 #[derive(Debug, Default, Deserialize)]
@@ -229,6 +247,7 @@ struct FileConfig {
     fleet: Option<Spanned<Scalar>>,
     window: Option<Spanned<Scalar>>,
     pin_ttl: Option<Spanned<Scalar>>,
+    node_name: Option<Spanned<Scalar>>,
     schema: Option<Spanned<Scalar>>,
     shared_media: Option<Spanned<Scalar>>,
     fsync: Option<Spanned<Scalar>>,
@@ -466,6 +485,9 @@ pub struct Config {
     pub window: Duration,
     /// Fleet pin-row lifetime.
     pub pin_ttl: Duration,
+    /// This node's stable name: the owner of its fleet pin rows and GC
+    /// policy rows (ADR-045). `node_name`, else [`default_node_name`].
+    pub node_name: String,
     /// `file://` large tier: shared-media declaration.
     pub shared_media: bool,
     /// `file://` large tier: fsync publishes.
@@ -752,6 +774,19 @@ impl Config {
         let fleet = l
             .get("fleet", f.fleet.as_ref(), &fc.fleet, Scalar::boolean)?
             .is_some_and(|(b, _)| b);
+        let node_name = match l.get("node_name", None, &fc.node_name, |s| {
+            let n = s.text()?;
+            let n = n.trim();
+            if n.is_empty() || n.len() > 200 || n.chars().any(|c| c.is_control()) {
+                return Err(
+                    "node_name must be 1 to 200 characters without control characters".into(),
+                );
+            }
+            Ok(n.to_string())
+        })? {
+            Some((n, _)) => n,
+            None => default_node_name(&root),
+        };
         let (pin_ttl, pin_origin) = l
             .get("pin_ttl", None, &fc.pin_ttl, Scalar::duration)?
             .unwrap_or((Duration::from_secs(900), Origin::Default));
@@ -840,6 +875,7 @@ impl Config {
                 .get("window", f.window.as_ref(), &fc.window, Scalar::duration)?
                 .map_or(Duration::from_secs(3600), |(d, _)| d),
             pin_ttl,
+            node_name,
             shared_media,
             fsync,
             listen: l
@@ -948,7 +984,8 @@ impl Config {
             .mode(self.mode)
             .fleet(self.fleet)
             .window(self.window)
-            .pin_ttl(self.pin_ttl);
+            .pin_ttl(self.pin_ttl)
+            .owner(self.node_name.clone());
         if let Some(l) = large {
             b = b.large_shared(l);
         }

@@ -219,6 +219,12 @@ impl GcSettings {
                     other => other,
                 })?;
         }
+        // Fleet: this node's rows for namespaces its configuration no
+        // longer names go (ADR-045); other nodes' rows are theirs.
+        let configured: Vec<Namespace> = self.policies.iter().map(|(n, _)| n.clone()).collect();
+        for ns in store.retain_gc_policies(&configured).await? {
+            tracing::info!(target: "blobpool::gc", "namespace {ns}: this node's policy row removed (no longer configured)");
+        }
         store.adopt_ref_namespaces().await?;
         let mut lines = Vec::new();
         let mut seen: Vec<Namespace> = self.policies.iter().map(|(n, _)| n.clone()).collect();
@@ -229,7 +235,7 @@ impl GcSettings {
         }
         seen.sort();
         for ns in seen {
-            let p = store.effective_gc_policy(&ns);
+            let p = store.effective_gc_policy(&ns).await?;
             let extra = if self.tables.iter().any(|(n, _)| *n == ns) {
                 " + liveness table"
             } else {

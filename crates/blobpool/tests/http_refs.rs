@@ -109,7 +109,9 @@ async fn a_reference_set_with_the_put_token_protects_until_it_is_deleted() {
     // The namespace stays a refs namespace after its last reference.
     assert_eq!(
         s.store()
-            .effective_gc_policy(&store_types::Namespace::new("docs").unwrap()),
+            .effective_gc_policy(&store_types::Namespace::new("docs").unwrap())
+            .await
+            .unwrap(),
         store_core::GcPolicy::Refs
     );
 }

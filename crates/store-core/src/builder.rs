@@ -282,6 +282,7 @@ impl StoreBuilder {
                 window_host,
                 shared_lock: fleet_state.as_ref().map(|f| f.lock.clone()),
                 fleet_pins: fleet_state.as_ref().map(|f| f.pins.clone()),
+                refs: kv.refs(),
             },
         );
         Ok(Store::from_inner(Inner {

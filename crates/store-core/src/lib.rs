@@ -40,7 +40,7 @@ pub use inspect::{
     VerifySummary, MAX_LIST_LIMIT,
 };
 pub use put::PutReceipt;
-pub use refs::{GcPolicy, Refs};
+pub use refs::{GcPolicy, Refs, SetRefOptions, SetRefOutcome};
 pub use store::{Liveness, Store};
 pub use verified::{DEFAULT_OUTBOARD_CACHE_BYTES, OUTBOARD_KEPT_ABOVE, WHOLE_VERIFY_MAX};
 

@@ -29,8 +29,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use store_gc::{LivenessSource, SourceId};
 use store_types::{
-    Digest, Error, Key, KvEngine, LargeEngine, LivenessTable, Namespace, RefEntry, RefExpect,
-    RefName, RefStore, Result, Timestamp,
+    Digest, Error, ErrorKind, FleetPolicy, Key, KvEngine, LargeEngine, Namespace, PolicyRow,
+    RefEntry, RefExpect, RefName, RefStore, Result, Timestamp,
 };
 
 use crate::Store;
@@ -62,88 +62,52 @@ impl std::fmt::Display for GcPolicy {
     }
 }
 
-/// What this store registered for a namespace, to undo it.
-#[derive(Clone)]
-enum Registration {
-    Source(SourceId),
-    Table(LivenessTable),
+impl GcPolicy {
+    /// The fleet form of the policy; `None` for `MaxAge`, which has none.
+    fn fleet(self) -> Option<FleetPolicy> {
+        match self {
+            GcPolicy::Refs => Some(FleetPolicy::Refs),
+            GcPolicy::Unreferenced => Some(FleetPolicy::Unreferenced),
+            GcPolicy::Keep => Some(FleetPolicy::Keep),
+            GcPolicy::MaxAge(_) => None,
+        }
+    }
+
+    fn from_fleet(p: FleetPolicy) -> GcPolicy {
+        match p {
+            FleetPolicy::Refs => GcPolicy::Refs,
+            FleetPolicy::Unreferenced => GcPolicy::Unreferenced,
+            FleetPolicy::Keep => GcPolicy::Keep,
+        }
+    }
 }
 
 /// The store's policy table (shared by its clones).
 #[derive(Default)]
 pub(crate) struct PolicyState {
-    /// Policies set explicitly.
+    /// Policies set explicitly through this store.
     explicit: HashMap<Namespace, GcPolicy>,
-    /// The policy in force and what was registered for it.
-    active: HashMap<Namespace, (GcPolicy, Vec<Registration>)>,
+    /// Non-fleet: the policy in force and the in-process source registered
+    /// for it (`None` for `Keep`).
+    active: HashMap<Namespace, (GcPolicy, Option<SourceId>)>,
 }
 
-/// The liveness source of `Refs` namespaces (non-fleet).
-struct RefsSource {
-    refs: Arc<dyn RefStore>,
-}
-
-/// Groups `keys` by namespace (sources are registered per namespace, so
-/// in practice one group) and asks `f` per group, keeping key order.
-async fn by_namespace<'a, F, Fut>(keys: &'a [Key], mut f: F) -> Result<Vec<bool>>
-where
-    F: FnMut(&'a Namespace, Vec<Digest>) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<bool>>>,
-{
-    let mut out = vec![false; keys.len()];
-    let mut groups: Vec<(&Namespace, Vec<usize>)> = Vec::new();
-    for (i, k) in keys.iter().enumerate() {
-        match groups.iter_mut().find(|(ns, _)| **ns == k.namespace) {
-            Some((_, idx)) => idx.push(i),
-            None => groups.push((&k.namespace, vec![i])),
-        }
-    }
-    for (ns, idx) in groups {
-        let digests = idx.iter().map(|&i| keys[i].digest).collect();
-        let answers = f(ns, digests).await?;
-        if answers.len() != idx.len() {
-            return Err(
-                Error::backend(store_types::ErrorKind::InvalidData, "probe references")
-                    .with_target(format!("of namespace {ns}"))
-                    .with_source(format!(
-                        "the reference store answered {} values for {} digests",
-                        answers.len(),
-                        idx.len()
-                    )),
-            );
-        }
-        for (i, a) in idx.into_iter().zip(answers) {
-            out[i] = a;
-        }
-    }
-    Ok(out)
-}
+/// The marker source of `Refs` and `Unreferenced` namespaces (non-fleet):
+/// it makes the namespace swept and names nothing live itself — the
+/// collector consults the references in every swept namespace (ADR-045).
+struct NothingElseLive;
 
 #[async_trait]
-impl LivenessSource for RefsSource {
-    async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>> {
-        by_namespace(
-            keys,
-            |ns, d| async move { self.refs.referenced(ns, &d).await },
-        )
-        .await
-    }
-}
-
-/// The liveness source of `Unreferenced` namespaces (non-fleet).
-struct NothingReferenced;
-
-#[async_trait]
-impl LivenessSource for NothingReferenced {
+impl LivenessSource for NothingElseLive {
     async fn probe(&self, keys: &[Key]) -> Result<Vec<bool>> {
         Ok(vec![false; keys.len()])
     }
 }
 
-/// The liveness source of `MaxAge` namespaces (non-fleet): referenced, or
-/// younger than `max_age` by the store's clock.
+/// The liveness source of `MaxAge` namespaces (non-fleet): younger than
+/// `max_age` by the store's clock (references are consulted by the
+/// collector).
 struct AgeSource {
-    refs: Option<Arc<dyn RefStore>>,
     kv: Arc<dyn KvEngine>,
     large: Option<Arc<dyn LargeEngine>>,
     clock: Arc<dyn store_gc::Clock>,
@@ -171,16 +135,9 @@ impl LivenessSource for AgeSource {
             now.0
                 .saturating_sub(self.max_age.as_millis().min(i64::MAX as u128) as i64),
         );
-        let mut live = match &self.refs {
-            Some(r) => {
-                by_namespace(keys, |ns, d| async move { r.referenced(ns, &d).await }).await?
-            }
-            None => vec![false; keys.len()],
-        };
+        let mut live = vec![false; keys.len()];
         for (key, l) in keys.iter().zip(live.iter_mut()) {
-            if !*l {
-                *l = self.young(key, cutoff).await?;
-            }
+            *l = self.young(key, cutoff).await?;
         }
         Ok(live)
     }
@@ -196,73 +153,173 @@ impl Store {
         })
     }
 
-    /// Sets the GC policy of `ns`, replacing whatever this store registered
-    /// for it before (registrations made by others — an embedder's own
-    /// liveness sources, another node's tables — are left alone).
+    /// Sets this store's GC policy for `ns` (ADR-024, ADR-045).
     ///
-    /// Refused with [`Error::Config`]: `Refs`/`MaxAge` when the kv engine
-    /// holds no references; in a fleet, `MaxAge` (age needs an in-process
-    /// probe no other node could consult) and any policy but `Keep` when the
-    /// engine's references are not a table the fleet shares.
+    /// - Non-fleet: the policy's in-process source is registered **before**
+    ///   the old one is removed, so the namespace is never briefly without
+    ///   the protection either policy gives.
+    /// - Fleet: the policy is a row of this node (its [`Store::owner`]) in
+    ///   the shared database, replaced in one statement; other nodes' rows
+    ///   are never touched. Every node's sweep reads every row: `Keep` on
+    ///   any node wins for the whole fleet.
     ///
-    /// Cancel-safe: the old registrations are undone first and the new
-    /// ones made after, and the policy table never forgets a registration
-    /// that may exist (see `activate`); dropped half-way, the namespace is
-    /// left with no source of this store's (never swept: the safe side)
-    /// and the next call finishes the change.
+    /// References protect under every policy; `Keep` only means the policy
+    /// layer never makes the namespace swept (an embedder's own liveness
+    /// source or table still can, and references then still protect).
+    ///
+    /// Refused with [`Error::Config`]: `Refs` when the kv engine holds no
+    /// references; in a fleet, `MaxAge` (age needs an in-process probe no
+    /// other node could consult).
+    ///
+    /// Cancel-safe: non-fleet the change happens without an await between
+    /// its steps; fleet it is one statement, applied or not.
     pub async fn set_gc_policy(&self, ns: Namespace, policy: GcPolicy) -> Result<()> {
         let _serial = self.inner.policy_lock.lock().await;
-        self.activate(&ns, policy).await?;
+        if self.inner.kv.refs().is_none() && policy == GcPolicy::Refs {
+            return Err(no_refs(&ns, policy));
+        }
+        match &self.inner.fleet {
+            Some(f) => {
+                let Some(fp) = policy.fleet() else {
+                    return Err(Error::Config(format!(
+                        "namespace {ns}: max_age is not available in a fleet (the age check is an \
+                         in-process probe other nodes could not consult)"
+                    )));
+                };
+                f.pins
+                    .set_gc_policy(&ns, &self.inner.owner, Some(fp))
+                    .await?;
+            }
+            None => self.activate(&ns, policy).await?,
+        }
         self.policies().explicit.insert(ns, policy);
         Ok(())
     }
 
-    /// The explicit policy of `ns`, if one was set.
+    /// Fleet: removes this node's policy rows for every namespace not in
+    /// `keep` (a restarted node whose configuration dropped a namespace
+    /// leaves no row of its old policy behind). Returns the namespaces
+    /// whose row was removed. Non-fleet: nothing to do (policies live in
+    /// this process).
+    ///
+    /// Cancel-safe: one statement per namespace; each row is removed or not.
+    pub async fn retain_gc_policies(&self, keep: &[Namespace]) -> Result<Vec<Namespace>> {
+        let Some(f) = &self.inner.fleet else {
+            return Ok(Vec::new());
+        };
+        let _serial = self.inner.policy_lock.lock().await;
+        let mut removed = Vec::new();
+        for row in f.pins.gc_policies().await? {
+            if row.owner == self.inner.owner && !keep.contains(&row.namespace) {
+                f.pins
+                    .set_gc_policy(&row.namespace, &self.inner.owner, None)
+                    .await?;
+                self.policies().explicit.remove(&row.namespace);
+                removed.push(row.namespace);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The explicit policy of `ns` set through this store, if any.
     pub fn gc_policy(&self, ns: &Namespace) -> Option<GcPolicy> {
         self.policies().explicit.get(ns).copied()
     }
 
-    /// The policy in force in `ns`: explicit, or `Refs` once a reference
-    /// was set there through this store or adopted with
-    /// [`Store::adopt_ref_namespaces`], else `Keep`.
-    pub fn effective_gc_policy(&self, ns: &Namespace) -> GcPolicy {
-        let st = self.policies();
-        st.explicit
-            .get(ns)
-            .copied()
-            .or_else(|| st.active.get(ns).map(|(p, _)| *p))
-            .unwrap_or(GcPolicy::Keep)
+    /// The policy in force in `ns`.
+    ///
+    /// - Non-fleet: explicit, or `Refs` once a reference was set there
+    ///   through this store or adopted with
+    ///   [`Store::adopt_ref_namespaces`], else `Keep`.
+    /// - Fleet (read from the shared database): `Keep` if any node's row
+    ///   says so; else this node's row, else another node's; else `Refs`
+    ///   if the namespace is marked as using references; else `Keep`.
+    ///
+    /// Cancel-safe (reads only).
+    pub async fn effective_gc_policy(&self, ns: &Namespace) -> Result<GcPolicy> {
+        let Some(f) = &self.inner.fleet else {
+            let st = self.policies();
+            return Ok(st
+                .explicit
+                .get(ns)
+                .copied()
+                .or_else(|| st.active.get(ns).map(|(p, _)| *p))
+                .unwrap_or(GcPolicy::Keep));
+        };
+        let rows: Vec<PolicyRow> = f
+            .pins
+            .gc_policies()
+            .await?
+            .into_iter()
+            .filter(|r| &r.namespace == ns)
+            .collect();
+        if rows.iter().any(|r| r.policy == FleetPolicy::Keep) {
+            return Ok(GcPolicy::Keep);
+        }
+        if let Some(r) = rows
+            .iter()
+            .find(|r| r.owner == self.inner.owner)
+            .or(rows.first())
+        {
+            return Ok(GcPolicy::from_fleet(r.policy));
+        }
+        let marked = match self.inner.kv.refs() {
+            Some(r) => r.uses_refs(ns).await?,
+            None => false,
+        };
+        Ok(if marked {
+            GcPolicy::Refs
+        } else {
+            GcPolicy::Keep
+        })
     }
 
-    /// Applies `Refs` to every namespace in which a reference was ever set
-    /// and that has no explicit policy (call once at start, after the
-    /// explicit policies). Returns the adopted namespaces.
+    /// Non-fleet: applies `Refs` to every namespace marked as using
+    /// references that has no explicit policy (call once at start, after
+    /// the explicit policies). Returns the adopted namespaces. Fleet: the
+    /// marks in the shared database are the implicit policy already
+    /// (ADR-045); nothing to adopt, returns nothing.
     ///
     /// Cancel-safe as [`Store::set_gc_policy`].
     pub async fn adopt_ref_namespaces(&self) -> Result<Vec<Namespace>> {
         let Some(refs) = self.inner.kv.refs() else {
             return Ok(Vec::new());
         };
+        if self.is_fleet() {
+            return Ok(Vec::new());
+        }
         let mut adopted = Vec::new();
         for ns in refs.ref_namespaces().await? {
-            if self.ensure_refs_policy(&ns).await? {
+            if self.adopt_refs_policy(&ns).await? {
                 adopted.push(ns);
             }
         }
         Ok(adopted)
     }
 
-    /// Makes `ns` a `Refs` namespace unless it has an explicit policy or
-    /// one is active already; `true` if it did.
-    async fn ensure_refs_policy(&self, ns: &Namespace) -> Result<bool> {
-        {
-            let st = self.policies();
-            if st.explicit.contains_key(ns)
-                || st.active.get(ns).is_some_and(|(p, _)| *p != GcPolicy::Keep)
-            {
-                return Ok(false);
-            }
+    /// Marks `ns` as using references and, non-fleet, makes it a `Refs`
+    /// namespace unless it has an explicit policy or a sweeping one is
+    /// active already. `true` if the policy in force changed from `Keep`
+    /// to `Refs` (the caller audits that).
+    async fn mark_and_adopt(&self, refs: &dyn RefStore, ns: &Namespace) -> Result<bool> {
+        let newly = refs.mark_uses_refs(ns).await?;
+        match &self.inner.fleet {
+            // The mark is the implicit policy; it changes what is swept
+            // only where no node has a row for the namespace.
+            Some(f) => Ok(newly
+                && !f
+                    .pins
+                    .gc_policies()
+                    .await?
+                    .iter()
+                    .any(|r| &r.namespace == ns)),
+            None => self.adopt_refs_policy(ns).await,
         }
+    }
+
+    /// Non-fleet: makes `ns` a `Refs` namespace unless it has an explicit
+    /// policy or a sweeping one is active already; `true` if it did.
+    async fn adopt_refs_policy(&self, ns: &Namespace) -> Result<bool> {
         let _serial = self.inner.policy_lock.lock().await;
         {
             let st = self.policies();
@@ -283,104 +340,35 @@ impl Store {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Undoes this store's registrations for `ns`, then makes what
-    /// `policy` needs. Callers hold `policy_lock`.
+    /// Non-fleet: registers what `policy` needs for `ns`, then removes what
+    /// the old policy registered (the new protection is in place before the
+    /// old one goes). Callers hold `policy_lock`.
     ///
-    /// Cancel-safe in the sense that matters: the policy table never
-    /// forgets a registration that may exist. An old registration leaves
-    /// the table only after it was undone; a new in-process source is
-    /// recorded in the same poll as it is made; a fleet table is recorded
-    /// before its (idempotent) registration statement, so a later policy
-    /// change undoes it even if this call was dropped mid-statement.
-    /// Dropped between the two halves, the namespace has no source of
-    /// ours: it is not swept, the safe side.
+    /// The in-process registration and its record in the policy table
+    /// happen in one poll, and so does the removal of the old one (an
+    /// in-process deregistration does not wait on anything), so a dropped
+    /// call leaves the table and the collector in agreement.
     async fn activate(&self, ns: &Namespace, policy: GcPolicy) -> Result<()> {
-        let refs = self.inner.kv.refs();
-        let fleet = self.is_fleet();
-        // Everything that can be refused is refused before anything changes.
-        let table = match policy {
-            GcPolicy::Refs | GcPolicy::Unreferenced if fleet => Some(
-                refs.as_ref()
-                    .and_then(|r| r.liveness_table())
-                    .ok_or_else(|| {
-                        Error::Config(format!(
-                            "namespace {ns}: policy {policy} in a fleet needs references in the \
-                         shared database (a PostgreSQL kv engine)"
-                        ))
-                    })?,
-            ),
-            GcPolicy::MaxAge(_) if fleet => {
-                return Err(Error::Config(format!(
-                    "namespace {ns}: max_age is not available in a fleet (the age check is an \
-                     in-process probe other nodes could not consult)"
-                )))
-            }
-            GcPolicy::Refs if refs.is_none() => return Err(no_refs(ns, policy)),
-            _ => None,
-        };
-        // 1. Undo the old registrations, newest first.
-        loop {
-            let last = {
-                let st = self.policies();
-                st.active.get(ns).and_then(|(_, regs)| regs.last().cloned())
-            };
-            let Some(r) = last else { break };
-            match &r {
-                Registration::Source(id) => {
-                    self.deregister_liveness_source(*id).await?;
-                }
-                Registration::Table(t) => {
-                    self.deregister_liveness_table(ns, t).await?;
-                }
-            }
-            if let Some((_, regs)) = self.policies().active.get_mut(ns) {
-                regs.pop();
-            }
-        }
-        self.policies()
-            .active
-            .insert(ns.clone(), (GcPolicy::Keep, Vec::new()));
-        // 2. Make the new one.
-        let source: Option<Arc<dyn LivenessSource>> = match (policy, table) {
-            (GcPolicy::Keep, _) => None,
-            (_, Some(table)) => {
-                self.record(ns, Registration::Table(table.clone()));
-                self.register_liveness_source(ns.clone(), table).await?;
-                None
-            }
-            (GcPolicy::Refs, None) => Some(Arc::new(RefsSource {
-                refs: refs.expect("checked above"),
-            })),
-            (GcPolicy::Unreferenced, None) => match refs {
-                Some(refs) => Some(Arc::new(RefsSource { refs })),
-                None => Some(Arc::new(NothingReferenced)),
-            },
-            (GcPolicy::MaxAge(max_age), None) => Some(Arc::new(AgeSource {
-                refs,
+        let source: Option<Arc<dyn LivenessSource>> = match policy {
+            GcPolicy::Keep => None,
+            GcPolicy::Refs | GcPolicy::Unreferenced => Some(Arc::new(NothingElseLive)),
+            GcPolicy::MaxAge(max_age) => Some(Arc::new(AgeSource {
                 kv: self.inner.kv.clone(),
                 large: self.inner.large.clone(),
                 clock: self.inner.clock.clone(),
                 max_age,
             })),
         };
-        if let Some(source) = source {
-            let id = self.register_liveness_source(ns.clone(), source).await?;
-            self.record(ns, Registration::Source(id));
-        }
-        if let Some((p, _)) = self.policies().active.get_mut(ns) {
-            *p = policy;
+        let new = source.map(|s| self.inner.gc.register_liveness_source(ns.clone(), s));
+        let old = self
+            .policies()
+            .active
+            .insert(ns.clone(), (policy, new))
+            .and_then(|(_, id)| id);
+        if let Some(id) = old {
+            self.inner.gc.deregister_liveness_source(id).await?;
         }
         Ok(())
-    }
-
-    /// Adds a registration to `ns`'s entry of the policy table.
-    fn record(&self, ns: &Namespace, r: Registration) {
-        self.policies()
-            .active
-            .entry(ns.clone())
-            .or_insert((GcPolicy::Keep, Vec::new()))
-            .1
-            .push(r);
     }
 }
 
@@ -404,25 +392,39 @@ impl std::fmt::Debug for Refs {
     }
 }
 
+/// How [`Refs::set_with`] treats the namespace's GC policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SetRefOptions {
+    /// Whether a committed set may make a `keep`-by-default namespace a
+    /// `refs` namespace (mark it as using references, ADR-024 §4). That
+    /// switch makes every unreferenced entry of the namespace garbage, so
+    /// the server grants it only to callers who may delete there
+    /// (ADR-045); the library's [`Refs::set`] always may.
+    pub adopt_policy: bool,
+}
+
+impl Default for SetRefOptions {
+    fn default() -> Self {
+        SetRefOptions { adopt_policy: true }
+    }
+}
+
+/// What [`Refs::set_with`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SetRefOutcome {
+    /// The digest the reference held before (`None`: it was created).
+    pub previous: Option<Digest>,
+    /// Whether the set switched the namespace's policy in force from
+    /// `keep` to `refs` (its first reference, with `adopt_policy`).
+    pub adopted: bool,
+}
+
 impl Refs {
     /// Points `name` in `ns` at `digest` if `expect` holds (compare and
-    /// swap); returns the previous digest.
+    /// swap); returns the previous digest. [`Refs::set_with`] with the
+    /// default options (a first reference makes the namespace `refs`).
     ///
-    /// The entry `(ns, digest)` must exist ([`Error::Missing`] otherwise).
-    /// It is pinned for the duration of the call, the namespace's policy
-    /// becomes `Refs` if it had none (so the reference protects), and the
-    /// reference is committed before the pin is released: a sweep racing
-    /// the call sees the pin or the reference, never neither. A caller
-    /// holding its own pin (an HTTP pin token) releases it after this
-    /// returns.
-    ///
-    /// A failed precondition is [`Error::RefConflict`] with the current
-    /// digest; nothing changed.
-    ///
-    /// Cancel-safe: dropped before the commit, nothing changed (the
-    /// namespace may have become a `Refs` namespace, which it would on the
-    /// next successful call anyway); after, the reference is set. The pin
-    /// is released either way.
+    /// Cancel-safe as [`Refs::set_with`].
     pub async fn set(
         &self,
         ns: &Namespace,
@@ -430,12 +432,79 @@ impl Refs {
         digest: Digest,
         expect: RefExpect,
     ) -> Result<Option<Digest>> {
-        let key = Key::new(ns.clone(), digest);
-        let pin = self.store.pin(&key).await?.ok_or(Error::Missing)?;
-        self.store.ensure_refs_policy(ns).await?;
-        let previous = self.backend.set(ns, name, digest, expect).await?;
-        drop(pin);
-        Ok(previous)
+        self.set_with(ns, name, digest, expect, SetRefOptions::default())
+            .await
+            .map(|o| o.previous)
+    }
+
+    /// Points `name` in `ns` at `digest` if `expect` holds (compare and
+    /// swap).
+    ///
+    /// The entry `(ns, digest)` must exist ([`Error::Missing`] otherwise).
+    /// It is pinned until the reference's write is acknowledged or known
+    /// not to commit, so a sweep racing the call sees the pin or the
+    /// reference, never neither. In a fleet the write also re-checks, in
+    /// its own transaction and under the key's lock, that the entry is not
+    /// being deleted and that this node's pin on it has not expired (a set
+    /// delayed past the pin TTL fails instead of naming a deleted entry).
+    /// Only **after** the reference is committed, and only with
+    /// `opts.adopt_policy`, is the namespace marked as using references
+    /// (the implicit `refs` policy); a failed or refused set changes no
+    /// policy. A caller holding its own pin (an HTTP pin token) releases it
+    /// after this returns.
+    ///
+    /// A failed precondition is [`Error::RefConflict`] with the current
+    /// digest; nothing changed.
+    ///
+    /// Cancel-safe: the pin, the write and the policy step run in a task of
+    /// their own, so dropping this future only stops waiting — the
+    /// reference commits or not exactly as if it had been awaited, and the
+    /// pin is held until the write's outcome is known.
+    pub async fn set_with(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        digest: Digest,
+        expect: RefExpect,
+        opts: SetRefOptions,
+    ) -> Result<SetRefOutcome> {
+        let this = self.clone();
+        let (ns, name) = (ns.clone(), name.clone());
+        let task = tokio::spawn(async move {
+            let key = Key::new(ns.clone(), digest);
+            let pin = this.store.pin(&key).await?.ok_or(Error::Missing)?;
+            let owner = this
+                .store
+                .is_fleet()
+                .then(|| this.store.owner().to_string());
+            let previous = this
+                .backend
+                .set_checked(&ns, &name, digest, expect, owner.as_deref())
+                .await;
+            drop(pin);
+            let previous = previous?;
+            let adopted = if opts.adopt_policy {
+                this.store
+                    .mark_and_adopt(this.backend.as_ref(), &ns)
+                    .await?
+            } else {
+                false
+            };
+            if adopted {
+                tracing::info!(
+                    target: "blobpool::audit",
+                    namespace = %ns,
+                    owner = %this.store.owner(),
+                    "gc policy keep -> refs (the namespace's first reference)"
+                );
+            }
+            Ok(SetRefOutcome { previous, adopted })
+        });
+        match task.await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Error::backend(ErrorKind::Interrupted, "set reference").with_source(e)),
+        }
     }
 
     /// [`Refs::set`] with the usual compare-and-swap spelling: `old` is the

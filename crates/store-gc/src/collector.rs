@@ -7,9 +7,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use store_types::{
-    BoundLivenessTable, Digest, Engine, Error, ErrorKind, Key, LivenessTable, Namespace,
-    PinClauses, ProtectReason, Report, Result, StagedCandidate, SweepLockClause, Timestamp,
-    WindowClauses,
+    fleet_swept_namespaces, BoundLivenessTable, Digest, Engine, Error, ErrorKind, Key,
+    LivenessTable, Namespace, PinClauses, ProtectReason, RefStore, Report, Result, StagedCandidate,
+    SweepLockClause, Timestamp, WindowClauses,
 };
 
 use crate::pins::GateState;
@@ -33,6 +33,14 @@ pub struct GcConfig {
     /// Fleet mode: the GC host's pin clauses. Arbitration then happens in
     /// SQL (pin rows, liveness tables) under per-key locks.
     pub fleet_pins: Option<Arc<dyn PinClauses>>,
+    /// The kv engine's named references, if it holds any (ADR-024,
+    /// ADR-045). They protect in **every** swept namespace, whatever made
+    /// it swept (a policy, an embedder's source or table): non-fleet they
+    /// are probed beside the sources, in a fleet their table is part of
+    /// every arbitration. In a fleet the namespaces marked as using
+    /// references are also swept (implicit `refs`) unless a node's policy
+    /// row says `keep`.
+    pub refs: Option<Arc<dyn RefStore>>,
 }
 
 impl fmt::Debug for GcConfig {
@@ -41,6 +49,7 @@ impl fmt::Debug for GcConfig {
             .field("window", &self.window)
             .field("shared_lock", &self.shared_lock.is_some())
             .field("fleet", &self.fleet_pins.is_some())
+            .field("refs", &self.refs.is_some())
             .finish()
     }
 }
@@ -68,19 +77,27 @@ type Tables = BTreeMap<SourceId, (Namespace, LivenessTable, String)>;
 /// enough for a live sweeper to finish one batch's media deletes.
 pub const FENCE_GRACE: Duration = Duration::from_secs(300);
 
-/// What a sweep reads once, at its start.
+/// What makes namespaces swept and what protects their entries, as read at
+/// one instant: at a sweep's start (to decide whether to run at all) and
+/// again before every batch (so a policy changed, a source deregistered or
+/// a table registered mid-sweep counts from the next batch on).
 struct Snapshot {
     sources: Sources,
+    /// Fleet: every table registered in the shared database.
     tables: Vec<BoundLivenessTable>,
+    /// Fleet: the namespaces the policy rows sweep (ADR-045).
+    policy_swept: BTreeSet<Namespace>,
 }
 
 impl Snapshot {
     fn has_source(&self, ns: &Namespace) -> bool {
-        self.sources.contains_key(ns) || self.tables.iter().any(|t| &t.namespace == ns)
+        self.sources.contains_key(ns)
+            || self.tables.iter().any(|t| &t.namespace == ns)
+            || self.policy_swept.contains(ns)
     }
 
     fn is_empty(&self) -> bool {
-        self.sources.is_empty() && self.tables.is_empty()
+        self.sources.is_empty() && self.tables.is_empty() && self.policy_swept.is_empty()
     }
 }
 
@@ -236,11 +253,20 @@ impl Collector {
     }
 
     /// The sources a sweep or delete consults: in-process callbacks, and
-    /// (fleet) every table registered in the shared database by any node.
+    /// (fleet) every table registered in the shared database by any node
+    /// and the namespaces the fleet's policy rows sweep.
     async fn snapshot(&self) -> Result<Snapshot> {
-        let tables = match &self.cfg.fleet_pins {
-            Some(pins) => pins.liveness_tables().await?,
-            None => Vec::new(),
+        let (tables, policy_swept) = match &self.cfg.fleet_pins {
+            Some(pins) => {
+                let tables = pins.liveness_tables().await?;
+                let rows = pins.gc_policies().await?;
+                let marked = match &self.cfg.refs {
+                    Some(r) => r.ref_namespaces().await?,
+                    None => Vec::new(),
+                };
+                (tables, fleet_swept_namespaces(&rows, &marked))
+            }
+            None => (Vec::new(), BTreeSet::new()),
         };
         Ok(Snapshot {
             sources: self
@@ -249,7 +275,29 @@ impl Collector {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             tables,
+            policy_swept,
         })
+    }
+
+    /// Fleet: `tables` plus the references table bound to every namespace
+    /// of `keys`, so references protect whatever made the namespace swept.
+    fn with_refs_table(
+        &self,
+        tables: &[BoundLivenessTable],
+        keys: &[Key],
+    ) -> Vec<BoundLivenessTable> {
+        let mut out = tables.to_vec();
+        if let Some(table) = self.cfg.refs.as_ref().and_then(|r| r.liveness_table()) {
+            let namespaces: BTreeSet<&Namespace> = keys.iter().map(|k| &k.namespace).collect();
+            for ns in namespaces {
+                out.push(BoundLivenessTable {
+                    namespace: ns.clone(),
+                    table: table.clone(),
+                    digest_is_text: false,
+                });
+            }
+        }
+        out
     }
 
     /// The time GC decisions are made at: the window host's clock when it
@@ -277,11 +325,32 @@ impl Collector {
         }
     }
 
-    /// OR over every in-process source of `ns`; `false` when it has none.
+    /// OR over every in-process source of `ns` and the references;
+    /// `false` when nothing names a key.
     async fn probe(&self, sources: &Sources, ns: &Namespace, keys: &[Key]) -> Result<Vec<bool>> {
         let mut live = vec![false; keys.len()];
         if keys.is_empty() {
             return Ok(live);
+        }
+        if let Some(refs) = &self.cfg.refs {
+            let digests: Vec<Digest> = keys.iter().map(|k| k.digest).collect();
+            let answer = refs.referenced(ns, &digests).await.map_err(|e| {
+                Error::backend(e.kind(), "probe references")
+                    .with_target(format!("of namespace {ns}"))
+                    .with_source(e)
+            })?;
+            if answer.len() != keys.len() {
+                return Err(Error::backend(ErrorKind::InvalidData, "probe references")
+                    .with_target(format!("of namespace {ns}"))
+                    .with_source(format!(
+                        "the reference store answered {} values for {} keys",
+                        answer.len(),
+                        keys.len()
+                    )));
+            }
+            for (l, a) in live.iter_mut().zip(answer) {
+                *l |= a;
+            }
         }
         for (_, src) in sources.get(ns).into_iter().flatten() {
             let answer = src.probe(keys).await.map_err(|e| {
@@ -472,7 +541,8 @@ impl Collector {
                     attempt += 1;
                     continue;
                 }
-                let sql = batch.protected(&keys, &snap.tables, now).await?;
+                let tables = self.with_refs_table(&snap.tables, &keys);
+                let sql = batch.protected(&keys, &tables, now).await?;
                 if let Some(reason) = self.merge(&keys, sql, &protected)[0] {
                     return Err(refuse(reason));
                 }
@@ -604,10 +674,7 @@ impl Collector {
             }
         };
         let mut report = SweepReport::default();
-        match self
-            .sweep_phases(&snap, &protected, batch, cp, &mut report)
-            .await
-        {
+        match self.sweep_phases(&protected, batch, cp, &mut report).await {
             Ok(()) => {
                 report.finish(started.elapsed());
                 Ok(report)
@@ -621,7 +688,6 @@ impl Collector {
 
     async fn sweep_phases(
         &self,
-        snap: &Snapshot,
         protected: &HashSet<Key>,
         batch: usize,
         cp: &mut Checkpoint<'_>,
@@ -639,10 +705,9 @@ impl Collector {
             }
         }
         let now = self.now().await?;
-        self.execute_due(snap, protected, now, batch, cp, report)
-            .await?;
+        self.execute_due(protected, now, batch, cp, report).await?;
         let now = self.now().await?;
-        self.mark(snap, protected, batch, cp, report).await?;
+        self.mark(protected, batch, cp, report).await?;
         if let Some(pins) = &self.cfg.fleet_pins {
             report.reaped_pins = pins.reap_expired(now).await?;
         }
@@ -686,7 +751,6 @@ impl Collector {
 
     async fn execute_due(
         &self,
-        snap: &Snapshot,
         protected: &HashSet<Key>,
         now: Timestamp,
         batch: usize,
@@ -701,12 +765,15 @@ impl Collector {
             let Some(last) = due.last() else { break };
             after = Some(last.key.clone());
             let keys: Vec<Key> = due.iter().map(|c| c.key.clone()).collect();
+            // Re-read per batch: a source deregistered, a policy changed or
+            // a table registered since the sweep began counts now.
+            let snap = self.snapshot().await?;
             match &self.cfg.fleet_pins {
                 Some(pins) => {
-                    self.execute_fleet(pins.as_ref(), snap, protected, now, keys, report)
+                    self.execute_fleet(pins.as_ref(), &snap, protected, now, keys, report)
                         .await?
                 }
-                None => self.execute_local(snap, protected, keys, report).await?,
+                None => self.execute_local(&snap, protected, keys, report).await?,
             }
         }
         Ok(())
@@ -821,11 +888,6 @@ impl Collector {
         keys: Vec<Key>,
         report: &mut SweepReport,
     ) -> Result<()> {
-        // Tables registered by any node since the sweep began count too.
-        let tables = pins.liveness_tables().await?;
-        let has_source = |ns: &Namespace| {
-            snap.sources.contains_key(ns) || tables.iter().any(|t| &t.namespace == ns)
-        };
         let mut tx = pins.begin_batch(&keys).await?;
         // A key another delete has fenced is left alone — not deleted, not
         // fenced again, not unstaged: its fencer clears the fence when its
@@ -837,12 +899,13 @@ impl Collector {
             .filter(|(_, f)| !*f)
             .map(|(k, _)| k)
             .collect();
+        let tables = self.with_refs_table(&snap.tables, &keys);
         let sql = tx.protected(&keys, &tables, now).await?;
         let reasons = self.merge(&keys, sql, protected);
         let mut by_ns: BTreeMap<Namespace, Vec<Digest>> = BTreeMap::new();
         let mut rescued: Vec<Key> = Vec::new();
         for (k, r) in keys.iter().zip(&reasons) {
-            if r.is_some() || !has_source(&k.namespace) {
+            if r.is_some() || !snap.has_source(&k.namespace) {
                 rescued.push(k.clone());
             } else {
                 by_ns.entry(k.namespace.clone()).or_default().push(k.digest);
@@ -895,7 +958,6 @@ impl Collector {
 
     async fn mark(
         &self,
-        snap: &Snapshot,
         protected: &HashSet<Key>,
         batch: usize,
         cp: &mut Checkpoint<'_>,
@@ -906,7 +968,7 @@ impl Collector {
             namespaces.extend(tier.namespaces().await?);
         }
         for ns in namespaces {
-            if !snap.has_source(&ns) {
+            if !self.snapshot().await?.has_source(&ns) {
                 report.unswept_namespaces.push(ns);
                 continue;
             }
@@ -941,14 +1003,20 @@ impl Collector {
                         continue;
                     }
                     let keys: Vec<Key> = fresh.iter().map(|(k, _)| k.clone()).collect();
+                    // Re-read per page, as the execute phase does per batch.
+                    let snap = self.snapshot().await?;
+                    if !snap.has_source(&ns) {
+                        break;
+                    }
                     let reasons = match &self.cfg.fleet_pins {
                         Some(pins) => {
-                            let sql = pins.arbitrate(&keys, &snap.tables, now).await?;
+                            let tables = self.with_refs_table(&snap.tables, &keys);
+                            let sql = pins.arbitrate(&keys, &tables, now).await?;
                             self.merge(&keys, sql, protected)
                         }
                         None => {
                             let pinned = self.pins.pinned_many(&keys);
-                            self.arbitrate_local(snap, &ns, &keys, &pinned, protected)
+                            self.arbitrate_local(&snap, &ns, &keys, &pinned, protected)
                                 .await?
                         }
                     };

@@ -86,12 +86,14 @@ fn stored_name(name: &str) -> Result<RefName> {
 
 #[async_trait]
 impl RefStore for MemRefs {
-    async fn set(
+    async fn set_checked(
         &self,
         ns: &Namespace,
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
+        // A process-local engine never hosts a fleet (see the contract).
+        _pin_owner: Option<&str>,
     ) -> Result<Option<Digest>> {
         let mut t = self.lock();
         let key = (ns.clone(), name.as_str().to_owned());
@@ -104,9 +106,6 @@ impl RefStore for MemRefs {
             t.unlink(ns, old);
         }
         t.link(ns, digest);
-        if !t.namespaces.contains(ns) {
-            t.namespaces.insert(ns.clone());
-        }
         Ok(current)
     }
 
@@ -182,5 +181,9 @@ impl RefStore for MemRefs {
 
     async fn uses_refs(&self, ns: &Namespace) -> Result<bool> {
         Ok(self.lock().namespaces.contains(ns))
+    }
+
+    async fn mark_uses_refs(&self, ns: &Namespace) -> Result<bool> {
+        Ok(self.lock().namespaces.insert(ns.clone()))
     }
 }

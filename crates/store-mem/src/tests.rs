@@ -194,6 +194,10 @@ async fn references_are_shared_by_clones_only() {
             .unwrap(),
         None
     );
+    // A set marks nothing by itself (ADR-045): the facade marks after it.
+    assert!(refs.ref_namespaces().await.unwrap().is_empty());
+    assert!(refs.mark_uses_refs(&ns("a")).await.unwrap());
+    assert!(!refs.mark_uses_refs(&ns("a")).await.unwrap());
     let seen = clone.refs().unwrap();
     assert_eq!(seen.get(&ns("a"), &name).await.unwrap(), Some(d));
     assert_eq!(seen.ref_namespaces().await.unwrap(), vec![ns("a")]);
@@ -234,6 +238,9 @@ async fn reverse_counts_follow_moves_and_deletes() {
         refs.referenced(&ns("a"), &[x, y]).await.unwrap(),
         [false, false]
     );
-    assert!(refs.uses_refs(&ns("a")).await.unwrap());
+    assert!(
+        !refs.uses_refs(&ns("a")).await.unwrap(),
+        "only the facade marks"
+    );
     assert_eq!(refs.referenced(&ns("b"), &[x]).await.unwrap(), [false]);
 }

@@ -2,7 +2,7 @@
 //! [`store_core::Refs`].
 
 use serde::{Deserialize, Serialize};
-use store_core::{Digest, Namespace, RefExpect, RefName, Refs};
+use store_core::{Digest, Namespace, RefExpect, RefName, Refs, SetRefOptions};
 
 use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
@@ -45,6 +45,11 @@ pub struct SetRefResponse {
     pub previous: Option<String>,
     /// Whether the request's pin token was released.
     pub token_released: bool,
+    /// Whether this set switched the namespace's GC policy in force from
+    /// `keep` to `refs` (its first reference, set by a caller who may
+    /// delete in the namespace; ADR-045). Absent from older servers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub policy_adopted: bool,
 }
 
 /// A page of a listing.
@@ -107,9 +112,15 @@ impl Ops {
     /// the identity an admin) and pin this very entry; it is released once
     /// the reference is committed.
     ///
-    /// Cancel-safe: [`Refs::set`] commits whole or not at all; the token is
-    /// released only after the commit (dropped in between, it stays and
-    /// its owner releases it as usual).
+    /// A namespace's first reference makes a `keep`-by-default namespace a
+    /// `refs` namespace, which turns its unreferenced entries into garbage:
+    /// only an identity with `delete` on the namespace may cause that
+    /// (ADR-045). A `write`-only identity's reference is committed and
+    /// protects its entry, but the namespace's policy stays as it is.
+    ///
+    /// Cancel-safe: [`Refs::set_with`] runs to its outcome whether or not
+    /// this future is dropped; the token is released only after the commit
+    /// (dropped in between, it stays and its owner releases it as usual).
     pub async fn set_ref_as(
         &self,
         identity: &Identity,
@@ -131,7 +142,10 @@ impl Ops {
                 ));
             }
         }
-        let previous = refs.set(&n, &nm, d, expect).await?;
+        let adopt_policy = identity.allows(Scope::Delete, Some(ns));
+        let out = refs
+            .set_with(&n, &nm, d, expect, SetRefOptions { adopt_policy })
+            .await?;
         let token_released = match &req.token {
             Some(t) => self.release_token_as(identity, t).is_ok(),
             None => false,
@@ -142,8 +156,9 @@ impl Ops {
                 name: nm.to_string(),
                 digest: d.to_hex(),
             },
-            previous: previous.map(|p| p.to_hex()),
+            previous: out.previous.map(|p| p.to_hex()),
             token_released,
+            policy_adopted: out.adopted,
         })
     }
 

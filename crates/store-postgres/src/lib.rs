@@ -94,6 +94,7 @@ pub mod fence;
 mod fleet;
 pub mod instance_lock;
 pub mod plumbing;
+pub mod policy;
 pub mod refs;
 pub mod registration;
 mod seam;

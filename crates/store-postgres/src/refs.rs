@@ -37,21 +37,37 @@
 //! absent row cannot be locked, so the insert is `ON CONFLICT DO NOTHING`:
 //! a racing insert that committed first makes it insert nothing, and the
 //! transaction is retried — now finding (and locking) the winner's row, so
-//! of concurrent `RefExpect::Absent` creates exactly one succeeds. `set`
-//! also inserts the namespace into `ref_namespaces` in the same
-//! transaction (always after the reference row, so writers take their
-//! locks in one order). A transaction dropped before its commit rolls back:
-//! every method is cancel-safe.
+//! of concurrent `RefExpect::Absent` creates exactly one succeeds. A
+//! transaction dropped before its commit rolls back: every method is
+//! cancel-safe.
+//!
+//! `set` does not mark the namespace in `ref_namespaces`; the facade calls
+//! `mark_uses_refs` after a committed set whose caller may change the
+//! namespace's policy (ADR-045).
+//!
+//! # Fleet guard
+//!
+//! With a `pin_owner` (a fleet store's set), `set` first takes the entry's
+//! fleet key lock **shared** in its transaction (the lock every fleet put
+//! takes and a sweep's execute batch takes exclusive), then requires that
+//! the key is not fenced for deletion (`gc_deleting`) and that the owner's
+//! `gc_pins` row on it is unexpired by `gc_now()`. Holding the shared lock,
+//! no batch can delete the entry until the commit; the unexpired pin means
+//! no batch deleted it since the facade pinned it. A set that fails the
+//! check writes nothing and answers a `TimedOut` error (retry: the retry
+//! pins the entry again, or finds it missing).
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Row, Transaction};
 use store_types::{
-    ref_conflict, Digest, Error, LivenessTable, Namespace, RefEntry, RefExpect, RefName, RefStore,
-    Result,
+    ref_conflict, Digest, Error, Key, LivenessTable, Namespace, RefEntry, RefExpect, RefName,
+    RefStore, Result,
 };
 
-use crate::plumbing::{db_err, digest_col, digest_params, namespace_col, ordinal_mask, sql};
+use crate::plumbing::{
+    db_err, digest_col, digest_params, lock_key_shared, namespace_col, ordinal_mask, sql,
+};
 
 /// Migration component of the reference tables.
 pub const REFS_COMPONENT: &str = "refs";
@@ -150,8 +166,24 @@ impl PgRefs {
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
+        pin_owner: Option<&str>,
     ) -> Result<Option<Option<Digest>>> {
         let mut tx = self.begin().await?;
+        if let Some(owner) = pin_owner {
+            let key = Key::new(ns.clone(), digest);
+            if !self.entry_still_pinned(&mut tx, &key, owner).await? {
+                tx.rollback().await.map_err(db_err)?;
+                return Err(Error::backend(
+                    store_types::ErrorKind::TimedOut,
+                    "postgres: set reference",
+                )
+                .with_key(&key)
+                .with_source(
+                    "the entry's pin expired (or a sweep is deleting it) before the reference \
+                     was committed: the set outlived the pin TTL; nothing was written — retry",
+                ));
+            }
+        }
         let current = self.current_for_update(&mut tx, ns, name).await?;
         if !expect.holds(current) {
             // Roll back now rather than on drop: the row lock must not
@@ -188,16 +220,32 @@ impl PgRefs {
                 return Ok(None);
             }
         }
-        sqlx::query(self.sql(
-            "INSERT INTO {schema}.ref_namespaces (namespace) VALUES ($1)
-             ON CONFLICT (namespace) DO NOTHING",
-        ))
-        .bind(ns.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
         tx.commit().await.map_err(db_err)?;
         Ok(Some(current))
+    }
+
+    /// The fleet guard (see the module docs): takes `key`'s lock shared
+    /// for the rest of `tx`, then whether the key is unfenced and `owner`'s
+    /// pin row on it unexpired by the database's clock.
+    async fn entry_still_pinned(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        key: &Key,
+        owner: &str,
+    ) -> Result<bool> {
+        lock_key_shared(&mut **tx, &self.schema, key).await?;
+        sqlx::query_scalar(self.sql(
+            "SELECT NOT EXISTS (SELECT 1 FROM {schema}.gc_deleting WHERE ns = $1 AND digest = $2)
+                AND EXISTS (SELECT 1 FROM {schema}.gc_pins
+                            WHERE ns = $1 AND digest = $2 AND owner = $3
+                              AND expires_at > {schema}.gc_now_statement())",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(owner)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db_err)
     }
 }
 
@@ -235,15 +283,16 @@ fn stored_name(name: String) -> Result<RefName> {
 
 #[async_trait]
 impl RefStore for PgRefs {
-    async fn set(
+    async fn set_checked(
         &self,
         ns: &Namespace,
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
+        pin_owner: Option<&str>,
     ) -> Result<Option<Digest>> {
         for _ in 0..SET_ATTEMPTS {
-            if let Some(previous) = self.try_set(ns, name, digest, expect).await? {
+            if let Some(previous) = self.try_set(ns, name, digest, expect, pin_owner).await? {
                 return Ok(previous);
             }
         }
@@ -364,6 +413,19 @@ impl RefStore for PgRefs {
         .await
         .map_err(db_err)?;
         rows.iter().map(|r| namespace_col(r, 0)).collect()
+    }
+
+    async fn mark_uses_refs(&self, ns: &Namespace) -> Result<bool> {
+        let n = sqlx::query(self.sql(
+            "INSERT INTO {schema}.ref_namespaces (namespace) VALUES ($1)
+             ON CONFLICT (namespace) DO NOTHING",
+        ))
+        .bind(ns.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+        Ok(n > 0)
     }
 
     async fn uses_refs(&self, ns: &Namespace) -> Result<bool> {

@@ -9,8 +9,9 @@ use bytes::Bytes;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Connection;
 use store_types::{
-    BoundLivenessTable, FleetBatch, GcSchema, Instance, Key, LivenessTable, Namespace, PinClauses,
-    PinIntent, ProtectReason, PublishOutcome, Result, SweepLockClause, SweepLockGuard, Timestamp,
+    BoundLivenessTable, FleetBatch, FleetPolicy, GcSchema, Instance, Key, LivenessTable, Namespace,
+    PinClauses, PinIntent, PolicyRow, ProtectReason, PublishOutcome, Result, SweepLockClause,
+    SweepLockGuard, Timestamp,
 };
 
 use crate::fleet;
@@ -78,6 +79,13 @@ impl GcSchema for PgGcSchema {
                 &self.schema,
                 crate::fence::GC_FENCE_COMPONENT,
                 crate::fence::GC_FENCE_STEPS,
+            )
+            .await?;
+            migrate(
+                &self.pool,
+                &self.schema,
+                crate::policy::GC_POLICY_COMPONENT,
+                crate::policy::GC_POLICY_STEPS,
             )
             .await?;
         }
@@ -270,6 +278,19 @@ impl PinClauses for PgPins {
 
     async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>> {
         crate::fence::registered(&self.pool, &self.schema).await
+    }
+
+    async fn set_gc_policy(
+        &self,
+        ns: &Namespace,
+        owner: &str,
+        policy: Option<FleetPolicy>,
+    ) -> Result<()> {
+        crate::policy::set(&self.pool, &self.schema, ns, owner, policy).await
+    }
+
+    async fn gc_policies(&self) -> Result<Vec<PolicyRow>> {
+        crate::policy::all(&self.pool, &self.schema).await
     }
 }
 

@@ -385,7 +385,12 @@ async fn uses_refs_is_sticky_after_the_last_delete() {
     r.set(&b, &name("x"), d("x"), RefExpect::Any).await.unwrap();
     r.set(&a, &name("x"), d("x"), RefExpect::Any).await.unwrap();
     r.set(&a, &name("y"), d("y"), RefExpect::Any).await.unwrap();
-    // A failed set marks nothing.
+    // A set marks nothing itself: the facade marks after a committed set
+    // whose caller may change the policy (ADR-045).
+    assert!(r.ref_namespaces().await.unwrap().is_empty());
+    assert!(r.mark_uses_refs(&b).await.unwrap());
+    assert!(r.mark_uses_refs(&a).await.unwrap());
+    assert!(!r.mark_uses_refs(&a).await.unwrap(), "idempotent");
     assert!(r
         .set(&c, &name("x"), d("x"), RefExpect::Digest(d("q")))
         .await
@@ -413,6 +418,7 @@ async fn the_migration_is_idempotent_on_reopen() {
     r.set(&ns("a"), &name("keep"), d("k"), RefExpect::Absent)
         .await
         .unwrap();
+    r.mark_uses_refs(&ns("a")).await.unwrap();
     assert_eq!(
         schema_version(&pool, &s.name, REFS_COMPONENT)
             .await

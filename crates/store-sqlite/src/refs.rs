@@ -3,9 +3,10 @@
 //!
 //! # Writes
 //!
-//! `set` and `delete` are jobs of the group-committing writer thread, like
-//! puts: each reads the reference's current digest, checks the
-//! precondition and writes, all inside the writer's transaction (and the
+//! `set`, `delete` and `mark_uses_refs` are jobs of the group-committing
+//! writer thread, like
+//! puts: `set` and `delete` read the reference's current digest, check the
+//! precondition and write, all inside the writer's transaction (and the
 //! job's own savepoint), so the compare-and-swap is atomic: the writer is
 //! the only write connection of this engine, and `BEGIN IMMEDIATE` keeps
 //! other processes' writers out for the whole transaction. They answer
@@ -108,14 +109,16 @@ type Cas = std::result::Result<Option<Digest>, Option<Digest>>;
 
 #[async_trait::async_trait]
 impl RefStore for SqliteRefs {
-    /// Checks `expect` and upserts the row (and marks the namespace) in one
-    /// job of the writer's transaction; answers after the commit.
-    async fn set(
+    /// Checks `expect` and upserts the row in one job of the writer's
+    /// transaction; answers after the commit. (A SQLite kv engine never
+    /// hosts a fleet: `pin_owner` is never given and is ignored.)
+    async fn set_checked(
         &self,
         ns: &Namespace,
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
+        _pin_owner: Option<&str>,
     ) -> Result<Option<Digest>> {
         let (ns_s, name_s) = (ns.as_str().to_owned(), name.as_str().to_owned());
         let outcome: Cas = self
@@ -130,10 +133,6 @@ impl RefStore for SqliteRefs {
                 conn.prepare_cached(UPSERT)
                     .sql()?
                     .execute((&ns_s, &name_s, &digest.as_bytes()[..], now.0))
-                    .sql()?;
-                conn.prepare_cached(MARK_NAMESPACE)
-                    .sql()?
-                    .execute((&ns_s, now.0))
                     .sql()?;
                 Ok(Ok(old))
             })
@@ -259,6 +258,23 @@ impl RefStore for SqliteRefs {
                     out.push(namespace_at(row, 0)?);
                 }
                 Ok(out)
+            })
+            .await
+    }
+
+    /// One job of the writer's transaction; answers after the commit.
+    async fn mark_uses_refs(&self, ns: &Namespace) -> Result<bool> {
+        let ns_s = ns.as_str().to_owned();
+        self.engine
+            .inner
+            .writer
+            .submit(64, true, move |conn, now| {
+                let n = conn
+                    .prepare_cached(MARK_NAMESPACE)
+                    .sql()?
+                    .execute((&ns_s, now.0))
+                    .sql()?;
+                Ok(n > 0)
             })
             .await
     }

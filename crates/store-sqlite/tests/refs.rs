@@ -88,6 +88,11 @@ async fn references_survive_reopen() {
         r.delete(&ns("b"), &name("gone"), RefExpect::Digest(y))
             .await
             .unwrap();
+        // The facade marks namespaces after a committed set (ADR-045).
+        assert!(r.ref_namespaces().await.unwrap().is_empty());
+        for n in ["a", "b"] {
+            assert!(r.mark_uses_refs(&ns(n)).await.unwrap());
+        }
     }
     let engine = open(&path).await;
     let r = refs(&engine);

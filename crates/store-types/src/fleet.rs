@@ -129,3 +129,106 @@ pub trait FleetBatch: Send {
     /// Commits, releasing the locks.
     async fn commit(self: Box<Self>) -> Result<()>;
 }
+
+/// A namespace's GC policy as one fleet node records it in the shared
+/// database (ADR-045). `max_age` has no fleet form (its age check is an
+/// in-process probe).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FleetPolicy {
+    /// Entries no reference points at (and no pin holds) are garbage.
+    Refs,
+    /// The same garbage as `Refs`, spelled for namespaces that are swept
+    /// from the start (references still protect).
+    Unreferenced,
+    /// The policy layer never makes the namespace swept; set on any node,
+    /// it wins over every other node's `Refs`/`Unreferenced` and over the
+    /// implicit `refs` of a namespace that uses references.
+    Keep,
+}
+
+impl FleetPolicy {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FleetPolicy::Refs => "refs",
+            FleetPolicy::Unreferenced => "unreferenced",
+            FleetPolicy::Keep => "keep",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(s: &str) -> Option<FleetPolicy> {
+        match s {
+            "refs" => Some(FleetPolicy::Refs),
+            "unreferenced" => Some(FleetPolicy::Unreferenced),
+            "keep" => Some(FleetPolicy::Keep),
+            _ => None,
+        }
+    }
+}
+
+/// One node's policy for one namespace, as stored in the shared database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyRow {
+    /// The namespace.
+    pub namespace: Namespace,
+    /// The node that set it (its stable owner name).
+    pub owner: String,
+    /// The policy.
+    pub policy: FleetPolicy,
+}
+
+/// The namespaces the policy layer sweeps in a fleet (ADR-045): those with
+/// a `refs`/`unreferenced` row of any node, or marked as using references
+/// (`marked`), unless **any** node's row says `keep`.
+pub fn fleet_swept_namespaces(
+    rows: &[PolicyRow],
+    marked: &[Namespace],
+) -> std::collections::BTreeSet<Namespace> {
+    let kept: std::collections::BTreeSet<&Namespace> = rows
+        .iter()
+        .filter(|r| r.policy == FleetPolicy::Keep)
+        .map(|r| &r.namespace)
+        .collect();
+    rows.iter()
+        .filter(|r| r.policy != FleetPolicy::Keep)
+        .map(|r| &r.namespace)
+        .chain(marked)
+        .filter(|ns| !kept.contains(ns))
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(ns: &str, owner: &str, policy: FleetPolicy) -> PolicyRow {
+        PolicyRow {
+            namespace: Namespace::new(ns).unwrap(),
+            owner: owner.into(),
+            policy,
+        }
+    }
+
+    #[test]
+    fn keep_on_any_node_wins() {
+        let n = |s: &str| Namespace::new(s).unwrap();
+        let rows = [
+            row("a", "n1", FleetPolicy::Refs),
+            row("a", "n2", FleetPolicy::Keep),
+            row("b", "n1", FleetPolicy::Unreferenced),
+            row("c", "n2", FleetPolicy::Keep),
+        ];
+        let swept = fleet_swept_namespaces(&rows, &[n("c"), n("d")]);
+        assert_eq!(swept.into_iter().collect::<Vec<_>>(), [n("b"), n("d")]);
+        for p in [
+            FleetPolicy::Refs,
+            FleetPolicy::Unreferenced,
+            FleetPolicy::Keep,
+        ] {
+            assert_eq!(FleetPolicy::parse(p.as_str()), Some(p));
+        }
+        assert_eq!(FleetPolicy::parse("max_age"), None);
+    }
+}

@@ -51,7 +51,10 @@ pub use engine::{
 };
 pub use error::{Error, ProtectReason, Result};
 pub use failure::{Context, ErrorKind, Failure, Report, Source};
-pub use fleet::{BoundLivenessTable, FleetBatch, LivenessTable, PinIntent};
+pub use fleet::{
+    fleet_swept_namespaces, BoundLivenessTable, FleetBatch, FleetPolicy, LivenessTable, PinIntent,
+    PolicyRow,
+};
 pub use instance_lock::InstanceLock;
 pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};
 pub use refs::{ref_conflict, RefEntry, RefExpect, RefName, RefStore, REF_NAME_MAX_LEN};

@@ -99,23 +99,46 @@ pub struct RefEntry {
 /// - A committed `set` is visible to `referenced` (and, for a fleet, to
 ///   the liveness table) before `set` returns; durability follows the
 ///   engine's commit rules.
-/// - `set` also records the namespace as *using references*
-///   ([`RefStore::uses_refs`]); that mark is never removed by deleting
-///   references (deleting the last reference makes entries garbage, it
-///   does not exempt the namespace from collection).
+/// - `set` does **not** mark the namespace as *using references*: the
+///   facade calls [`RefStore::mark_uses_refs`] after a committed `set`
+///   whose caller may change the namespace's GC policy (ADR-045: a failed,
+///   refused or unprivileged set never turns a `keep` namespace into a
+///   swept one). The mark is never removed by deleting references
+///   (deleting the last reference makes entries garbage, it does not
+///   exempt the namespace from collection).
+/// - With `pin_owner` (fleet stores), `set_checked` takes the entry's fleet key
+///   lock shared inside its transaction and commits only if the entry is
+///   not fenced for deletion and `pin_owner`'s pin row on it is still
+///   unexpired by the database's clock, so a set delayed past the pin TTL
+///   can never commit a reference to an entry a sweep deleted meanwhile
+///   (a `TimedOut` error then; nothing written). Engines that cannot hold
+///   a fleet's GC state (mem, sqlite) are never given an owner and ignore
+///   it.
 /// - Every method is cancel-safe: dropped before it returns, a `set` or
 ///   `delete` either committed whole or not at all.
 #[async_trait]
 pub trait RefStore: Send + Sync + 'static {
     /// Points `name` at `digest` if `expect` holds; returns the previous
-    /// digest.
+    /// digest. `pin_owner`: see the contract (fleet guard).
+    async fn set_checked(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        digest: Digest,
+        expect: RefExpect,
+        pin_owner: Option<&str>,
+    ) -> Result<Option<Digest>>;
+
+    /// [`RefStore::set_checked`] without the fleet guard.
     async fn set(
         &self,
         ns: &Namespace,
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
-    ) -> Result<Option<Digest>>;
+    ) -> Result<Option<Digest>> {
+        self.set_checked(ns, name, digest, expect, None).await
+    }
 
     /// The digest `name` points at.
     async fn get(&self, ns: &Namespace, name: &RefName) -> Result<Option<Digest>>;
@@ -142,10 +165,14 @@ pub trait RefStore: Send + Sync + 'static {
     /// For each digest, whether any reference of `ns` points at it.
     async fn referenced(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>>;
 
-    /// Namespaces in which a reference was ever set.
+    /// Namespaces marked as using references.
     async fn ref_namespaces(&self) -> Result<Vec<Namespace>>;
 
-    /// Whether a reference was ever set in `ns`.
+    /// Marks `ns` as using references (durably, as the engine commits);
+    /// `true` if it was not marked before. Idempotent.
+    async fn mark_uses_refs(&self, ns: &Namespace) -> Result<bool>;
+
+    /// Whether `ns` is marked as using references.
     async fn uses_refs(&self, ns: &Namespace) -> Result<bool> {
         Ok(self.ref_namespaces().await?.contains(ns))
     }

@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    BoundLivenessTable, Digest, FleetBatch, Instance, Key, LivenessTable, Namespace, PinIntent,
-    ProtectReason, PublishOutcome, Result, Timestamp,
+    BoundLivenessTable, Digest, FleetBatch, FleetPolicy, Instance, Key, LivenessTable, Namespace,
+    PinIntent, PolicyRow, ProtectReason, PublishOutcome, Result, Timestamp,
 };
 
 /// A seam member's capability answer.
@@ -223,6 +223,21 @@ pub trait PinClauses: Send + Sync {
 
     /// Every liveness table registered in the shared database, by any node.
     async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>>;
+
+    /// Records `owner`'s GC policy for `ns` in the shared database
+    /// (ADR-045), or with `None` removes `owner`'s row. One statement: a
+    /// changed policy replaces the node's old row atomically (the new one
+    /// is in force the instant the old one is gone). Never touches another
+    /// owner's row.
+    async fn set_gc_policy(
+        &self,
+        ns: &Namespace,
+        owner: &str,
+        policy: Option<FleetPolicy>,
+    ) -> Result<()>;
+
+    /// Every node's policy rows, in namespace then owner order.
+    async fn gc_policies(&self) -> Result<Vec<PolicyRow>>;
 }
 
 /// Held while a sweep runs.

@@ -385,7 +385,9 @@ pub async fn refs_referenced_many(spec: Spec) {
     assert!(refs.referenced(&ns(), &[]).await.unwrap().is_empty());
 }
 
-/// `ref_namespaces` / `uses_refs`: set marks the namespace for good.
+/// `ref_namespaces` / `uses_refs`: a set marks nothing by itself (the
+/// facade marks after a committed, privileged set, ADR-045);
+/// `mark_uses_refs` marks the namespace for good.
 pub async fn refs_namespaces_stay_marked(spec: Spec) {
     let Some((_h, refs)) = open(spec, "refs_namespaces_stay_marked").await else {
         return;
@@ -394,6 +396,9 @@ pub async fn refs_namespaces_stay_marked(spec: Spec) {
     assert!(!refs.uses_refs(&ns()).await.unwrap());
     let n = name("only");
     refs.set(&ns(), &n, d(1), RefExpect::Absent).await.unwrap();
+    assert!(!refs.uses_refs(&ns()).await.unwrap());
+    assert!(refs.mark_uses_refs(&ns()).await.unwrap());
+    assert!(!refs.mark_uses_refs(&ns()).await.unwrap(), "idempotent");
     assert!(refs.uses_refs(&ns()).await.unwrap());
     refs.delete(&ns(), &n, RefExpect::Any).await.unwrap();
     assert!(refs.list(&ns(), "", None, 10).await.unwrap().is_empty());
@@ -403,6 +408,7 @@ pub async fn refs_namespaces_stay_marked(spec: Spec) {
     refs.set(&other_ns(), &n, d(1), RefExpect::Any)
         .await
         .unwrap();
+    refs.mark_uses_refs(&other_ns()).await.unwrap();
     let mut got = refs.ref_namespaces().await.unwrap();
     got.sort();
     let mut want = vec![ns(), other_ns()];

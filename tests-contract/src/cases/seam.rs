@@ -34,6 +34,7 @@ fn row(kind: &str, member: bool) -> Option<Row> {
                 "gc_deleting",
                 "gc_liveness",
                 "gc_pins",
+                "gc_policies",
                 "gc_window",
             ],
         }),

@@ -173,6 +173,17 @@ impl PinClauses for FailingPins {
     async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>> {
         self.0.liveness_tables().await
     }
+    async fn set_gc_policy(
+        &self,
+        ns: &Namespace,
+        owner: &str,
+        policy: Option<store_types::FleetPolicy>,
+    ) -> Result<()> {
+        self.0.set_gc_policy(ns, owner, policy).await
+    }
+    async fn gc_policies(&self) -> Result<Vec<store_types::PolicyRow>> {
+        self.0.gc_policies().await
+    }
 }
 
 delegate_engine!(FailPinFirst, inner => inner.gc_seam().map(|mut s| {

@@ -86,6 +86,17 @@ pub(super) async fn set_ref(
     };
     let had_token = req.token.is_some();
     let r = ops.set_ref_as(&identity, &ns, &name, req, expect).await;
+    // Every set is audited, with or without a token; a first reference
+    // that switched the namespace to `refs` says so (ADR-045).
+    audit(
+        &identity,
+        "set_ref",
+        &format!("{ns}/{name}"),
+        match &r {
+            Ok(out) if out.policy_adopted => "ok; gc policy keep -> refs",
+            _ => outcome(&r),
+        },
+    );
     if had_token {
         let released = matches!(&r, Ok(s) if s.token_released);
         audit(
