@@ -239,3 +239,198 @@ async fn a_reopened_store_adopts_namespaces_that_use_references() {
         assert!(!s.has(g).await.unwrap());
     }
 }
+
+/// An embedder's source that names nothing live: it makes its namespace
+/// swept whatever the policy says.
+struct NothingLive;
+
+#[async_trait::async_trait]
+impl store_core::LivenessSource for NothingLive {
+    async fn probe(&self, keys: &[Key]) -> store_core::Result<Vec<bool>> {
+        Ok(vec![false; keys.len()])
+    }
+}
+
+/// Issue 30 item 1: a reference protects under every policy — `keep` plus
+/// an embedder's liveness source sweeps the namespace (the source asked
+/// for that), and the referenced entry must survive while the reference
+/// points at it. Before the fix only the policy's own source consulted
+/// references, so the sweep deleted it.
+async fn a_reference_protects_under_keep_with_a_source(kv: Kv) {
+    let e = env(kv).await;
+    let s = &e.store;
+    let n = ns_named("keep-plus-source");
+    s.set_gc_policy(n.clone(), GcPolicy::Keep).await.unwrap();
+    s.register_liveness_source(
+        n.clone(),
+        Arc::new(NothingLive) as Arc<dyn store_core::LivenessSource>,
+    )
+    .await
+    .unwrap();
+    let keys = put_many(s, &n, 700, 2).await;
+    s.refs()
+        .unwrap()
+        .set(
+            &n,
+            &RefName::new("held").unwrap(),
+            keys[0].digest,
+            RefExpect::Absent,
+        )
+        .await
+        .unwrap();
+    let (first, second) = two_sweeps(s).await;
+    assert_eq!(counts(&first, &n), (1, 0, 1), "{first:?}");
+    assert_eq!(counts(&second, &n).1, 1, "{second:?}");
+    assert!(s.has(&keys[0]).await.unwrap(), "referenced entry deleted");
+    assert!(!s.has(&keys[1]).await.unwrap(), "garbage kept");
+    // A direct delete is refused too while the reference holds.
+    assert!(matches!(
+        s.delete(&keys[0]).await,
+        Err(store_core::Error::GcRefuse { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_reference_protects_under_keep_with_a_source_on_mem() {
+    a_reference_protects_under_keep_with_a_source(Kv::Mem).await;
+}
+
+#[tokio::test]
+async fn a_reference_protects_under_keep_with_a_source_on_sqlite() {
+    a_reference_protects_under_keep_with_a_source(Kv::Sqlite).await;
+}
+
+/// A source that, probed for the first time, registers a second source
+/// naming every key live (the embedder changing its mind mid-sweep).
+struct RegistersOnFirstProbe {
+    store: std::sync::Mutex<Option<Store>>,
+    ns: Namespace,
+}
+
+struct EverythingLive;
+
+#[async_trait::async_trait]
+impl store_core::LivenessSource for EverythingLive {
+    async fn probe(&self, keys: &[Key]) -> store_core::Result<Vec<bool>> {
+        Ok(vec![true; keys.len()])
+    }
+}
+
+#[async_trait::async_trait]
+impl store_core::LivenessSource for RegistersOnFirstProbe {
+    async fn probe(&self, keys: &[Key]) -> store_core::Result<Vec<bool>> {
+        let store = self.store.lock().unwrap().take();
+        if let Some(s) = store {
+            s.register_liveness_source(
+                self.ns.clone(),
+                Arc::new(EverythingLive) as Arc<dyn store_core::LivenessSource>,
+            )
+            .await
+            .unwrap();
+        }
+        Ok(vec![false; keys.len()])
+    }
+}
+
+/// Issue 30 item 8: a non-fleet sweep re-reads its liveness sources per
+/// batch, as fleet sweeps re-read their tables: a source registered while
+/// the execute phase runs protects every later batch. Before the fix the
+/// sweep used the sources of its start and deleted all three entries.
+async fn sources_are_reread_per_batch(kv: Kv) {
+    let e = env(kv).await;
+    let s = &e.store;
+    let n = ns_named("reread");
+    s.register_liveness_source(
+        n.clone(),
+        Arc::new(NothingLive) as Arc<dyn store_core::LivenessSource>,
+    )
+    .await
+    .unwrap();
+    let keys = put_many(s, &n, 800, 3).await;
+    let one = SweepOptions { batch: 1 };
+    let staged = s.sweep(one.clone()).await.unwrap();
+    assert_eq!(counts(&staged, &n).0, 3, "{staged:?}");
+    s.register_liveness_source(
+        n.clone(),
+        Arc::new(RegistersOnFirstProbe {
+            store: std::sync::Mutex::new(Some(s.clone())),
+            ns: n.clone(),
+        }) as Arc<dyn store_core::LivenessSource>,
+    )
+    .await
+    .unwrap();
+    let r = s.sweep(one).await.unwrap();
+    let c = &r.namespaces[&n];
+    assert_eq!((c.deleted, c.rescued), (1, 2), "{r:?}");
+    let left = futures::future::join_all(keys.iter().map(|k| s.has(k))).await;
+    assert_eq!(left.iter().filter(|h| *h.as_ref().unwrap()).count(), 2);
+}
+
+#[tokio::test]
+async fn sources_are_reread_per_batch_on_mem() {
+    sources_are_reread_per_batch(Kv::Mem).await;
+}
+
+#[tokio::test]
+async fn sources_are_reread_per_batch_on_sqlite() {
+    sources_are_reread_per_batch(Kv::Sqlite).await;
+}
+
+/// Issue 30 item 5: a `Refs::set` dropped while SQLite's writer is held up
+/// keeps its pin until the queued write's outcome is known (the write
+/// commits after the caller gave up; a sweep in between must still see the
+/// pin). Before the fix the pin went with the dropped future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_set_keeps_its_pin_until_the_write_is_known_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.sqlite");
+    let engine = store_sqlite::SqliteEngine::open(&path, store_sqlite::SqliteOptions::default())
+        .await
+        .unwrap();
+    let s = Store::builder()
+        .kv(engine)
+        .mode(Mode::KvOnly { threshold: 1 << 20 })
+        .window(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    let n = ns_named("cancelled-set");
+    s.set_gc_policy(n.clone(), GcPolicy::Unreferenced)
+        .await
+        .unwrap();
+    let key = put_many(&s, &n, 900, 1).await.remove(0);
+    // Another connection takes SQLite's write lock: the engine's writer
+    // waits on it (busy timeout 10 s) with the set queued.
+    let blocker = rusqlite::Connection::open(&path).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let refs = s.refs().unwrap();
+    let late = RefName::new("late").unwrap();
+    let set = refs.set(&n, &late, key.digest, RefExpect::Any);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), set)
+            .await
+            .is_err(),
+        "the set must be waiting on the writer"
+    );
+    // The caller gave up; the write is still queued: the pin must hold.
+    assert_eq!(
+        s.pin_count(&key),
+        1,
+        "pin released before the write's outcome"
+    );
+    blocker.execute_batch("COMMIT").unwrap();
+    drop(blocker);
+    // The write commits after all; then the pin goes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while s.pin_count(&key) > 0 {
+        assert!(std::time::Instant::now() < deadline, "pin never released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        refs.get(&n, &RefName::new("late").unwrap()).await.unwrap(),
+        Some(key.digest)
+    );
+    let (_, second) = two_sweeps(&s).await;
+    assert_eq!(counts(&second, &n).1, 0, "{second:?}");
+    assert!(s.has(&key).await.unwrap(), "referenced entry lost");
+}
