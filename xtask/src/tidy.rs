@@ -469,7 +469,13 @@ fn room_extras(krate: &str) -> &'static [&'static str] {
     match krate {
         "store-sqlite" => &["sql.rs", "cache.rs", "cache_tests.rs"],
         "store-local" => &["fsio.rs", "cache.rs"],
-        "store-postgres" => &["batch.rs", "fence.rs", "fleet.rs", "plumbing.rs"],
+        "store-postgres" => &[
+            "batch.rs",
+            "fence.rs",
+            "fleet.rs",
+            "plumbing.rs",
+            "policy.rs",
+        ],
         "store-object" => &["url.rs", "retry.rs"],
         _ => &[],
     }

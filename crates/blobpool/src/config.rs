@@ -1189,6 +1189,25 @@ mod tests {
     }
 
     #[test]
+    fn node_name_is_stable_per_data_dir_and_can_be_set() {
+        let a = Config::from_toml("data_dir = \"/srv/a\"").unwrap();
+        let again = Config::from_toml("data_dir = \"/srv/a\"").unwrap();
+        let b = Config::from_toml("data_dir = \"/srv/b\"").unwrap();
+        assert_eq!(a.node_name, again.node_name, "stable across restarts");
+        assert_ne!(a.node_name, b.node_name, "distinct per data dir");
+        assert!(a.node_name.ends_with(":/srv/a"), "{}", a.node_name);
+        let c = Config::from_toml("node_name = \" edge-1 \"").unwrap();
+        assert_eq!(c.node_name, "edge-1");
+        let env = env_of(&[("BLOBPOOL_NODE_NAME", "edge-2")]);
+        let c = Config::from_layers("", &env, &StoreFlags::default()).unwrap();
+        assert_eq!(c.node_name, "edge-2");
+        for bad in ["node_name = \"\"", "node_name = \"a\\nb\""] {
+            let e = Config::from_toml(bad).unwrap_err();
+            assert!(e.contains("node_name"), "{e}");
+        }
+    }
+
+    #[test]
     fn token_ttl_is_unset_by_default_and_bounded_by_pin_ttl_in_a_fleet() {
         let c = Config::from_toml("").unwrap();
         assert_eq!(c.token_ttl, None);

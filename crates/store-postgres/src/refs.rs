@@ -233,7 +233,7 @@ impl PgRefs {
         key: &Key,
         owner: &str,
     ) -> Result<bool> {
-        lock_key_shared(&mut **tx, &self.schema, key).await?;
+        lock_key_shared(tx, &self.schema, key).await?;
         sqlx::query_scalar(self.sql(
             "SELECT NOT EXISTS (SELECT 1 FROM {schema}.gc_deleting WHERE ns = $1 AND digest = $2)
                 AND EXISTS (SELECT 1 FROM {schema}.gc_pins
