@@ -69,6 +69,7 @@ async fn sharing_a_schema_with_the_kv_engine() {
             "gc_deleting",
             "gc_liveness",
             "gc_pins",
+            "gc_policies",
             "gc_window"
         ]
     );

@@ -32,6 +32,7 @@ async fn ensure_gc_schema_creates_pins_and_window() {
             "gc_deleting",
             "gc_liveness",
             "gc_pins",
+            "gc_policies",
             "gc_window"
         ]
     );

@@ -205,13 +205,10 @@ async fn unstage(e: &SqliteEngine, keys: Vec<Key>) -> Done {
 }
 
 async fn ref_set(e: &SqliteEngine, n: &str, name: &str, d: Digest, expect: RefExpect) -> Done {
-    let changes = vec![
-        (
-            Item::Ref(n.into(), name.into()),
-            Change::Set(d.as_bytes().to_vec()),
-        ),
-        (Item::RefNamespace(n.into()), Change::Insert(Vec::new())),
-    ];
+    let changes = vec![(
+        Item::Ref(n.into(), name.into()),
+        Change::Set(d.as_bytes().to_vec()),
+    )];
     let refs = e.refs().unwrap();
     let acked = refs
         .set(&ns(n), &RefName::new(name).unwrap(), d, expect)
@@ -219,6 +216,17 @@ async fn ref_set(e: &SqliteEngine, n: &str, name: &str, d: Digest, expect: RefEx
         .is_ok();
     Done {
         what: format!("ref set {n}/{name}"),
+        changes,
+        acked,
+    }
+}
+
+/// The facade's mark after a committed set (ADR-045): its own transaction.
+async fn ref_mark(e: &SqliteEngine, n: &str) -> Done {
+    let changes = vec![(Item::RefNamespace(n.into()), Change::Insert(Vec::new()))];
+    let acked = e.refs().unwrap().mark_uses_refs(&ns(n)).await.is_ok();
+    Done {
+        what: format!("ref mark {n}"),
         changes,
         acked,
     }
@@ -343,6 +351,7 @@ impl Scenario {
             Scenario::Refs => {
                 must(put(&e, d.k("a", 0), d.b(0)).await);
                 must(ref_set(&e, "a", "r1", d.k("a", 0).digest, RefExpect::Absent).await);
+                must(ref_mark(&e, "a").await);
                 must(ref_set(&e, "a", "r2", d.k("a", 0).digest, RefExpect::Absent).await);
             }
             Scenario::MigrateNew | Scenario::MigrateV1 => unreachable!(),
@@ -415,6 +424,7 @@ impl Scenario {
                 done.push(ref_set(e, "a", "r1", db, RefExpect::Digest(da)).await);
                 done.push(ref_delete(e, "a", "r2").await);
                 done.push(ref_set(e, "fresh", "r", da, RefExpect::Any).await);
+                done.push(ref_mark(e, "fresh").await);
             }
             Scenario::MigrateNew | Scenario::MigrateV1 => {
                 done.push(put(e, d.k("n", 0), d.b(0)).await);
