@@ -971,9 +971,24 @@ impl Config {
         }
     }
 
-    /// Opens the engines and builds the store, registering the
-    /// `gc.unreferenced_namespaces` sources.
+    /// Opens the engines and builds the store for a one-off CLI command,
+    /// applying the `[gc]` policies in this process. In a fleet a CLI
+    /// command records no policy rows (ADR-045): only the node itself
+    /// (`serve`, [`Config::open_node_store`]) speaks for `node_name`, so a
+    /// command run with another configuration on the node's host can never
+    /// replace or remove the node's rows.
     pub async fn open_store(&self) -> Result<Store, Error> {
+        self.open_with(false).await
+    }
+
+    /// [`Config::open_store`] for `serve`: in a fleet it also records this
+    /// node's configured policies in the shared database and removes its
+    /// rows for namespaces the configuration no longer names.
+    pub async fn open_node_store(&self) -> Result<Store, Error> {
+        self.open_with(true).await
+    }
+
+    async fn open_with(&self, node: bool) -> Result<Store, Error> {
         let kv = self.kv.open_kv().await?.engine;
         let large = match &self.large {
             Some(l) => Some(l.open_large().await?.engine),
@@ -990,7 +1005,7 @@ impl Config {
             b = b.large_shared(l);
         }
         let store = b.build().await?;
-        for line in self.gc.apply(&store).await? {
+        for line in self.gc.apply(&store, node).await? {
             tracing::info!(target: "blobpool::gc", "namespace policy: {line}");
         }
         Ok(store)
@@ -1000,6 +1015,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use store_core::GcPolicy;
 
     /// The URL a tier resolved to.
     fn url(spec: &EngineSpec) -> &str {
@@ -1086,6 +1102,45 @@ mod tests {
             );
         }
         assert!(parse_large("object+ftp://x", &opts("s")).is_err());
+    }
+
+    /// ADR-045: in a fleet only the node (`serve`) records and removes its
+    /// policy rows; a CLI command with another configuration on the same
+    /// host (same `node_name`) neither replaces nor removes them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_node_writes_its_fleet_policy_rows() {
+        let schema = store_postgres::testing::TestSchema::new();
+        let sep = if schema.url.contains('?') { '&' } else { '?' };
+        let cfg = |node: &str, policy: Option<&str>| {
+            let mut text = format!(
+                "kv = \"{}{sep}schema={}\"\nlarge = \"none\"\nfleet = true\nnode_name = \"{node}\"\n",
+                schema.url, schema.name
+            );
+            if let Some(p) = policy {
+                text.push_str(&format!("[gc.namespaces.docs]\npolicy = \"{p}\"\n"));
+            }
+            Config::from_toml(&text).unwrap()
+        };
+        let docs = Namespace::new("docs").unwrap();
+        let policy = |s: Store| {
+            let docs = docs.clone();
+            async move { s.effective_gc_policy(&docs).await.unwrap() }
+        };
+        let n1 = cfg("n1", Some("keep")).open_node_store().await.unwrap();
+        assert_eq!(policy(n1).await, GcPolicy::Keep);
+        // A second node's refs: n1's keep wins.
+        let n2 = cfg("n2", Some("refs")).open_node_store().await.unwrap();
+        assert_eq!(policy(n2).await, GcPolicy::Keep);
+        // One-off commands on n1's host with other settings change nothing.
+        for p in [Some("refs"), None] {
+            let s = cfg("n1", p).open_store().await.unwrap();
+            assert_eq!(policy(s).await, GcPolicy::Keep);
+        }
+        // n1 restarted without the namespace removes its own row: n2's
+        // refs is in force.
+        let n1 = cfg("n1", None).open_node_store().await.unwrap();
+        assert_eq!(n1.gc_policy(&docs), None);
+        assert_eq!(policy(n1).await, GcPolicy::Refs);
     }
 
     #[tokio::test]

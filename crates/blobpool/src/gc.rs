@@ -200,8 +200,18 @@ impl GcSettings {
     /// Applies the policies, adopts the namespaces that use references,
     /// and registers the liveness tables. Returns one human line per
     /// namespace with a policy.
-    pub async fn apply(&self, store: &Store) -> Result<Vec<String>, Error> {
-        for (ns, p) in &self.policies {
+    ///
+    /// In a fleet the policies are rows of the node in the shared database
+    /// (ADR-045): only `node` (the server itself) writes them and removes
+    /// its rows for namespaces no longer configured; a one-off CLI command
+    /// (`node = false`) reads the fleet's policies and writes none.
+    pub async fn apply(&self, store: &Store, node: bool) -> Result<Vec<String>, Error> {
+        let policies: &[(Namespace, GcPolicy)] = if store.is_fleet() && !node {
+            &[]
+        } else {
+            &self.policies
+        };
+        for (ns, p) in policies {
             store
                 .set_gc_policy(ns.clone(), *p)
                 .await
@@ -221,9 +231,11 @@ impl GcSettings {
         }
         // Fleet: this node's rows for namespaces its configuration no
         // longer names go (ADR-045); other nodes' rows are theirs.
-        let configured: Vec<Namespace> = self.policies.iter().map(|(n, _)| n.clone()).collect();
-        for ns in store.retain_gc_policies(&configured).await? {
-            tracing::info!(target: "blobpool::gc", "namespace {ns}: this node's policy row removed (no longer configured)");
+        if node {
+            let configured: Vec<Namespace> = self.policies.iter().map(|(n, _)| n.clone()).collect();
+            for ns in store.retain_gc_policies(&configured).await? {
+                tracing::info!(target: "blobpool::gc", "namespace {ns}: this node's policy row removed (no longer configured)");
+            }
         }
         store.adopt_ref_namespaces().await?;
         let mut lines = Vec::new();

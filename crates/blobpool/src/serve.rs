@@ -30,7 +30,7 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         Ok((soft, hard)) => tracing::info!("open files limit: {soft} (hard {hard})"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
-    let store = cfg.open_store().await?;
+    let store = cfg.open_node_store().await?;
     tracing::info!("{}", cfg.describe());
     let ops = Ops::new(store, cfg.ops_config())?;
     let scheduler = match cfg.gc.interval {
