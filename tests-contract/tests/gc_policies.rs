@@ -17,17 +17,29 @@ use tests_contract::ns_named;
 enum Kv {
     Mem,
     Sqlite,
+    /// A non-fleet PostgreSQL kv engine in a schema of its own.
+    Postgres,
 }
 
 struct Env {
     store: Store,
     clock: ManualClock,
     _dir: tempfile::TempDir,
+    _pg: Option<tests_contract::pg::PgSchemas>,
 }
 
 async fn env(kv: Kv) -> Env {
     let dir = tempfile::tempdir().unwrap();
+    let mut pg = None;
     let engine: Arc<dyn KvEngine> = match kv {
+        Kv::Postgres => {
+            let schemas = tests_contract::pg::PgSchemas::create().await;
+            let e = store_postgres::PostgresEngine::connect(&schemas.url, &schemas.kv_schema)
+                .await
+                .unwrap();
+            pg = Some(schemas);
+            Arc::new(e)
+        }
         Kv::Mem => Arc::new(store_mem::MemEngine::new()),
         Kv::Sqlite => Arc::new(
             store_sqlite::SqliteEngine::open(
@@ -53,6 +65,7 @@ async fn env(kv: Kv) -> Env {
         store,
         clock,
         _dir: dir,
+        _pg: pg,
     }
 }
 
@@ -300,6 +313,11 @@ async fn a_reference_protects_under_keep_with_a_source_on_sqlite() {
     a_reference_protects_under_keep_with_a_source(Kv::Sqlite).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_protects_under_keep_with_a_source_on_postgres() {
+    a_reference_protects_under_keep_with_a_source(Kv::Postgres).await;
+}
+
 /// A source that, probed for the first time, registers a second source
 /// naming every key live (the embedder changing its mind mid-sweep).
 struct RegistersOnFirstProbe {
@@ -374,6 +392,11 @@ async fn sources_are_reread_per_batch_on_mem() {
 #[tokio::test]
 async fn sources_are_reread_per_batch_on_sqlite() {
     sources_are_reread_per_batch(Kv::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_are_reread_per_batch_on_postgres() {
+    sources_are_reread_per_batch(Kv::Postgres).await;
 }
 
 /// Issue 30 item 5: a `Refs::set` dropped while SQLite's writer is held up

@@ -491,11 +491,16 @@ impl Refs {
                 false
             };
             if adopted {
+                // The audit log's shape (identity, action, target,
+                // outcome); the library knows no caller, so the identity
+                // is this store's owner name.
                 tracing::info!(
                     target: "blobpool::audit",
-                    namespace = %ns,
-                    owner = %this.store.owner(),
-                    "gc policy keep -> refs (the namespace's first reference)"
+                    identity = %this.store.owner(),
+                    action = "gc_policy",
+                    target = %ns,
+                    outcome = "keep -> refs (the namespace's first reference)",
+                    "audit"
                 );
             }
             Ok(SetRefOutcome { previous, adopted })
