@@ -602,3 +602,70 @@ async fn cli_ls_du_and_verify_through_a_server() {
     let o = run(args(&["verify", "--quarantine", "q"])).await.unwrap();
     assert_eq!(o.status.code(), Some(2), "a usage error over --server");
 }
+
+/// Issue 30 item 7 (ADR-046): a quarantine removes only the copy it
+/// hashed. Q2 hashes a pinned, corrupt entry and waits in its save step;
+/// Q1 runs on the same key meanwhile; then a put of the right content. On
+/// the old code Q1 removed the corrupt copy, the put wrote a fresh one
+/// (`deduplicated: false`), and Q2 — deciding on the corrupt copy's hash —
+/// removed the fresh one: an acknowledged put lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarantine_never_removes_a_copy_it_did_not_hash() {
+    let s = start(Opts::default()).await;
+    let data = bytes_of(500, 9);
+    let (_token, d) = s.put_ok("docs", data.clone()).await; // the token pins it
+    let k = key("docs", &d);
+    s.kv.corrupt_one_byte(&k).await.unwrap();
+    let store = s.store().clone();
+    let read_all = |mut blob: store_core::Blob| async move {
+        let mut sink = Vec::new();
+        blob.read_to_end(&mut sink).await?;
+        Ok(())
+    };
+    let (hashed_tx, hashed_rx) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let q2 = tokio::spawn({
+        let (store, k) = (store.clone(), k.clone());
+        async move {
+            store
+                .quarantine(&k, |blob| async move {
+                    read_all(blob).await?;
+                    hashed_tx.send(()).ok();
+                    go_rx.await.ok();
+                    Ok(())
+                })
+                .await
+        }
+    });
+    hashed_rx.await.unwrap();
+    let q1 = tokio::spawn({
+        let (store, k) = (store.clone(), k.clone());
+        async move { store.quarantine(&k, read_all).await }
+    });
+    // Room for Q1 to finish, if it can before Q2.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let put = store
+        .put(&k.namespace, &data[..], None, None)
+        .await
+        .unwrap();
+    go_tx.send(()).unwrap();
+    let (r2, r1) = (q2.await.unwrap().unwrap(), q1.await.unwrap().unwrap());
+    assert!(matches!(r2, QuarantineOutcome::Removed { .. }), "{r2:?}");
+    if !put.deduplicated {
+        // The put wrote a fresh copy after Q2 hashed the corrupt one.
+        assert!(
+            store.has(&k).await.unwrap(),
+            "a fresh copy was removed on the corrupt copy's hash (Q1: {r1:?})"
+        );
+    } else {
+        // Q1 waited for Q2 and found the key gone.
+        assert_eq!(r1, QuarantineOutcome::Absent);
+    }
+    // A put now heals the key.
+    store
+        .put(&k.namespace, &data[..], None, None)
+        .await
+        .unwrap();
+    let got = store.get(&k).await.unwrap().unwrap().bytes().await.unwrap();
+    assert_eq!(&got[..], &data[..]);
+}

@@ -296,6 +296,7 @@ impl StoreBuilder {
             _instance_locks: instance_locks,
             policies: Default::default(),
             policy_lock: Default::default(),
+            quarantine_lock: Default::default(),
             outboards: crate::verified::OutboardCache::new(self.outboard_cache_bytes),
             outboards_at_put: self.outboards_at_put,
         }))

@@ -35,6 +35,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use crate::blob::Blob;
 use crate::Store;
 
+/// What keeps a key's copy in place while a quarantine decides about it
+/// (held for its `Drop`).
+enum Hold {
+    /// An unpinned key: the delete gate (puts of it wait).
+    Gate { _gate: store_gc::DeleteGate },
+    /// A pinned key: a pin of the quarantine's own.
+    Pin { _pin: store_gc::Pin },
+}
+
 /// The largest page [`Store::list`] returns.
 pub const MAX_LIST_LIMIT: usize = 1000;
 
@@ -443,6 +452,16 @@ impl Store {
     /// put already holding a pin may have deduplicated against the corrupt
     /// entry and must put again (its data never verified anyway).
     ///
+    /// **Only the bytes it hashed are removed** (issue 30, ADR-046). From
+    /// before the read until the removal the copy cannot change: quarantines
+    /// of the store run one at a time (quarantine is the one removal that
+    /// ignores pins), a pinned key is pinned by the quarantine too (so a
+    /// sweep or direct delete cannot remove it when the other pins go), an
+    /// unpinned key is gated, and no engine's publish replaces an entry that
+    /// exists (`PublishOutcome::AlreadyPresent`). So a fresh re-put that
+    /// lands after another removal is never the victim of a removal decided
+    /// on the corrupt copy's hash.
+    ///
     /// Fleet stores are refused ([`Error::Config`]): removing a large-tier
     /// copy there needs a deletion fence, which this path does not take yet.
     ///
@@ -458,14 +477,23 @@ impl Store {
                 "quarantine is not available on fleet stores (a large-tier removal needs a deletion fence)".into(),
             ));
         }
+        // One quarantine at a time: the only removal that ignores pins.
+        let one_at_a_time = Arc::clone(&self.inner.quarantine_lock).lock_owned().await;
         let keys = [key.clone()];
         let pins = self.inner.gc.pins();
-        let gate = loop {
+        let hold = loop {
             let (gate, states) = pins.gate(&keys);
             match states[0] {
-                GateState::Gated => break Some(gate),
-                // Pinned: no gate (pins are left as they are).
-                GateState::Pinned => break None,
+                GateState::Gated => break Hold::Gate { _gate: gate },
+                // Pinned: pin it ourselves, so the copy stays protected from
+                // sweeps and deletes until the removal even if the other
+                // pins go.
+                GateState::Pinned => {
+                    drop(gate);
+                    break Hold::Pin {
+                        _pin: pins.pin(key.clone()).await,
+                    };
+                }
                 // A delete or sweep is deciding about this key: let it.
                 GateState::Busy => tokio::time::sleep(Duration::from_millis(1)).await,
             }
@@ -510,7 +538,7 @@ impl Store {
         let this = self.clone();
         let key = key.clone();
         let removal = tokio::spawn(async move {
-            let _gate = gate;
+            let _hold = (hold, one_at_a_time);
             let engine = this
                 .inspect_tiers()
                 .into_iter()

@@ -30,6 +30,8 @@ pub(crate) struct Inner {
     pub policies: std::sync::Mutex<crate::refs::PolicyState>,
     /// Serialises policy changes (their registrations are async).
     pub policy_lock: tokio::sync::Mutex<()>,
+    /// Serialises quarantines, the one removal that ignores pins (ADR-046).
+    pub quarantine_lock: Arc<tokio::sync::Mutex<()>>,
     /// Validated outboards for verified range reads (ADR-032).
     pub outboards: crate::verified::OutboardCache,
     /// Whether large puts build and publish outboards
