@@ -24,6 +24,9 @@
 //! log_format = "text"                         # serve: text | json
 //! # uploads_dir = "./blobpool-data/uploads"   # serve: resumable upload sessions (default DIR/uploads)
 //! upload_idle_timeout = "1h"                  # serve: an idle upload session is reaped after this
+//! umask = "0077"                             # serve: the process umask (files 0600, directories 0700)
+//! upload_max_bytes = "128GiB"                 # serve: bytes all open upload sessions may hold
+//! upload_max_bytes_per_identity = "32GiB"     # serve: the same per identity
 //!
 //! [gc]
 //! unreferenced_namespaces = ["tmp"]           # namespaces whose entries nothing references
@@ -218,6 +221,40 @@ pub fn format_size(n: u64) -> String {
     format!("{n} bytes")
 }
 
+/// Default `umask`: nothing for group or others (files 0600, directories
+/// 0700).
+pub const DEFAULT_UMASK: u32 = 0o077;
+
+/// A size key that must be positive, else `default`.
+fn positive_size(
+    l: &Layers,
+    key: &str,
+    file: &Option<Spanned<Scalar>>,
+    default: u64,
+) -> Result<u64, String> {
+    match l.get(key, None, file, Scalar::size)? {
+        Some((0, origin)) => Err(origin.err(format!(
+            "{key} = 0 would refuse every upload chunk; it must be positive"
+        ))),
+        Some((n, _)) => Ok(n),
+        None => Ok(default),
+    }
+}
+
+/// Creates `dir` (and missing parents) with mode 0700 if it does not exist;
+/// an existing directory is left as it is.
+pub fn create_private_dir(dir: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::from_io("create the data directory", e).with_path(dir))
+}
+
 /// The default `node_name`: `HOST:/absolute/data_dir`. Stable across
 /// restarts of one node (so a restarted node replaces its own fleet policy
 /// rows instead of leaving an old name's behind) and distinct between
@@ -260,6 +297,9 @@ struct FileConfig {
     log_format: Option<Spanned<Scalar>>,
     uploads_dir: Option<Spanned<Scalar>>,
     upload_idle_timeout: Option<Spanned<Scalar>>,
+    upload_max_bytes: Option<Spanned<Scalar>>,
+    umask: Option<Spanned<Scalar>>,
+    upload_max_bytes_per_identity: Option<Spanned<Scalar>>,
     gc: Option<crate::gc::GcSection>,
     auth: Option<crate::security::AuthSection>,
     http: Option<crate::security::HttpSection>,
@@ -521,6 +561,16 @@ pub struct Config {
     pub uploads_dir: PathBuf,
     /// `serve`: idle lifetime of an upload session.
     pub upload_idle_timeout: Duration,
+    /// `serve`: the process umask, set before anything is created
+    /// (default `0o077`: files 0600, directories 0700).
+    pub umask: u32,
+    /// The root of the embedded default store (`data_dir`), when the kv
+    /// tier is that default: created 0700 if missing, whatever the umask.
+    pub default_root: Option<PathBuf>,
+    /// `serve`: bytes all open upload sessions may hold.
+    pub upload_max_bytes: u64,
+    /// `serve`: bytes one identity's open upload sessions may hold.
+    pub upload_max_bytes_per_identity: u64,
 }
 
 /// Parses a kv engine URL (`sqlite://PATH`, `postgres://…[?schema=S]`,
@@ -913,6 +963,32 @@ impl Config {
                 Some((d, _)) => d,
                 None => store_ops::uploads::DEFAULT_UPLOAD_IDLE_TIMEOUT,
             },
+            umask: match l.get("umask", None, &fc.umask, |s| {
+                let t = s.text()?;
+                let t = t.trim();
+                match u32::from_str_radix(t.trim_start_matches("0o"), 8) {
+                    Ok(m) if m <= 0o777 && !t.is_empty() => Ok(m),
+                    _ => Err(format!(
+                        "umask = {t:?}: expected an octal mode like \"0077\" (at most 0777)"
+                    )),
+                }
+            })? {
+                Some((m, _)) => m,
+                None => DEFAULT_UMASK,
+            },
+            default_root: kv_url.is_none().then(|| root.clone()),
+            upload_max_bytes: positive_size(
+                l,
+                "upload_max_bytes",
+                &fc.upload_max_bytes,
+                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES,
+            )?,
+            upload_max_bytes_per_identity: positive_size(
+                l,
+                "upload_max_bytes_per_identity",
+                &fc.upload_max_bytes_per_identity,
+                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
+            )?,
             sections: crate::security::Sections {
                 auth: fc.auth,
                 http: fc.http,
@@ -964,6 +1040,8 @@ impl Config {
             pin_ttl: Some(self.pin_ttl),
             uploads: Some(store_ops::uploads::UploadConfig {
                 idle_timeout: self.upload_idle_timeout,
+                max_bytes: self.upload_max_bytes,
+                max_bytes_per_owner: self.upload_max_bytes_per_identity,
                 fsync: self.fsync,
                 ..store_ops::uploads::UploadConfig::new(&self.uploads_dir)
             }),
@@ -989,6 +1067,9 @@ impl Config {
     }
 
     async fn open_with(&self, node: bool) -> Result<Store, Error> {
+        if let Some(root) = &self.default_root {
+            create_private_dir(root)?;
+        }
         let kv = self.kv.open_kv().await?.engine;
         let large = match &self.large {
             Some(l) => Some(l.open_large().await?.engine),
@@ -1241,6 +1322,31 @@ mod tests {
             .map(|n| n.as_str())
             .collect();
         assert_eq!(names, ["tmp", "scratch"]);
+    }
+
+    #[test]
+    fn umask_and_upload_byte_caps_parse() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.umask, 0o077);
+        assert_eq!(
+            (c.upload_max_bytes, c.upload_max_bytes_per_identity),
+            (128 << 30, 32 << 30)
+        );
+        let c = Config::from_toml(
+            "umask = \"0022\"\nupload_max_bytes = \"1GiB\"\nupload_max_bytes_per_identity = 1000",
+        )
+        .unwrap();
+        assert_eq!(c.umask, 0o022);
+        assert_eq!(c.ops_config().uploads.unwrap().max_bytes, 1 << 30);
+        assert_eq!(c.upload_max_bytes_per_identity, 1000);
+        for bad in [
+            "umask = \"0999\"",
+            "umask = \"1777\"",
+            "umask = \"\"",
+            "upload_max_bytes = 0",
+        ] {
+            assert!(Config::from_toml(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

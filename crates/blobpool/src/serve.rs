@@ -26,6 +26,11 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         .sections
         .http_config(&cfg.listen, cfg.insecure_no_auth)
         .map_err(CliError::config)?;
+    // Before anything is created: the data dir, its database, its files
+    // and the upload spool are private by default (umask 0077).
+    // SAFETY: umask only swaps the process's file mode mask.
+    let previous = unsafe { libc::umask(cfg.umask as libc::mode_t) };
+    tracing::debug!("umask {:04o} (was {previous:04o})", cfg.umask);
     match store_ops::http::raise_nofile_limit() {
         Ok((soft, hard)) => tracing::info!("open files limit: {soft} (hard {hard})"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),

@@ -19,6 +19,7 @@ async fn open(s: &Server) -> String {
     let resp = s
         .http
         .post(s.url(&format!("/v1/uploads/{NS}")))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap();
@@ -328,6 +329,7 @@ async fn sessions_count_against_the_client_cap_and_abort_frees_one() {
     let resp = s
         .http
         .post(s.url(&format!("/v1/uploads/{NS}")))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap();
@@ -379,4 +381,141 @@ async fn a_session_of_another_node_is_refused_clearly() {
     assert!(message.contains("opened on node"), "{message}");
     // The session is untouched on its own node.
     assert_eq!(offset(&a, &location).await, 0);
+}
+
+/// Issue 30: a finish with a wrong digest is answered from the session's
+/// running hash, without reading the spool again (it used to re-read and
+/// re-hash the whole session per request); after a restart the first
+/// finish reads it once.
+#[tokio::test]
+async fn wrong_digest_finishes_do_not_reread_the_session() {
+    let s = start(Opts::default()).await;
+    let data = bytes_of(3 * 1024 * 1024 + 7, 6);
+    let location = open(&s).await;
+    let half = data.len() / 2;
+    for (start, chunk) in [(0, &data[..half]), (half, &data[half..])] {
+        assert_eq!(
+            patch(&s, &location, start as u64, chunk).await.status(),
+            StatusCode::NO_CONTENT
+        );
+    }
+    let wrong = digest(b"not it");
+    for _ in 0..5 {
+        assert_error(finish(&s, &location, &wrong).await, 422, "verification").await;
+    }
+    assert_eq!(
+        s.ops.upload_spool_reads(),
+        0,
+        "a wrong digest read the spool"
+    );
+    // After a restart the hash is rebuilt once, by the first finish.
+    let s = s.restart(Opts::default()).await;
+    for _ in 0..3 {
+        assert_error(finish(&s, &location, &wrong).await, 422, "verification").await;
+    }
+    assert_eq!(s.ops.upload_spool_reads(), 1);
+    let resp = finish(&s, &location, &digest(&data)).await;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    assert_eq!(s.ops.upload_spool_reads(), 2, "the put reads it once");
+    assert_eq!(get_bytes(&s, &digest(&data)).await.unwrap(), data);
+}
+
+/// Issue 30: an empty chunk (or a failed finish) does not keep a session
+/// alive: only committed bytes do. It used to extend the idle timeout on
+/// every request.
+#[tokio::test]
+async fn empty_chunks_do_not_keep_a_session_alive() {
+    let s = start(Opts {
+        upload_idle: Duration::from_secs(2),
+        ..Opts::default()
+    })
+    .await;
+    let location = open(&s).await;
+    assert_eq!(
+        patch(&s, &location, 0, b"some").await.status(),
+        StatusCode::NO_CONTENT
+    );
+    let wrong = digest(b"not it");
+    let gone = common::eventually(10, || async {
+        // An empty PATCH and a wrong finish every poll.
+        let r = s
+            .http
+            .patch(s.url(&location))
+            .body(Vec::new())
+            .send()
+            .await
+            .unwrap()
+            .status();
+        let _ = finish(&s, &location, &wrong).await;
+        r == StatusCode::NOT_FOUND
+    })
+    .await;
+    assert!(gone, "empty chunks kept the idle session alive");
+    assert_eq!(spool_files(&s), 0);
+}
+
+/// Issue 30: the bytes open sessions hold are capped per identity and in
+/// all; at a cap an append commits what fit and answers `507
+/// upload_quota`; finishing or aborting a session frees its bytes.
+#[tokio::test]
+async fn session_bytes_are_capped_per_identity_and_in_all() {
+    let s = start(Opts {
+        upload_max_bytes: (5 << 20, 3 << 20),
+        ..Opts::default()
+    })
+    .await;
+    let a = open(&s).await;
+    let b = open(&s).await;
+    let two = bytes_of(2 << 20, 7);
+    assert_eq!(
+        patch(&s, &a, 0, &two).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    // 2 MiB held by this identity; 2 more would pass its 3 MiB.
+    assert_error(patch(&s, &b, 0, &two).await, 507, "upload_quota").await;
+    assert!(
+        offset(&s, &b).await <= 1 << 20,
+        "nothing past the cap committed"
+    );
+    // Aborting `a` frees its bytes.
+    let resp = s.http.delete(s.url(&a)).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    let at = offset(&s, &b).await;
+    let rest = bytes_of(2 << 20, 8);
+    assert_eq!(
+        patch(&s, &b, at, &rest).await.status(),
+        StatusCode::NO_CONTENT
+    );
+}
+
+/// Issue 30: opening a session is refused cross-site like every other POST
+/// (it needs `Content-Type: application/json`), and a malformed session id
+/// is `404 missing` without being echoed.
+#[tokio::test]
+async fn cross_site_opens_and_malformed_ids_are_refused() {
+    let s = start(Opts::default()).await;
+    for ct in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ] {
+        let mut r = s.http.post(s.url(&format!("/v1/uploads/{NS}")));
+        if let Some(ct) = ct {
+            r = r.header("content-type", ct);
+        }
+        assert_error(r.send().await.unwrap(), 415, "unsupported_media_type").await;
+    }
+    assert_eq!(s.ops.upload_sessions(), 0);
+    let evil = "ZZ%0a%1b[31mforged";
+    let resp = s
+        .http
+        .head(s.url(&format!("/v1/uploads/{NS}/{evil}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let resp = patch(&s, &format!("/v1/uploads/{NS}/{evil}"), 0, b"x").await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let body = resp.text().await.unwrap();
+    assert!(!body.contains("forged"), "{body}");
 }

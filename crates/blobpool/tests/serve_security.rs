@@ -253,3 +253,54 @@ fn get(addr: &str, path: &str) -> Option<String> {
     conn.read_to_string(&mut resp).ok()?;
     resp.split("\r\n\r\n").nth(1).map(str::to_string)
 }
+
+/// Issue 30: `serve` creates its data directory and files private by
+/// default (umask 0077: directories 0700, files 0600); `umask` loosens the
+/// files, never the data directory (created 0700 itself).
+#[tokio::test]
+async fn the_data_dir_and_its_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for (umask, file_mode) in [(None, 0o600), (Some("0022"), 0o644)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cmd(dir.path());
+        c.args(["serve", "--listen", "127.0.0.1:0"]);
+        if let Some(u) = umask {
+            std::fs::write(
+                dir.path().join("blobpool.toml"),
+                format!("umask = \"{u}\"\n"),
+            )
+            .unwrap();
+        }
+        let s = serve(c);
+        // One resumable upload session, so the spool has files too.
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/uploads/docs", s.base))
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        drop(s);
+        let data = dir.path().join("blobpool-data");
+        assert_eq!(mode(&data), 0o700, "data dir (umask {umask:?})");
+        assert_eq!(
+            mode(&data.join("kv.sqlite")),
+            file_mode,
+            "kv (umask {umask:?})"
+        );
+        let uploads = data.join("uploads");
+        assert_eq!(
+            mode(&uploads) & 0o077,
+            if umask.is_none() { 0 } else { 0o055 }
+        );
+        for f in std::fs::read_dir(&uploads).unwrap().flatten() {
+            assert_eq!(
+                mode(&f.path()),
+                file_mode,
+                "{:?} (umask {umask:?})",
+                f.path()
+            );
+        }
+    }
+}

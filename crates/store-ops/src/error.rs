@@ -89,6 +89,10 @@ pub enum ErrorCode {
     /// The upload-session cap is reached (`503`, with a retry delay); no
     /// session is ever dropped to make room.
     TooManyUploads,
+    /// Open upload sessions hold as many bytes as allowed, in all or for
+    /// this identity (`507`): finish or abort a session; nothing is ever
+    /// dropped to make room.
+    UploadQuota,
     /// Anything else: media or backend failure, misconfiguration (`500`).
     /// Its message never reaches clients: they get the request id, the
     /// server log has the cause.
@@ -97,7 +101,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and metrics.
-    pub const ALL: [ErrorCode; 26] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::KeyInvalid,
         ErrorCode::Verification,
         ErrorCode::TooLarge,
@@ -123,6 +127,7 @@ impl ErrorCode {
         ErrorCode::UploadElsewhere,
         ErrorCode::UploadBusy,
         ErrorCode::TooManyUploads,
+        ErrorCode::UploadQuota,
         ErrorCode::Internal,
     ];
 
@@ -154,6 +159,7 @@ impl ErrorCode {
             ErrorCode::UploadElsewhere => "upload_elsewhere",
             ErrorCode::UploadBusy => "upload_busy",
             ErrorCode::TooManyUploads => "too_many_uploads",
+            ErrorCode::UploadQuota => "upload_quota",
             ErrorCode::Internal => "internal",
         }
     }
@@ -186,7 +192,7 @@ impl ErrorCode {
             | ErrorCode::Overloaded
             | ErrorCode::Unavailable
             | ErrorCode::TooManyUploads => 503,
-            ErrorCode::InsufficientStorage => 507,
+            ErrorCode::InsufficientStorage | ErrorCode::UploadQuota => 507,
         }
     }
 

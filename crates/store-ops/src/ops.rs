@@ -724,6 +724,15 @@ impl Ops {
         uploads
             .append(&session, &guard, start, body, self.inner.cfg.max_blob_size)
             .await?;
+        // A wrong digest is answered from the session's hasher, without
+        // reading the spool again (issue 30).
+        let actual = uploads.digest(&session, &guard).await?;
+        if actual != expect {
+            return Err(OpsError::from(Error::Verification {
+                expected: expect,
+                actual,
+            }));
+        }
         let reader = uploads.reader(&session).await?;
         let hex = expect.to_hex();
         let out = self
@@ -751,6 +760,13 @@ impl Ops {
         let (uploads, session) = self.upload_session(identity, namespace, id)?;
         let guard = uploads.claim(&session)?;
         uploads.remove(&session, &guard).await
+    }
+
+    /// How many times an upload session's spool file was read whole (a
+    /// matching finish, or a hasher rebuilt after a restart); 0 when
+    /// uploads are not enabled. A wrong-digest finish never reads it.
+    pub fn upload_spool_reads(&self) -> u64 {
+        self.inner.uploads.as_ref().map_or(0, |u| u.spool_reads())
     }
 
     /// Open upload sessions (0 when uploads are not enabled).

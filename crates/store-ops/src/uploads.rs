@@ -28,21 +28,30 @@
 //!
 //! # Hashing
 //!
-//! Nothing is hashed while chunks arrive: the finish streams the spool file
-//! once through the store's ordinary put (with the expected digest), which
-//! hashes, builds the outboard and publishes — or refuses with
-//! `verification` (HTTP 422) and publishes nothing. So there is no BLAKE3
-//! state to persist or rebuild across restarts, and a session holds no
-//! memory between requests (one chunk buffer during one).
+//! Each session keeps a BLAKE3 hasher over its committed bytes, updated on
+//! the blocking pool as each chunk is written and stored back only when
+//! the offset commits (a dropped or failed append leaves it at the
+//! committed bytes). A finish whose digest does not match answers
+//! `verification` (HTTP 422) from that state at once, without reading the
+//! spool file again (issue 30: a client retrying a wrong digest used to
+//! cost a full re-read per request). A matching finish streams the spool
+//! file once through the store's ordinary put (which hashes again, builds
+//! the outboard and publishes). The hasher is not persisted: after a
+//! restart a session's first finish reads its bytes once to rebuild it.
 //!
 //! # Limits and expiry
 //!
 //! Sessions count against caps of their own, total and per owner
 //! ([`UploadConfig::max_sessions`], [`UploadConfig::max_sessions_per_owner`]):
 //! at a cap, opening one is refused (`too_many_uploads`, HTTP 503 with a
-//! retry delay); no session is ever dropped to make room. A session with
-//! no append, finish or abort for [`UploadConfig::idle_timeout`] is reaped
-//! with its files (status probes do not keep it alive). One request
+//! retry delay); no session is ever dropped to make room. The bytes they
+//! hold are capped too, in all and per owner ([`UploadConfig::max_bytes`],
+//! [`UploadConfig::max_bytes_per_owner`]): an append is reserved buffer by
+//! buffer before it is written, and one that would pass a cap commits what
+//! it wrote before and fails with `upload_quota` (HTTP 507). A session to
+//! which no bytes were committed for [`UploadConfig::idle_timeout`] is
+//! reaped with its files (status probes, empty chunks and failed finishes
+//! do not keep it alive: a client cannot hold a session open for free). One request
 //! at a time per session: a second concurrent one gets `upload_busy`.
 //!
 //! # Fleet
@@ -61,7 +70,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use store_core::{Error, Namespace};
+use store_core::{Digest, Error, Namespace};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::OwnedMutexGuard;
 
@@ -73,6 +82,10 @@ pub const DEFAULT_UPLOAD_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_UPLOADS: usize = 256;
 /// Default [`UploadConfig::max_sessions_per_owner`].
 pub const DEFAULT_MAX_UPLOADS_PER_OWNER: usize = 16;
+/// Default [`UploadConfig::max_bytes`]: 128 GiB held by all sessions.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 128 << 30;
+/// Default [`UploadConfig::max_bytes_per_owner`]: 32 GiB per identity.
+pub const DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER: u64 = 32 << 30;
 /// How long a client refused at an upload cap is asked to wait.
 pub const UPLOAD_CAP_RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -93,6 +106,12 @@ pub struct UploadConfig {
     /// Most open sessions of one owner (identity). Default
     /// [`DEFAULT_MAX_UPLOADS_PER_OWNER`]; zero is refused.
     pub max_sessions_per_owner: usize,
+    /// Most bytes all open sessions may hold (committed and being
+    /// written). Default [`DEFAULT_MAX_UPLOAD_BYTES`]; zero is refused.
+    pub max_bytes: u64,
+    /// Most bytes one owner's open sessions may hold. Default
+    /// [`DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER`]; zero is refused.
+    pub max_bytes_per_owner: u64,
     /// Whether acknowledged chunks are fsynced. Default `true`; `false`
     /// lets a machine crash lose acknowledged chunks (a restart then
     /// reports the smaller offset, or drops the session).
@@ -107,6 +126,8 @@ impl UploadConfig {
             idle_timeout: DEFAULT_UPLOAD_IDLE_TIMEOUT,
             max_sessions: DEFAULT_MAX_UPLOADS,
             max_sessions_per_owner: DEFAULT_MAX_UPLOADS_PER_OWNER,
+            max_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+            max_bytes_per_owner: DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
             fsync: true,
         }
     }
@@ -148,6 +169,9 @@ pub(crate) struct Session {
     io: Arc<tokio::sync::Mutex<()>>,
     /// Set once finished, aborted or reaped.
     gone: AtomicBool,
+    /// BLAKE3 over the committed bytes; `None` after a restart until the
+    /// first finish rebuilds it (see the module docs).
+    hasher: Mutex<Option<blake3::Hasher>>,
 }
 
 impl Session {
@@ -169,6 +193,17 @@ impl Session {
     }
 }
 
+/// Whether `id` has the shape of a session id (`<node>-<32 hex>`:
+/// lowercase hex digits and dashes, at most 64 characters), checked before
+/// an id from a request reaches an answer or a log line.
+pub fn is_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b) || b == b'-')
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -178,6 +213,88 @@ pub(crate) struct Uploads {
     cfg: UploadConfig,
     node: String,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// See [`Uploads::spool_reads`].
+    spool_reads: AtomicU64,
+    /// Bytes held by open sessions (committed, plus reserved by appends
+    /// in flight), in all and per owner.
+    usage: Mutex<Usage>,
+}
+
+/// See [`Uploads::usage`].
+#[derive(Default)]
+struct Usage {
+    total: u64,
+    per_owner: HashMap<String, u64>,
+}
+
+impl Usage {
+    fn add(&mut self, owner: &str, n: u64) {
+        self.total += n;
+        *self.per_owner.entry(owner.to_string()).or_insert(0) += n;
+    }
+
+    fn sub(&mut self, owner: &str, n: u64) {
+        self.total = self.total.saturating_sub(n);
+        if let Some(o) = self.per_owner.get_mut(owner) {
+            *o = o.saturating_sub(n);
+            if *o == 0 {
+                self.per_owner.remove(owner);
+            }
+        }
+    }
+}
+
+/// Bytes an append reserved and has not committed yet: given back when
+/// dropped (a failed or dropped append), kept by the session once
+/// committed.
+struct Reservation<'a> {
+    uploads: &'a Uploads,
+    owner: &'a str,
+    bytes: u64,
+}
+
+impl Reservation<'_> {
+    /// Reserves `n` more bytes, or `upload_quota` (nothing reserved).
+    fn grow(&mut self, n: u64) -> Result<(), OpsError> {
+        let cfg = &self.uploads.cfg;
+        let mut u = lock(&self.uploads.usage);
+        let owned = u.per_owner.get(self.owner).copied().unwrap_or(0);
+        let over = if u.total + n > cfg.max_bytes {
+            Some(format!(
+                "the server's upload sessions hold {} of {} bytes",
+                u.total, cfg.max_bytes
+            ))
+        } else if owned + n > cfg.max_bytes_per_owner {
+            Some(format!(
+                "the upload sessions of {} hold {owned} of {} bytes",
+                self.owner, cfg.max_bytes_per_owner
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = over {
+            return Err(OpsError::new(
+                ErrorCode::UploadQuota,
+                format!("{why}: finish or abort a session (nothing is dropped to make room)"),
+            ));
+        }
+        u.add(self.owner, n);
+        self.bytes += n;
+        Ok(())
+    }
+
+    /// The reserved bytes are committed: the session holds them now.
+    fn commit(mut self) {
+        self.bytes = 0;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            lock(&self.uploads.usage).sub(self.owner, self.bytes);
+        }
+    }
 }
 
 impl std::fmt::Debug for Uploads {
@@ -238,10 +355,15 @@ impl Uploads {
     /// offset; leftovers of sessions never fully opened, or damaged, are
     /// removed (logged). Blocking: called once, at startup.
     pub(crate) fn open(cfg: UploadConfig) -> Result<Self, Error> {
-        if cfg.idle_timeout.is_zero() || cfg.max_sessions == 0 || cfg.max_sessions_per_owner == 0 {
+        if cfg.idle_timeout.is_zero()
+            || cfg.max_sessions == 0
+            || cfg.max_sessions_per_owner == 0
+            || cfg.max_bytes == 0
+            || cfg.max_bytes_per_owner == 0
+        {
             return Err(Error::Config(
-                "uploads: idle_timeout, max_sessions and max_sessions_per_owner must be \
-                 greater than zero"
+                "uploads: idle_timeout, max_sessions, max_sessions_per_owner, max_bytes and \
+                 max_bytes_per_owner must be greater than zero"
                     .into(),
             ));
         }
@@ -271,6 +393,8 @@ impl Uploads {
             cfg,
             node,
             sessions: Mutex::new(HashMap::new()),
+            spool_reads: AtomicU64::new(0),
+            usage: Mutex::new(Usage::default()),
         };
         uploads.load()?;
         Ok(uploads)
@@ -305,6 +429,7 @@ impl Uploads {
             match self.load_one(id) {
                 Ok(session) => {
                     loaded += 1;
+                    lock(&self.usage).add(&session.owner, session.offset());
                     lock(&self.sessions).insert(id.clone(), Arc::new(session));
                 }
                 Err(why) => {
@@ -352,6 +477,7 @@ impl Uploads {
             last_active: Mutex::new(Instant::now()),
             io: Arc::new(tokio::sync::Mutex::new(())),
             gone: AtomicBool::new(false),
+            hasher: Mutex::new(None),
         })
     }
 
@@ -393,6 +519,7 @@ impl Uploads {
             last_active: Mutex::new(Instant::now()),
             io: Arc::new(tokio::sync::Mutex::new(())),
             gone: AtomicBool::new(false),
+            hasher: Mutex::new(Some(blake3::Hasher::new())),
         });
         {
             // Reserve under the lock, so two opens cannot both pass a cap.
@@ -520,8 +647,8 @@ impl Uploads {
                 ),
             ));
         }
-        // Only work on the session keeps it alive (a status probe does not).
-        session.touch();
+        // Only bytes committed keep a session alive (append touches it):
+        // neither a status probe nor an empty chunk does.
         Ok(Arc::new(guard))
     }
 
@@ -576,6 +703,14 @@ impl Uploads {
         };
         let mut offset = committed;
         let mut failure = None;
+        // The committed bytes' hash, extended chunk by chunk and stored
+        // back only with the offset.
+        let mut hasher = lock(&session.hasher).clone();
+        let mut reserved = Reservation {
+            uploads: self,
+            owner: &session.owner,
+            bytes: 0,
+        };
         loop {
             let mut buf = BytesMut::with_capacity(APPEND_CHUNK);
             // Fill one buffer: full, end of body, or a broken body.
@@ -592,13 +727,22 @@ impl Uploads {
                 failure = Some(OpsError::from(Error::TooLarge { limit, got: end }));
                 break;
             }
+            if let Err(e) = reserved.grow(buf.len() as u64) {
+                failure = Some(e);
+                break;
+            }
             if !buf.is_empty() {
                 let (f, g, p, at) = (file.clone(), guard.clone(), data_path.clone(), offset);
                 let chunk = buf.freeze();
-                blocking(move || {
+                let mut h = hasher.take();
+                hasher = blocking(move || {
                     let _g = g;
                     f.write_all_at(&chunk, at)
-                        .map_err(|e| io_failure("write data file", &p, e))
+                        .map_err(|e| io_failure("write data file", &p, e))?;
+                    if let Some(h) = h.as_mut() {
+                        h.update(&chunk);
+                    }
+                    Ok(h)
                 })
                 .await?;
                 offset = end;
@@ -636,13 +780,54 @@ impl Uploads {
                 Ok(())
             })
             .await?;
+            *lock(&session.hasher) = hasher;
             session.offset.store(offset, Ordering::SeqCst);
+            reserved.commit();
+            session.touch();
         }
-        session.touch();
         match failure {
             Some(e) => Err(e),
             None => Ok(offset),
         }
+    }
+
+    /// The digest of the session's committed bytes, from its hasher; after
+    /// a restart the first call reads the bytes once to rebuild it. The
+    /// caller holds the session's claim `guard`.
+    ///
+    /// Cancel-safe: it only reads; a rebuilt hasher is stored whole or not.
+    pub(crate) async fn digest(
+        &self,
+        session: &Arc<Session>,
+        guard: &SessionGuard,
+    ) -> Result<Digest, OpsError> {
+        if let Some(h) = lock(&session.hasher).as_ref() {
+            return Ok(Digest::from_bytes(*h.finalize().as_bytes()));
+        }
+        self.spool_reads.fetch_add(1, Ordering::Relaxed);
+        let (p, s, g) = (
+            self.path(&session.id, "data"),
+            session.clone(),
+            guard.clone(),
+        );
+        blocking(move || {
+            let _g = g;
+            let f = File::open(&p).map_err(|e| io_failure("open data file", &p, e))?;
+            let mut h = blake3::Hasher::new();
+            io::copy(&mut io::Read::take(f, s.offset()), &mut h)
+                .map_err(|e| io_failure("read data file", &p, e))?;
+            let d = Digest::from_bytes(*h.finalize().as_bytes());
+            *lock(&s.hasher) = Some(h);
+            Ok(d)
+        })
+        .await
+    }
+
+    /// How many times a session's spool file was read whole (a matching
+    /// finish's put, or a hasher rebuilt after a restart): what a client
+    /// retrying wrong digests must not drive up.
+    pub(crate) fn spool_reads(&self) -> u64 {
+        self.spool_reads.load(Ordering::Relaxed)
     }
 
     /// The session's data, for the finishing put: the first `offset` bytes.
@@ -650,6 +835,7 @@ impl Uploads {
         &self,
         session: &Session,
     ) -> Result<tokio::io::Take<tokio::fs::File>, OpsError> {
+        self.spool_reads.fetch_add(1, Ordering::Relaxed);
         let p = self.path(&session.id, "data");
         let f = tokio::fs::File::open(&p)
             .await
@@ -673,7 +859,9 @@ impl Uploads {
         blocking(move || {
             this.remove_files(&session.id);
             session.gone.store(true, Ordering::SeqCst);
-            lock(&this.sessions).remove(&session.id);
+            if lock(&this.sessions).remove(&session.id).is_some() {
+                lock(&this.usage).sub(&session.owner, session.offset());
+            }
             drop(guard);
             Ok(())
         })

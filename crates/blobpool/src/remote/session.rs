@@ -292,6 +292,9 @@ impl Remote {
         let resp = self
             .http
             .post(format!("{}/v1/uploads/{ns}", self.base))
+            // Required like every POST (a browser cannot send it
+            // cross-site without a preflight).
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .send()
             .await
             .map_err(transport)?;

@@ -31,6 +31,8 @@ pub struct Opts {
     pub upload_idle: Duration,
     /// Resumable uploads: sessions per identity.
     pub max_uploads_per_owner: usize,
+    /// Resumable uploads: bytes all sessions, and one identity's, may hold.
+    pub upload_max_bytes: (u64, u64),
     /// Whether resumable uploads are enabled at all (`false`: the
     /// `/v1/uploads` routes answer 404, as on a server without them).
     pub uploads: bool,
@@ -49,6 +51,10 @@ impl Default for Opts {
             http: Default::default(),
             upload_idle: store_ops::uploads::DEFAULT_UPLOAD_IDLE_TIMEOUT,
             max_uploads_per_owner: store_ops::uploads::DEFAULT_MAX_UPLOADS_PER_OWNER,
+            upload_max_bytes: (
+                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES,
+                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
+            ),
             uploads: true,
         }
     }
@@ -125,6 +131,8 @@ pub async fn start_in_at(dir: tempfile::TempDir, opts: Opts, addr: std::net::Soc
             uploads: opts.uploads.then(|| store_ops::uploads::UploadConfig {
                 idle_timeout: opts.upload_idle,
                 max_sessions_per_owner: opts.max_uploads_per_owner,
+                max_bytes: opts.upload_max_bytes.0,
+                max_bytes_per_owner: opts.upload_max_bytes.1,
                 ..store_ops::uploads::UploadConfig::new(dir.path().join("uploads"))
             }),
             ..Default::default()

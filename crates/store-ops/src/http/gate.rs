@@ -93,6 +93,8 @@ fn route_of(path: &str) -> (&'static str, Option<&str>) {
         ["v1", "namespaces", ns, "entries"] => ("/v1/namespaces/{ns}/entries", Some(ns)),
         ["v1", "stats"] => ("/v1/stats", None),
         ["v1", "verify"] => ("/v1/verify", None),
+        ["v1", "uploads", ns] => ("/v1/uploads/{ns}", Some(ns)),
+        ["v1", "uploads", ns, _] => ("/v1/uploads/{ns}/{id}", Some(ns)),
         ["health"] => ("/health", None),
         ["metrics"] => ("/metrics", None),
         _ => ("(unknown)", None),
@@ -222,5 +224,10 @@ mod tests {
         );
         assert_eq!(route_of("/v1/tokens/secret"), ("/v1/tokens/{token}", None));
         assert_eq!(route_of("/nope"), ("(unknown)", None));
+        assert_eq!(route_of("/v1/uploads/up"), ("/v1/uploads/{ns}", Some("up")));
+        assert_eq!(
+            route_of("/v1/uploads/up/0a1b2c3d-ff"),
+            ("/v1/uploads/{ns}/{id}", Some("up"))
+        );
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `POST /v1/uploads/{ns}` | `201`, `Location`, `Upload-Offset: 0`, the session as JSON |
+//! | `POST /v1/uploads/{ns}` (`Content-Type: application/json`) | `201`, `Location`, `Upload-Offset: 0`, the session as JSON |
 //! | `PATCH /v1/uploads/{ns}/{id}` (+ `Content-Range: bytes a-b/*`) | `204`, `Upload-Offset`; `416` at a wrong offset |
 //! | `HEAD /v1/uploads/{ns}/{id}` | `204`, `Upload-Offset` |
 //! | `PUT /v1/uploads/{ns}/{id}?digest=<hex>` (+ last chunk) | a put's answer: `201` `{token, digest}`; `422` on a mismatch |
@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::body::body_reader;
-use super::handlers::{fail, path_error, put_answer};
+use super::handlers::{fail, path_error, put_answer, require_json};
 use crate::auth::{Identity, Scope};
 use crate::error::OpsError;
 use crate::uploads::UploadStatus;
@@ -72,16 +72,22 @@ fn status_response(code: StatusCode, st: &UploadStatus, with_body: bool) -> Resp
     resp
 }
 
-/// `POST /v1/uploads/{ns}`.
+/// `POST /v1/uploads/{ns}` (`Content-Type: application/json`, no body).
 pub(super) async fn open(
     State(ops): State<Ops>,
     Extension(identity): Extension<Identity>,
     path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
 ) -> Response {
     let ns = match path {
         Ok(Path(ns)) => ns,
         Err(e) => return fail(&ops, path_error(e)),
     };
+    // Like every other POST: a browser cannot send this content type
+    // cross-site without a CORS preflight (no cross-site session opens).
+    if let Err(e) = require_json(&headers) {
+        return fail(&ops, e);
+    }
     if let Err(e) = ops.authorize(&identity, Scope::Write, Some(&ns)) {
         return fail(&ops, e);
     }
@@ -99,6 +105,14 @@ fn session_path(
 ) -> Result<(String, String), OpsError> {
     let (ns, id) = path.map(|Path(p)| p).map_err(path_error)?;
     ops.authorize(identity, Scope::Write, Some(&ns))?;
+    // Checked before the id can reach an answer or a log line: a session
+    // id is `<node>-<32 hex>` (lowercase hex and dashes, short).
+    if !crate::uploads::is_session_id(&id) {
+        return Err(OpsError::new(
+            crate::error::ErrorCode::Missing,
+            "no such upload session (malformed session id)",
+        ));
+    }
     Ok((ns, id))
 }
 
