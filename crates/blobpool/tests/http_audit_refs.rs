@@ -4,37 +4,11 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use common::*;
 use serde_json::json;
-use store_ops::auth::{hash_key, parse_key_hash, ApiKey, Auth, Grant};
-use store_ops::http::HttpConfig;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 const WRITER: &str = "bpk_audit_refs_writer";
 const OWNER: &str = "bpk_audit_refs_owner";
-
-fn key(name: &str, secret: &str, scopes: &[&str]) -> ApiKey {
-    ApiKey {
-        name: name.into(),
-        hash: parse_key_hash(&hash_key(secret)).unwrap(),
-        grants: Grant::parse_all(scopes).unwrap(),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ref_sets_and_policy_switches_are_audited() {
@@ -45,21 +19,13 @@ async fn ref_sets_and_policy_switches_are_audited() {
         .with_env_filter("blobpool::audit=info")
         .with_writer(move || writer.clone())
         .init();
-    let s = start(Opts {
-        http: HttpConfig {
-            auth: Auth::new(
-                vec![
-                    key("writer", WRITER, &["read", "write"]),
-                    key("owner", OWNER, &["read", "write", "delete"]),
-                ],
-                vec![],
-                vec![],
-            )
-            .unwrap(),
-            ..Default::default()
-        },
-        ..Default::default()
-    })
+    let s = start_with_keys(
+        vec![
+            api_key("writer", WRITER, &["read", "write"]),
+            api_key("owner", OWNER, &["read", "write", "delete"]),
+        ],
+        Opts::default(),
+    )
     .await;
     let put = |secret: &'static str, body: &'static str| {
         let s = &s;
@@ -97,10 +63,9 @@ async fn ref_sets_and_policy_switches_are_audited() {
     assert_eq!(set(WRITER, "a", a).await, 201);
     assert_eq!(set(OWNER, "b", b).await, 201);
 
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<(String, String, String, String)> = text
+    let lines: Vec<(String, String, String, String)> = log
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .into_iter()
         .filter(|l| l["target"] == "blobpool::audit")
         .map(|l| {
             let f = &l["fields"];

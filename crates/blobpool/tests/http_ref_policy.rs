@@ -11,37 +11,21 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use store_ops::auth::{hash_key, parse_key_hash, ApiKey, Auth, Grant};
-use store_ops::http::HttpConfig;
 
 const WRITER: &str = "bpk_policy_writer";
 const OWNER: &str = "bpk_policy_owner";
 
-fn key(name: &str, secret: &str, scopes: &[&str]) -> ApiKey {
-    ApiKey {
-        name: name.into(),
-        hash: parse_key_hash(&hash_key(secret)).unwrap(),
-        grants: Grant::parse_all(scopes).unwrap(),
-    }
-}
-
 async fn server() -> Server {
-    start(Opts {
-        window: Duration::ZERO,
-        http: HttpConfig {
-            auth: Auth::new(
-                vec![
-                    key("writer", WRITER, &["read", "write"]),
-                    key("owner", OWNER, &["read", "write", "delete"]),
-                ],
-                vec![],
-                vec![],
-            )
-            .unwrap(),
+    start_with_keys(
+        vec![
+            api_key("writer", WRITER, &["read", "write"]),
+            api_key("owner", OWNER, &["read", "write", "delete"]),
+        ],
+        Opts {
+            window: Duration::ZERO,
             ..Default::default()
         },
-        ..Default::default()
-    })
+    )
     .await
 }
 

@@ -334,44 +334,12 @@ impl Collector {
         }
         if let Some(refs) = &self.cfg.refs {
             let digests: Vec<Digest> = keys.iter().map(|k| k.digest).collect();
-            let answer = refs.referenced(ns, &digests).await.map_err(|e| {
-                Error::backend(e.kind(), "probe references")
-                    .with_target(format!("of namespace {ns}"))
-                    .with_source(e)
-            })?;
-            if answer.len() != keys.len() {
-                return Err(Error::backend(ErrorKind::InvalidData, "probe references")
-                    .with_target(format!("of namespace {ns}"))
-                    .with_source(format!(
-                        "the reference store answered {} values for {} keys",
-                        answer.len(),
-                        keys.len()
-                    )));
-            }
-            for (l, a) in live.iter_mut().zip(answer) {
-                *l |= a;
-            }
+            let answer = refs.referenced(ns, &digests).await;
+            or_into(&mut live, answer, "probe references", ns)?;
         }
         for (_, src) in sources.get(ns).into_iter().flatten() {
-            let answer = src.probe(keys).await.map_err(|e| {
-                Error::backend(e.kind(), "probe liveness source")
-                    .with_target(format!("of namespace {ns}"))
-                    .with_source(e)
-            })?;
-            if answer.len() != keys.len() {
-                return Err(
-                    Error::backend(ErrorKind::InvalidData, "probe liveness source")
-                        .with_target(format!("of namespace {ns}"))
-                        .with_source(format!(
-                            "it answered {} values for {} keys",
-                            answer.len(),
-                            keys.len()
-                        )),
-                );
-            }
-            for (l, a) in live.iter_mut().zip(answer) {
-                *l |= a;
-            }
+            let answer = src.probe(keys).await;
+            or_into(&mut live, answer, "probe liveness source", ns)?;
         }
         Ok(live)
     }
@@ -1044,6 +1012,34 @@ impl Collector {
         }
         Ok(())
     }
+}
+
+/// ORs one liveness answer for `live.len()` keys of `ns` into `live`; a
+/// failed or misaligned answer is an error naming `op`.
+fn or_into(
+    live: &mut [bool],
+    answer: Result<Vec<bool>>,
+    op: &'static str,
+    ns: &Namespace,
+) -> Result<()> {
+    let answer = answer.map_err(|e| {
+        Error::backend(e.kind(), op)
+            .with_target(format!("of namespace {ns}"))
+            .with_source(e)
+    })?;
+    if answer.len() != live.len() {
+        return Err(Error::backend(ErrorKind::InvalidData, op)
+            .with_target(format!("of namespace {ns}"))
+            .with_source(format!(
+                "it answered {} values for {} keys",
+                answer.len(),
+                live.len()
+            )));
+    }
+    for (l, a) in live.iter_mut().zip(answer) {
+        *l |= a;
+    }
+    Ok(())
 }
 
 async fn window_unstage(window: &dyn WindowClauses, keys: &[Key]) -> Result<()> {

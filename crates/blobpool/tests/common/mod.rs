@@ -390,3 +390,50 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// An API key named `name` for `secret` with `scopes` (`read`,
+/// `write:ns-*`, …).
+pub fn api_key(name: &str, secret: &str, scopes: &[&str]) -> store_ops::auth::ApiKey {
+    use store_ops::auth::{hash_key, parse_key_hash, ApiKey, Grant};
+    ApiKey {
+        name: name.into(),
+        hash: parse_key_hash(&hash_key(secret)).unwrap(),
+        grants: Grant::parse_all(scopes).unwrap(),
+    }
+}
+
+/// A server with `keys` and nothing for anonymous callers.
+pub async fn start_with_keys(keys: Vec<store_ops::auth::ApiKey>, opts: Opts) -> Server {
+    start(Opts {
+        http: store_ops::http::HttpConfig {
+            auth: store_ops::auth::Auth::new(keys, vec![], vec![]).unwrap(),
+            ..Default::default()
+        },
+        ..opts
+    })
+    .await
+}
+
+/// A log sink for a process-wide JSON subscriber (one test per file).
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// Every line captured, parsed as JSON.
+    pub fn lines(&self) -> Vec<serde_json::Value> {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
