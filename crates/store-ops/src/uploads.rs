@@ -218,6 +218,10 @@ pub(crate) struct Uploads {
     /// Bytes held by open sessions (committed, plus reserved by appends
     /// in flight), in all and per owner.
     usage: Mutex<Usage>,
+    /// Test hook: the commit step sets the flag, then waits on the lock
+    /// (held by a test to drop the request inside the step).
+    #[cfg(test)]
+    commit_pause: Arc<(std::sync::Mutex<()>, AtomicBool)>,
 }
 
 /// See [`Uploads::usage`].
@@ -244,13 +248,14 @@ impl Usage {
     }
 }
 
-/// Bytes an append reserved and has not committed yet: given back when
-/// dropped (a failed or dropped append), kept by the session once
-/// committed.
+/// Bytes an append reserved: given back when dropped (a failed or dropped
+/// append) unless `committed` was set — by the blocking step that commits
+/// the offset, which then holds them for the session.
 struct Reservation<'a> {
     uploads: &'a Uploads,
     owner: &'a str,
     bytes: u64,
+    committed: Arc<AtomicBool>,
 }
 
 impl Reservation<'_> {
@@ -282,16 +287,11 @@ impl Reservation<'_> {
         self.bytes += n;
         Ok(())
     }
-
-    /// The reserved bytes are committed: the session holds them now.
-    fn commit(mut self) {
-        self.bytes = 0;
-    }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        if self.bytes > 0 {
+        if self.bytes > 0 && !self.committed.load(Ordering::SeqCst) {
             lock(&self.uploads.usage).sub(self.owner, self.bytes);
         }
     }
@@ -395,6 +395,8 @@ impl Uploads {
             sessions: Mutex::new(HashMap::new()),
             spool_reads: AtomicU64::new(0),
             usage: Mutex::new(Usage::default()),
+            #[cfg(test)]
+            commit_pause: Default::default(),
         };
         uploads.load()?;
         Ok(uploads)
@@ -659,7 +661,9 @@ impl Uploads {
     /// `incomplete_body`.
     ///
     /// Cancel-safe: the offset advances only after the bytes are synced;
-    /// a dropped call commits nothing of the chunk it was writing.
+    /// a call dropped before its commit step commits nothing of what it
+    /// was writing, one dropped during it commits it whole (offset file,
+    /// in-memory offset, hash and byte reservation in one blocking call).
     pub(crate) async fn append<R: AsyncRead + Unpin + Send>(
         &self,
         session: &Arc<Session>,
@@ -710,6 +714,7 @@ impl Uploads {
             uploads: self,
             owner: &session.owner,
             bytes: 0,
+            committed: Arc::new(AtomicBool::new(false)),
         };
         loop {
             let mut buf = BytesMut::with_capacity(APPEND_CHUNK);
@@ -759,10 +764,23 @@ impl Uploads {
             }
         }
         if offset > committed {
-            let (f, g) = (file.clone(), guard.clone());
+            let (f, g, s) = (file.clone(), guard.clone(), session.clone());
             let (offset_path, fsync) = (self.path(&session.id, "offset"), self.cfg.fsync);
+            let held = reserved.committed.clone();
+            #[cfg(test)]
+            let pause = self.commit_pause.clone();
+            // The in-memory offset, hash and reservation advance in the
+            // same blocking call as the offset file: it runs to its end even
+            // if this request is dropped, so memory never falls behind the
+            // file (the next append would cut the data back below the
+            // offset on disk, and a restart would drop the session).
             blocking(move || {
                 let _g = g;
+                #[cfg(test)]
+                {
+                    pause.1.store(true, Ordering::SeqCst);
+                    drop(lock(&pause.0));
+                }
                 if fsync {
                     f.sync_data()
                         .map_err(|e| io_failure("fsync data file", &offset_path, e))?;
@@ -777,13 +795,13 @@ impl Uploads {
                     of.sync_data()
                         .map_err(|e| io_failure("fsync offset file", &offset_path, e))?;
                 }
+                *lock(&s.hasher) = hasher;
+                s.offset.store(offset, Ordering::SeqCst);
+                held.store(true, Ordering::SeqCst);
+                s.touch();
                 Ok(())
             })
             .await?;
-            *lock(&session.hasher) = hasher;
-            session.offset.store(offset, Ordering::SeqCst);
-            reserved.commit();
-            session.touch();
         }
         match failure {
             Some(e) => Err(e),
@@ -899,6 +917,70 @@ impl Uploads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An append dropped inside its commit step: afterwards the offset in
+    /// memory is the one on disk, a later append keeps the data file at
+    /// least that long, and a reopen keeps the session with every committed
+    /// byte. (The commit used to update memory after its blocking call, so
+    /// a drop in between left the file ahead of memory; the next append cut
+    /// the data below it and a restart dropped the session as damaged.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    // The std lock is held across awaits on purpose: it stops the commit
+    // step on a blocking thread, not a task of this runtime.
+    #[allow(clippy::await_holding_lock)]
+    async fn an_append_dropped_in_its_commit_step_commits_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = UploadConfig::new(dir.path());
+        let uploads = Arc::new(Uploads::open(cfg.clone()).unwrap());
+        let st = uploads
+            .create("o", Namespace::new("up").unwrap())
+            .await
+            .unwrap();
+        let session = uploads.find("up", &st.id, "o", false).unwrap();
+        let claim = || async {
+            loop {
+                match uploads.claim(&session) {
+                    Ok(g) => break g,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            }
+        };
+        let on_disk = || {
+            decode_offset(&fs::read(dir.path().join(format!("{}.offset", st.id))).unwrap()).unwrap()
+        };
+        // Held: the next commit step stops inside its blocking call.
+        let paused = lock(&uploads.commit_pause.0);
+        let task = tokio::spawn({
+            let (uploads, session, guard) = (uploads.clone(), session.clone(), claim().await);
+            async move {
+                let chunk = vec![7u8; 1000];
+                uploads
+                    .append(&session, &guard, None, &chunk[..], u64::MAX)
+                    .await
+            }
+        });
+        while !uploads.commit_pause.1.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        drop(paused);
+        // The claim frees once the blocking call has ended.
+        drop(claim().await);
+        assert_eq!(on_disk(), 1000);
+        assert_eq!(session.offset(), 1000, "memory behind the offset file");
+        let guard = claim().await;
+        uploads
+            .append(&session, &guard, None, &[8u8; 24][..], u64::MAX)
+            .await
+            .unwrap();
+        drop(guard);
+        assert_eq!(on_disk(), 1024);
+        drop((session, uploads));
+        let again = Uploads::open(cfg).unwrap();
+        let s = again.find("up", &st.id, "o", false).expect("session kept");
+        assert_eq!(s.offset(), 1024);
+    }
 
     #[test]
     fn offsets_round_trip_and_torn_ones_are_refused() {
