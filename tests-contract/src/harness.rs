@@ -415,6 +415,11 @@ impl Harness {
         self.kv.engine.refs()
     }
 
+    /// The kv engine's cache keys (ADR-048), if it holds any.
+    pub fn kv_cache(&self) -> Option<Arc<dyn store_types::CacheIndex>> {
+        self.kv.engine.cache()
+    }
+
     /// The large engine as a plain engine.
     pub fn large_engine(&self) -> Option<Arc<dyn Engine>> {
         self.large

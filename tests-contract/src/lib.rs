@@ -170,6 +170,21 @@ macro_rules! contract_suite {
     };
 }
 
+/// The cache-key cases (`cases/cache.rs`, ADR-048) for a composite whose
+/// kv engine holds cache keys; they fail where it holds none. Invoked
+/// beside [`contract_suite!`] for every such composite.
+#[macro_export]
+macro_rules! cache_suite {
+    ($spec:expr) => {
+        $crate::__async_cases!($spec;
+            cache::cache_record_lookup_remove,
+            cache::cache_cached_and_usage,
+            cache::cache_trim_bytes_least_recent_first,
+            cache::cache_trim_age_counts_from_last_access,
+        );
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __async_cases {

@@ -3,9 +3,11 @@
 
 mod mem_only {
     tests_contract::contract_suite!(tests_contract::MEM_ONLY);
+    tests_contract::cache_suite!(tests_contract::MEM_ONLY);
 }
 mod kv_mem {
     tests_contract::contract_suite!(tests_contract::KV_MEM);
+    tests_contract::cache_suite!(tests_contract::KV_MEM);
 }
 mod kv_sqlite {
     tests_contract::contract_suite!(tests_contract::KV_SQLITE);
@@ -15,9 +17,11 @@ mod sqlite_local {
 }
 mod mem_local {
     tests_contract::contract_suite!(tests_contract::MEM_LOCAL);
+    tests_contract::cache_suite!(tests_contract::MEM_LOCAL);
 }
 mod mem_mem {
     tests_contract::contract_suite!(tests_contract::MEM_MEM);
+    tests_contract::cache_suite!(tests_contract::MEM_MEM);
 }
 mod kv_postgres {
     tests_contract::contract_suite!(tests_contract::KV_POSTGRES);
@@ -33,12 +37,14 @@ mod sqlite_pglo {
 }
 mod mem_pglo {
     tests_contract::contract_suite!(tests_contract::MEM_PGLO);
+    tests_contract::cache_suite!(tests_contract::MEM_PGLO);
 }
 mod sqlite_object_mem {
     tests_contract::contract_suite!(tests_contract::SQLITE_OBJECT_MEM);
 }
 mod mem_object_fs {
     tests_contract::contract_suite!(tests_contract::MEM_OBJECT_FS);
+    tests_contract::cache_suite!(tests_contract::MEM_OBJECT_FS);
 }
 mod postgres_object_s3 {
     tests_contract::contract_suite!(tests_contract::POSTGRES_OBJECT_S3);

@@ -247,6 +247,10 @@ impl<E: KvEngine + ?Sized> KvEngine for Layered<E> {
     fn refs(&self) -> Option<Arc<dyn RefStore>> {
         self.inner.refs()
     }
+
+    fn cache(&self) -> Option<Arc<dyn store_types::CacheIndex>> {
+        self.inner.cache()
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]

@@ -156,6 +156,10 @@ impl KvEngine for Recorder {
         self.note("refs");
         None
     }
+    fn cache(&self) -> Option<Arc<dyn store_types::CacheIndex>> {
+        self.note("cache");
+        None
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -277,6 +281,7 @@ async fn call_everything(kv: &dyn KvEngine, large: &dyn LargeEngine) {
         PublishOutcome::AlreadyPresent
     );
     assert!(kv.refs().is_none());
+    assert!(kv.cache().is_none());
     assert_eq!(
         large.read_outboard(&k).await.unwrap().as_deref(),
         Some(&b"outboard"[..])
@@ -308,7 +313,7 @@ async fn call_everything(kv: &dyn KvEngine, large: &dyn LargeEngine) {
     );
 }
 
-const EVERY_METHOD: [&str; 25] = [
+const EVERY_METHOD: [&str; 26] = [
     "descriptor",
     "meta",
     "has_many",
@@ -324,6 +329,7 @@ const EVERY_METHOD: [&str; 25] = [
     "lock_instance",
     "put",
     "refs",
+    "cache",
     "joint_pin_publish",
     "stage",
     "write",

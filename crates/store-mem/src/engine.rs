@@ -158,6 +158,12 @@ impl KvEngine for MemEngine {
     fn refs(&self) -> Option<Arc<dyn RefStore>> {
         Some(self.refs.clone())
     }
+
+    /// The engine's cache keys (shared by its clones; see the `cache`
+    /// module).
+    fn cache(&self) -> Option<Arc<dyn store_types::CacheIndex>> {
+        Some(self.cache.clone())
+    }
 }
 
 #[async_trait]

@@ -38,6 +38,7 @@
 //! Everything is lost when the last clone is dropped. `mem` is not a GC
 //! seam member (`gc_seam` is `None`).
 
+mod cache;
 mod engine;
 mod refs;
 mod registration;
@@ -52,6 +53,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use bytes::Bytes;
 use store_types::{Digest, Namespace, Timestamp};
 
+use cache::MemCache;
 use refs::MemRefs;
 pub use registration::REGISTRATION;
 use stage::MemStage;
@@ -78,6 +80,8 @@ pub struct MemEngine {
     tables: Arc<RwLock<Tables>>,
     /// The named references (`KvEngine::refs`), shared by clones.
     refs: Arc<MemRefs>,
+    /// The cache keys (`KvEngine::cache`), shared by clones.
+    cache: Arc<MemCache>,
 }
 
 impl MemEngine {

@@ -519,6 +519,12 @@ pub trait KvEngine: Engine {
     fn refs(&self) -> Option<std::sync::Arc<dyn crate::RefStore>> {
         None
     }
+
+    /// The cache keys this engine's database holds (ADR-048), if it can
+    /// hold them. Default: none.
+    fn cache(&self) -> Option<std::sync::Arc<dyn crate::CacheIndex>> {
+        None
+    }
 }
 
 /// A large-blob engine: entries are streamed into a stage and published.

@@ -13,7 +13,8 @@
 //! - the engine descriptor ([`EngineDescriptor`]) the facade judges
 //!   configurations by, without naming engine types;
 //! - the engine-state seam of ADR-012 §5 ([`GcSeam`] and its clause traits);
-//! - named references ([`RefStore`], [`RefName`]) a kv engine may hold;
+//! - named references ([`RefStore`], [`RefName`]) and cache keys
+//!   ([`CacheIndex`]) a kv engine may hold;
 //! - the engine-registration vocabulary ([`registry`]: the
 //!   `EngineFactory` each engine crate exports, ADR-027);
 //! - the crash switch ([`crash::CrashSwitch`]) the engines' crash models
@@ -28,6 +29,7 @@
 //! Architecture invariant: nothing here names a concrete engine.
 
 pub mod buffer;
+mod cache;
 mod chunks;
 pub mod crash;
 mod digest;
@@ -43,6 +45,7 @@ mod refs;
 pub mod registry;
 mod seam;
 
+pub use cache::{CacheBounds, CacheIndex, CacheTrim, CacheUsage};
 pub use chunks::Chunks;
 pub use digest::{Digest, DIGEST_HEX_LEN};
 pub use engine::{

@@ -1,6 +1,7 @@
 //! The contract cases: plain async functions taking a [`Spec`](crate::Spec).
 
 pub mod basic;
+pub mod cache;
 pub mod gc;
 pub mod model;
 pub mod refs;

@@ -1,0 +1,163 @@
+//! The cache index (issue 31, ADR-048): the keys of cache namespaces,
+//! `(namespace, key) → digest` rows with the entry's size and the time it
+//! was last accessed, in the kv engine's database.
+//!
+//! A cache namespace's entries are live while a key of the namespace
+//! points at them (or a reference, or a pin: those protect everywhere).
+//! Keys are **weak**: unlike references, the size/age bound removes them
+//! ([`CacheIndex::trim`], least recently accessed first), and an entry no
+//! key, reference or pin holds any more is garbage for the next sweep.
+//!
+//! The kv engines that hold references (`mem`, `sqlite`, `postgres`) hold
+//! cache keys too and answer [`KvEngine::cache`](crate::KvEngine::cache).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Digest, LivenessTable, Namespace, RefName, Result, Timestamp};
+
+/// The bound of a cache namespace. `None` fields are unbounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CacheBounds {
+    /// Keys are removed, least recently accessed first, until the sizes of
+    /// the remaining keys sum to at most this many bytes.
+    pub max_bytes: Option<u64>,
+    /// Keys not accessed for longer than this are removed.
+    pub max_age: Option<Duration>,
+}
+
+impl CacheBounds {
+    /// The bound that keeps whatever either keeps: the larger of each
+    /// limit, unbounded if either is (how a fleet combines its nodes'
+    /// bounds, ADR-048).
+    pub fn loosest(self, other: CacheBounds) -> CacheBounds {
+        fn max<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            }
+        }
+        CacheBounds {
+            max_bytes: max(self.max_bytes, other.max_bytes),
+            max_age: max(self.max_age, other.max_age),
+        }
+    }
+}
+
+impl std::fmt::Display for CacheBounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cache")?;
+        if let Some(b) = self.max_bytes {
+            write!(f, " max_bytes {b}")?;
+        }
+        if let Some(a) = self.max_age {
+            write!(f, " max_age {}s", a.as_secs())?;
+        }
+        Ok(())
+    }
+}
+
+/// What a namespace's keys hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheUsage {
+    /// Keys.
+    pub keys: u64,
+    /// The sum of the keys' sizes (an entry two keys point at counts
+    /// twice).
+    pub bytes: u64,
+}
+
+/// What one [`CacheIndex::trim`] removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheTrim {
+    /// Keys removed.
+    pub keys: u64,
+    /// The sum of their sizes.
+    pub bytes: u64,
+}
+
+/// The cache keys held in a kv engine's database.
+///
+/// # Contract
+///
+/// - **One clock.** `now` is the caller's clock reading; an engine with a
+///   clock of its own (PostgreSQL: the database's, the one clock of a
+///   fleet) uses its own instead, for every method alike, so access times
+///   and the age bound are compared on one clock.
+/// - `record` writes the key, its digest, size and access time in one
+///   atomic step (replacing the key's previous row); a committed `record`
+///   is visible to `cached` (and to the fleet liveness table) before it
+///   returns.
+/// - `touch` only moves access times forward and never creates a key.
+/// - `trim` removes, in one atomic step, every key of `ns` last accessed
+///   before `now - max_age`, then the least recently accessed keys (ties
+///   by key, byte order) until the remaining sizes sum to at most
+///   `max_bytes`. A key recorded or touched concurrently is judged by the
+///   state the step sees.
+/// - Every method is cancel-safe: dropped before it returns, a write
+///   either committed whole or not at all.
+#[async_trait]
+pub trait CacheIndex: Send + Sync + 'static {
+    /// Points `key` at `digest` (an entry of `size` bytes), accessed now.
+    async fn record(
+        &self,
+        ns: &Namespace,
+        key: &RefName,
+        digest: Digest,
+        size: u64,
+        now: Timestamp,
+    ) -> Result<()>;
+
+    /// The digest `key` points at.
+    async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>>;
+
+    /// Removes `key` if it points at `expect` (any digest when `None`);
+    /// `true` if a row was removed.
+    async fn remove(&self, ns: &Namespace, key: &RefName, expect: Option<Digest>) -> Result<bool>;
+
+    /// Moves the access time of every key of `ns` pointing at one of
+    /// `digests` to `now`, where it is earlier. Returns the keys changed.
+    async fn touch(&self, ns: &Namespace, digests: &[Digest], now: Timestamp) -> Result<u64>;
+
+    /// For each digest, whether a key of `ns` points at it.
+    async fn cached(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>>;
+
+    /// Removes the keys outside `bounds` (see the contract).
+    async fn trim(&self, ns: &Namespace, bounds: CacheBounds, now: Timestamp) -> Result<CacheTrim>;
+
+    /// What the keys of each namespace holding any hold, by namespace.
+    async fn usage(&self) -> Result<Vec<(Namespace, CacheUsage)>>;
+
+    /// The keys as a fleet liveness table (namespace and digest columns),
+    /// for engines whose database a fleet shares.
+    fn liveness_table(&self) -> Option<LivenessTable> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loosest_keeps_what_either_keeps() {
+        let a = CacheBounds {
+            max_bytes: Some(10),
+            max_age: None,
+        };
+        let b = CacheBounds {
+            max_bytes: Some(20),
+            max_age: Some(Duration::from_secs(5)),
+        };
+        assert_eq!(
+            a.loosest(b),
+            CacheBounds {
+                max_bytes: Some(20),
+                max_age: None
+            }
+        );
+        assert_eq!(b.loosest(b), b);
+        assert_eq!(b.to_string(), "cache max_bytes 20 max_age 5s");
+    }
+}
