@@ -11,9 +11,11 @@ mod kv_mem {
 }
 mod kv_sqlite {
     tests_contract::contract_suite!(tests_contract::KV_SQLITE);
+    tests_contract::cache_suite!(tests_contract::KV_SQLITE);
 }
 mod sqlite_local {
     tests_contract::contract_suite!(tests_contract::SQLITE_LOCAL);
+    tests_contract::cache_suite!(tests_contract::SQLITE_LOCAL);
 }
 mod mem_local {
     tests_contract::contract_suite!(tests_contract::MEM_LOCAL);
@@ -34,6 +36,7 @@ mod postgres_local {
 }
 mod sqlite_pglo {
     tests_contract::contract_suite!(tests_contract::SQLITE_PGLO);
+    tests_contract::cache_suite!(tests_contract::SQLITE_PGLO);
 }
 mod mem_pglo {
     tests_contract::contract_suite!(tests_contract::MEM_PGLO);
@@ -41,6 +44,7 @@ mod mem_pglo {
 }
 mod sqlite_object_mem {
     tests_contract::contract_suite!(tests_contract::SQLITE_OBJECT_MEM);
+    tests_contract::cache_suite!(tests_contract::SQLITE_OBJECT_MEM);
 }
 mod mem_object_fs {
     tests_contract::contract_suite!(tests_contract::MEM_OBJECT_FS);
@@ -51,6 +55,7 @@ mod postgres_object_s3 {
 }
 mod sqlite_local_layered {
     tests_contract::contract_suite!(tests_contract::SQLITE_LOCAL_LAYERED);
+    tests_contract::cache_suite!(tests_contract::SQLITE_LOCAL_LAYERED);
 }
 // The toy engine of docs/ENGINES.md ("Adding an engine"), both tiers.
 mod example_example {

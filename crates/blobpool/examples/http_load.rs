@@ -245,7 +245,7 @@ impl Ctx {
                     .send()
                     .await?;
                 let p = put_answer(resp).await?;
-                self.held.lock().unwrap().tokens.push(p.token);
+                self.held.lock().unwrap().tokens.extend(p.token);
                 Ok(SMALL as u64)
             }
             (Workload::SmallGet, Side::Library) => {
@@ -287,7 +287,7 @@ impl Ctx {
                 let key = Key::new(self.ns.clone(), Digest::parse(&p.digest)?);
                 let mut held = self.held.lock().unwrap();
                 held.large.push(key);
-                held.tokens.push(p.token);
+                held.tokens.extend(p.token);
                 Ok(LARGE)
             }
             (Workload::LargeGet, Side::Library) => {

@@ -1045,6 +1045,13 @@ impl Config {
                 fsync: self.fsync,
                 ..store_ops::uploads::UploadConfig::new(&self.uploads_dir)
             }),
+            cache_namespaces: self
+                .gc
+                .policies
+                .iter()
+                .filter(|(_, p)| matches!(p, store_core::GcPolicy::Cache(_)))
+                .map(|(ns, _)| ns.clone())
+                .collect(),
             ..Default::default()
         }
     }

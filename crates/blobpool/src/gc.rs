@@ -8,7 +8,11 @@
 //! [gc.namespaces.logs]
 //! max_age = "7d"                      # unreferenced entries older than this are garbage
 //! [gc.namespaces.archive]
-//! policy = "keep"                     # refs | unreferenced | keep
+//! policy = "keep"                     # refs | unreferenced | keep | cache
+//! [gc.namespaces.ccache]              # a build cache (ADR-048): puts take no pin token,
+//! policy = "cache"                    #   clients use /cache/ccache/KEY (docs/SERVER.md)
+//! max_bytes = "50GiB"                 # least recently used keys go first beyond this
+//! max_age = "30d"                     # keys not read or written for this long go
 //! [[gc.liveness_tables]]              # fleet: an application table naming live digests
 //! namespace = "app"
 //! schema = "app"
@@ -24,7 +28,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
-use store_core::{GcPolicy, LivenessTable, Namespace, Store};
+use store_core::{CacheBounds, GcPolicy, LivenessTable, Namespace, Store};
 use store_types::Error;
 
 /// Default `gc.interval`: a sweep every 15 minutes. Safe by default: only
@@ -38,6 +42,24 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15 * 60);
 pub struct NamespacePolicyEntry {
     policy: Option<String>,
     max_age: Option<String>,
+    max_bytes: Option<SizeField>,
+}
+
+/// A size in the file: bytes, or a `bytesize` string (`"50GiB"`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+enum SizeField {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeField {
+    fn bytes(&self) -> Result<u64, String> {
+        match self {
+            SizeField::Bytes(n) => Ok(*n),
+            SizeField::Text(s) => crate::config::parse_size(s),
+        }
+    }
 }
 
 /// `[[gc.liveness_tables]]`.
@@ -83,6 +105,30 @@ fn parse_policy(ns: &str, e: &NamespacePolicyEntry) -> Result<GcPolicy, String> 
                 .map_err(|m| format!("gc.namespaces.{ns}.max_age: {m}"))
         })
         .transpose()?;
+    if e.policy.as_deref().map(str::trim) == Some("cache") {
+        if age.is_some_and(|d| d.is_zero()) {
+            return Err(format!(
+                "gc.namespaces.{ns}.max_age must be greater than zero"
+            ));
+        }
+        let max_bytes = e
+            .max_bytes
+            .as_ref()
+            .map(|v| {
+                v.bytes()
+                    .map_err(|m| format!("gc.namespaces.{ns}.max_bytes: {m}"))
+            })
+            .transpose()?;
+        return Ok(GcPolicy::Cache(CacheBounds {
+            max_bytes,
+            max_age: age,
+        }));
+    }
+    if e.max_bytes.is_some() {
+        return Err(format!(
+            "gc.namespaces.{ns}: max_bytes goes with policy = \"cache\" (a size-bounded build cache)"
+        ));
+    }
     match (e.policy.as_deref().map(str::trim), age) {
         (None | Some("max_age"), Some(d)) if !d.is_zero() => Ok(GcPolicy::MaxAge(d)),
         (_, Some(_)) if e.policy.as_deref().is_some_and(|p| p != "max_age") => Err(format!(
@@ -95,7 +141,7 @@ fn parse_policy(ns: &str, e: &NamespacePolicyEntry) -> Result<GcPolicy, String> 
         (Some("keep"), None) => Ok(GcPolicy::Keep),
         (Some("max_age"), None) => Err(format!("gc.namespaces.{ns}: policy = \"max_age\" needs max_age = \"…\"")),
         (Some(other), None) => Err(format!(
-            "gc.namespaces.{ns}.policy = {other:?}: expected refs, unreferenced, keep (or max_age = \"7d\")"
+            "gc.namespaces.{ns}.policy = {other:?}: expected refs, unreferenced, keep, cache (or max_age = \"7d\")"
         )),
         (None, None) => Err(format!("gc.namespaces.{ns}: set policy or max_age")),
     }

@@ -456,21 +456,25 @@ impl Remote {
         body: PutResponse,
         release: bool,
     ) -> Result<PutResult, CliError> {
-        let (token, released) = if release {
-            if let Err(e) = self.release(&body.token).await {
-                return Err(CliError::new(
-                    e.code,
-                    format!(
-                        "stored {} but releasing its pin token failed ({}); the token {} \
-                         still holds the entry: release it with \
-                         `blobpool --server {} release {}`",
-                        body.digest, e.message, body.token, self.base, body.token
-                    ),
-                ));
+        let (token, released) = match body.token {
+            // A cache namespace issues no token (ADR-048): its cache key
+            // protects the entry.
+            None => (None, None),
+            Some(token) if release => {
+                if let Err(e) = self.release(&token).await {
+                    return Err(CliError::new(
+                        e.code,
+                        format!(
+                            "stored {} but releasing its pin token failed ({}); the token {} \
+                             still holds the entry: release it with \
+                             `blobpool --server {} release {}`",
+                            body.digest, e.message, token, self.base, token
+                        ),
+                    ));
+                }
+                (None, Some(true))
             }
-            (None, Some(true))
-        } else {
-            (Some(body.token), None)
+            Some(token) => (Some(token), None),
         };
         Ok(PutResult {
             namespace: ns.to_string(),

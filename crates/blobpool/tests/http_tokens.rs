@@ -301,7 +301,10 @@ async fn non_fleet_tokens_have_no_idle_lifetime_by_default() {
     assert_eq!(ops.reap_tokens(), 0);
     let key = store_types::Key::parse("docs", &out.response.digest).unwrap();
     assert_eq!(ops.store().pin_count(&key), 1);
-    assert!(ops.tokens().lookup(&out.response.token).is_some());
+    assert!(ops
+        .tokens()
+        .lookup(out.response.token.as_deref().unwrap())
+        .is_some());
     // A zero TTL is refused by Ops::new itself.
     let zero = store_ops::OpsConfig {
         token_ttl: Some(Duration::ZERO),

@@ -283,6 +283,7 @@ impl StoreBuilder {
                 shared_lock: fleet_state.as_ref().map(|f| f.lock.clone()),
                 fleet_pins: fleet_state.as_ref().map(|f| f.pins.clone()),
                 refs: kv.refs(),
+                cache: kv.cache(),
             },
         );
         Ok(Store::from_inner(Inner {
@@ -299,6 +300,7 @@ impl StoreBuilder {
             quarantine_lock: Default::default(),
             outboards: crate::verified::OutboardCache::new(self.outboard_cache_bytes),
             outboards_at_put: self.outboards_at_put,
+            cache_access: Default::default(),
         }))
     }
 }

@@ -26,6 +26,7 @@
 
 mod blob;
 mod builder;
+mod cache;
 mod fleet;
 mod inspect;
 mod put;
@@ -35,6 +36,7 @@ mod verified;
 
 pub use blob::Blob;
 pub use builder::{Mode, StoreBuilder, DEFAULT_THRESHOLD, MAX_THRESHOLD};
+pub use cache::{Cache, ACCESS_FLUSH_EVERY, ACCESS_FLUSH_KEYS, ACCESS_RESOLUTION};
 pub use inspect::{
     CorruptEntry, EntryInfo, EntryPage, QuarantineOutcome, TierStats, VerifyEvent, VerifyOptions,
     VerifySummary, MAX_LIST_LIMIT,
@@ -42,6 +44,7 @@ pub use inspect::{
 pub use put::PutReceipt;
 pub use refs::{GcPolicy, Refs, SetRefOptions, SetRefOutcome};
 pub use store::{Liveness, Store};
+pub use store_types::{CacheBounds, CacheTrim, CacheUsage};
 pub use verified::{DEFAULT_OUTBOARD_CACHE_BYTES, OUTBOARD_KEPT_ABOVE, WHOLE_VERIFY_MAX};
 
 pub use store_gc::{

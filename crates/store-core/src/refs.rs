@@ -29,8 +29,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use store_gc::{LivenessSource, SourceId};
 use store_types::{
-    Digest, Error, ErrorKind, FleetPolicy, Key, KvEngine, LargeEngine, Namespace, PolicyRow,
-    RefEntry, RefExpect, RefName, RefStore, Result, Timestamp,
+    CacheBounds, Digest, Error, ErrorKind, FleetPolicy, Key, KvEngine, LargeEngine, Namespace,
+    PolicyRow, RefEntry, RefExpect, RefName, RefStore, Result, Timestamp,
 };
 
 use crate::Store;
@@ -49,6 +49,12 @@ pub enum GcPolicy {
     Keep,
     /// Unreferenced, unpinned entries older than this are garbage.
     MaxAge(Duration),
+    /// A cache namespace (ADR-048): entries are live while a cache key
+    /// points at them ([`crate::Cache`]); each sweep first removes the
+    /// keys outside the bound (least recently accessed first), so their
+    /// entries become garbage unless a reference or pin protects them.
+    /// Puts through the server take no pin token here.
+    Cache(CacheBounds),
 }
 
 impl std::fmt::Display for GcPolicy {
@@ -58,6 +64,7 @@ impl std::fmt::Display for GcPolicy {
             GcPolicy::Unreferenced => f.write_str("unreferenced"),
             GcPolicy::Keep => f.write_str("keep"),
             GcPolicy::MaxAge(d) => write!(f, "max_age {}s", d.as_secs()),
+            GcPolicy::Cache(b) => write!(f, "{b}"),
         }
     }
 }
@@ -70,6 +77,7 @@ impl GcPolicy {
             GcPolicy::Unreferenced => Some(FleetPolicy::Unreferenced),
             GcPolicy::Keep => Some(FleetPolicy::Keep),
             GcPolicy::MaxAge(_) => None,
+            GcPolicy::Cache(b) => Some(FleetPolicy::Cache(b)),
         }
     }
 
@@ -78,6 +86,7 @@ impl GcPolicy {
             FleetPolicy::Refs => GcPolicy::Refs,
             FleetPolicy::Unreferenced => GcPolicy::Unreferenced,
             FleetPolicy::Keep => GcPolicy::Keep,
+            FleetPolicy::Cache(b) => GcPolicy::Cache(b),
         }
     }
 }
@@ -89,7 +98,7 @@ pub(crate) struct PolicyState {
     explicit: HashMap<Namespace, GcPolicy>,
     /// Non-fleet: the policy in force and the in-process source registered
     /// for it (`None` for `Keep`).
-    active: HashMap<Namespace, (GcPolicy, Option<SourceId>)>,
+    pub(crate) active: HashMap<Namespace, (GcPolicy, Option<SourceId>)>,
 }
 
 /// The marker source of `Refs` and `Unreferenced` namespaces (non-fleet):
@@ -168,8 +177,8 @@ impl Store {
     /// source or table still can, and references then still protect).
     ///
     /// Refused with [`Error::Config`]: `Refs` when the kv engine holds no
-    /// references; in a fleet, `MaxAge` (age needs an in-process probe no
-    /// other node could consult).
+    /// references, `Cache` when it holds no cache keys; in a fleet, `MaxAge`
+    /// (age needs an in-process probe no other node could consult).
     ///
     /// Cancel-safe: non-fleet the change happens without an await between
     /// its steps; fleet it is one statement, applied or not.
@@ -177,6 +186,11 @@ impl Store {
         let _serial = self.inner.policy_lock.lock().await;
         if self.inner.kv.refs().is_none() && policy == GcPolicy::Refs {
             return Err(no_refs(&ns, policy));
+        }
+        if self.inner.kv.cache().is_none() && matches!(policy, GcPolicy::Cache(_)) {
+            return Err(Error::Config(format!(
+                "namespace {ns}: policy {policy} needs cache keys, and this kv engine holds none"
+            )));
         }
         match &self.inner.fleet {
             Some(f) => {
@@ -333,7 +347,7 @@ impl Store {
         Ok(true)
     }
 
-    fn policies(&self) -> std::sync::MutexGuard<'_, PolicyState> {
+    pub(crate) fn policies(&self) -> std::sync::MutexGuard<'_, PolicyState> {
         self.inner
             .policies
             .lock()
@@ -351,7 +365,11 @@ impl Store {
     async fn activate(&self, ns: &Namespace, policy: GcPolicy) -> Result<()> {
         let source: Option<Arc<dyn LivenessSource>> = match policy {
             GcPolicy::Keep => None,
-            GcPolicy::Refs | GcPolicy::Unreferenced => Some(Arc::new(NothingElseLive)),
+            // A cache namespace's entries are protected by their keys,
+            // which the collector consults in every namespace.
+            GcPolicy::Refs | GcPolicy::Unreferenced | GcPolicy::Cache(_) => {
+                Some(Arc::new(NothingElseLive))
+            }
             GcPolicy::MaxAge(max_age) => Some(Arc::new(AgeSource {
                 kv: self.inner.kv.clone(),
                 large: self.inner.large.clone(),

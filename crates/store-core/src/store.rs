@@ -37,6 +37,8 @@ pub(crate) struct Inner {
     /// Whether large puts build and publish outboards
     /// ([`crate::StoreBuilder::outboards_at_put`]).
     pub outboards_at_put: bool,
+    /// Cache reads noted since their last write (ADR-048).
+    pub cache_access: crate::cache::AccessLog,
 }
 
 /// A liveness source: an in-process callback (non-fleet) or a named table
@@ -430,6 +432,9 @@ impl Store {
     /// future stops it at the next batch boundary, after the batch in
     /// progress has finished its deletes under protection.
     pub async fn sweep(&self, opts: SweepOptions) -> Result<SweepReport> {
+        // Cache namespaces lose the keys outside their bounds first, so
+        // this sweep stages the entries nothing protects any more.
+        self.trim_caches().await?;
         let r = self.inner.gc.sweep(&opts).await;
         match &r {
             // A sweep that deletes data says so, whoever called it.

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use store_types::{
-    fleet_swept_namespaces, BoundLivenessTable, Digest, Engine, Error, ErrorKind, Key,
+    fleet_swept_namespaces, BoundLivenessTable, CacheIndex, Digest, Engine, Error, ErrorKind, Key,
     LivenessTable, Namespace, PinClauses, ProtectReason, RefStore, Report, Result, StagedCandidate,
     SweepLockClause, Timestamp, WindowClauses,
 };
@@ -41,6 +41,11 @@ pub struct GcConfig {
     /// references are also swept (implicit `refs`) unless a node's policy
     /// row says `keep`.
     pub refs: Option<Arc<dyn RefStore>>,
+    /// The kv engine's cache keys, if it holds any (ADR-048). Like the
+    /// references they protect in every swept namespace (non-fleet probed,
+    /// fleet bound into every arbitration); only a cache namespace's keys
+    /// are ever removed by its bound, before a sweep marks.
+    pub cache: Option<Arc<dyn CacheIndex>>,
 }
 
 impl fmt::Debug for GcConfig {
@@ -50,6 +55,7 @@ impl fmt::Debug for GcConfig {
             .field("shared_lock", &self.shared_lock.is_some())
             .field("fleet", &self.fleet_pins.is_some())
             .field("refs", &self.refs.is_some())
+            .field("cache", &self.cache.is_some())
             .finish()
     }
 }
@@ -279,15 +285,20 @@ impl Collector {
         })
     }
 
-    /// Fleet: `tables` plus the references table bound to every namespace
-    /// of `keys`, so references protect whatever made the namespace swept.
+    /// Fleet: `tables` plus the references table and the cache-key table
+    /// bound to every namespace of `keys`, so references and cache keys
+    /// protect whatever made the namespace swept.
     fn with_refs_table(
         &self,
         tables: &[BoundLivenessTable],
         keys: &[Key],
     ) -> Vec<BoundLivenessTable> {
         let mut out = tables.to_vec();
-        if let Some(table) = self.cfg.refs.as_ref().and_then(|r| r.liveness_table()) {
+        let own = [
+            self.cfg.refs.as_ref().and_then(|r| r.liveness_table()),
+            self.cfg.cache.as_ref().and_then(|c| c.liveness_table()),
+        ];
+        for table in own.into_iter().flatten() {
             let namespaces: BTreeSet<&Namespace> = keys.iter().map(|k| &k.namespace).collect();
             for ns in namespaces {
                 out.push(BoundLivenessTable {
@@ -325,7 +336,8 @@ impl Collector {
         }
     }
 
-    /// OR over every in-process source of `ns` and the references;
+    /// OR over every in-process source of `ns`, the references and the
+    /// cache keys;
     /// `false` when nothing names a key.
     async fn probe(&self, sources: &Sources, ns: &Namespace, keys: &[Key]) -> Result<Vec<bool>> {
         let mut live = vec![false; keys.len()];
@@ -336,6 +348,11 @@ impl Collector {
             let digests: Vec<Digest> = keys.iter().map(|k| k.digest).collect();
             let answer = refs.referenced(ns, &digests).await;
             or_into(&mut live, answer, "probe references", ns)?;
+        }
+        if let Some(cache) = &self.cfg.cache {
+            let digests: Vec<Digest> = keys.iter().map(|k| k.digest).collect();
+            let answer = cache.cached(ns, &digests).await;
+            or_into(&mut live, answer, "probe cache keys", ns)?;
         }
         for (_, src) in sources.get(ns).into_iter().flatten() {
             let answer = src.probe(keys).await;

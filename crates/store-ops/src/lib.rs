@@ -25,6 +25,7 @@
 mod admin;
 pub mod auth;
 pub mod bao;
+pub mod cache;
 mod error;
 pub mod http;
 mod metrics;

@@ -33,6 +33,29 @@ pub struct Metrics {
     errors: [AtomicU64; ErrorCode::ALL.len()],
     /// The stored-inventory gauges (`crate::admin`).
     pub(crate) inventory: crate::admin::Inventory,
+    /// Per cache namespace (ADR-048): lookups hit/missed, puts and their
+    /// bytes, and the keys' usage as last read. Cache namespaces are
+    /// configured, so the label set is bounded.
+    cache: std::sync::Mutex<std::collections::BTreeMap<String, CacheCounters>>,
+}
+
+/// One cache metric family: name, type, help, and its samples (by
+/// `result` label, empty for none).
+type CacheFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&CacheCounters) -> Vec<(&'static str, u64)>,
+);
+
+#[derive(Clone, Copy, Debug, Default)]
+struct CacheCounters {
+    hits: u64,
+    misses: u64,
+    puts: u64,
+    put_bytes: u64,
+    keys: u64,
+    bytes: u64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -106,6 +129,87 @@ impl Metrics {
         bump(&self.sweep_deleted, r.total.deleted);
         bump(&self.sweep_rescued, r.total.rescued);
         bump(&self.sweep_bytes_freed, r.total.bytes_freed);
+    }
+
+    fn cache_entry(&self, ns: &str, f: impl FnOnce(&mut CacheCounters)) {
+        let mut m = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        f(m.entry(ns.to_string()).or_default());
+    }
+
+    /// Counts one cache lookup in `ns` (a key's get or head).
+    pub(crate) fn cache_lookup(&self, ns: &str, hit: bool) {
+        self.cache_entry(ns, |c| if hit { c.hits += 1 } else { c.misses += 1 });
+    }
+
+    /// Counts one cache put of `bytes` in `ns`.
+    pub(crate) fn cache_put(&self, ns: &str, bytes: u64) {
+        self.cache_entry(ns, |c| {
+            c.puts += 1;
+            c.put_bytes += bytes;
+        });
+    }
+
+    /// Sets the usage gauges of `ns` (read at scrape time).
+    pub(crate) fn set_cache_usage(&self, ns: &str, keys: u64, bytes: u64) {
+        self.cache_entry(ns, |c| {
+            c.keys = keys;
+            c.bytes = bytes;
+        });
+    }
+
+    /// Cache lookups of `ns` so far: (hits, misses).
+    pub fn cache_lookups(&self, ns: &str) -> (u64, u64) {
+        let m = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(ns).map_or((0, 0), |c| (c.hits, c.misses))
+    }
+
+    fn render_cache(&self, out: &mut String) {
+        let m = self.cache.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let families: [CacheFamily; 4] = [
+            (
+                "blobpool_cache_requests_total",
+                "counter",
+                "Cache key lookups (GET/HEAD /cache/...), by namespace and result.",
+                |c| vec![("hit", c.hits), ("miss", c.misses)],
+            ),
+            (
+                "blobpool_cache_puts_total",
+                "counter",
+                "Cache puts (keys recorded), by namespace.",
+                |c| vec![("", c.puts)],
+            ),
+            (
+                "blobpool_cache_put_bytes_total",
+                "counter",
+                "Bytes of cache puts, by namespace.",
+                |c| vec![("", c.put_bytes)],
+            ),
+            (
+                "blobpool_cache_bytes",
+                "gauge",
+                "Bytes the cache keys of a namespace hold (an entry two keys name counts twice).",
+                |c| vec![("", c.bytes)],
+            ),
+        ];
+        for (name, kind, help, values) in families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (ns, c) in &m {
+                for (result, v) in values(c) {
+                    if result.is_empty() {
+                        let _ = writeln!(out, "{name}{{namespace=\"{ns}\"}} {v}");
+                    } else {
+                        let _ =
+                            writeln!(out, "{name}{{namespace=\"{ns}\",result=\"{result}\"}} {v}");
+                    }
+                }
+            }
+        }
+        let _ = writeln!(out, "# HELP blobpool_cache_keys Cache keys of a namespace.");
+        let _ = writeln!(out, "# TYPE blobpool_cache_keys gauge");
+        for (ns, c) in &m {
+            let _ = writeln!(out, "blobpool_cache_keys{{namespace=\"{ns}\"}} {}", c.keys);
+        }
     }
 
     /// Counts one error answered with `code` (including errors raised by a
@@ -266,6 +370,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE blobpool_tokens_reserved gauge");
         let _ = writeln!(out, "blobpool_tokens_reserved {}", tokens.reserved);
         self.inventory.render(&mut out);
+        self.render_cache(&mut out);
         out
     }
 }

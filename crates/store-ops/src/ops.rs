@@ -68,6 +68,12 @@ pub struct OpsConfig {
     /// spool, their idle expiry and caps. `None` (the default): the upload
     /// routes answer `not_found`.
     pub uploads: Option<crate::uploads::UploadConfig>,
+    /// This node's cache namespaces (ADR-048): puts there take no pin
+    /// token (their cache key `cas/<digest>` protects the entry) and the
+    /// build-cache routes (`/cache/{ns}/{key}`) serve them. Each must have
+    /// the store's `Cache` policy; the store's kv engine must hold cache
+    /// keys ([`Ops::new`] refuses otherwise). Default: none.
+    pub cache_namespaces: std::collections::BTreeSet<store_core::Namespace>,
 }
 
 impl Default for OpsConfig {
@@ -80,6 +86,7 @@ impl Default for OpsConfig {
             max_tokens_per_owner: None,
             pin_ttl: None,
             uploads: None,
+            cache_namespaces: Default::default(),
         }
     }
 }
@@ -274,6 +281,16 @@ impl Ops {
             }
         }
         cfg.token_ttl = effective_token_ttl(store.is_fleet(), &cfg)?;
+        if !cfg.cache_namespaces.is_empty() && store.cache().is_none() {
+            return Err(Error::Config(format!(
+                "cache namespaces {:?} need a kv engine that holds cache keys (sqlite, \
+                 postgres or mem)",
+                cfg.cache_namespaces
+                    .iter()
+                    .map(|n| n.as_str())
+                    .collect::<Vec<_>>()
+            )));
+        }
         let uploads = cfg
             .uploads
             .clone()
@@ -387,6 +404,29 @@ impl Ops {
                 return Err(Error::TooLarge { limit, got: n }.into());
             }
         }
+        let body = Limited {
+            inner: body,
+            seen: 0,
+            limit,
+        };
+        if self.is_cache_namespace(&ns) {
+            // No token (ADR-048): the cache key protects the entry once
+            // written; the receipt's pin protects it until then.
+            let receipt = self.inner.store.put(&ns, body, len, expect).await?;
+            self.inner.metrics.put(receipt.size, receipt.deduplicated);
+            self.record_cache_key(&ns, &crate::cache::cas_key(&receipt.digest), &receipt)
+                .await?;
+            return Ok(PutOutcome {
+                response: PutResponse {
+                    token: None,
+                    digest: receipt.digest.to_hex(),
+                    cache: true,
+                },
+                size: receipt.size,
+                tier: receipt.tier,
+                deduplicated: receipt.deduplicated,
+            });
+        }
         // Reserve the token slot before anything is stored; dropped with
         // this future or on any error below, it frees itself.
         let slot = self
@@ -394,11 +434,6 @@ impl Ops {
             .tokens
             .reserve(owner)
             .map_err(|e| self.cap_reached(e))?;
-        let body = Limited {
-            inner: body,
-            seen: 0,
-            limit,
-        };
         let receipt = self.inner.store.put(&ns, body, len, expect).await?;
         self.inner.metrics.put(receipt.size, receipt.deduplicated);
         let digest = receipt.digest;
@@ -411,8 +446,9 @@ impl Ops {
         let token = slot.mint(key, receipt.pin);
         Ok(PutOutcome {
             response: PutResponse {
-                token,
+                token: Some(token),
                 digest: digest.to_hex(),
+                cache: false,
             },
             size,
             tier,
@@ -1034,10 +1070,20 @@ fn mode_name(store: &Store) -> String {
 }
 
 /// Fails the read with `TooLarge` once more than `limit` bytes went by.
-struct Limited<R> {
+pub(crate) struct Limited<R> {
     inner: R,
     seen: u64,
     limit: u64,
+}
+
+impl<R> Limited<R> {
+    pub(crate) fn new(inner: R, limit: u64) -> Self {
+        Limited {
+            inner,
+            seen: 0,
+            limit,
+        }
+    }
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for Limited<R> {

@@ -9,13 +9,21 @@ use store_types::{ProtectReason, Tier};
 
 /// `blobs/put`'s answer: `{"token": "...", "digest": "<64 hex>"}`, both
 /// always present, for known- and unknown-length puts alike (ADR-012 §2).
+/// In a cache namespace (ADR-048) no token is issued:
+/// `{"token": null, "digest": "…", "cache": true}` — the entry's cache key
+/// `cas/<digest>` protects it instead.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PutResponse {
-    /// The opaque pin token (see ADR-018 for its lifetime).
-    pub token: String,
+    /// The opaque pin token (see ADR-018 for its lifetime); `None` in a
+    /// cache namespace.
+    pub token: Option<String>,
     /// The stored entry's canonical digest (64 lowercase hex characters).
     pub digest: String,
+    /// `true` when the namespace is a cache namespace (no token; the field
+    /// is absent otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cache: bool,
 }
 
 /// `blobs/have`'s request: `{"namespace", "digests": [...], "token"?}`.

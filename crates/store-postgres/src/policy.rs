@@ -31,6 +31,7 @@ pub const GC_POLICY_COMPONENT: &str = "gc_policy";
 /// - v1: `gc_policies`; the references-table registrations of the old
 ///   policy layer (`ref_names`, see [`crate::refs::REFS_TABLE`]) are
 ///   removed from `gc_liveness`.
+/// - v2: the `cache` policy's spellings are allowed (ADR-048).
 pub const GC_POLICY_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_policies (
         ns text COLLATE \"C\" NOT NULL,
         owner text NOT NULL,
@@ -41,7 +42,11 @@ pub const GC_POLICY_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_p
     DELETE FROM {schema}.gc_liveness
      WHERE table_schema = (SELECT nspname FROM pg_namespace WHERE oid = '{schema}'::regnamespace)
        AND table_name = 'ref_names' AND digest_column = 'digest'
-       AND namespace_column = 'namespace'"];
+       AND namespace_column = 'namespace'",
+    // v2: cache policies (ADR-048), spelled `cache[ max_bytes=N][ max_age_ms=N]`.
+    "ALTER TABLE {schema}.gc_policies DROP CONSTRAINT IF EXISTS gc_policies_policy_check;
+    ALTER TABLE {schema}.gc_policies ADD CONSTRAINT gc_policies_policy_check
+        CHECK (policy IN ('refs', 'unreferenced', 'keep') OR policy ~ '^cache( max_bytes=[0-9]+)?( max_age_ms=[0-9]+)?$')"];
 
 /// Upserts (`Some`) or removes (`None`) `owner`'s row for `ns`.
 pub(crate) async fn set(
@@ -61,7 +66,7 @@ pub(crate) async fn set(
         ))
         .bind(ns.as_str())
         .bind(owner)
-        .bind(p.as_str()),
+        .bind(p.spelling()),
         None => sqlx::query(sql(
             host_schema,
             "DELETE FROM {schema}.gc_policies WHERE ns = $1 AND owner = $2",

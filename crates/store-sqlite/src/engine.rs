@@ -354,6 +354,12 @@ impl KvEngine for SqliteEngine {
     fn refs(&self) -> Option<Arc<dyn RefStore>> {
         Some(Arc::new(crate::refs::SqliteRefs::new(self.clone())))
     }
+
+    fn cache(&self) -> Option<Arc<dyn store_types::CacheIndex>> {
+        Some(Arc::new(crate::cache_keys::SqliteCacheKeys::new(
+            self.clone(),
+        )))
+    }
 }
 
 #[cfg(test)]

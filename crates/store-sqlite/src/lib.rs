@@ -100,6 +100,7 @@
 #![warn(missing_docs)]
 
 mod cache;
+mod cache_keys;
 #[cfg(feature = "crash-model")]
 pub mod crash;
 mod engine;

@@ -95,9 +95,31 @@ CREATE TABLE ref_namespaces (
 ) WITHOUT ROWID;
 ";
 
+/// Version 4: cache keys (ADR-048, see the `cache_keys` module):
+/// `(namespace, key) → digest` with the entry's size and the last access
+/// (milliseconds, the store's clock). The `(namespace, digest)` index
+/// answers `cached` and `touch`; `(namespace, accessed_at)` orders `trim`.
+const V4_CACHE_KEYS: &str = "
+CREATE TABLE cache_keys (
+    namespace   TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    digest      BLOB    NOT NULL CHECK (length(digest) = 32),
+    size        INTEGER NOT NULL,
+    accessed_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key)
+) WITHOUT ROWID;
+CREATE INDEX cache_keys_by_digest ON cache_keys (namespace, digest);
+CREATE INDEX cache_keys_by_access ON cache_keys (namespace, accessed_at);
+";
+
 /// The migrations, in order. Each runs once, in the same transaction as the
 /// `schema_version` row recording it.
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1_ENTRIES), (2, V2_ENTRIES_ROWID), (3, V3_REFS)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, V1_ENTRIES),
+    (2, V2_ENTRIES_ROWID),
+    (3, V3_REFS),
+    (4, V4_CACHE_KEYS),
+];
 
 /// The schema version this build creates and understands.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;

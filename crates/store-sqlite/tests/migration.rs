@@ -116,7 +116,7 @@ async fn read_all(engine: &SqliteEngine, key: &Key) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_v1_file_is_migrated_in_place_with_its_data() {
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v1.sqlite");
     let rows = fixture();
@@ -126,6 +126,17 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
         .await
         .unwrap();
     assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
+    // v4: the cache-key table exists and works on a migrated file.
+    let cache = store_types::KvEngine::cache(&engine).expect("sqlite holds cache keys");
+    let k = store_types::RefName::new("ac/0").unwrap();
+    cache
+        .record(&ns("alpha"), &k, Digest::of(b"x"), 1, Timestamp(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        cache.lookup(&ns("alpha"), &k).await.unwrap(),
+        Some(Digest::of(b"x"))
+    );
 
     // Every row, byte for byte, with its recorded size and creation time.
     for r in &rows {
@@ -227,6 +238,7 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
     assert_eq!(
         tables,
         [
+            "cache_keys",
             "entries",
             "gc_window",
             "ref_namespaces",
@@ -241,7 +253,7 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
         .unwrap()
         .collect::<rusqlite::Result<_>>()
         .unwrap();
-    assert_eq!(versions, [1, 2, 3]);
+    assert_eq!(versions, [1, 2, 3, 4]);
     let count: i64 = raw
         .query_row("SELECT count(*) FROM entries", [], |r| r.get(0))
         .unwrap();

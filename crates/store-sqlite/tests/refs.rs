@@ -26,20 +26,21 @@ fn refs(engine: &SqliteEngine) -> std::sync::Arc<dyn RefStore> {
 
 #[tokio::test]
 async fn a_v2_file_gains_the_reference_tables() {
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.sqlite");
     drop(open(&path).await);
     // Take the file back to v2: what a file of the previous release holds.
     let raw = rusqlite::Connection::open(&path).unwrap();
     raw.execute_batch(
-        "DROP TABLE refs; DROP TABLE ref_namespaces; DELETE FROM schema_version WHERE version = 3;",
+        "DROP TABLE refs; DROP TABLE ref_namespaces; DROP TABLE cache_keys; \
+         DELETE FROM schema_version WHERE version >= 3;",
     )
     .unwrap();
     drop(raw);
 
     let engine = open(&path).await;
-    assert_eq!(engine.schema_version().await.unwrap(), 3);
+    assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
     let r = refs(&engine);
     let d = Digest::of(b"x");
     assert_eq!(

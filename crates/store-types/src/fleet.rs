@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Digest, Instance, Key, Namespace, ProtectReason, Result, Timestamp};
+use crate::{CacheBounds, Digest, Instance, Key, Namespace, ProtectReason, Result, Timestamp};
 
 /// A fleet liveness source: a table in the shared database, owned by the
 /// embedder, whose rows name referenced digests. The store reads it and
@@ -144,27 +144,82 @@ pub enum FleetPolicy {
     /// it wins over every other node's `Refs`/`Unreferenced` and over the
     /// implicit `refs` of a namespace that uses references.
     Keep,
+    /// A cache namespace (ADR-048): entries are live while a cache key
+    /// points at them (or a reference or pin protects them); a sweep first
+    /// removes the keys outside the bound. Nodes with different bounds
+    /// combine to the loosest ([`CacheBounds::loosest`]).
+    Cache(CacheBounds),
 }
 
 impl FleetPolicy {
-    /// The stored spelling.
-    pub fn as_str(self) -> &'static str {
+    /// The stored spelling: `refs`, `unreferenced`, `keep`, or `cache`
+    /// followed by ` max_bytes=N` and ` max_age_ms=N` where bounded.
+    pub fn spelling(self) -> String {
         match self {
-            FleetPolicy::Refs => "refs",
-            FleetPolicy::Unreferenced => "unreferenced",
-            FleetPolicy::Keep => "keep",
+            FleetPolicy::Refs => "refs".into(),
+            FleetPolicy::Unreferenced => "unreferenced".into(),
+            FleetPolicy::Keep => "keep".into(),
+            FleetPolicy::Cache(b) => {
+                let mut s = String::from("cache");
+                if let Some(n) = b.max_bytes {
+                    s.push_str(&format!(" max_bytes={n}"));
+                }
+                if let Some(a) = b.max_age {
+                    s.push_str(&format!(" max_age_ms={}", a.as_millis()));
+                }
+                s
+            }
         }
     }
 
     /// Parses the stored spelling.
     pub fn parse(s: &str) -> Option<FleetPolicy> {
         match s {
-            "refs" => Some(FleetPolicy::Refs),
-            "unreferenced" => Some(FleetPolicy::Unreferenced),
-            "keep" => Some(FleetPolicy::Keep),
-            _ => None,
+            "refs" => return Some(FleetPolicy::Refs),
+            "unreferenced" => return Some(FleetPolicy::Unreferenced),
+            "keep" => return Some(FleetPolicy::Keep),
+            _ => {}
+        }
+        let mut words = s.split(' ');
+        if words.next() != Some("cache") {
+            return None;
+        }
+        let mut b = CacheBounds::default();
+        for w in words {
+            let (k, v) = w.split_once('=')?;
+            let v: u64 = v.parse().ok()?;
+            match k {
+                "max_bytes" if b.max_bytes.is_none() => b.max_bytes = Some(v),
+                "max_age_ms" if b.max_age.is_none() => {
+                    b.max_age = Some(std::time::Duration::from_millis(v))
+                }
+                _ => return None,
+            }
+        }
+        Some(FleetPolicy::Cache(b))
+    }
+}
+
+/// The cache namespaces of a fleet and their combined bounds (ADR-048):
+/// every namespace with a `cache` row of any node, unless any node's row
+/// says `keep`; bounds combine to the loosest of the nodes'.
+pub fn fleet_cache_namespaces(
+    rows: &[PolicyRow],
+) -> std::collections::BTreeMap<Namespace, CacheBounds> {
+    let mut out: std::collections::BTreeMap<Namespace, CacheBounds> = Default::default();
+    for r in rows {
+        if let FleetPolicy::Cache(b) = r.policy {
+            out.entry(r.namespace.clone())
+                .and_modify(|c| *c = c.loosest(b))
+                .or_insert(b);
         }
     }
+    out.retain(|ns, _| {
+        !rows
+            .iter()
+            .any(|r| &r.namespace == ns && r.policy == FleetPolicy::Keep)
+    });
+    out
 }
 
 /// One node's policy for one namespace, as stored in the shared database.
@@ -226,9 +281,44 @@ mod tests {
             FleetPolicy::Refs,
             FleetPolicy::Unreferenced,
             FleetPolicy::Keep,
+            FleetPolicy::Cache(CacheBounds::default()),
+            FleetPolicy::Cache(CacheBounds {
+                max_bytes: Some(50 << 30),
+                max_age: Some(std::time::Duration::from_secs(86400)),
+            }),
+            FleetPolicy::Cache(CacheBounds {
+                max_bytes: None,
+                max_age: Some(std::time::Duration::from_millis(1500)),
+            }),
         ] {
-            assert_eq!(FleetPolicy::parse(p.as_str()), Some(p));
+            assert_eq!(FleetPolicy::parse(&p.spelling()), Some(p));
         }
         assert_eq!(FleetPolicy::parse("max_age"), None);
+        assert_eq!(FleetPolicy::parse("cache max_bytes=x"), None);
+        assert_eq!(FleetPolicy::parse("cache max_bytes=1 max_bytes=2"), None);
+        assert_eq!(FleetPolicy::parse("cache size=1"), None);
+    }
+
+    #[test]
+    fn cache_rows_combine_loosest_and_keep_wins() {
+        let n = |s: &str| Namespace::new(s).unwrap();
+        let c = |b: Option<u64>| {
+            FleetPolicy::Cache(CacheBounds {
+                max_bytes: b,
+                max_age: None,
+            })
+        };
+        let rows = [
+            row("a", "n1", c(Some(10))),
+            row("a", "n2", c(Some(20))),
+            row("b", "n1", c(Some(10))),
+            row("b", "n2", FleetPolicy::Keep),
+            row("d", "n1", FleetPolicy::Refs),
+        ];
+        let caches = fleet_cache_namespaces(&rows);
+        assert_eq!(caches.len(), 1);
+        assert_eq!(caches[&n("a")].max_bytes, Some(20));
+        let swept = fleet_swept_namespaces(&rows, &[]);
+        assert_eq!(swept.into_iter().collect::<Vec<_>>(), [n("a"), n("d")]);
     }
 }

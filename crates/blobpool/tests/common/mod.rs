@@ -36,6 +36,8 @@ pub struct Opts {
     /// Whether resumable uploads are enabled at all (`false`: the
     /// `/v1/uploads` routes answer 404, as on a server without them).
     pub uploads: bool,
+    /// Cache namespaces (ADR-048) and their bounds.
+    pub cache: Vec<(&'static str, store_core::CacheBounds)>,
 }
 
 impl Default for Opts {
@@ -56,6 +58,7 @@ impl Default for Opts {
                 store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
             ),
             uploads: true,
+            cache: vec![],
         }
     }
 }
@@ -121,9 +124,23 @@ pub async fn start_in_at(dir: tempfile::TempDir, opts: Opts, addr: std::net::Soc
             .await
             .unwrap();
     }
+    for (ns, bounds) in &opts.cache {
+        store
+            .set_gc_policy(
+                Namespace::new(*ns).unwrap(),
+                store_core::GcPolicy::Cache(*bounds),
+            )
+            .await
+            .unwrap();
+    }
     let ops = Ops::new(
         store,
         OpsConfig {
+            cache_namespaces: opts
+                .cache
+                .iter()
+                .map(|(ns, _)| Namespace::new(*ns).unwrap())
+                .collect(),
             max_blob_size: opts.max_blob_size,
             token_ttl: Some(opts.token_ttl),
             max_tokens: opts.max_tokens,

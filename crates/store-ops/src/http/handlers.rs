@@ -126,12 +126,12 @@ fn header(name: &'static str) -> HeaderName {
     HeaderName::from_static(name)
 }
 
-fn value(s: impl AsRef<str>) -> HeaderValue {
+pub(super) fn value(s: impl AsRef<str>) -> HeaderValue {
     HeaderValue::from_str(s.as_ref()).expect("header values built here are visible ASCII")
 }
 
 /// Headers describing an entry (shared by `GET` and `HEAD`).
-fn entry_headers(h: &mut HeaderMap, digest: &str, tier: store_core::Tier) {
+pub(super) fn entry_headers(h: &mut HeaderMap, digest: &str, tier: store_core::Tier) {
     h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
@@ -267,10 +267,15 @@ pub(super) async fn get_blob(
     if accepts_bao(&headers) {
         return get_bao(ops, &ns, &digest, range).await;
     }
-    let got = match ops.get(&ns, &digest, range).await {
-        Ok(g) => g,
-        Err(e) => return fail(&ops, e),
-    };
+    match ops.get(&ns, &digest, range).await {
+        Ok(got) => blob_response(ops, got).await,
+        Err(e) => fail(&ops, e),
+    }
+}
+
+/// A get's answer: `200` (`206` for a range) with the entry headers and
+/// the body (buffered when small, else streamed).
+pub(super) async fn blob_response(ops: Ops, got: crate::GetResponse) -> Response {
     let status = if got.range.is_some() {
         StatusCode::PARTIAL_CONTENT
     } else {
@@ -489,6 +494,10 @@ pub(super) async fn metrics(
 ) -> Response {
     if let Err(e) = ops.authorize(&identity, Scope::Admin, None) {
         return fail(&ops, e);
+    }
+    if let Err(e) = ops.refresh_cache_usage().await {
+        // The gauges keep their last reading; the rest still renders.
+        tracing::warn!("reading cache usage for /metrics failed: {e}");
     }
     (
         [(

@@ -22,6 +22,7 @@
 //! | `HEAD /v1/uploads/{ns}/{id}` | [`Ops::upload_status`] — `Upload-Offset` |
 //! | `PUT /v1/uploads/{ns}/{id}?digest=` | [`Ops::upload_finish`] — a put's answer |
 //! | `DELETE /v1/uploads/{ns}/{id}` | [`Ops::upload_abort`] |
+//! | `GET/HEAD/PUT/DELETE/MKCOL/PROPFIND /cache/{ns}/{key}` | [`Ops::cache_get`], [`Ops::cache_stat`], [`Ops::cache_put`], [`Ops::cache_delete`] — the build-cache protocol (`cache` module, ADR-048) |
 //!
 //! Request bodies are never buffered whole (the blob route streams into
 //! the store; `/v1/have` reads at most [`have_body_limit`] bytes), and
@@ -29,6 +30,7 @@
 
 mod admin;
 mod body;
+mod cache;
 mod gate;
 mod handlers;
 mod refs;
@@ -185,6 +187,18 @@ fn routes(ops: Ops) -> Router {
         .route("/v1/namespaces/{ns}/entries", get(admin::entries))
         .route("/v1/stats", get(admin::stats))
         .route("/v1/verify", post(admin::verify))
+        .route(
+            "/cache/{ns}",
+            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/cache/{ns}/",
+            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/cache/{ns}/{*key}",
+            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
+        )
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)

@@ -1,0 +1,262 @@
+//! The build-cache protocol and cache namespaces over HTTP (issue 31,
+//! ADR-048), on sqlite + local: keys, no pin tokens, `cas/` verification,
+//! WebDAV's `MKCOL`/`PROPFIND`, the size bound evicting least recently
+//! used keys at a sweep, references still protecting, hit/miss metrics.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use store_core::CacheBounds;
+
+async fn server(max_bytes: Option<u64>) -> Server {
+    start(Opts {
+        window: Duration::ZERO,
+        cache: vec![(
+            "cc",
+            CacheBounds {
+                max_bytes,
+                max_age: None,
+            },
+        )],
+        ..Default::default()
+    })
+    .await
+}
+
+async fn put(s: &Server, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+    s.http.put(s.url(path)).body(body).send().await.unwrap()
+}
+
+async fn sweep(s: &Server) -> serde_json::Value {
+    let r = s
+        .http
+        .post(s.url("/v1/sweep"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn keys_round_trip_without_tokens() {
+    let s = server(None).await;
+    let r = put(&s, "/cache/cc/ab/cdef0123", "object one").await;
+    assert_eq!(r.status(), 201);
+    let r = put(&s, "/cache/cc/ab/cdef0123", "object one").await;
+    assert_eq!(r.status(), 200, "the same bytes again: deduplicated");
+    let r = s.get("/cache/cc/ab/cdef0123").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap(), "object one");
+    let r = s
+        .http
+        .head(s.url("/cache/cc/ab/cdef0123"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-length"], "10");
+    // A key now names new bytes (a cache replaces).
+    assert_eq!(
+        put(&s, "/cache/cc/ab/cdef0123", "object two")
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(
+        s.get("/cache/cc/ab/cdef0123").await.text().await.unwrap(),
+        "object two"
+    );
+    // Misses.
+    assert_error(s.get("/cache/cc/ab/none").await, 404, "not_found").await;
+    let r = s.http.head(s.url("/cache/cc/none")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    // DELETE removes the key.
+    assert_eq!(s.delete("/cache/cc/ab/cdef0123").await.status(), 204);
+    assert_error(s.get("/cache/cc/ab/cdef0123").await, 404, "not_found").await;
+    assert_error(s.delete("/cache/cc/ab/cdef0123").await, 404, "not_found").await;
+    // No pin token was minted by any of it.
+    assert_eq!(s.ops.tokens().stats().live, 0);
+    assert_eq!(s.ops.metrics().cache_lookups("cc"), (3, 3));
+    let m = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        m.contains("blobpool_cache_requests_total{namespace=\"cc\",result=\"hit\"} 3"),
+        "{m}"
+    );
+    assert!(m.contains("blobpool_cache_keys{namespace=\"cc\"} 0"), "{m}");
+}
+
+#[tokio::test]
+async fn blob_puts_in_a_cache_namespace_take_no_token() {
+    let s = server(None).await;
+    let r = put(&s, "/v1/blobs/cc", "plain put").await;
+    assert_eq!(r.status(), 201);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["token"], serde_json::Value::Null);
+    assert_eq!(v["cache"], true);
+    let d = v["digest"].as_str().unwrap().to_string();
+    assert_eq!(s.ops.tokens().stats().live, 0);
+    // Recorded under its content address.
+    let r = s.get(&format!("/cache/cc/cas/{d}")).await;
+    assert_eq!(r.text().await.unwrap(), "plain put");
+    // Other namespaces still answer the ADR-012 shape, token and all.
+    let v: serde_json::Value = put(&s, "/v1/blobs/other", "x").await.json().await.unwrap();
+    assert!(v["token"].is_string());
+    assert!(v.get("cache").is_none(), "{v}");
+}
+
+#[tokio::test]
+async fn cas_keys_are_verified() {
+    let s = server(None).await;
+    let body = "content addressed";
+    let d = blake3::hash(body.as_bytes()).to_hex().to_string();
+    assert_eq!(
+        put(&s, &format!("/cache/cc/cas/{d}"), body).await.status(),
+        201
+    );
+    let wrong = blake3::hash(b"else").to_hex().to_string();
+    assert_error(
+        put(&s, &format!("/cache/cc/cas/{wrong}"), body).await,
+        422,
+        "verification",
+    )
+    .await;
+    assert_error(
+        s.get(&format!("/cache/cc/cas/{wrong}")).await,
+        404,
+        "not_found",
+    )
+    .await;
+    let e = assert_error(
+        put(&s, "/cache/cc/cas/sha256ish", body).await,
+        400,
+        "key_invalid",
+    )
+    .await;
+    assert!(e.to_string().contains("digest_function=blake3"), "{e}");
+    // Keys follow reference-name rules.
+    assert_error(put(&s, "/cache/cc/a/b%20c", "x").await, 400, "key_invalid").await;
+    // Not a cache namespace: 404 naming the configuration.
+    let e = assert_error(put(&s, "/cache/other/k", "x").await, 404, "not_found").await;
+    assert!(e.to_string().contains("policy = \\\"cache\\\""), "{e}");
+}
+
+#[tokio::test]
+async fn webdav_directories_are_implicit() {
+    let s = server(None).await;
+    let mkcol = reqwest::Method::from_bytes(b"MKCOL").unwrap();
+    let propfind = reqwest::Method::from_bytes(b"PROPFIND").unwrap();
+    let r = s
+        .http
+        .request(mkcol, s.url("/cache/cc/a/b/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = s
+        .http
+        .request(propfind.clone(), s.url("/cache/cc/a/b/"))
+        .header("depth", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 207);
+    assert!(r.text().await.unwrap().contains("<D:collection/>"));
+    put(&s, "/cache/cc/a/b/c", "abc").await;
+    let r = s
+        .http
+        .request(propfind.clone(), s.url("/cache/cc/a/b/c"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 207);
+    assert!(r.text().await.unwrap().contains("<D:getcontentlength>3<"));
+    let r = s
+        .http
+        .request(propfind, s.url("/cache/cc/a/b/d"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+/// Over `max_bytes`, a sweep removes the least recently used keys and
+/// their entries; a read moves a key to the front; a referenced entry is
+/// never deleted; within the bound nothing goes.
+#[tokio::test]
+async fn the_size_bound_evicts_least_recently_used() {
+    let s = server(Some(3000)).await;
+    let body = |i: u8| vec![i; 1000];
+    for i in 0..3u8 {
+        assert_eq!(
+            put(&s, &format!("/cache/cc/k{i}"), body(i)).await.status(),
+            201
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Within the bound: a sweep keeps everything.
+    sweep(&s).await;
+    for i in 0..3 {
+        assert_eq!(
+            s.get(&format!("/cache/cc/k{i}")).await.status(),
+            200,
+            "k{i}"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Reads, oldest first, then k0 read again: k1 is the least recent.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(s.get("/cache/cc/k0").await.status(), 200);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(put(&s, "/cache/cc/k3", body(3)).await.status(), 201);
+    // The sweep stages what the trim left unprotected; the next one (the
+    // window is zero here) deletes it.
+    let rep = sweep(&s).await;
+    assert_eq!(rep["total"]["staged"], 1, "{rep}");
+    assert_eq!(
+        s.get("/cache/cc/k1").await.status(),
+        404,
+        "the key is gone at once"
+    );
+    let rep = sweep(&s).await;
+    assert_eq!(rep["total"]["deleted"], 1, "{rep}");
+    assert_eq!(s.get("/cache/cc/k1").await.status(), 404);
+    for k in ["k0", "k2", "k3"] {
+        assert_eq!(s.get(&format!("/cache/cc/{k}")).await.status(), 200, "{k}");
+    }
+    // A reference protects its entry even when its key is evicted.
+    let d2 = blake3::hash(&body(2)).to_hex().to_string();
+    let refs = s.ops.store().refs().unwrap();
+    refs.set(
+        &store_types::Namespace::new("cc").unwrap(),
+        &store_types::RefName::new("keep/k2").unwrap(),
+        store_types::Digest::parse(&d2).unwrap(),
+        store_types::RefExpect::Absent,
+    )
+    .await
+    .unwrap();
+    for i in 4..8u8 {
+        assert_eq!(
+            put(&s, &format!("/cache/cc/k{i}"), body(i)).await.status(),
+            201
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    sweep(&s).await;
+    sweep(&s).await;
+    assert_eq!(
+        s.get("/cache/cc/k2").await.status(),
+        404,
+        "its key was evicted"
+    );
+    let r = s.get(&format!("/v1/blobs/cc/{d2}")).await;
+    assert_eq!(r.status(), 200, "the referenced entry stays");
+    let usage = s.ops.store().cache().unwrap().usage().await.unwrap();
+    let (_, u) = usage.iter().find(|(n, _)| n.as_str() == "cc").unwrap();
+    assert!(u.bytes <= 3000, "{u:?}");
+    assert_eq!(u.keys, 3);
+}

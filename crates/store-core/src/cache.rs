@@ -1,0 +1,312 @@
+//! Cache namespaces (issue 31, ADR-048): the library form of the cache
+//! keys the server's build-cache routes use, the batched record of reads,
+//! and the trim each sweep starts with.
+//!
+//! A cache namespace (`GcPolicy::Cache`) keeps an entry while a cache key
+//! points at it. Keys carry the entry's size and its last access; a sweep
+//! first removes the keys outside the namespace's bound (older than
+//! `max_age` since their last access, then least recently accessed first
+//! until the rest fits `max_bytes`), and the entries no key, reference or
+//! pin protects any more are garbage for that sweep (deleted one delete
+//! window later, so a read in between still finds them).
+//!
+//! # Reads are recorded in batches
+//!
+//! A read never writes on its path: [`Cache::note_access`] adds the digest
+//! to an in-memory set (one per store, shared by its clones) under its
+//! read time rounded down to [`ACCESS_RESOLUTION`]. The set is written as
+//! one `touch` per namespace and noted time when it holds
+//! [`ACCESS_FLUSH_KEYS`] digests or the last write is older than
+//! [`ACCESS_FLUSH_EVERY`] (by a task the noting read spawns, never awaited
+//! by it), and before every sweep's trim. So a digest read many times in
+//! one period costs one row update, and a crash loses at most one period
+//! of recency (those entries look as old as their previous access).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use store_types::{
+    fleet_cache_namespaces, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Namespace,
+    RefName, Result,
+};
+
+use crate::{Blob, GcPolicy, PutReceipt, Store};
+
+/// Digests noted since the last write that trigger the next one.
+pub const ACCESS_FLUSH_KEYS: usize = 4096;
+/// The longest a noted read waits for its write (while reads keep coming;
+/// a sweep writes whatever is pending first).
+pub const ACCESS_FLUSH_EVERY: Duration = Duration::from_secs(10);
+
+/// The granularity of recorded read times: reads noted within one step
+/// are written with the same time (one `touch` per step and namespace).
+pub const ACCESS_RESOLUTION: Duration = Duration::from_millis(100);
+
+/// Noted reads: per namespace, per access time (rounded down to
+/// [`ACCESS_RESOLUTION`]), the digests read then.
+type Pending = HashMap<Namespace, BTreeMap<i64, HashSet<Digest>>>;
+
+/// The reads noted since the last write (one per store).
+pub(crate) struct AccessLog {
+    state: Mutex<AccessState>,
+}
+
+struct AccessState {
+    pending: Pending,
+    count: usize,
+    last_flush: Instant,
+    flushing: bool,
+}
+
+impl Default for AccessLog {
+    fn default() -> Self {
+        AccessLog {
+            state: Mutex::new(AccessState {
+                pending: HashMap::new(),
+                count: 0,
+                last_flush: Instant::now(),
+                flushing: false,
+            }),
+        }
+    }
+}
+
+impl AccessLog {
+    fn lock(&self) -> MutexGuard<'_, AccessState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take(st: &mut AccessState) -> Pending {
+        st.count = 0;
+        st.last_flush = Instant::now();
+        std::mem::take(&mut st.pending)
+    }
+}
+
+/// The cache keys of a store (ADR-048). Cheap to clone.
+#[derive(Clone)]
+pub struct Cache {
+    store: Store,
+    index: Arc<dyn CacheIndex>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").field("store", &self.store).finish()
+    }
+}
+
+impl Store {
+    /// The cache keys of this store's kv engine, if it can hold them
+    /// (`mem`, `sqlite`, `postgres`).
+    pub fn cache(&self) -> Option<Cache> {
+        self.inner.kv.cache().map(|index| Cache {
+            store: self.clone(),
+            index,
+        })
+    }
+
+    /// The cache namespaces in force and their bounds: non-fleet the
+    /// `Cache` policies set through this store; in a fleet every
+    /// namespace with a `cache` row of any node, unless a node's row says
+    /// `keep`, with the loosest of the nodes' bounds.
+    ///
+    /// Cancel-safe (reads only).
+    pub async fn cache_namespaces(&self) -> Result<BTreeMap<Namespace, CacheBounds>> {
+        match &self.inner.fleet {
+            Some(f) => Ok(fleet_cache_namespaces(&f.pins.gc_policies().await?)),
+            None => Ok(self
+                .policies()
+                .active
+                .iter()
+                .filter_map(|(ns, (p, _))| match p {
+                    GcPolicy::Cache(b) => Some((ns.clone(), *b)),
+                    _ => None,
+                })
+                .collect()),
+        }
+    }
+
+    /// Writes the pending reads, then removes every cache namespace's keys
+    /// outside its bound (the first step of a sweep). Returns what each
+    /// namespace lost.
+    ///
+    /// Cancel-safe: each namespace's trim is one atomic step; dropped in
+    /// between, the rest are trimmed by the next sweep.
+    pub async fn trim_caches(&self) -> Result<Vec<(Namespace, CacheTrim)>> {
+        let Some(cache) = self.cache() else {
+            return Ok(Vec::new());
+        };
+        cache.flush_access().await?;
+        let mut out = Vec::new();
+        for (ns, bounds) in self.cache_namespaces().await? {
+            let t = cache
+                .index
+                .trim(&ns, bounds, self.inner.clock.now())
+                .await?;
+            if t.keys > 0 {
+                tracing::info!(
+                    target: "store_core::gc",
+                    namespace = %ns,
+                    keys = t.keys,
+                    bytes = t.bytes,
+                    "cache trim ({bounds})"
+                );
+            }
+            out.push((ns, t));
+        }
+        Ok(out)
+    }
+}
+
+impl Cache {
+    /// Points `key` in `ns` at the entry `receipt` names, accessed now. The
+    /// receipt's pin keeps the entry from any sweep until the key is
+    /// written; drop the receipt afterwards — the key protects the entry
+    /// from then on (until its bound removes it).
+    ///
+    /// Cancel-safe: one atomic write; dropped, the key is written or not
+    /// (an entry no key names is garbage for the next sweep).
+    pub async fn record(&self, ns: &Namespace, key: &RefName, receipt: &PutReceipt) -> Result<()> {
+        self.index
+            .record(
+                ns,
+                key,
+                receipt.digest,
+                receipt.size,
+                self.store.inner.clock.now(),
+            )
+            .await
+    }
+
+    /// Stores `bytes` in `ns` and points `key` at them (the library's
+    /// whole cache put). Cancel-safe as [`Store::put_bytes`] then
+    /// [`Cache::record`].
+    pub async fn put(&self, ns: &Namespace, key: &RefName, bytes: Bytes) -> Result<Digest> {
+        let receipt = self.store.put_bytes(ns, bytes, None).await?;
+        self.record(ns, key, &receipt).await?;
+        Ok(receipt.digest)
+    }
+
+    /// The digest `key` points at, noting the read (see the module docs).
+    /// Cancel-safe (a read).
+    pub async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>> {
+        let d = self.index.lookup(ns, key).await?;
+        if let Some(d) = d {
+            self.note_access(ns, d);
+        }
+        Ok(d)
+    }
+
+    /// The key's entry (a [`Blob`] to read or stream), or `None` when the
+    /// key or its entry is gone (a key whose entry a sweep deleted is
+    /// removed here). Notes the read. Cancel-safe (a read, and an atomic
+    /// conditional removal).
+    pub async fn get(&self, ns: &Namespace, key: &RefName) -> Result<Option<(Digest, Blob)>> {
+        let Some(d) = self.lookup(ns, key).await? else {
+            return Ok(None);
+        };
+        match self.store.get(&crate::Key::new(ns.clone(), d)).await? {
+            Some(blob) => Ok(Some((d, blob))),
+            None => {
+                self.forget_missing(ns, key, d).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Removes `key` when it still points at `digest`, whose entry the
+    /// caller found missing (deleted by a sweep after its key was trimmed
+    /// and recorded again, or removed by an operator).
+    /// Cancel-safe: one atomic conditional removal.
+    pub async fn forget_missing(
+        &self,
+        ns: &Namespace,
+        key: &RefName,
+        digest: Digest,
+    ) -> Result<()> {
+        self.index.remove(ns, key, Some(digest)).await.map(|_| ())
+    }
+
+    /// Removes `key` (if it points at `expect`, when given); `true` if it
+    /// was there. Its entry is garbage for the next sweep unless another
+    /// key, a reference or a pin protects it. Cancel-safe: one atomic write.
+    pub async fn remove(
+        &self,
+        ns: &Namespace,
+        key: &RefName,
+        expect: Option<Digest>,
+    ) -> Result<bool> {
+        self.index.remove(ns, key, expect).await
+    }
+
+    /// Notes a read of `digest` in `ns` for the bound's recency; never
+    /// waits on a write (see the module docs).
+    pub fn note_access(&self, ns: &Namespace, digest: Digest) {
+        let log = &self.store.inner.cache_access;
+        let step = ACCESS_RESOLUTION.as_millis() as i64;
+        let at = self.store.inner.clock.now().0 / step * step;
+        let batch = {
+            let mut st = log.lock();
+            if st
+                .pending
+                .entry(ns.clone())
+                .or_default()
+                .entry(at)
+                .or_default()
+                .insert(digest)
+            {
+                st.count += 1;
+            }
+            let due =
+                st.count >= ACCESS_FLUSH_KEYS || st.last_flush.elapsed() >= ACCESS_FLUSH_EVERY;
+            if !due || st.flushing || tokio::runtime::Handle::try_current().is_err() {
+                return;
+            }
+            st.flushing = true;
+            AccessLog::take(&mut st)
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.write_access(batch).await {
+                tracing::warn!(
+                    target: "store_core::cache",
+                    "recording cache reads failed (their keys keep their older access time): {}",
+                    store_types::Report::new(&e)
+                );
+            }
+            this.store.inner.cache_access.lock().flushing = false;
+        });
+    }
+
+    /// Writes every pending read now. Cancel-safe: a batch dropped
+    /// mid-write loses only recency (the reads it held look older).
+    pub async fn flush_access(&self) -> Result<()> {
+        let batch = AccessLog::take(&mut self.store.inner.cache_access.lock());
+        self.write_access(batch).await
+    }
+
+    /// One `touch` per namespace and noted time, oldest first (an engine
+    /// with its own clock stamps them all with its now: their order within
+    /// one write is then lost, never their order against later writes).
+    async fn write_access(&self, batch: Pending) -> Result<()> {
+        for (ns, by_time) in batch {
+            for (at, digests) in by_time {
+                let digests: Vec<Digest> = digests.into_iter().collect();
+                for chunk in digests.chunks(1000) {
+                    self.index
+                        .touch(&ns, chunk, store_types::Timestamp(at))
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the keys hold, per namespace. Cancel-safe (a read).
+    pub async fn usage(&self) -> Result<Vec<(Namespace, CacheUsage)>> {
+        self.index.usage().await
+    }
+}

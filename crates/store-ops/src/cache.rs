@@ -1,0 +1,248 @@
+//! The build-cache operations (issue 31, ADR-048): keys of a cache
+//! namespace, as the HTTP cache protocol of ccache, sccache (WebDAV),
+//! Gradle and Bazel names them, over [`store_core::Cache`].
+//!
+//! A key is a path of `[A-Za-z0-9._-]` segments (a reference name's
+//! rules, at most 255 bytes): `ab/cdef…` (ccache `subdirs`), `<hex>`
+//! (ccache `flat`, Gradle), `ac/<hex>` (Bazel, ccache `bazel`),
+//! `a/b/c/<hex>` (sccache). `cas/<64 hex>` is content addressed: its put
+//! must hash (BLAKE3) to the name, and its get also finds an entry of that
+//! digest put without the key. Puts in a cache namespace issue no pin
+//! token; every put records `cas/<digest>` or the given key.
+
+use store_core::{Cache, Digest, Namespace, PutReceipt, RefName};
+use store_types::Error;
+use tokio::io::AsyncRead;
+
+use crate::error::{ErrorCode, OpsError};
+use crate::range::RangeRequest;
+use crate::{GetResponse, Ops, StatResponse};
+
+/// The key a content-addressed put records: `cas/<digest>` (Bazel's CAS
+/// path, with `--digest_function=blake3` Blobpool's own digest).
+pub fn cas_key(digest: &Digest) -> RefName {
+    RefName::new(format!("cas/{}", digest.to_hex())).expect("a digest's hex is a valid name")
+}
+
+/// The digest a `cas/<64 hex>` key names; `None` for other keys.
+fn cas_digest(key: &RefName) -> Result<Option<Digest>, OpsError> {
+    match key.as_str().strip_prefix("cas/") {
+        Some(hex) => Digest::parse(hex).map(Some).map_err(|_| {
+            OpsError::new(
+                ErrorCode::KeyInvalid,
+                format!(
+                    "cache key {key}: a cas/ key names a BLAKE3 digest (64 lowercase hex \
+                     characters); Bazel clients need --digest_function=blake3"
+                ),
+            )
+        }),
+        None => Ok(None),
+    }
+}
+
+/// What a cache put stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachePutOutcome {
+    /// The entry's digest.
+    pub digest: Digest,
+    /// Its size.
+    pub size: u64,
+    /// Whether the entry existed already.
+    pub deduplicated: bool,
+}
+
+impl Ops {
+    /// Whether `ns` is one of this node's cache namespaces.
+    pub fn is_cache_namespace(&self, ns: &Namespace) -> bool {
+        self.config().cache_namespaces.contains(ns)
+    }
+
+    fn cache_ns(&self, namespace: &str) -> Result<(Namespace, Cache), OpsError> {
+        let ns = Namespace::new(namespace).map_err(OpsError::from)?;
+        if !self.is_cache_namespace(&ns) {
+            return Err(OpsError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "namespace {ns} is not a cache namespace on this server (configure \
+                     [gc.namespaces.{ns}] policy = \"cache\")"
+                ),
+            ));
+        }
+        let cache = self.store().cache().ok_or_else(|| {
+            OpsError::from(Error::Config("this kv engine holds no cache keys".into()))
+        })?;
+        Ok((ns, cache))
+    }
+
+    /// `Ok` when `namespace` is one of this node's cache namespaces, else
+    /// the `not_found` answer naming the configuration it needs.
+    pub fn cache_namespace_check(&self, namespace: &str) -> Result<(), OpsError> {
+        self.cache_ns(namespace).map(|_| ())
+    }
+
+    fn cache_key(key: &str) -> Result<RefName, OpsError> {
+        RefName::new(key)
+            .map_err(|e| OpsError::new(ErrorCode::KeyInvalid, format!("cache key: {e}")))
+    }
+
+    /// Writes `key → receipt's entry` while the receipt's pin holds it.
+    pub(crate) async fn record_cache_key(
+        &self,
+        ns: &Namespace,
+        key: &RefName,
+        receipt: &PutReceipt,
+    ) -> Result<(), OpsError> {
+        let cache = self.store().cache().ok_or_else(|| {
+            OpsError::from(Error::Config("this kv engine holds no cache keys".into()))
+        })?;
+        cache.record(ns, key, receipt).await?;
+        self.metrics().cache_put(ns.as_str(), receipt.size);
+        Ok(())
+    }
+
+    /// `PUT /cache/{ns}/{key}`: stores the body and points `key` at it
+    /// (replacing what it pointed at). A `cas/<digest>` key's body must
+    /// hash to the digest (`digest_mismatch` otherwise, nothing stored).
+    /// No pin token is issued. Scopes are the caller's business
+    /// ([`Scope::Write`](crate::auth::Scope::Write)).
+    ///
+    /// Cancel-safe: dropped before the key is written, the entry (if
+    /// stored) is garbage for the next sweep and the key unchanged.
+    pub async fn cache_put<R>(
+        &self,
+        namespace: &str,
+        key: &str,
+        body: R,
+        len: Option<u64>,
+    ) -> Result<CachePutOutcome, OpsError>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        let (ns, _) = self.cache_ns(namespace)?;
+        let key = Self::cache_key(key)?;
+        let expect = cas_digest(&key)?;
+        let limit = self.config().max_blob_size;
+        if let Some(n) = len {
+            if n > limit {
+                return Err(Error::TooLarge { limit, got: n }.into());
+            }
+        }
+        let body = crate::ops::Limited::new(body, limit);
+        let receipt = self.store().put(&ns, body, len, expect).await?;
+        self.metrics().put(receipt.size, receipt.deduplicated);
+        self.record_cache_key(&ns, &key, &receipt).await?;
+        Ok(CachePutOutcome {
+            digest: receipt.digest,
+            size: receipt.size,
+            deduplicated: receipt.deduplicated,
+        })
+    }
+
+    /// The digest `key` names in the cache namespace, counting a hit or a
+    /// miss. A `cas/<digest>` key also finds an entry put without the key.
+    async fn cache_resolve(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<(Namespace, Cache, RefName, Digest), OpsError> {
+        let (ns, cache) = self.cache_ns(namespace)?;
+        let key = Self::cache_key(key)?;
+        let found = match cache.lookup(&ns, &key).await? {
+            Some(d) => Some(d),
+            None => match cas_digest(&key)? {
+                Some(d)
+                    if self
+                        .store()
+                        .stat(&store_core::Key::new(ns.clone(), d))
+                        .await?
+                        .is_some() =>
+                {
+                    cache.note_access(&ns, d);
+                    Some(d)
+                }
+                _ => None,
+            },
+        };
+        self.metrics().cache_lookup(ns.as_str(), found.is_some());
+        match found {
+            Some(d) => Ok((ns, cache, key, d)),
+            None => Err(OpsError::new(
+                ErrorCode::NotFound,
+                format!("no cache entry {key} in {ns}"),
+            )),
+        }
+    }
+
+    /// `GET /cache/{ns}/{key}`: the entry `key` names, streamed (`Range`
+    /// as for blobs). `not_found` when the key or its entry is gone (a
+    /// key whose entry a sweep deleted is removed). Cancel-safe (a read).
+    pub async fn cache_get(
+        &self,
+        namespace: &str,
+        key: &str,
+        range: Option<RangeRequest>,
+    ) -> Result<GetResponse, OpsError> {
+        let (ns, cache, key, d) = self.cache_resolve(namespace, key).await?;
+        match self.get(ns.as_str(), &d.to_hex(), range).await {
+            Err(e) if e.code == ErrorCode::Missing => {
+                cache.forget_missing(&ns, &key, d).await?;
+                Err(OpsError::new(
+                    ErrorCode::NotFound,
+                    format!("no cache entry {key} in {ns}"),
+                ))
+            }
+            r => r,
+        }
+    }
+
+    /// `HEAD /cache/{ns}/{key}`: the entry's stat. Cancel-safe (a read).
+    pub async fn cache_stat(&self, namespace: &str, key: &str) -> Result<StatResponse, OpsError> {
+        let (ns, cache, key, d) = self.cache_resolve(namespace, key).await?;
+        match self.stat(ns.as_str(), &d.to_hex()).await {
+            Err(e) if e.code == ErrorCode::Missing => {
+                cache.forget_missing(&ns, &key, d).await?;
+                Err(OpsError::new(
+                    ErrorCode::NotFound,
+                    format!("no cache entry {key} in {ns}"),
+                ))
+            }
+            r => r,
+        }
+    }
+
+    /// `DELETE /cache/{ns}/{key}`: removes the key; `true` if it existed.
+    /// Its entry is garbage for the next sweep unless another key, a
+    /// reference or a pin protects it. Scopes are the caller's business
+    /// ([`Scope::Delete`](crate::auth::Scope::Delete)). Cancel-safe: one
+    /// atomic removal.
+    pub async fn cache_delete(&self, namespace: &str, key: &str) -> Result<bool, OpsError> {
+        let (ns, cache) = self.cache_ns(namespace)?;
+        let key = Self::cache_key(key)?;
+        Ok(cache.remove(&ns, &key, None).await?)
+    }
+}
+
+impl Ops {
+    /// Reads what each cache namespace's keys hold into the
+    /// `blobpool_cache_keys`/`blobpool_cache_bytes` gauges (called before
+    /// `/metrics` renders; one aggregate read of the cache-key table).
+    /// Cancel-safe (a read).
+    pub async fn refresh_cache_usage(&self) -> Result<(), OpsError> {
+        if self.config().cache_namespaces.is_empty() {
+            return Ok(());
+        }
+        let Some(cache) = self.store().cache() else {
+            return Ok(());
+        };
+        let usage = cache.usage().await?;
+        for ns in &self.config().cache_namespaces {
+            let u = usage
+                .iter()
+                .find(|(n, _)| n == ns)
+                .map(|(_, u)| *u)
+                .unwrap_or_default();
+            self.metrics().set_cache_usage(ns.as_str(), u.keys, u.bytes);
+        }
+        Ok(())
+    }
+}

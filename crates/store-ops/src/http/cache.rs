@@ -1,0 +1,180 @@
+//! `/cache/{ns}/{key}`: the HTTP build-cache protocol (issue 31,
+//! ADR-048) over [`Ops::cache_put`] and friends.
+//!
+//! | method | answer |
+//! |---|---|
+//! | `PUT` | `201` (`200` when the entry existed); the key now names the body |
+//! | `GET` | `200`/`206` with the body; `404` when the key or its entry is gone |
+//! | `HEAD` | `200` with `Content-Length`; `404` likewise |
+//! | `DELETE` | `204`; `404` when there was no such key |
+//! | `MKCOL` | `201`: directories are implicit (WebDAV clients, sccache) |
+//! | `PROPFIND` | `207`: a collection for a path ending in `/`, else the key's length or `404` |
+//!
+//! Scopes: `read` for `GET`, `HEAD` and `PROPFIND`; `write` for `PUT` and
+//! `MKCOL`; `delete` for `DELETE`. Authentication as for every route
+//! (`Bearer`, or `Basic` with the key as password where enabled).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::extract::{Extension, Path, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RANGE};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+
+use super::body::body_reader;
+use super::handlers::{blob_response, entry_headers, fail, value};
+use crate::auth::{Identity, Scope};
+use crate::error::{ErrorCode, OpsError};
+use crate::range::parse_range_header;
+use crate::Ops;
+
+/// Every method on `/cache/{ns}`, `/cache/{ns}/` and `/cache/{ns}/{*key}`.
+pub(super) async fn cache_any(
+    State(ops): State<Ops>,
+    Extension(identity): Extension<Identity>,
+    Path(params): Path<HashMap<String, String>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let Some(ns) = params.get("ns").cloned() else {
+        return fail(&ops, OpsError::bad_request("missing namespace"));
+    };
+    let key = params.get("key").cloned().unwrap_or_default();
+    let scope = match method.as_str() {
+        "GET" | "HEAD" | "PROPFIND" => Scope::Read,
+        "PUT" | "MKCOL" => Scope::Write,
+        "DELETE" => Scope::Delete,
+        _ => {
+            return fail(
+                &ops,
+                OpsError::new(
+                    ErrorCode::MethodNotAllowed,
+                    format!(
+                        "{method} is not a cache method (GET, HEAD, PUT, DELETE, MKCOL, PROPFIND)"
+                    ),
+                ),
+            )
+        }
+    };
+    if let Err(e) = ops.authorize(&identity, scope, Some(&ns)) {
+        return fail(&ops, e);
+    }
+    let is_dir = key.is_empty() || key.ends_with('/');
+    match method.as_str() {
+        "MKCOL" => match ops.cache_namespace_check(&ns) {
+            Ok(()) => StatusCode::CREATED.into_response(),
+            Err(e) => fail(&ops, e),
+        },
+        "PROPFIND" => propfind(&ops, &ns, &key, is_dir, uri.path()).await,
+        _ if is_dir => fail(
+            &ops,
+            OpsError::new(
+                ErrorCode::NotFound,
+                "a cache key names an entry, not a directory",
+            ),
+        ),
+        "PUT" => put(&ops, &ns, &key, &headers, body).await,
+        "GET" => {
+            let range = headers
+                .get(RANGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_range_header);
+            match ops.cache_get(&ns, &key, range).await {
+                Ok(got) => blob_response(ops, got).await,
+                Err(e) => fail(&ops, e),
+            }
+        }
+        "HEAD" => match ops.cache_stat(&ns, &key).await {
+            Ok(st) => {
+                let mut h = HeaderMap::new();
+                entry_headers(&mut h, &st.digest, st.tier);
+                h.insert(CONTENT_LENGTH, value(st.size.to_string()));
+                (StatusCode::OK, h).into_response()
+            }
+            Err(e) => fail(&ops, e),
+        },
+        _ => match ops.cache_delete(&ns, &key).await {
+            Ok(true) => StatusCode::NO_CONTENT.into_response(),
+            Ok(false) => fail(
+                &ops,
+                OpsError::new(ErrorCode::NotFound, format!("no cache key {key} in {ns}")),
+            ),
+            Err(e) => fail(&ops, e),
+        },
+    }
+}
+
+async fn put(ops: &Ops, ns: &str, key: &str, headers: &HeaderMap, body: Body) -> Response {
+    let len = match headers.get(CONTENT_LENGTH) {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+            Some(n) => Some(n),
+            None => return fail(ops, OpsError::bad_request("invalid Content-Length header")),
+        },
+    };
+    let (reader, body_failed) = body_reader(body);
+    match ops.cache_put(ns, key, reader, len).await {
+        Ok(out) => {
+            let status = if out.deduplicated {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
+            let mut h = HeaderMap::new();
+            h.insert(
+                axum::http::HeaderName::from_static(super::HEADER_DIGEST),
+                value(out.digest.to_hex()),
+            );
+            (status, h).into_response()
+        }
+        Err(mut e) => {
+            if body_failed.load(Ordering::SeqCst) && e.code.redacts_message() {
+                e = OpsError::new(ErrorCode::IncompleteBody, e.message);
+            }
+            fail(ops, e)
+        }
+    }
+}
+
+/// `PROPFIND` (depth 0): a collection for a directory path, the key's
+/// length for a key, `404` for a missing key.
+async fn propfind(ops: &Ops, ns: &str, key: &str, is_dir: bool, path: &str) -> Response {
+    let prop = if is_dir {
+        if let Err(e) = ops.cache_namespace_check(ns) {
+            return fail(ops, e);
+        }
+        "<D:resourcetype><D:collection/></D:resourcetype>".to_string()
+    } else {
+        match ops.cache_stat(ns, key).await {
+            Ok(st) => format!(
+                "<D:resourcetype/><D:getcontentlength>{}</D:getcontentlength>\
+                 <D:getetag>\"{}\"</D:getetag>",
+                st.size, st.digest
+            ),
+            Err(e) => return fail(ops, e),
+        }
+    };
+    let href: String = path
+        .chars()
+        .filter(|c| !matches!(c, '<' | '>' | '&' | '"' | '\''))
+        .collect();
+    let xml = format!(
+        "<?xml version=\"1.0\" encoding=\"utf-8\"?>\
+         <D:multistatus xmlns:D=\"DAV:\"><D:response><D:href>{href}</D:href>\
+         <D:propstat><D:prop>{prop}</D:prop><D:status>HTTP/1.1 200 OK</D:status>\
+         </D:propstat></D:response></D:multistatus>"
+    );
+    (
+        StatusCode::MULTI_STATUS,
+        [(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/xml; charset=utf-8"),
+        )],
+        Body::from(xml),
+    )
+        .into_response()
+}

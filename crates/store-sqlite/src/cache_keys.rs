@@ -1,0 +1,221 @@
+//! Cache keys ([`CacheIndex`], ADR-048) in the `cache_keys` table
+//! (schema v4).
+//!
+//! `record`, `remove`, `touch` and `trim` are jobs of the group-committing
+//! writer thread (like puts and reference writes): each runs inside the
+//! writer's transaction and answers after its commit, so `trim`'s two
+//! deletes (age, then bytes) are one atomic step. `lookup`, `cached` and
+//! `usage` run on the reader pool; `cached` asks the `(namespace, digest)`
+//! index through the engine's batched existence query.
+//!
+//! SQLite has no clock of its own here: access times are the `now` the
+//! caller passes (the store's clock), in milliseconds.
+//!
+//! # Cancellation
+//!
+//! Every method is cancel-safe: a write job is queued when the method is
+//! called and runs to its commit whether or not anyone still waits; a
+//! dropped read returns its connection when its blocking closure ends.
+
+use store_types::{
+    CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Namespace, RefName, Result, Timestamp,
+};
+
+use crate::error::SqlResultExt;
+use crate::sql::{self, digest_at, namespace_at};
+use crate::SqliteEngine;
+
+const RECORD: &str = "INSERT INTO cache_keys (namespace, key, digest, size, accessed_at)
+                      VALUES (?1, ?2, ?3, ?4, ?5)
+                      ON CONFLICT (namespace, key) DO UPDATE SET
+                        digest = excluded.digest, size = excluded.size,
+                        accessed_at = max(accessed_at, excluded.accessed_at)";
+const LOOKUP: &str = "SELECT digest FROM cache_keys WHERE namespace = ?1 AND key = ?2";
+const REMOVE: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2";
+const REMOVE_IF: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2 AND digest = ?3";
+const TOUCH: &str = "UPDATE cache_keys SET accessed_at = ?3
+                     WHERE namespace = ?1 AND digest = ?2 AND accessed_at < ?3";
+/// The keys older than the cut-off `?2`, and their sizes.
+const TRIM_AGE: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND accessed_at < ?2
+                        RETURNING size";
+/// The keys beyond `?2` bytes, newest first by access (ties by key).
+const TRIM_BYTES: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key IN (
+                            SELECT key FROM (
+                              SELECT key, SUM(size) OVER (
+                                ORDER BY accessed_at DESC, key ROWS UNBOUNDED PRECEDING) AS kept
+                              FROM cache_keys WHERE namespace = ?1)
+                            WHERE kept > ?2)
+                          RETURNING size";
+const USAGE: &str = "SELECT namespace, COUNT(*), COALESCE(SUM(size), 0) FROM cache_keys
+                     GROUP BY namespace ORDER BY namespace";
+/// The table and namespace column [`sql::present_in`] reads.
+const CACHE_BY_NAMESPACE: &str = "cache_keys.namespace";
+
+/// The [`CacheIndex`] of a [`SqliteEngine`] (returned by
+/// `KvEngine::cache`).
+pub(crate) struct SqliteCacheKeys {
+    engine: SqliteEngine,
+}
+
+impl SqliteCacheKeys {
+    pub(crate) fn new(engine: SqliteEngine) -> Self {
+        SqliteCacheKeys { engine }
+    }
+}
+
+fn sum_removed(rows: &mut rusqlite::Rows<'_>, t: &mut CacheTrim) -> Result<()> {
+    while let Some(row) = rows.next().sql()? {
+        let size: i64 = row.get(0).sql()?;
+        t.keys += 1;
+        t.bytes += u64::try_from(size).unwrap_or(0);
+    }
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl CacheIndex for SqliteCacheKeys {
+    async fn record(
+        &self,
+        ns: &Namespace,
+        key: &RefName,
+        digest: Digest,
+        size: u64,
+        now: Timestamp,
+    ) -> Result<()> {
+        let (ns, key) = (ns.as_str().to_owned(), key.as_str().to_owned());
+        let size = i64::try_from(size).unwrap_or(i64::MAX);
+        self.engine
+            .inner
+            .writer
+            .submit(128, false, move |conn, _| {
+                conn.prepare_cached(RECORD)
+                    .sql()?
+                    .execute((&ns, &key, &digest.as_bytes()[..], size, now.0))
+                    .sql()?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>> {
+        let (ns, key) = (ns.clone(), key.clone());
+        self.engine
+            .inner
+            .readers
+            .run(move |conn| {
+                let mut stmt = conn.prepare_cached(LOOKUP).sql()?;
+                let mut rows = stmt.query((ns.as_str(), key.as_str())).sql()?;
+                match rows.next().sql()? {
+                    Some(row) => Ok(Some(digest_at(row, 0)?)),
+                    None => Ok(None),
+                }
+            })
+            .await
+    }
+
+    async fn remove(&self, ns: &Namespace, key: &RefName, expect: Option<Digest>) -> Result<bool> {
+        let (ns, key) = (ns.as_str().to_owned(), key.as_str().to_owned());
+        self.engine
+            .inner
+            .writer
+            .submit(64, false, move |conn, _| {
+                let n = match expect {
+                    None => conn.prepare_cached(REMOVE).sql()?.execute((&ns, &key)),
+                    Some(d) => conn.prepare_cached(REMOVE_IF).sql()?.execute((
+                        &ns,
+                        &key,
+                        &d.as_bytes()[..],
+                    )),
+                }
+                .sql()?;
+                Ok(n > 0)
+            })
+            .await
+    }
+
+    async fn touch(&self, ns: &Namespace, digests: &[Digest], now: Timestamp) -> Result<u64> {
+        if digests.is_empty() {
+            return Ok(0);
+        }
+        let ns = ns.as_str().to_owned();
+        let digests = digests.to_vec();
+        self.engine
+            .inner
+            .writer
+            .submit(32 * digests.len(), true, move |conn, _| {
+                let mut stmt = conn.prepare_cached(TOUCH).sql()?;
+                let mut n = 0u64;
+                for d in &digests {
+                    n += stmt.execute((&ns, &d.as_bytes()[..], now.0)).sql()? as u64;
+                }
+                Ok(n)
+            })
+            .await
+    }
+
+    async fn cached(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ns = ns.clone();
+        let digests = digests.to_vec();
+        self.engine
+            .inner
+            .readers
+            .run(move |conn| sql::present_in(conn, CACHE_BY_NAMESPACE, ns.as_str(), &digests))
+            .await
+    }
+
+    async fn trim(&self, ns: &Namespace, bounds: CacheBounds, now: Timestamp) -> Result<CacheTrim> {
+        if bounds == CacheBounds::default() {
+            return Ok(CacheTrim::default());
+        }
+        let ns = ns.as_str().to_owned();
+        self.engine
+            .inner
+            .writer
+            .submit(64, true, move |conn, _| {
+                let mut t = CacheTrim::default();
+                if let Some(age) = bounds.max_age {
+                    let cutoff = now
+                        .0
+                        .saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+                    let mut stmt = conn.prepare_cached(TRIM_AGE).sql()?;
+                    let mut rows = stmt.query((&ns, cutoff)).sql()?;
+                    sum_removed(&mut rows, &mut t)?;
+                }
+                if let Some(max) = bounds.max_bytes {
+                    let max = i64::try_from(max).unwrap_or(i64::MAX);
+                    let mut stmt = conn.prepare_cached(TRIM_BYTES).sql()?;
+                    let mut rows = stmt.query((&ns, max)).sql()?;
+                    sum_removed(&mut rows, &mut t)?;
+                }
+                Ok(t)
+            })
+            .await
+    }
+
+    async fn usage(&self) -> Result<Vec<(Namespace, CacheUsage)>> {
+        self.engine
+            .inner
+            .readers
+            .run(|conn| {
+                let mut stmt = conn.prepare_cached(USAGE).sql()?;
+                let mut rows = stmt.query([]).sql()?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next().sql()? {
+                    let keys: i64 = row.get(1).sql()?;
+                    let bytes: i64 = row.get(2).sql()?;
+                    out.push((
+                        namespace_at(row, 0)?,
+                        CacheUsage {
+                            keys: u64::try_from(keys).unwrap_or(0),
+                            bytes: u64::try_from(bytes).unwrap_or(0),
+                        },
+                    ));
+                }
+                Ok(out)
+            })
+            .await
+    }
+}
