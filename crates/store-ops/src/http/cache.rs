@@ -147,13 +147,23 @@ async fn propfind(ops: &Ops, ns: &str, key: &str, is_dir: bool, path: &str) -> R
         if let Err(e) = ops.cache_namespace_check(ns) {
             return fail(ops, e);
         }
-        "<D:resourcetype><D:collection/></D:resourcetype>".to_string()
+        // Directories are implicit: no time of their own.
+        format!(
+            "<D:resourcetype><D:collection/></D:resourcetype>\
+             <D:getlastmodified>{}</D:getlastmodified>",
+            httpdate::fmt_http_date(std::time::UNIX_EPOCH)
+        )
     } else {
         match ops.cache_stat(ns, key).await {
             Ok(st) => format!(
                 "<D:resourcetype/><D:getcontentlength>{}</D:getcontentlength>\
-                 <D:getetag>\"{}\"</D:getetag>",
-                st.size, st.digest
+                 <D:getetag>\"{}\"</D:getetag><D:getlastmodified>{}</D:getlastmodified>",
+                st.size,
+                st.digest,
+                httpdate::fmt_http_date(
+                    std::time::UNIX_EPOCH
+                        + std::time::Duration::from_millis(st.created_at.max(0) as u64)
+                )
             ),
             Err(e) => return fail(ops, e),
         }
