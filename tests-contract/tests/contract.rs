@@ -27,12 +27,15 @@ mod mem_mem {
 }
 mod kv_postgres {
     tests_contract::contract_suite!(tests_contract::KV_POSTGRES);
+    tests_contract::cache_suite!(tests_contract::KV_POSTGRES);
 }
 mod postgres_pglo {
     tests_contract::contract_suite!(tests_contract::POSTGRES_PGLO);
+    tests_contract::cache_suite!(tests_contract::POSTGRES_PGLO);
 }
 mod postgres_local {
     tests_contract::contract_suite!(tests_contract::POSTGRES_LOCAL);
+    tests_contract::cache_suite!(tests_contract::POSTGRES_LOCAL);
 }
 mod sqlite_pglo {
     tests_contract::contract_suite!(tests_contract::SQLITE_PGLO);
@@ -52,6 +55,7 @@ mod mem_object_fs {
 }
 mod postgres_object_s3 {
     tests_contract::contract_suite!(tests_contract::POSTGRES_OBJECT_S3);
+    tests_contract::cache_suite!(tests_contract::POSTGRES_OBJECT_S3);
 }
 mod sqlite_local_layered {
     tests_contract::contract_suite!(tests_contract::SQLITE_LOCAL_LAYERED);

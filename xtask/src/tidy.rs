@@ -442,7 +442,7 @@ const ROOMS_REQUIRED: [&str; 3] = ["lib.rs", "engine.rs", "registration.rs"];
 /// The top-level files an engine crate's `src/` may have, each where the
 /// engine has the concern (docs/ENGINES.md, "The rooms of an engine
 /// crate").
-pub const ROOMS: [&str; 15] = [
+pub const ROOMS: [&str; 16] = [
     "lib.rs",
     "engine.rs",
     "registration.rs",
@@ -452,6 +452,7 @@ pub const ROOMS: [&str; 15] = [
     "error.rs",
     "testing.rs",
     "refs.rs",
+    "cache_keys.rs",
     "window.rs",
     "instance_lock.rs",
     "seam.rs",

@@ -404,3 +404,53 @@ mod tests {
         assert!(e.contains("unreferenced_namespaces"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[test]
+    fn cache_policies_parse_with_their_bounds() {
+        let section: GcSection = toml::from_str(
+            "[namespaces.cc]\npolicy = \"cache\"\nmax_bytes = \"50GiB\"\nmax_age = \"30d\"\n\
+             [namespaces.open]\npolicy = \"cache\"\n\
+             [namespaces.n]\npolicy = \"cache\"\nmax_bytes = 1000\n",
+        )
+        .unwrap();
+        let s = resolve(Some(section), vec![], None, true).unwrap();
+        let get = |n: &str| {
+            s.policies
+                .iter()
+                .find(|(ns, _)| ns.as_str() == n)
+                .map(|(_, p)| *p)
+                .unwrap()
+        };
+        assert_eq!(
+            get("cc"),
+            GcPolicy::Cache(CacheBounds {
+                max_bytes: Some(50 << 30),
+                max_age: Some(Duration::from_secs(30 * 86400)),
+            })
+        );
+        assert_eq!(get("open"), GcPolicy::Cache(CacheBounds::default()));
+        assert_eq!(get("n").to_string(), "cache max_bytes 1000");
+        for (text, want) in [
+            (
+                "[namespaces.a]\npolicy = \"refs\"\nmax_bytes = \"1GiB\"",
+                "max_bytes goes with",
+            ),
+            (
+                "[namespaces.a]\npolicy = \"cache\"\nmax_bytes = \"lots\"",
+                "max_bytes",
+            ),
+            (
+                "[namespaces.a]\npolicy = \"cache\"\nmax_age = \"0s\"",
+                "greater than zero",
+            ),
+        ] {
+            let section: GcSection = toml::from_str(text).unwrap();
+            let e = resolve(Some(section), vec![], None, false).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+}

@@ -38,7 +38,7 @@
 //! Everything is lost when the last clone is dropped. `mem` is not a GC
 //! seam member (`gc_seam` is `None`).
 
-mod cache;
+mod cache_keys;
 mod engine;
 mod refs;
 mod registration;
@@ -53,7 +53,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use bytes::Bytes;
 use store_types::{Digest, Namespace, Timestamp};
 
-use cache::MemCache;
+use cache_keys::MemCache;
 use refs::MemRefs;
 pub use registration::REGISTRATION;
 use stage::MemStage;

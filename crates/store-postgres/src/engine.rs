@@ -85,6 +85,13 @@ impl PostgresEngine {
         validate_schema(schema)?;
         migrate(&pool, schema, KV_COMPONENT, KV_STEPS).await?;
         migrate(&pool, schema, REFS_COMPONENT, REFS_STEPS).await?;
+        migrate(
+            &pool,
+            schema,
+            crate::cache_keys::CACHE_COMPONENT,
+            crate::cache_keys::CACHE_STEPS,
+        )
+        .await?;
         let instance = instance_identity(&pool, schema).await?;
         let writer = GroupCommit::spawn(pool.clone(), schema);
         Ok(PostgresEngine {
@@ -284,6 +291,13 @@ impl KvEngine for PostgresEngine {
     /// The references in `<schema>.ref_names` (see [`crate::refs`]).
     fn refs(&self) -> Option<Arc<dyn store_types::RefStore>> {
         Some(Arc::new(PgRefs::new(
+            self.inner.pool.clone(),
+            self.inner.schema.clone(),
+        )))
+    }
+
+    fn cache(&self) -> Option<Arc<dyn store_types::CacheIndex>> {
+        Some(Arc::new(crate::cache_keys::PgCacheKeys::new(
             self.inner.pool.clone(),
             self.inner.schema.clone(),
         )))

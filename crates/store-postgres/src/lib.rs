@@ -88,6 +88,7 @@
 #![warn(missing_docs)]
 
 mod batch;
+pub mod cache_keys;
 mod engine;
 mod error;
 pub mod fence;
@@ -103,6 +104,7 @@ pub mod testing;
 mod window;
 
 pub use batch::{PutStats, MAX_BATCH, MAX_BATCH_BYTES, WRITERS};
+pub use cache_keys::{PgCacheKeys, CACHE_COMPONENT, CACHE_STEPS, CACHE_TABLE};
 pub use engine::{PostgresEngine, KV_COMPONENT, KV_STEPS};
 pub use refs::{PgRefs, REFS_COMPONENT, REFS_STEPS};
 pub use registration::REGISTRATION;
