@@ -409,6 +409,31 @@ mod tests {
 mod cache_tests {
     use super::*;
 
+    /// The example configuration shipped in deploy/ loads; without keys
+    /// its non-loopback listen is refused, with one it is served.
+    #[test]
+    fn the_deploy_example_config_loads() {
+        let text = include_str!("../../../deploy/blobpool.toml");
+        let c = crate::config::Config::from_toml(text).unwrap();
+        let caches = c.ops_config().cache_namespaces;
+        assert_eq!(
+            caches.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
+            ["ccache", "sccache"]
+        );
+        let e = c.sections.http_config(&c.listen, false).unwrap_err();
+        assert!(e.contains("insecure_no_auth") || e.contains("key"), "{e}");
+        let with_key = text.replace(
+            "# [[auth.keys]]\n# name = \"ci\"\n# hash = \"blake3:…\"\n# scopes = [\"read\", \"write\"]",
+            &format!(
+                "[[auth.keys]]\nname = \"ci\"\nhash = \"{}\"\nscopes = [\"read\", \"write\"]",
+                store_ops::auth::hash_key("bpk_example")
+            ),
+        );
+        assert_ne!(with_key, text, "the example's commented key block changed");
+        let c = crate::config::Config::from_toml(&with_key).unwrap();
+        c.sections.http_config(&c.listen, false).unwrap();
+    }
+
     #[test]
     fn cache_policies_parse_with_their_bounds() {
         let section: GcSection = toml::from_str(
