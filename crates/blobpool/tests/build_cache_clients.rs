@@ -18,6 +18,10 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
 
+/// The API key the tools send, as a Basic password (the server has
+/// `[auth]` keys, so a tool without it gets nothing).
+const KEY: &str = "bpk_build_cache_clients";
+
 struct Serve {
     child: Child,
     base: String,
@@ -32,7 +36,7 @@ impl Drop for Serve {
 }
 
 /// `blobpool serve` on an ephemeral loopback port with the cache
-/// namespaces `ccache` and `sccache`.
+/// namespaces `ccache` and `sccache`, and one key ([`KEY`]).
 fn serve(dir: &Path) -> Serve {
     let config = dir.join("blobpool.toml");
     std::fs::write(
@@ -40,8 +44,11 @@ fn serve(dir: &Path) -> Serve {
         format!(
             "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\n\
              [gc.namespaces.ccache]\npolicy = \"cache\"\nmax_bytes = \"1GiB\"\n\
-             [gc.namespaces.sccache]\npolicy = \"cache\"\nmax_age = \"30d\"\n",
-            dir.join("data")
+             [gc.namespaces.sccache]\npolicy = \"cache\"\nmax_age = \"30d\"\n\
+             [auth]\nanonymous = []\n[[auth.keys]]\nname = \"builder\"\nhash = \"{}\"\n\
+             scopes = [\"read\", \"write\"]\n",
+            dir.join("data"),
+            store_ops::auth::hash_key(KEY)
         ),
     )
     .unwrap();
@@ -157,8 +164,23 @@ fn ccache_second_build_is_all_remote_hits_in_every_layout() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path());
     let src = c_project(&dir.path().join("src"));
+    // Without the key the remote answers nothing but 401.
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    std::io::Write::write_all(
+        &mut conn,
+        format!("GET /cache/ccache/ab/cd HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     for layout in ["subdirs", "flat", "bazel"] {
-        let url = format!("{}/cache/ccache/{layout}|layout={layout}", server.base);
+        let base = server
+            .base
+            .replace("http://", &format!("http://builder:{KEY}@"));
+        let url = format!("{base}/cache/ccache/{layout}|layout={layout}");
         for round in 0..2 {
             // A fresh local cache each round: only the remote can hit.
             let env = vec![
@@ -238,6 +260,8 @@ fn sccache_second_build_of_a_rust_crate_is_all_webdav_hits() {
                 "SCCACHE_WEBDAV_ENDPOINT",
                 format!("{}/cache/sccache", server.base),
             ),
+            ("SCCACHE_WEBDAV_USERNAME", "builder".to_string()),
+            ("SCCACHE_WEBDAV_PASSWORD", KEY.to_string()),
             (
                 "SCCACHE_DIR",
                 dir.path().join("sccache-local").display().to_string(),

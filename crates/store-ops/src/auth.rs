@@ -409,8 +409,10 @@ impl Auth {
     /// verified client certificate.
     ///
     /// - An open server: [`Identity::open`] for everyone.
-    /// - A bearer key: its identity, or [`AuthError::UnknownKey`] (a wrong
-    ///   key is never downgraded to anonymous).
+    /// - A key, as `Bearer <key>` or as the password of `Basic
+    ///   base64(user:key)` (any user name): its identity, or
+    ///   [`AuthError::UnknownKey`] (a wrong key is never downgraded to
+    ///   anonymous).
     /// - Else a client certificate matching a certificate identity: that
     ///   identity; an unmatched certificate counts as no credential.
     /// - Else the anonymous identity with the anonymous grants.
@@ -426,13 +428,19 @@ impl Auth {
             let h = std::str::from_utf8(h)
                 .map_err(|_| AuthError::Malformed("not UTF-8"))?
                 .trim();
-            let (scheme, key) = h
+            let (scheme, value) = h
                 .split_once(' ')
-                .ok_or(AuthError::Malformed("expected `Bearer <key>`"))?;
-            if !scheme.eq_ignore_ascii_case("bearer") {
-                return Err(AuthError::Malformed("only the Bearer scheme is supported"));
-            }
-            let hash = key_hash(key.trim());
+                .ok_or(AuthError::Malformed("expected `Bearer <key>` or `Basic …`"))?;
+            let key = if scheme.eq_ignore_ascii_case("bearer") {
+                value.trim().to_string()
+            } else if scheme.eq_ignore_ascii_case("basic") {
+                basic_password(value)?
+            } else {
+                return Err(AuthError::Malformed(
+                    "only the Bearer and Basic schemes are supported",
+                ));
+            };
+            let hash = key_hash(&key);
             // Compare with every key (constant-time equality), no early exit.
             let mut found: Option<&ApiKey> = None;
             for k in &self.keys {
@@ -464,6 +472,22 @@ impl Auth {
             self.anonymous.clone(),
         ))
     }
+}
+
+/// The password of a `Basic` credential (`base64(user:password)`), which
+/// is the API key; the user name is ignored (build tools such as ccache,
+/// Gradle and Bazel send keys this way).
+fn basic_password(value: &str) -> Result<String, AuthError> {
+    use base64::Engine as _;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(value.trim())
+        .map_err(|_| AuthError::Malformed("Basic credentials are not base64"))?;
+    let text = String::from_utf8(raw)
+        .map_err(|_| AuthError::Malformed("Basic credentials are not UTF-8"))?;
+    let (_, password) = text
+        .split_once(':')
+        .ok_or(AuthError::Malformed("Basic credentials need `user:key`"))?;
+    Ok(password.to_string())
 }
 
 fn key_hash(key: &str) -> blake3::Hash {
@@ -559,8 +583,32 @@ mod tests {
             auth.authenticate(Some(b"Bearer bpk_three"), None),
             Err(AuthError::UnknownKey)
         );
+        // Basic: the password is the key, the user name is ignored.
+        use base64::Engine as _;
+        let basic = |s: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(s)
+            )
+        };
+        let via_basic = auth
+            .authenticate(Some(basic("anyone:bpk_one").as_bytes()), None)
+            .unwrap();
+        assert_eq!(via_basic.name(), "ci");
+        assert_eq!(
+            auth.authenticate(Some(basic("ci:bpk_wrong").as_bytes()), None),
+            Err(AuthError::UnknownKey)
+        );
         assert!(matches!(
-            auth.authenticate(Some(b"Basic dXNlcjpwdw=="), None),
+            auth.authenticate(Some(basic("no-colon").as_bytes()), None),
+            Err(AuthError::Malformed(_))
+        ));
+        assert!(matches!(
+            auth.authenticate(Some(b"Basic !!notbase64"), None),
+            Err(AuthError::Malformed(_))
+        ));
+        assert!(matches!(
+            auth.authenticate(Some(b"Digest abc"), None),
             Err(AuthError::Malformed(_))
         ));
         let anon = auth.authenticate(None, None).unwrap();

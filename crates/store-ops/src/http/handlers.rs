@@ -61,6 +61,11 @@ pub(super) fn fail(ops: &Ops, mut e: OpsError) -> Response {
             axum::http::header::WWW_AUTHENTICATE,
             HeaderValue::from_static("Bearer realm=\"blobpool\""),
         );
+        // Build tools send the key as a Basic password.
+        resp.headers_mut().append(
+            axum::http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"blobpool\""),
+        );
     }
     if let (ErrorCode::InvalidRange, Some(size)) = (e.code, e.size) {
         if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
