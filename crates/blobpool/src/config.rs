@@ -1063,25 +1063,44 @@ impl Config {
     /// command run with another configuration on the node's host can never
     /// replace or remove the node's rows.
     pub async fn open_store(&self) -> Result<Store, Error> {
-        self.open_with(false).await
+        self.open_with(false, None).await
     }
 
     /// [`Config::open_store`] for `serve`: in a fleet it also records this
     /// node's configured policies in the shared database and removes its
     /// rows for namespaces the configuration no longer names.
     pub async fn open_node_store(&self) -> Result<Store, Error> {
-        self.open_with(true).await
+        self.open_with(true, None).await
     }
 
-    async fn open_with(&self, node: bool) -> Result<Store, Error> {
+    /// [`Config::open_node_store`] with both tiers wrapped in `metrics`
+    /// (store-layers' per-engine, per-operation latency histograms and
+    /// error counts, rendered by `/metrics`).
+    pub async fn open_node_store_observed(
+        &self,
+        metrics: &store_layers::MetricsLayer,
+    ) -> Result<Store, Error> {
+        self.open_with(true, Some(metrics)).await
+    }
+
+    async fn open_with(
+        &self,
+        node: bool,
+        metrics: Option<&store_layers::MetricsLayer>,
+    ) -> Result<Store, Error> {
         if let Some(root) = &self.default_root {
             create_private_dir(root)?;
         }
-        let kv = self.kv.open_kv().await?.engine;
-        let large = match &self.large {
+        let mut kv = self.kv.open_kv().await?.engine;
+        let mut large = match &self.large {
             Some(l) => Some(l.open_large().await?.engine),
             None => None,
         };
+        if let Some(m) = metrics {
+            let stack = store_layers::LayerStack::new().layer(m.clone());
+            kv = stack.kv(kv);
+            large = large.map(|l| stack.large(l));
+        }
         let mut b = Store::builder()
             .kv_shared(kv)
             .mode(self.mode)

@@ -35,9 +35,15 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         Ok((soft, hard)) => tracing::info!("open files limit: {soft} (hard {hard})"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
-    let store = cfg.open_node_store().await?;
+    // Both tiers observed by store-layers' metrics layer (per-engine,
+    // per-operation latency and errors, on `/metrics` beside the server's).
+    let engine_metrics = store_layers::MetricsLayer::new();
+    let store = cfg.open_node_store_observed(&engine_metrics).await?;
     tracing::info!("{}", cfg.describe());
     let ops = Ops::new(store, cfg.ops_config())?;
+    ops.metrics().set_extra(Box::new(move || {
+        store_layers::render_prometheus(&engine_metrics.snapshot())
+    }));
     let scheduler = match cfg.gc.interval {
         Some(every) => {
             tracing::info!(target: "blobpool::gc", "scheduled sweeps every {}s (±10%)", every.as_secs());

@@ -21,6 +21,27 @@ const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
 /// The API key the tools send, as a Basic password (the server has
 /// `[auth]` keys, so a tool without it gets nothing).
 const KEY: &str = "bpk_build_cache_clients";
+/// An `admin` key, for `/metrics`.
+const ADMIN_KEY: &str = "bpk_build_cache_monitor";
+
+/// `GET /metrics` with the admin key, over a plain connection.
+fn metrics(base: &str) -> String {
+    let addr = base.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(
+        &mut conn,
+        format!(
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\
+             Connection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    answer
+}
 
 struct Serve {
     child: Child,
@@ -46,9 +67,11 @@ fn serve(dir: &Path) -> Serve {
              [gc.namespaces.ccache]\npolicy = \"cache\"\nmax_bytes = \"1GiB\"\n\
              [gc.namespaces.sccache]\npolicy = \"cache\"\nmax_age = \"30d\"\n\
              [auth]\nanonymous = []\n[[auth.keys]]\nname = \"builder\"\nhash = \"{}\"\n\
-             scopes = [\"read\", \"write\"]\n",
+             scopes = [\"read\", \"write\"]\n\
+             [[auth.keys]]\nname = \"monitor\"\nhash = \"{}\"\nscopes = [\"admin\"]\n",
             dir.join("data"),
-            store_ops::auth::hash_key(KEY)
+            store_ops::auth::hash_key(KEY),
+            store_ops::auth::hash_key(ADMIN_KEY)
         ),
     )
     .unwrap();
@@ -211,6 +234,29 @@ fn ccache_second_build_is_all_remote_hits_in_every_layout() {
             }
         }
     }
+    // The server counted the same (ccache looks up a manifest and a
+    // result per compile: 3 layouts x 4 units x 2, hits in the second
+    // round, misses in the first), and its request latency and the
+    // engines' operations are on /metrics.
+    let m = metrics(&server.base);
+    for result in ["hit", "miss"] {
+        let line =
+            format!("blobpool_cache_requests_total{{namespace=\"ccache\",result=\"{result}\"}} 24");
+        assert!(m.contains(&line), "{line}\n{m}");
+    }
+    assert!(
+        m.contains("blobpool_http_request_duration_seconds_count{route=\"/cache/{ns}/{key}\",method=\"GET\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("blobpool_engine_op_duration_seconds_count{"),
+        "{m}"
+    );
+    assert!(m.contains("blobpool_build_info{version="), "{m}");
+    assert!(
+        m.contains("blobpool_cache_keys{namespace=\"ccache\"} "),
+        "{m}"
+    );
 }
 
 fn sccache_bin() -> PathBuf {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use store_types::{Error, Key, PinIntent, PublishOutcome, Result, StagedWrite, Tier};
+use store_types::{BlobReader, Error, Key, PinIntent, PublishOutcome, Result, StagedWrite, Tier};
 
 use crate::layer::{Call, EngineLayer, Next, Reply};
 use crate::reader::{wrap_reader, ReadHook};
@@ -388,19 +388,9 @@ impl EngineLayer for MetricsLayer {
             op.record(start.elapsed(), result.as_ref().err());
             let reply = result?;
             Ok(match reply {
-                Reply::Reader(Some(r)) => Reply::Reader(Some(wrap_reader(
-                    r,
-                    CountBytes {
-                        stats: stats.clone(),
-                    },
-                ))),
+                Reply::Reader(Some(r)) => Reply::Reader(Some(count_bytes(r, &stats))),
                 Reply::SizedRead(Some(mut r)) => {
-                    r.reader = wrap_reader(
-                        r.reader,
-                        CountBytes {
-                            stats: stats.clone(),
-                        },
-                    );
+                    r.reader = count_bytes(r.reader, &stats);
                     Reply::SizedRead(Some(r))
                 }
                 Reply::Stage(s) => {
@@ -422,6 +412,23 @@ impl EngineLayer for MetricsLayer {
 
 struct CountBytes {
     stats: Arc<EngineStats>,
+}
+
+/// Counts the bytes a reader yields. A reader whose bytes are already in
+/// memory (`in_memory`, or owned `chunks`, ADR-041/044) is counted whole up
+/// front and passed through unwrapped, so observing it never costs the
+/// engines' zero-copy read paths (a byte count is all this layer needs).
+fn count_bytes(r: BlobReader, stats: &Arc<EngineStats>) -> BlobReader {
+    if r.in_memory.is_some() || r.chunks.is_some() {
+        stats.bytes_read.fetch_add(r.len, Ordering::Relaxed);
+        return r;
+    }
+    wrap_reader(
+        r,
+        CountBytes {
+            stats: stats.clone(),
+        },
+    )
 }
 
 impl ReadHook for CountBytes {

@@ -11,7 +11,7 @@ use crate::tokens::TokenStats;
 
 /// Counters of one [`crate::Ops`]. All monotonic; cheap to bump from any
 /// task.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Metrics {
     puts: AtomicU64,
     puts_deduplicated: AtomicU64,
@@ -37,6 +37,52 @@ pub struct Metrics {
     /// bytes, and the keys' usage as last read. Cache namespaces are
     /// configured, so the label set is bounded.
     cache: std::sync::Mutex<std::collections::BTreeMap<String, CacheCounters>>,
+    /// Request latency per route pattern and method (bounded labels).
+    requests: std::sync::Mutex<std::collections::BTreeMap<(&'static str, &'static str), Histogram>>,
+    /// Extra exposition appended to the text (the engines' layer metrics).
+    extra: std::sync::OnceLock<Box<dyn Fn() -> String + Send + Sync>>,
+}
+
+/// Upper bounds (seconds) of the request-latency histogram's buckets.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// One latency histogram: a count per bucket (not cumulative; `+Inf` last),
+/// the sum and the count.
+#[derive(Clone, Debug, Default)]
+struct Histogram {
+    buckets: [u64; LATENCY_BUCKETS.len() + 1],
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, secs: f64) {
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[i] += 1;
+        self.sum += secs;
+        self.count += 1;
+    }
+}
+
+/// The method label: the standard methods by name, anything else `other`.
+fn method_label(m: &str) -> &'static str {
+    match m {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "PUT" => "PUT",
+        "POST" => "POST",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "MKCOL" => "MKCOL",
+        "PROPFIND" => "PROPFIND",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    }
 }
 
 /// One cache metric family: name, type, help, and its samples (by
@@ -69,6 +115,15 @@ fn abort_label(i: usize) -> &'static str {
         "no_liveness_sources",
         "other",
     ][i]
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("puts", &self.puts)
+            .field("gets", &self.gets)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
@@ -129,6 +184,65 @@ impl Metrics {
         bump(&self.sweep_deleted, r.total.deleted);
         bump(&self.sweep_rescued, r.total.rescued);
         bump(&self.sweep_bytes_freed, r.total.bytes_freed);
+    }
+
+    /// Records one request's time to its response head, by route pattern
+    /// (`/v1/blobs/{ns}/{digest}`, never the raw path) and method.
+    pub(crate) fn request(&self, route: &'static str, method: &str, secs: f64) {
+        let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry((route, method_label(method)))
+            .or_default()
+            .observe(secs);
+    }
+
+    /// Requests timed so far for `route` and `method`.
+    pub fn requests_timed(&self, route: &str, method: &str) -> u64 {
+        let m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        m.iter()
+            .filter(|((r, me), _)| *r == route && *me == method)
+            .map(|(_, h)| h.count)
+            .sum()
+    }
+
+    /// Appends `f`'s text to every exposition (set once; later calls are
+    /// ignored). `serve` renders the engines' layer metrics with it.
+    pub fn set_extra(&self, f: Box<dyn Fn() -> String + Send + Sync>) {
+        let _ = self.extra.set(f);
+    }
+
+    fn render_requests(&self, out: &mut String) {
+        let m = self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let name = "blobpool_http_request_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time from a request's arrival to its response head, by route pattern and method."
+        );
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for ((route, method), h) in &m {
+            let labels = format!("route=\"{route}\",method=\"{method}\"");
+            let mut cum = 0;
+            for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
+                cum += h.buckets[i];
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+        }
+        let _ = writeln!(
+            out,
+            "# HELP blobpool_build_info The running build (always 1)."
+        );
+        let _ = writeln!(out, "# TYPE blobpool_build_info gauge");
+        let _ = writeln!(
+            out,
+            "blobpool_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
     }
 
     fn cache_entry(&self, ns: &str, f: impl FnOnce(&mut CacheCounters)) {
@@ -371,6 +485,10 @@ impl Metrics {
         let _ = writeln!(out, "blobpool_tokens_reserved {}", tokens.reserved);
         self.inventory.render(&mut out);
         self.render_cache(&mut out);
+        self.render_requests(&mut out);
+        if let Some(extra) = self.extra.get() {
+            out.push_str(&extra());
+        }
         out
     }
 }

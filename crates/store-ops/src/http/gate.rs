@@ -97,6 +97,8 @@ fn route_of(path: &str) -> (&'static str, Option<&str>) {
         ["v1", "uploads", ns, _] => ("/v1/uploads/{ns}/{id}", Some(ns)),
         ["health"] => ("/health", None),
         ["metrics"] => ("/metrics", None),
+        ["cache", ns] | ["cache", ns, ""] => ("/cache/{ns}", Some(ns)),
+        ["cache", ns, ..] => ("/cache/{ns}/{key}", Some(ns)),
         _ => ("(unknown)", None),
     }
 }
@@ -110,6 +112,11 @@ fn refuse(ops: &Ops, e: OpsError, id: &str) -> Response {
         resp.headers_mut().insert(
             WWW_AUTHENTICATE,
             HeaderValue::from_static("Bearer realm=\"blobpool\""),
+        );
+        // Build tools send the key as a Basic password.
+        resp.headers_mut().append(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"blobpool\""),
         );
     }
     if let Ok(v) = HeaderValue::from_str(id) {
@@ -185,6 +192,8 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
+    let elapsed = started.elapsed().as_secs_f64();
+    gate.ops.metrics().request(route, method.as_str(), elapsed);
     tracing::info!(
         target: "blobpool::access",
         request_id = %id,
@@ -197,7 +206,7 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
         request_bytes = req_bytes,
         response_bytes = resp_bytes,
         // Time to the response head; bodies stream after it.
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        duration_ms = elapsed * 1000.0,
         "request"
     );
     resp
