@@ -74,6 +74,89 @@ use store_core::{Mode, Store, DEFAULT_THRESHOLD};
 use store_types::{Error, Namespace};
 use toml::Spanned;
 
+/// The `BLOBPOOL_*` variables of the top-level keys and `[gc]` (the
+/// sections' are [`crate::security::SECTION_VARIABLES`]).
+pub const KEY_VARIABLES: [&str; 26] = [
+    "BLOBPOOL_DATA_DIR",
+    "BLOBPOOL_KV",
+    "BLOBPOOL_LARGE",
+    "BLOBPOOL_MODE",
+    "BLOBPOOL_THRESHOLD",
+    "BLOBPOOL_FLEET",
+    "BLOBPOOL_WINDOW",
+    "BLOBPOOL_PIN_TTL",
+    "BLOBPOOL_NODE_NAME",
+    "BLOBPOOL_SCHEMA",
+    "BLOBPOOL_SHARED_MEDIA",
+    "BLOBPOOL_FSYNC",
+    "BLOBPOOL_LISTEN",
+    "BLOBPOOL_MAX_BLOB_SIZE",
+    "BLOBPOOL_TOKEN_TTL",
+    "BLOBPOOL_MAX_TOKENS",
+    "BLOBPOOL_MAX_TOKENS_PER_IDENTITY",
+    "BLOBPOOL_INSECURE_NO_AUTH",
+    "BLOBPOOL_LOG_FORMAT",
+    "BLOBPOOL_UPLOADS_DIR",
+    "BLOBPOOL_UPLOAD_IDLE_TIMEOUT",
+    "BLOBPOOL_UMASK",
+    "BLOBPOOL_UPLOAD_MAX_BYTES",
+    "BLOBPOOL_UPLOAD_MAX_BYTES_PER_IDENTITY",
+    "BLOBPOOL_GC_INTERVAL",
+    "BLOBPOOL_GC_UNREFERENCED_NAMESPACES",
+];
+
+/// The command line's own variables (its flags' `env`).
+pub const CLI_VARIABLES: [&str; 9] = [
+    "BLOBPOOL_CONFIG",
+    "BLOBPOOL_SERVER",
+    "BLOBPOOL_TOKEN",
+    "BLOBPOOL_CA_CERT",
+    "BLOBPOOL_CLIENT_CERT",
+    "BLOBPOOL_CLIENT_KEY",
+    "BLOBPOOL_CONNECT_TIMEOUT",
+    "BLOBPOOL_TIMEOUT",
+    "BLOBPOOL_NAMESPACE",
+];
+
+/// Prefixes of the variables the test suites and benchmarks read (never
+/// the binary): set in a developer's shell, they are not mistakes.
+const DEVELOPMENT_PREFIXES: [&str; 5] = [
+    "BLOBPOOL_TEST_",
+    "BLOBPOOL_CRASH_",
+    "BLOBPOOL_BENCH_",
+    "BLOBPOOL_SQLITE_TEST_",
+    "BLOBPOOL_COPY_SCALE",
+];
+
+/// Refuses a set `BLOBPOOL_*` variable that no setting reads (a typo such
+/// as `BLOBPOOL_LIMIT_IDLE_TIMEOUT` would otherwise be ignored silently),
+/// naming it and the nearest known one.
+pub fn check_environment(names: impl IntoIterator<Item = String>) -> Result<(), String> {
+    let known = || {
+        KEY_VARIABLES
+            .iter()
+            .chain(crate::security::SECTION_VARIABLES.iter())
+            .chain(CLI_VARIABLES.iter())
+    };
+    for name in names {
+        if !name.starts_with("BLOBPOOL_")
+            || known().any(|k| *k == name)
+            || DEVELOPMENT_PREFIXES.iter().any(|p| name.starts_with(p))
+        {
+            continue;
+        }
+        let nearest = known()
+            .min_by_key(|k| strsim::levenshtein(k, &name))
+            .copied()
+            .unwrap_or_default();
+        return Err(format!(
+            "environment {name}: not a Blobpool setting (did you mean {nearest}? every variable \
+             is listed in docs/SERVER.md, Configuration)"
+        ));
+    }
+    Ok(())
+}
+
 /// Default config file, used when present and no `--config` is given.
 pub const DEFAULT_CONFIG_FILE: &str = "blobpool.toml";
 /// Default root of the default store (`data_dir`).
@@ -994,7 +1077,8 @@ impl Config {
                 http: fc.http,
                 tls: fc.tls,
                 limits: fc.limits,
-            },
+            }
+            .with_env(l.env)?,
         })
     }
 
@@ -1700,5 +1784,73 @@ mod tests {
         );
         let c = Config::from_toml("large = \"none\"\nmode = \"kv-only\"").unwrap();
         assert_eq!(c.large, None);
+    }
+
+    #[test]
+    fn unknown_blobpool_variables_are_refused_by_name() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        check_environment(names(&[
+            "PATH",
+            "BLOBPOOL_KV",
+            "BLOBPOOL_LIMITS_IDLE_TIMEOUT",
+            "BLOBPOOL_TOKEN",
+            "BLOBPOOL_TEST_S3_ENDPOINT",
+            "BLOBPOOL_CRASH_SEEDS",
+        ]))
+        .unwrap();
+        let e = check_environment(names(&["BLOBPOOL_LIMIT_IDLE_TIMEOUT"])).unwrap_err();
+        assert!(
+            e.starts_with("environment BLOBPOOL_LIMIT_IDLE_TIMEOUT: not a Blobpool setting"),
+            "{e}"
+        );
+        assert!(
+            e.contains("did you mean BLOBPOOL_LIMITS_IDLE_TIMEOUT"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn section_variables_override_the_file() {
+        let hash = store_ops::auth::hash_key("bpk_env");
+        let env = move |k: &str| -> Option<String> {
+            match k {
+                "BLOBPOOL_AUTH_KEYS" => Some(format!("ci={hash}=read,write:ci-*")),
+                "BLOBPOOL_AUTH_ANONYMOUS" => Some("read:public".into()),
+                "BLOBPOOL_HTTP_ALLOWED_HOSTS" => Some("a.example, b.example".into()),
+                "BLOBPOOL_LIMITS_IDLE_TIMEOUT" => Some("7s".into()),
+                "BLOBPOOL_LIMITS_MAX_CONNECTIONS" => Some("12".into()),
+                "BLOBPOOL_TLS_CLIENT_AUTH" => Some("required".into()),
+                _ => None,
+            }
+        };
+        let text =
+            "listen = \"0.0.0.0:7070\"\n[limits]\nidle_timeout = \"60s\"\nwrite_timeout = \"9s\"\n\
+                    [tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\nclient_ca = \"/ca.pem\"\n";
+        let c = Config::from_layers(text, &env, &StoreFlags::default()).unwrap();
+        let http = c.sections.http_config(&c.listen, false).unwrap();
+        assert!(http.auth.is_enabled(), "keys from the environment");
+        assert_eq!(http.allowed_hosts, ["a.example", "b.example"]);
+        assert_eq!(http.limits.idle_timeout, Duration::from_secs(7));
+        assert_eq!(
+            http.limits.write_timeout,
+            Duration::from_secs(9),
+            "the file's, kept"
+        );
+        assert_eq!(http.limits.max_connections, 12);
+        let tls = http.tls.unwrap();
+        assert_eq!(tls.client_auth, store_ops::http::ClientAuth::Required);
+        assert_eq!(tls.cert, PathBuf::from("/c.pem"));
+        let bad = |k: &'static str, v: &'static str| {
+            let env = move |name: &str| (name == k).then(|| v.to_string());
+            Config::from_layers("", &env, &StoreFlags::default()).unwrap_err()
+        };
+        assert!(
+            bad("BLOBPOOL_AUTH_KEYS", "just-a-name").starts_with("environment BLOBPOOL_AUTH_KEYS")
+        );
+        assert!(bad("BLOBPOOL_LIMITS_MAX_CONNECTIONS", "many")
+            .starts_with("environment BLOBPOOL_LIMITS_MAX_CONNECTIONS"));
+        assert!(
+            bad("BLOBPOOL_TLS_CLIENT_CA", "/ca.pem").starts_with("environment BLOBPOOL_TLS_CERT")
+        );
     }
 }

@@ -413,6 +413,8 @@ fn load_config(cli: &Cli) -> Result<Config, CliError> {
 fn load_config_with(cli: &Cli, store: Option<&config::StoreFlags>) -> Result<Config, CliError> {
     let mut flags = store.cloned().unwrap_or_default();
     flags.data_dir = cli.data_dir.as_ref().map(|d| d.display().to_string());
+    config::check_environment(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
+        .map_err(CliError::config)?;
     Config::load_with(cli.config.as_deref(), &|k| std::env::var(k).ok(), &flags)
         .map_err(CliError::config)
 }

@@ -309,6 +309,167 @@ impl Sections {
     }
 }
 
+/// The `BLOBPOOL_*` variables of the sections (each overrides its key of
+/// the file; lists are comma separated):
+///
+/// | variable | key |
+/// |---|---|
+/// | `BLOBPOOL_AUTH_ANONYMOUS` | `auth.anonymous` |
+/// | `BLOBPOOL_AUTH_KEYS` | `[[auth.keys]]`, as `name=hash=scope,scope;name=hash=…` |
+/// | `BLOBPOOL_HTTP_ALLOWED_HOSTS`, `BLOBPOOL_HTTP_CORS_ORIGINS` | `http.*` |
+/// | `BLOBPOOL_TLS_CERT`, `_KEY`, `_CLIENT_CA`, `_CLIENT_AUTH` | `tls.*` |
+/// | `BLOBPOOL_LIMITS_<KEY>` | `limits.<key>` |
+pub const SECTION_VARIABLES: [&str; 15] = [
+    "BLOBPOOL_AUTH_ANONYMOUS",
+    "BLOBPOOL_AUTH_KEYS",
+    "BLOBPOOL_HTTP_ALLOWED_HOSTS",
+    "BLOBPOOL_HTTP_CORS_ORIGINS",
+    "BLOBPOOL_TLS_CERT",
+    "BLOBPOOL_TLS_KEY",
+    "BLOBPOOL_TLS_CLIENT_CA",
+    "BLOBPOOL_TLS_CLIENT_AUTH",
+    "BLOBPOOL_LIMITS_HEADER_READ_TIMEOUT",
+    "BLOBPOOL_LIMITS_IDLE_TIMEOUT",
+    "BLOBPOOL_LIMITS_BODY_READ_TIMEOUT",
+    "BLOBPOOL_LIMITS_WRITE_TIMEOUT",
+    "BLOBPOOL_LIMITS_MAX_CONNECTIONS",
+    "BLOBPOOL_LIMITS_DRAIN_TIMEOUT",
+    "BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS",
+];
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl Sections {
+    /// The sections with the `BLOBPOOL_*` variables of
+    /// [`SECTION_VARIABLES`] applied over the file's values; an error names
+    /// the variable (`environment BLOBPOOL_…: …`).
+    pub fn with_env(mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<Sections, String> {
+        let err = |name: &str, m: String| format!("environment {name}: {m}");
+        if let Some(v) = env("BLOBPOOL_AUTH_ANONYMOUS") {
+            self.auth.get_or_insert_with(Default::default).anonymous = list(&v);
+        }
+        if let Some(v) = env("BLOBPOOL_AUTH_KEYS") {
+            let keys = v
+                .split(';')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|entry| {
+                    let mut parts = entry.splitn(3, '=');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(name), Some(hash), scopes) if !name.trim().is_empty() => {
+                            Ok(KeyEntry {
+                                name: name.trim().to_string(),
+                                hash: hash.trim().to_string(),
+                                scopes: scopes.map(list).unwrap_or_default(),
+                            })
+                        }
+                        _ => Err(err(
+                            "BLOBPOOL_AUTH_KEYS",
+                            format!("{entry:?}: expected name=hash=scope,scope"),
+                        )),
+                    }
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            self.auth.get_or_insert_with(Default::default).keys = keys;
+        }
+        if let Some(v) = env("BLOBPOOL_HTTP_ALLOWED_HOSTS") {
+            self.http.get_or_insert_with(Default::default).allowed_hosts = Some(list(&v));
+        }
+        if let Some(v) = env("BLOBPOOL_HTTP_CORS_ORIGINS") {
+            self.http.get_or_insert_with(Default::default).cors_origins = list(&v);
+        }
+        let tls_var = |k: &str| env(&format!("BLOBPOOL_TLS_{k}"));
+        let (cert, key) = (tls_var("CERT"), tls_var("KEY"));
+        let (ca, auth) = (tls_var("CLIENT_CA"), tls_var("CLIENT_AUTH"));
+        if cert.is_some() || key.is_some() || ca.is_some() || auth.is_some() {
+            let mut t = match self.tls.take() {
+                Some(t) => t,
+                None => TlsSection {
+                    cert: cert.clone().map(PathBuf::from).ok_or_else(|| {
+                        err(
+                            "BLOBPOOL_TLS_CERT",
+                            "needed with the other BLOBPOOL_TLS_* (no [tls] in the file)".into(),
+                        )
+                    })?,
+                    key: key.clone().map(PathBuf::from).ok_or_else(|| {
+                        err(
+                            "BLOBPOOL_TLS_KEY",
+                            "needed with the other BLOBPOOL_TLS_* (no [tls] in the file)".into(),
+                        )
+                    })?,
+                    client_ca: None,
+                    client_auth: None,
+                },
+            };
+            if let Some(c) = cert {
+                t.cert = PathBuf::from(c);
+            }
+            if let Some(k) = key {
+                t.key = PathBuf::from(k);
+            }
+            if let Some(c) = ca {
+                t.client_ca = Some(PathBuf::from(c));
+            }
+            if let Some(a) = auth {
+                t.client_auth = Some(a);
+            }
+            self.tls = Some(t);
+        }
+        let duration = |name: &str| -> Result<Option<DurationValue>, String> {
+            let var = format!("BLOBPOOL_LIMITS_{name}");
+            env(&var)
+                .map(|v| {
+                    let d = DurationValue::Text(v);
+                    d.get(&name.to_ascii_lowercase())
+                        .map_err(|m| err(&var, m))
+                        .map(|_| d)
+                })
+                .transpose()
+        };
+        let number = |name: &str| -> Result<Option<u64>, String> {
+            let var = format!("BLOBPOOL_LIMITS_{name}");
+            env(&var)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|e| err(&var, format!("{v:?}: {e}")))
+                })
+                .transpose()
+        };
+        let l = self.limits.get_or_insert_with(Default::default);
+        for (name, slot) in [
+            ("HEADER_READ_TIMEOUT", &mut l.header_read_timeout),
+            ("IDLE_TIMEOUT", &mut l.idle_timeout),
+            ("BODY_READ_TIMEOUT", &mut l.body_read_timeout),
+            ("WRITE_TIMEOUT", &mut l.write_timeout),
+            ("DRAIN_TIMEOUT", &mut l.drain_timeout),
+        ] {
+            if let Some(d) = duration(name)? {
+                *slot = Some(d);
+            }
+        }
+        if let Some(n) = number("MAX_CONNECTIONS")? {
+            l.max_connections = Some(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        if let Some(n) = number("HTTP2_MAX_STREAMS")? {
+            l.http2_max_streams = Some(
+                u32::try_from(n)
+                    .map_err(|e| err("BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS", e.to_string()))?,
+            );
+        }
+        if self.limits == Some(LimitsSection::default()) {
+            self.limits = None;
+        }
+        Ok(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     // The one redaction, shared with the engine registry.

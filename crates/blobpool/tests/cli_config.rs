@@ -291,3 +291,26 @@ fn help_lists_the_flags() {
     assert!(help.contains("--data-dir <DIR>"), "{help}");
     assert!(!help.contains("--threshold"), "{help}");
 }
+
+/// A `BLOBPOOL_*` variable no setting reads stops the binary with its
+/// name and the nearest real one (issue 31); a section variable applies.
+#[test]
+fn unknown_environment_variables_are_refused_and_section_ones_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(cmd(dir.path())
+        .env("BLOBPOOL_LIMIT_IDLE_TIMEOUT", "5s")
+        .args(["--data-dir", "d", "ls"]));
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("environment BLOBPOOL_LIMIT_IDLE_TIMEOUT"), "{e}");
+    assert!(e.contains("BLOBPOOL_LIMITS_IDLE_TIMEOUT"), "{e}");
+    let o = run(cmd(dir.path())
+        .env("BLOBPOOL_LIMITS_IDLE_TIMEOUT", "soon")
+        .args(["--data-dir", "d", "serve"]));
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("environment BLOBPOOL_LIMITS_IDLE_TIMEOUT: limits.idle_timeout"),
+        "{e}"
+    );
+}
