@@ -51,8 +51,8 @@ async fn reconnecting_is_idempotent() {
     .await
     .unwrap();
     assert_eq!(
-        rows, 2,
-        "only the kv and refs components before ensure_gc_schema"
+        rows, 3,
+        "only the kv, refs and cache components before ensure_gc_schema"
     );
     // Running the steps directly again is a no-op too.
     migrate(&pool, &s.name, KV_COMPONENT, KV_STEPS)
