@@ -12,6 +12,9 @@
 //! - `soak`: the long runs CI bounds: the crash-model tests over many
 //!   seeds, then every fuzz target for longer.
 //! - `bench [--quick]`: the benchmark suite and its ratio table.
+//! - `bench-cache [--quick]`: the build-cache benchmarks (issue 31): a
+//!   ccache rebuild through `blobpool serve` against a local-directory
+//!   ccache, and HTTP GET/PUT against nginx (`bench/cache/run.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -20,13 +23,30 @@ mod bench;
 mod fuzz;
 mod tidy;
 
-const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | soak [--time S] | bench [--quick]";
+const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | soak [--time S] | bench [--quick] | bench-cache [--quick]";
+
+/// `bench/cache/run.sh` with the given arguments (`--quick`).
+fn bench_cache(args: &[String]) -> Result<(), String> {
+    let script = workspace_root().join("bench").join("cache").join("run.sh");
+    let status = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("bench-cache failed ({status})"))
+    }
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
+        Some("bench-cache") => bench_cache(&args[1..]),
         Some("tidy" | "arch") => tidy::check(),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("soak") => soak(&args[1..]),

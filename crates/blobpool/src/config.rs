@@ -1136,6 +1136,7 @@ impl Config {
                 .filter(|(_, p)| matches!(p, store_core::GcPolicy::Cache(_)))
                 .map(|(ns, _)| ns.clone())
                 .collect(),
+            cache_paths: self.gc.cache_paths.iter().cloned().collect(),
             ..Default::default()
         }
     }

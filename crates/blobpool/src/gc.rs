@@ -13,6 +13,7 @@
 //! policy = "cache"                    #   clients use /cache/ccache/KEY (docs/SERVER.md)
 //! max_bytes = "50GiB"                 # least recently used keys go first beyond this
 //! max_age = "30d"                     # keys not read or written for this long go
+//! # http_path = "/ccache"             # also serve the cache under this base path
 //! [[gc.liveness_tables]]              # fleet: an application table naming live digests
 //! namespace = "app"
 //! schema = "app"
@@ -43,6 +44,7 @@ pub struct NamespacePolicyEntry {
     policy: Option<String>,
     max_age: Option<String>,
     max_bytes: Option<SizeField>,
+    http_path: Option<String>,
 }
 
 /// A size in the file: bytes, or a `bytesize` string (`"50GiB"`).
@@ -94,6 +96,8 @@ pub struct GcSettings {
     pub tables: Vec<(Namespace, LivenessTable)>,
     /// Scheduled sweep interval.
     pub interval: Option<Duration>,
+    /// Cache namespaces' own base paths (`http_path`), path → namespace.
+    pub cache_paths: Vec<(String, Namespace)>,
 }
 
 fn parse_policy(ns: &str, e: &NamespacePolicyEntry) -> Result<GcPolicy, String> {
@@ -162,9 +166,31 @@ pub fn resolve(
             .map_err(|e| format!("gc.unreferenced_namespaces: {n:?}: {e}"))?;
         policies.insert(ns, GcPolicy::Unreferenced);
     }
+    let mut cache_paths = Vec::new();
     for (n, e) in &section.namespaces {
         let ns = Namespace::new(n.clone()).map_err(|e| format!("gc.namespaces.{n}: {e}"))?;
         let p = parse_policy(n, e)?;
+        if let Some(path) = &e.http_path {
+            if !matches!(p, GcPolicy::Cache(_)) {
+                return Err(format!(
+                    "gc.namespaces.{n}.http_path goes with policy = \"cache\" (the build-cache routes)"
+                ));
+            }
+            store_ops::cache::check_cache_path(path).map_err(|e| {
+                format!(
+                    "gc.namespaces.{n}.{}",
+                    e.to_string().trim_start_matches("configuration error: ")
+                )
+            })?;
+            if cache_paths.iter().any(|(p, _): &(String, Namespace)| {
+                p.trim_end_matches('/') == path.trim_end_matches('/')
+            }) {
+                return Err(format!(
+                    "gc.namespaces.{n}.http_path {path:?}: another namespace has it"
+                ));
+            }
+            cache_paths.push((path.trim_end_matches('/').to_string(), ns.clone()));
+        }
         if let Some(prev) = policies.insert(ns, p) {
             if prev != p {
                 return Err(format!(
@@ -229,6 +255,7 @@ pub fn resolve(
         policies: policies.into_iter().collect(),
         tables,
         interval,
+        cache_paths,
     })
 }
 
@@ -459,6 +486,30 @@ mod cache_tests {
         );
         assert_eq!(get("open"), GcPolicy::Cache(CacheBounds::default()));
         assert_eq!(get("n").to_string(), "cache max_bytes 1000");
+        let paths: GcSection =
+            toml::from_str("[namespaces.bz]\npolicy = \"cache\"\nhttp_path = \"/bazel/\"\n")
+                .unwrap();
+        let s = resolve(Some(paths), vec![], None, false).unwrap();
+        assert_eq!(s.cache_paths.len(), 1);
+        assert_eq!(s.cache_paths[0].0, "/bazel");
+        for (text, want) in [
+            (
+                "[namespaces.a]\npolicy = \"refs\"\nhttp_path = \"/a\"",
+                "goes with policy",
+            ),
+            (
+                "[namespaces.a]\npolicy = \"cache\"\nhttp_path = \"/v1/a\"",
+                "server's own routes",
+            ),
+            (
+                "[namespaces.a]\npolicy = \"cache\"\nhttp_path = \"a\"",
+                "must start with /",
+            ),
+        ] {
+            let section: GcSection = toml::from_str(text).unwrap();
+            let e = resolve(Some(section), vec![], None, false).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
         for (text, want) in [
             (
                 "[namespaces.a]\npolicy = \"refs\"\nmax_bytes = \"1GiB\"",

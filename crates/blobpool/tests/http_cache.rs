@@ -260,3 +260,44 @@ async fn the_size_bound_evicts_least_recently_used() {
     assert!(u.bytes <= 3000, "{u:?}");
     assert_eq!(u.keys, 3);
 }
+
+/// A namespace's own base path (`http_path`) answers the same protocol,
+/// Bazel's `/ac/` and `/cas/` layout included.
+#[tokio::test]
+async fn a_cache_namespace_answers_under_its_own_base_path() {
+    let s = start(Opts {
+        window: Duration::ZERO,
+        cache: vec![("bazel", CacheBounds::default())],
+        cache_paths: vec![("/bazel-cache", "bazel")],
+        ..Default::default()
+    })
+    .await;
+    let body = "action result";
+    let d = blake3::hash(body.as_bytes()).to_hex().to_string();
+    assert_eq!(
+        put(&s, &format!("/bazel-cache/cas/{d}"), body)
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(
+        put(&s, "/bazel-cache/ac/0011", "ac entry").await.status(),
+        201
+    );
+    assert_eq!(
+        s.get(&format!("/bazel-cache/cas/{d}"))
+            .await
+            .text()
+            .await
+            .unwrap(),
+        body
+    );
+    // The same keys under /cache/{ns}.
+    assert_eq!(
+        s.get("/cache/bazel/ac/0011").await.text().await.unwrap(),
+        "ac entry"
+    );
+    assert_error(s.get("/bazel-cache/ac/none").await, 404, "not_found").await;
+    assert_eq!(s.delete("/bazel-cache/ac/0011").await.status(), 204);
+    assert_error(s.get("/cache/bazel/ac/0011").await, 404, "not_found").await;
+}

@@ -24,6 +24,29 @@ pub fn cas_key(digest: &Digest) -> RefName {
     RefName::new(format!("cas/{}", digest.to_hex())).expect("a digest's hex is a valid name")
 }
 
+/// Checks a cache namespace's extra base path (`http_path`): absolute,
+/// `[A-Za-z0-9._-]` segments, not shadowing the server's own routes.
+pub fn check_cache_path(path: &str) -> Result<(), Error> {
+    let bad = |why: &str| Err(Error::Config(format!("http_path {path:?}: {why}")));
+    let Some(rest) = path.strip_prefix('/') else {
+        return bad("must start with /");
+    };
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() {
+        return bad("must not be the root");
+    }
+    if let Err(e) = RefName::new(rest) {
+        return bad(&e.to_string());
+    }
+    let first = rest.split('/').next().unwrap_or_default();
+    if ["v1", "cache", "health", "metrics"].contains(&first) {
+        return bad(
+            "must not start with /v1, /cache, /health or /metrics (the server's own routes)",
+        );
+    }
+    Ok(())
+}
+
 /// The digest a `cas/<64 hex>` key names; `None` for other keys.
 fn cas_digest(key: &RefName) -> Result<Option<Digest>, OpsError> {
     match key.as_str().strip_prefix("cas/") {

@@ -74,6 +74,12 @@ pub struct OpsConfig {
     /// the store's `Cache` policy; the store's kv engine must hold cache
     /// keys ([`Ops::new`] refuses otherwise). Default: none.
     pub cache_namespaces: std::collections::BTreeSet<store_core::Namespace>,
+    /// Extra base paths of cache namespaces (`/bazel` → `bazel`): the
+    /// build-cache routes also answer under `/bazel/{key}`. Each must be
+    /// an absolute path of `[A-Za-z0-9._-]` segments that does not start
+    /// with `/v1`, `/cache`, `/health` or `/metrics`, and name one of
+    /// [`OpsConfig::cache_namespaces`] ([`Ops::new`] refuses otherwise).
+    pub cache_paths: std::collections::BTreeMap<String, store_core::Namespace>,
 }
 
 impl Default for OpsConfig {
@@ -87,6 +93,7 @@ impl Default for OpsConfig {
             pin_ttl: None,
             uploads: None,
             cache_namespaces: Default::default(),
+            cache_paths: Default::default(),
         }
     }
 }
@@ -281,6 +288,14 @@ impl Ops {
             }
         }
         cfg.token_ttl = effective_token_ttl(store.is_fleet(), &cfg)?;
+        for (path, ns) in &cfg.cache_paths {
+            crate::cache::check_cache_path(path)?;
+            if !cfg.cache_namespaces.contains(ns) {
+                return Err(Error::Config(format!(
+                    "http_path {path:?} names {ns}, which is not a cache namespace"
+                )));
+            }
+        }
         if !cfg.cache_namespaces.is_empty() && store.cache().is_none() {
             return Err(Error::Config(format!(
                 "cache namespaces {:?} need a kv engine that holds cache keys (sqlite, \

@@ -38,6 +38,8 @@ pub struct Opts {
     pub uploads: bool,
     /// Cache namespaces (ADR-048) and their bounds.
     pub cache: Vec<(&'static str, store_core::CacheBounds)>,
+    /// Cache namespaces' own base paths (`http_path`): path, namespace.
+    pub cache_paths: Vec<(&'static str, &'static str)>,
 }
 
 impl Default for Opts {
@@ -59,6 +61,7 @@ impl Default for Opts {
             ),
             uploads: true,
             cache: vec![],
+            cache_paths: vec![],
         }
     }
 }
@@ -140,6 +143,11 @@ pub async fn start_in_at(dir: tempfile::TempDir, opts: Opts, addr: std::net::Soc
                 .cache
                 .iter()
                 .map(|(ns, _)| Namespace::new(*ns).unwrap())
+                .collect(),
+            cache_paths: opts
+                .cache_paths
+                .iter()
+                .map(|(p, ns)| (p.to_string(), Namespace::new(*ns).unwrap()))
                 .collect(),
             max_blob_size: opts.max_blob_size,
             token_ttl: Some(opts.token_ttl),

@@ -44,6 +44,43 @@ pub(super) async fn cache_any(
         return fail(&ops, OpsError::bad_request("missing namespace"));
     };
     let key = params.get("key").cloned().unwrap_or_default();
+    serve(ops, identity, ns, key, method, uri, headers, body).await
+}
+
+/// A namespace's own base path (`http_path`, e.g. `/bazel/{*key}`): the
+/// same protocol with the namespace fixed by the route.
+pub(super) fn alias(ns: String) -> axum::routing::MethodRouter<Ops> {
+    axum::routing::any(
+        move |State(ops): State<Ops>,
+              Extension(identity): Extension<Identity>,
+              params: Option<Path<HashMap<String, String>>>,
+              method: Method,
+              uri: Uri,
+              headers: HeaderMap,
+              body: Body| {
+            let ns = ns.clone();
+            async move {
+                let key = params
+                    .and_then(|Path(p)| p.get("key").cloned())
+                    .unwrap_or_default();
+                serve(ops, identity, ns, key, method, uri, headers, body).await
+            }
+        },
+    )
+    .layer(axum::extract::DefaultBodyLimit::disable())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    ops: Ops,
+    identity: Identity,
+    ns: String,
+    key: String,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let scope = match method.as_str() {
         "GET" | "HEAD" | "PROPFIND" => Scope::Read,
         "PUT" | "MKCOL" => Scope::Write,

@@ -152,7 +152,16 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
 }
 
 fn routes(ops: Ops) -> Router {
-    Router::new()
+    let mut router = Router::new();
+    // Cache namespaces' own base paths (`http_path`), beside /cache/{ns}.
+    for (path, ns) in &ops.config().cache_paths {
+        let base = path.trim_end_matches('/');
+        router = router
+            .route(base, cache::alias(ns.to_string()))
+            .route(&format!("{base}/"), cache::alias(ns.to_string()))
+            .route(&format!("{base}/{{*key}}"), cache::alias(ns.to_string()));
+    }
+    router
         .route(
             "/v1/blobs/{ns}",
             // The handler streams the body itself; no default 2 MB limit.
