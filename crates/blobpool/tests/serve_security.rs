@@ -304,3 +304,31 @@ async fn the_data_dir_and_its_files_are_private() {
         }
     }
 }
+
+/// A SIGHUP (a `systemctl reload`, a closed terminal) never stops a server
+/// without `[tls]`: it logs that there is nothing to reload and serves on.
+#[test]
+fn sighup_without_tls_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cmd(dir.path());
+    c.args(["serve", "--listen", "127.0.0.1:0"]);
+    let mut s = serve(c);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let pid = s.child.id() as libc::pid_t;
+    // SAFETY: sends a signal to the child this test spawned.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let mut said = false;
+    while let Ok(line) = s.lines.recv_timeout(Duration::from_secs(2)) {
+        said |= line.contains("SIGHUP: nothing to reload");
+        if said {
+            break;
+        }
+    }
+    assert!(said, "no SIGHUP line was logged");
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "the server exited on SIGHUP"
+    );
+    let body = get(&addr, "/health").expect("still answering");
+    assert!(body.contains("\"status\":\"ok\""), "{body}");
+}

@@ -268,7 +268,9 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     limits.validate()?;
-    let _sighup = tls.clone().map(spawn_sighup_reloader);
+    // Always listening: without TLS a SIGHUP (a `systemctl reload`, a
+    // closed terminal) must not stop the server.
+    let _sighup = spawn_sighup_reloader(tls.clone());
     let shared = Arc::new(Shared::new(app, limits, tls));
     let limits = &shared.limits;
 
@@ -390,8 +392,10 @@ where
     Ok(())
 }
 
-/// A task that reloads `tls` on SIGHUP; aborted when dropped.
-fn spawn_sighup_reloader(tls: Arc<TlsReloader>) -> AbortOnDrop {
+/// A task that reloads `tls` on SIGHUP (without TLS it only logs that
+/// there is nothing to reload: the signal's default action would stop the
+/// process); aborted when dropped.
+fn spawn_sighup_reloader(tls: Option<Arc<TlsReloader>>) -> AbortOnDrop {
     #[cfg(unix)]
     let task = tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -403,6 +407,10 @@ fn spawn_sighup_reloader(tls: Arc<TlsReloader>) -> AbortOnDrop {
             }
         };
         while hup.recv().await.is_some() {
+            let Some(tls) = &tls else {
+                tracing::info!("SIGHUP: nothing to reload (no [tls]); still serving");
+                continue;
+            };
             match tls.reload() {
                 Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA reloaded"),
                 Err(e) => tracing::error!(
