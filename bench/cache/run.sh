@@ -35,13 +35,16 @@ BIN=$TARGET/release/blobpool
 W=$(mktemp -d /tmp/blobpool-bench-cache.XXXXXX)
 cleanup() {
   [ -n "${BP_PID:-}" ] && kill "$BP_PID" 2>/dev/null || true
-  [ -f "$W/nginx.pid" ] && kill "$(cat "$W/nginx.pid")" 2>/dev/null || true
+  [ -f "$W/nginx.conf" ] && nginx -c "$W/nginx.conf" -p "$W" -e "$W/nginx-error.log" -s stop 2>/dev/null || true
+  sleep 0.5
   rm -rf "$W"
 }
 trap cleanup EXIT
 
 # --- the servers -----------------------------------------------------------
-BP_PORT=17071; NG_PORT=17072
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+BP_PORT=$(free_port); NG_PORT=$(free_port)
+while [ "$NG_PORT" = "$BP_PORT" ]; do NG_PORT=$(free_port); done
 cat > "$W/blobpool.toml" <<TOML
 data_dir = "$W/bp-data"
 listen = "127.0.0.1:$BP_PORT"
@@ -56,7 +59,11 @@ TOML
 RUST_LOG=warn "$BIN" --config "$W/blobpool.toml" serve 2>"$W/blobpool.log" &
 BP_PID=$!
 mkdir -p "$W/www/files" "$W/nginx-tmp"
+# nginx's workers run as this user (as root it would drop to nobody, who
+# cannot read the private temporary directory and would answer 403s).
+chmod 0755 "$W"
 cat > "$W/nginx.conf" <<NGINX
+user $(id -un) $(id -gn);
 worker_processes 2;
 pid $W/nginx.pid;
 error_log $W/nginx-error.log warn;
@@ -74,7 +81,7 @@ http {
   }
 }
 NGINX
-nginx -c "$W/nginx.conf" -p "$W" 2>/dev/null
+nginx -c "$W/nginx.conf" -p "$W" -e "$W/nginx-error.log" || { echo "bench-cache: nginx did not start:" >&2; cat "$W/nginx-error.log" >&2; exit 1; }
 for _ in $(seq 1 50); do
   curl -fsS -o /dev/null "http://127.0.0.1:$BP_PORT/health" 2>/dev/null && break; sleep 0.2
 done
@@ -125,6 +132,10 @@ for size in 1024 1048576; do
   head -c $size /dev/urandom > "$W/body-$size"
   cp "$W/body-$size" "$W/www/files/obj-$size"
   curl -fsS -o /dev/null -X PUT --data-binary @"$W/body-$size" "http://127.0.0.1:$BP_PORT/cache/http/obj-$size"
+  # Both sides answer the same bytes.
+  for url in "http://127.0.0.1:$BP_PORT/cache/http/obj-$size" "http://127.0.0.1:$NG_PORT/files/obj-$size"; do
+    curl -fsS "$url" | cmp -s - "$W/body-$size" || { echo "bench-cache: $url does not answer the body" >&2; exit 1; }
+  done
 done
 cat > "$W/put.lua" <<'LUA'
 -- Unique key and body per request: neither side can skip the write.
@@ -137,8 +148,12 @@ function request()
   return wrk.format("PUT", prefix .. tag, nil, tag .. base:sub(#tag + 1))
 end
 LUA
-rate() { # $@: wrk args; prints requests/s and p99 ms
-  wrk --latency "$@" 2>/dev/null | awk '/Requests\/sec/{r=$2} /^ +99%/{p=$2} END {print r, p}'
+rate() { # $@: wrk args; prints requests/s and p99; any non-2xx answer fails the run
+  out=$(wrk --latency "$@" 2>&1)
+  if echo "$out" | grep -q "Non-2xx"; then
+    echo "bench-cache: non-2xx answers from wrk $*:" >&2; echo "$out" >&2; echo FAIL FAIL; return
+  fi
+  echo "$out" | awk '/Requests\/sec/{r=$2} /^ +99%/{p=$2} END {print r, p}'
 }
 for op in GET PUT; do
   for size in 1024 1048576; do
@@ -153,6 +168,7 @@ for op in GET PUT; do
         read -r n np < <(rate -t2 -c16 -d$DUR -s "$W/put.lua" "http://127.0.0.1:$NG_PORT" -- "$W/body-$size" "/files/put-$size-")
         rm -f "$W"/www/files/put-* 2>/dev/null || true
       fi
+      [ "$b" != FAIL ] && [ "$n" != FAIL ] || exit 1
       B+=("$b"); N+=("$n"); BP99+=("$bp"); NP99+=("$np")
     done
     bm=$(printf '%s\n' "${B[@]}" | median); nm=$(printf '%s\n' "${N[@]}" | median)
