@@ -332,3 +332,64 @@ async fn every_metric_family_is_documented() {
         "metric families missing from docs/SERVER.md: {missing:?}"
     );
 }
+
+/// Gradle's HTTP build cache, request for request (its client cannot run
+/// here: Debian's Gradle 4.4 needs Java ≤ 9 and Maven Central is not
+/// reachable): `PUT <url>/<key>` with its artefact media type, Basic
+/// credentials and `Expect: 100-continue`; `GET` with its `Accept`; a miss
+/// is a plain 404.
+#[tokio::test]
+async fn gradle_requests_are_answered() {
+    let s = start_with_keys(
+        vec![api_key("gradle", "bpk_gradle", &["read", "write"])],
+        Opts {
+            cache: vec![("gradle", CacheBounds::default())],
+            ..Default::default()
+        },
+    )
+    .await;
+    let key = "/cache/gradle/5f2b3c6d8a9e0f1a2b3c4d5e6f708192";
+    let media = "application/vnd.gradle.build-cache-artifact.v2";
+    let r = s
+        .http
+        .put(s.url(key))
+        .basic_auth("ignored-user", Some("bpk_gradle"))
+        .header("content-type", media)
+        .header("expect", "100-continue")
+        .body(vec![7u8; 5000])
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = s
+        .http
+        .get(s.url(key))
+        .basic_auth("ignored-user", Some("bpk_gradle"))
+        .header("accept", format!("{media}, */*"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap().len(), 5000);
+    let r = s
+        .http
+        .get(s.url("/cache/gradle/00000000000000000000000000000000"))
+        .basic_auth("ignored-user", Some("bpk_gradle"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // Without credentials: 401 offering Basic, as Gradle expects.
+    let r = s.get(key).await;
+    assert_eq!(r.status(), 401);
+    let offered: Vec<String> = r
+        .headers()
+        .get_all("www-authenticate")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert!(
+        offered.iter().any(|v| v.starts_with("Basic")),
+        "{offered:?}"
+    );
+}
