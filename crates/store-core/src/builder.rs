@@ -301,6 +301,7 @@ impl StoreBuilder {
             outboards: crate::verified::OutboardCache::new(self.outboard_cache_bytes),
             outboards_at_put: self.outboards_at_put,
             cache_access: Default::default(),
+            cache_keys: Default::default(),
         }))
     }
 }

@@ -10,6 +10,12 @@
 //! pin protects any more are garbage for that sweep (deleted one delete
 //! window later, so a read in between still finds them).
 //!
+//! # Keys remembered in memory
+//!
+//! A non-fleet store remembers looked-up keys ([`KEY_CACHE_ENTRIES`]), so a
+//! hit costs no database read; every write through the store invalidates
+//! (see `KeyCache`). A fleet reads the index on every lookup.
+//!
 //! # Reads are recorded in batches
 //!
 //! A read never writes on its path: [`Cache::note_access`] adds the digest
@@ -47,6 +53,85 @@ pub const ACCESS_RESOLUTION: Duration = Duration::from_millis(100);
 /// Noted reads: per namespace, per access time (rounded down to
 /// [`ACCESS_RESOLUTION`]), the digests read then.
 type Pending = HashMap<Namespace, BTreeMap<i64, HashSet<Digest>>>;
+
+/// Keys remembered in memory per store (non-fleet), each ~100 bytes.
+pub const KEY_CACHE_ENTRIES: usize = 65_536;
+
+/// Non-fleet: `(namespace, key) → digest` remembered from the index, so a
+/// hit skips the database. This process is the only writer of a
+/// non-fleet store's keys (its instance lock), and every write through it
+/// invalidates: `record`, `remove` and a missing entry drop the key, a trim
+/// that removed keys clears the map. A fill races a write safely: each
+/// write bumps `generation` under the lock, and a lookup fills only if no
+/// write happened since it read the index. Full: cleared (cheap, rare).
+/// A fleet reads the index every time (other nodes write it).
+#[derive(Default)]
+pub(crate) struct KeyCache {
+    state: Mutex<KeyCacheState>,
+}
+
+#[derive(Default)]
+struct KeyCacheState {
+    keys: HashMap<(Namespace, String), Digest>,
+    generation: u64,
+}
+
+impl KeyCache {
+    fn lock(&self) -> MutexGuard<'_, KeyCacheState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn get(&self, ns: &Namespace, key: &RefName) -> (Option<Digest>, u64) {
+        let st = self.lock();
+        (
+            st.keys
+                .get(&(ns.clone(), key.as_str().to_string()))
+                .copied(),
+            st.generation,
+        )
+    }
+
+    fn fill(&self, ns: &Namespace, key: &RefName, d: Digest, seen: u64) {
+        let mut st = self.lock();
+        if st.generation != seen {
+            return;
+        }
+        if st.keys.len() >= KEY_CACHE_ENTRIES {
+            st.keys.clear();
+        }
+        st.keys.insert((ns.clone(), key.as_str().to_string()), d);
+    }
+
+    fn invalidate(&self, ns: &Namespace, key: &RefName) {
+        let mut st = self.lock();
+        st.keys.remove(&(ns.clone(), key.as_str().to_string()));
+        st.generation += 1;
+    }
+
+    fn clear(&self) {
+        let mut st = self.lock();
+        st.keys.clear();
+        st.generation += 1;
+    }
+}
+
+/// Forgets one remembered key when dropped.
+struct InvalidateOnDrop<'a>(&'a KeyCache, &'a Namespace, &'a RefName);
+
+impl Drop for InvalidateOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.invalidate(self.1, self.2);
+    }
+}
+
+/// Clears the remembered keys when dropped.
+struct ClearOnDrop<'a>(&'a KeyCache);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.clear();
+    }
+}
 
 /// The reads noted since the last write (one per store).
 pub(crate) struct AccessLog {
@@ -142,10 +227,16 @@ impl Store {
         cache.flush_access().await?;
         let mut out = Vec::new();
         for (ns, bounds) in self.cache_namespaces().await? {
-            let t = cache
-                .index
-                .trim(&ns, bounds, self.inner.clock.now())
-                .await?;
+            // Whatever the outcome — done, failed, or this future dropped
+            // mid-trim (which may still commit) — remembered keys may be
+            // gone: forget them all when the step ends.
+            let t = {
+                let _forget = ClearOnDrop(&self.inner.cache_keys);
+                cache
+                    .index
+                    .trim(&ns, bounds, self.inner.clock.now())
+                    .await?
+            };
             if t.keys > 0 {
                 tracing::info!(
                     target: "store_core::gc",
@@ -170,6 +261,11 @@ impl Cache {
     /// Cancel-safe: one atomic write; dropped, the key is written or not
     /// (an entry no key names is garbage for the next sweep).
     pub async fn record(&self, ns: &Namespace, key: &RefName, receipt: &PutReceipt) -> Result<()> {
+        // A lookup filling in between sees the generation move and does
+        // not fill. Invalidated before and when this step ends (done, failed or
+        // dropped after the write may have committed).
+        self.store.inner.cache_keys.invalidate(ns, key);
+        let _after = InvalidateOnDrop(&self.store.inner.cache_keys, ns, key);
         self.index
             .record(
                 ns,
@@ -193,7 +289,22 @@ impl Cache {
     /// The digest `key` points at, noting the read (see the module docs).
     /// Cancel-safe (a read).
     pub async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>> {
-        let d = self.index.lookup(ns, key).await?;
+        let remembered = !self.store.is_fleet();
+        let (hit, seen) = if remembered {
+            self.store.inner.cache_keys.get(ns, key)
+        } else {
+            (None, 0)
+        };
+        let d = match hit {
+            Some(d) => Some(d),
+            None => {
+                let d = self.index.lookup(ns, key).await?;
+                if let (true, Some(d)) = (remembered, d) {
+                    self.store.inner.cache_keys.fill(ns, key, d, seen);
+                }
+                d
+            }
+        };
         if let Some(d) = d {
             self.note_access(ns, d);
         }
@@ -227,6 +338,10 @@ impl Cache {
         key: &RefName,
         digest: Digest,
     ) -> Result<()> {
+        // Invalidated before and when this step ends (done, failed or
+        // dropped after the write may have committed).
+        self.store.inner.cache_keys.invalidate(ns, key);
+        let _after = InvalidateOnDrop(&self.store.inner.cache_keys, ns, key);
         self.index.remove(ns, key, Some(digest)).await.map(|_| ())
     }
 
@@ -239,6 +354,10 @@ impl Cache {
         key: &RefName,
         expect: Option<Digest>,
     ) -> Result<bool> {
+        // Invalidated before and when this step ends (done, failed or
+        // dropped after the write may have committed).
+        self.store.inner.cache_keys.invalidate(ns, key);
+        let _after = InvalidateOnDrop(&self.store.inner.cache_keys, ns, key);
         self.index.remove(ns, key, expect).await
     }
 

@@ -39,6 +39,8 @@ pub(crate) struct Inner {
     pub outboards_at_put: bool,
     /// Cache reads noted since their last write (ADR-048).
     pub cache_access: crate::cache::AccessLog,
+    /// Non-fleet: cache keys remembered from the index (ADR-048).
+    pub cache_keys: crate::cache::KeyCache,
 }
 
 /// A liveness source: an in-process callback (non-fleet) or a named table
