@@ -1787,6 +1787,36 @@ mod tests {
         assert_eq!(c.large, None);
     }
 
+    /// Every `BLOBPOOL_*` variable the configuration reads is one
+    /// `check_environment` knows (it would refuse it at startup otherwise),
+    /// and every variable of the lists is read.
+    #[test]
+    fn every_variable_read_is_known_and_every_known_one_is_read() {
+        let asked = std::cell::RefCell::new(Vec::<String>::new());
+        let env = |k: &str| {
+            asked.borrow_mut().push(k.to_string());
+            None
+        };
+        Config::from_layers("", &env, &StoreFlags::default()).unwrap();
+        let mut asked: Vec<String> = asked
+            .into_inner()
+            .into_iter()
+            .filter(|k| k.starts_with("BLOBPOOL_"))
+            .collect();
+        asked.sort();
+        asked.dedup();
+        for name in &asked {
+            check_environment([name.clone()]).unwrap();
+        }
+        let mut listed: Vec<String> = KEY_VARIABLES
+            .iter()
+            .chain(crate::security::SECTION_VARIABLES.iter())
+            .map(|s| s.to_string())
+            .collect();
+        listed.sort();
+        assert_eq!(asked, listed);
+    }
+
     #[test]
     fn unknown_blobpool_variables_are_refused_by_name() {
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();

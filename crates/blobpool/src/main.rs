@@ -785,6 +785,34 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// Every `BLOBPOOL_*` variable a flag reads is known to
+    /// `check_environment` (which would refuse it otherwise), and
+    /// `CLI_VARIABLES` lists no variable that no flag reads.
+    #[test]
+    fn the_flags_variables_are_the_known_command_line_ones() {
+        use clap::CommandFactory;
+        fn walk(c: &clap::Command, into: &mut Vec<String>) {
+            for a in c.get_arguments() {
+                if let Some(e) = a.get_env() {
+                    into.push(e.to_string_lossy().into_owned());
+                }
+            }
+            for sub in c.get_subcommands() {
+                walk(sub, into);
+            }
+        }
+        let mut read = Vec::new();
+        walk(&Cli::command(), &mut read);
+        read.sort();
+        read.dedup();
+        let mut listed: Vec<String> = config::CLI_VARIABLES
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        listed.sort();
+        assert_eq!(read, listed);
+    }
+
     #[test]
     fn durations_parse() {
         let d = |s: &str| parse_duration(s).map(|t| t.0);

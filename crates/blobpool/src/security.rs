@@ -316,12 +316,14 @@ impl Sections {
 /// |---|---|
 /// | `BLOBPOOL_AUTH_ANONYMOUS` | `auth.anonymous` |
 /// | `BLOBPOOL_AUTH_KEYS` | `[[auth.keys]]`, as `name=hash=scope,scope;name=hash=…` |
+/// | `BLOBPOOL_AUTH_CLIENTS` | `[[auth.clients]]`, as `name=subject=scope,scope;name=subject=…` |
 /// | `BLOBPOOL_HTTP_ALLOWED_HOSTS`, `BLOBPOOL_HTTP_CORS_ORIGINS` | `http.*` |
 /// | `BLOBPOOL_TLS_CERT`, `_KEY`, `_CLIENT_CA`, `_CLIENT_AUTH` | `tls.*` |
 /// | `BLOBPOOL_LIMITS_<KEY>` | `limits.<key>` |
-pub const SECTION_VARIABLES: [&str; 15] = [
+pub const SECTION_VARIABLES: [&str; 16] = [
     "BLOBPOOL_AUTH_ANONYMOUS",
     "BLOBPOOL_AUTH_KEYS",
+    "BLOBPOOL_AUTH_CLIENTS",
     "BLOBPOOL_HTTP_ALLOWED_HOSTS",
     "BLOBPOOL_HTTP_CORS_ORIGINS",
     "BLOBPOOL_TLS_CERT",
@@ -336,6 +338,46 @@ pub const SECTION_VARIABLES: [&str; 15] = [
     "BLOBPOOL_LIMITS_DRAIN_TIMEOUT",
     "BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS",
 ];
+
+/// The identities of `BLOBPOOL_AUTH_KEYS` / `BLOBPOOL_AUTH_CLIENTS`:
+/// `name=value=scope,scope` entries separated by `;`, as (name, value,
+/// scopes). An empty variable is refused rather than read as "no
+/// identities": it replaces the file's, and an unset shell variable
+/// (`-e BLOBPOOL_AUTH_KEYS=$KEYS`) must not silently drop them.
+fn identity_list(
+    var: &str,
+    form: &str,
+    v: &str,
+) -> Result<Vec<(String, String, Vec<String>)>, String> {
+    let entries: Vec<&str> = v
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if entries.is_empty() {
+        return Err(format!(
+            "environment {var}: empty (expected {form};…); unset it to keep the file's"
+        ));
+    }
+    entries
+        .into_iter()
+        .map(|entry| {
+            let mut parts = entry.splitn(3, '=');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(name), Some(value), scopes)
+                    if !name.trim().is_empty() && !value.trim().is_empty() =>
+                {
+                    Ok((
+                        name.trim().to_string(),
+                        value.trim().to_string(),
+                        scopes.map(list).unwrap_or_default(),
+                    ))
+                }
+                _ => Err(format!("environment {var}: {entry:?}: expected {form}")),
+            }
+        })
+        .collect()
+}
 
 fn list(v: &str) -> Vec<String> {
     v.split(',')
@@ -352,31 +394,37 @@ impl Sections {
     pub fn with_env(mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<Sections, String> {
         let err = |name: &str, m: String| format!("environment {name}: {m}");
         if let Some(v) = env("BLOBPOOL_AUTH_ANONYMOUS") {
-            self.auth.get_or_insert_with(Default::default).anonymous = list(&v);
+            let anonymous = list(&v);
+            Grant::parse_all(&anonymous).map_err(|e| err("BLOBPOOL_AUTH_ANONYMOUS", e))?;
+            self.auth.get_or_insert_with(Default::default).anonymous = anonymous;
         }
         if let Some(v) = env("BLOBPOOL_AUTH_KEYS") {
-            let keys = v
-                .split(';')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|entry| {
-                    let mut parts = entry.splitn(3, '=');
-                    match (parts.next(), parts.next(), parts.next()) {
-                        (Some(name), Some(hash), scopes) if !name.trim().is_empty() => {
-                            Ok(KeyEntry {
-                                name: name.trim().to_string(),
-                                hash: hash.trim().to_string(),
-                                scopes: scopes.map(list).unwrap_or_default(),
-                            })
-                        }
-                        _ => Err(err(
-                            "BLOBPOOL_AUTH_KEYS",
-                            format!("{entry:?}: expected name=hash=scope,scope"),
-                        )),
-                    }
+            let var = "BLOBPOOL_AUTH_KEYS";
+            let keys = identity_list(var, "name=hash=scope,scope", &v)?
+                .into_iter()
+                .map(|(name, hash, scopes)| {
+                    // Checked here too, so that the error names the variable.
+                    parse_key_hash(&hash).map_err(|e| err(var, format!("{name:?}: {e}")))?;
+                    Grant::parse_all(&scopes).map_err(|e| err(var, format!("{name:?}: {e}")))?;
+                    Ok(KeyEntry { name, hash, scopes })
                 })
                 .collect::<Result<Vec<_>, String>>()?;
             self.auth.get_or_insert_with(Default::default).keys = keys;
+        }
+        if let Some(v) = env("BLOBPOOL_AUTH_CLIENTS") {
+            let var = "BLOBPOOL_AUTH_CLIENTS";
+            let clients = identity_list(var, "name=subject=scope,scope", &v)?
+                .into_iter()
+                .map(|(name, subject, scopes)| {
+                    Grant::parse_all(&scopes).map_err(|e| err(var, format!("{name:?}: {e}")))?;
+                    Ok(ClientEntry {
+                        name,
+                        subject,
+                        scopes,
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            self.auth.get_or_insert_with(Default::default).clients = clients;
         }
         if let Some(v) = env("BLOBPOOL_HTTP_ALLOWED_HOSTS") {
             self.http.get_or_insert_with(Default::default).allowed_hosts = Some(list(&v));
@@ -417,6 +465,12 @@ impl Sections {
                 t.client_ca = Some(PathBuf::from(c));
             }
             if let Some(a) = auth {
+                if !matches!(a.trim(), "optional" | "required") {
+                    return Err(err(
+                        "BLOBPOOL_TLS_CLIENT_AUTH",
+                        format!("{a:?}: expected \"optional\" or \"required\""),
+                    ));
+                }
                 t.client_auth = Some(a);
             }
             self.tls = Some(t);
@@ -455,6 +509,12 @@ impl Sections {
             }
         }
         if let Some(n) = number("MAX_CONNECTIONS")? {
+            if n == 0 {
+                return Err(err(
+                    "BLOBPOOL_LIMITS_MAX_CONNECTIONS",
+                    "limits.max_connections must be at least 1".into(),
+                ));
+            }
             l.max_connections = Some(usize::try_from(n).unwrap_or(usize::MAX));
         }
         if let Some(n) = number("HTTP2_MAX_STREAMS")? {
@@ -602,5 +662,239 @@ mod tests {
         );
         assert_eq!(redact_url("sqlite://./kv.sqlite"), "sqlite://./kv.sqlite");
         assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+    }
+
+    /// The file's value of every key the section variables override, each
+    /// different from the variable's value in the test below.
+    const FILE: &str = r#"
+[auth]
+anonymous = ["read:file"]
+[[auth.keys]]
+name = "file-key"
+hash = "HASH_FILE"
+scopes = ["read"]
+[[auth.clients]]
+name = "file-client"
+subject = "file.example"
+scopes = ["read"]
+[http]
+allowed_hosts = ["file.example"]
+cors_origins = ["https://file.example"]
+[tls]
+cert = "/file/cert.pem"
+key = "/file/key.pem"
+client_ca = "/file/ca.pem"
+client_auth = "optional"
+[limits]
+header_read_timeout = "1s"
+idle_timeout = "2s"
+body_read_timeout = "3s"
+write_timeout = "4s"
+max_connections = 5
+drain_timeout = "6s"
+http2_max_streams = 7
+"#;
+
+    use std::path::Path;
+
+    fn file_sections() -> Sections {
+        sections(&FILE.replace("HASH_FILE", &store_ops::auth::hash_key("bpk_file")))
+    }
+
+    fn cert(subject: &str) -> store_ops::http::ClientCert {
+        store_ops::http::ClientCert {
+            common_name: Some(subject.into()),
+            dns_names: vec![],
+        }
+    }
+
+    fn identity(h: &HttpConfig, authorization: Option<&str>, cert: Option<&str>) -> Option<String> {
+        let cert = cert.map(self::cert);
+        h.auth
+            .authenticate(authorization.map(str::as_bytes), cert.as_ref())
+            .ok()
+            .map(|i| i.name().to_string())
+    }
+
+    #[test]
+    fn the_section_variables_are_exactly_the_ones_read() {
+        let asked = std::cell::RefCell::new(Vec::<String>::new());
+        let env = |k: &str| {
+            asked.borrow_mut().push(k.to_string());
+            None
+        };
+        let unchanged = file_sections().with_env(&env).unwrap();
+        assert_eq!(
+            unchanged,
+            file_sections(),
+            "no variable set: the file's values"
+        );
+        let mut asked = asked.into_inner();
+        asked.sort();
+        asked.dedup();
+        let mut listed: Vec<String> = SECTION_VARIABLES.iter().map(|s| s.to_string()).collect();
+        listed.sort();
+        assert_eq!(asked, listed);
+    }
+
+    /// Each variable of [`SECTION_VARIABLES`] overrides its key of the file
+    /// and leaves the others.
+    #[test]
+    fn each_section_variable_overrides_its_key() {
+        let env_key = store_ops::auth::hash_key("bpk_env");
+        type Check = fn(&HttpConfig) -> bool;
+        let cases: Vec<(&str, String, Check)> = vec![
+            (
+                "BLOBPOOL_AUTH_ANONYMOUS",
+                "read:env, write:env".into(),
+                |h| {
+                    h.auth
+                        .anonymous_grants()
+                        .iter()
+                        .map(|g| g.to_string())
+                        .collect::<Vec<_>>()
+                        == ["read:env", "write:env"]
+                },
+            ),
+            (
+                "BLOBPOOL_AUTH_KEYS",
+                format!("env-key={env_key}=read,write"),
+                |h| {
+                    identity(h, Some("Bearer bpk_env"), None).as_deref() == Some("env-key")
+                        && identity(h, Some("Bearer bpk_file"), None).is_none()
+                },
+            ),
+            (
+                "BLOBPOOL_AUTH_CLIENTS",
+                "env-client=env.example=read".into(),
+                |h| {
+                    identity(h, None, Some("env.example")).as_deref() == Some("env-client")
+                        && identity(h, None, Some("file.example")).as_deref() == Some("anonymous")
+                },
+            ),
+            ("BLOBPOOL_HTTP_ALLOWED_HOSTS", "env.example".into(), |h| {
+                h.allowed_hosts == ["env.example"]
+            }),
+            (
+                "BLOBPOOL_HTTP_CORS_ORIGINS",
+                "https://env.example".into(),
+                |h| h.cors_origins == ["https://env.example"],
+            ),
+            ("BLOBPOOL_TLS_CERT", "/env/cert.pem".into(), |h| {
+                h.tls.as_ref().unwrap().cert == Path::new("/env/cert.pem")
+            }),
+            ("BLOBPOOL_TLS_KEY", "/env/key.pem".into(), |h| {
+                h.tls.as_ref().unwrap().key == Path::new("/env/key.pem")
+            }),
+            ("BLOBPOOL_TLS_CLIENT_CA", "/env/ca.pem".into(), |h| {
+                h.tls.as_ref().unwrap().client_ca == Some(PathBuf::from("/env/ca.pem"))
+            }),
+            ("BLOBPOOL_TLS_CLIENT_AUTH", "required".into(), |h| {
+                h.tls.as_ref().unwrap().client_auth == ClientAuth::Required
+            }),
+            ("BLOBPOOL_LIMITS_HEADER_READ_TIMEOUT", "11s".into(), |h| {
+                h.limits.header_read_timeout == Duration::from_secs(11)
+            }),
+            ("BLOBPOOL_LIMITS_IDLE_TIMEOUT", "12".into(), |h| {
+                h.limits.idle_timeout == Duration::from_secs(12)
+            }),
+            ("BLOBPOOL_LIMITS_BODY_READ_TIMEOUT", "13s".into(), |h| {
+                h.limits.body_read_timeout == Duration::from_secs(13)
+            }),
+            ("BLOBPOOL_LIMITS_WRITE_TIMEOUT", "1m".into(), |h| {
+                h.limits.write_timeout == Duration::from_secs(60)
+            }),
+            ("BLOBPOOL_LIMITS_MAX_CONNECTIONS", "15".into(), |h| {
+                h.limits.max_connections == 15
+            }),
+            ("BLOBPOOL_LIMITS_DRAIN_TIMEOUT", "16s".into(), |h| {
+                h.limits.drain_timeout == Duration::from_secs(16)
+            }),
+            ("BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS", "0".into(), |h| {
+                h.limits.http2_max_streams.is_none()
+            }),
+        ];
+        let mut covered: Vec<&str> = cases.iter().map(|c| c.0).collect();
+        covered.sort_unstable();
+        let mut listed = SECTION_VARIABLES.to_vec();
+        listed.sort_unstable();
+        assert_eq!(covered, listed, "one case per variable");
+        let config = |env: &dyn Fn(&str) -> Option<String>| {
+            file_sections()
+                .with_env(env)
+                .unwrap()
+                .http_config("127.0.0.1:7070", false)
+                .unwrap()
+        };
+        let file = config(&|_| None);
+        for (var, value, check) in &cases {
+            assert!(!check(&file), "{var}: the file's value already passes");
+            let h = config(&|k| (k == *var).then(|| value.clone()));
+            assert!(check(&h), "{var}={value} did not apply");
+            // The other keys keep the file's values.
+            for (other, _, other_check) in &cases {
+                if other != var {
+                    assert!(!other_check(&h), "{var} changed {other}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_section_variables_are_refused_by_name() {
+        let hash = store_ops::auth::hash_key("bpk_env");
+        let cases: Vec<(&str, String)> = vec![
+            ("BLOBPOOL_AUTH_ANONYMOUS", "read,frobnicate".into()),
+            ("BLOBPOOL_AUTH_KEYS", "just-a-name".into()),
+            ("BLOBPOOL_AUTH_KEYS", " ; ".into()),
+            ("BLOBPOOL_AUTH_KEYS", "ci=not-a-hash=read".into()),
+            ("BLOBPOOL_AUTH_KEYS", format!("ci={hash}=frobnicate")),
+            ("BLOBPOOL_AUTH_KEYS", format!("={hash}=read")),
+            ("BLOBPOOL_AUTH_CLIENTS", "".into()),
+            ("BLOBPOOL_AUTH_CLIENTS", "builder".into()),
+            ("BLOBPOOL_AUTH_CLIENTS", "builder==read".into()),
+            (
+                "BLOBPOOL_AUTH_CLIENTS",
+                "builder=b.example=frobnicate".into(),
+            ),
+            ("BLOBPOOL_TLS_CLIENT_AUTH", "sometimes".into()),
+            ("BLOBPOOL_LIMITS_HEADER_READ_TIMEOUT", "soon".into()),
+            ("BLOBPOOL_LIMITS_IDLE_TIMEOUT", "0".into()),
+            ("BLOBPOOL_LIMITS_BODY_READ_TIMEOUT", "-1s".into()),
+            ("BLOBPOOL_LIMITS_WRITE_TIMEOUT", "".into()),
+            ("BLOBPOOL_LIMITS_DRAIN_TIMEOUT", "30 parsecs".into()),
+            ("BLOBPOOL_LIMITS_MAX_CONNECTIONS", "many".into()),
+            ("BLOBPOOL_LIMITS_MAX_CONNECTIONS", "0".into()),
+            ("BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS", "5000000000".into()),
+            ("BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS", "-1".into()),
+        ];
+        for (var, value) in &cases {
+            let e = file_sections()
+                .with_env(&|k| (k == *var).then(|| value.clone()))
+                .unwrap_err();
+            assert!(
+                e.starts_with(&format!("environment {var}: ")),
+                "{var}={value:?}: {e}"
+            );
+        }
+        // Without [tls] in the file, a TLS variable needs the certificate
+        // and the key: the error names the missing one.
+        let e = Sections::default()
+            .with_env(&|k| (k == "BLOBPOOL_TLS_KEY").then(|| "/k.pem".into()))
+            .unwrap_err();
+        assert!(e.starts_with("environment BLOBPOOL_TLS_CERT: "), "{e}");
+        let tls = Sections::default()
+            .with_env(&|k| match k {
+                "BLOBPOOL_TLS_CERT" => Some("/c.pem".into()),
+                "BLOBPOOL_TLS_KEY" => Some("/k.pem".into()),
+                _ => None,
+            })
+            .unwrap()
+            .http_config("127.0.0.1:7070", false)
+            .unwrap()
+            .tls
+            .unwrap();
+        assert_eq!(tls.cert, PathBuf::from("/c.pem"));
+        assert_eq!(tls.client_ca, None);
     }
 }

@@ -8,6 +8,10 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{Config, LogFormat};
 use crate::output::CliError;
 
+/// The git commit this binary was built from (`build.rs`), or empty when
+/// it was not built from a git checkout.
+pub const BUILD_GIT_COMMIT: &str = env!("BUILD_GIT_COMMIT");
+
 /// Opens the store, binds `cfg.listen` and serves until Ctrl-C or SIGTERM,
 /// letting in-flight requests finish within the drain deadline. Prints
 /// `listening on http://ADDR` (or `https://`) on stderr once bound (the
@@ -44,6 +48,9 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
     ops.metrics().set_extra(Box::new(move || {
         store_layers::render_prometheus(&engine_metrics.snapshot())
     }));
+    if !BUILD_GIT_COMMIT.is_empty() {
+        ops.metrics().set_build_commit(BUILD_GIT_COMMIT);
+    }
     let scheduler = match cfg.gc.interval {
         Some(every) => {
             tracing::info!(target: "blobpool::gc", "scheduled sweeps every {}s (±10%)", every.as_secs());
@@ -149,5 +156,22 @@ fn log_token_policy(ops: &Ops) {
             ttl.map_or(0, |t| t.as_secs()),
             c.max_tokens
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `build.rs` recorded the checkout's HEAD, or nothing outside one.
+    #[test]
+    fn the_build_commit_is_head_when_built_from_a_checkout() {
+        let head = std::process::Command::new("git")
+            .args(["-C", env!("CARGO_MANIFEST_DIR")])
+            .args(["rev-parse", "--short=12", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8(o.stdout).unwrap().trim().to_string())
+            .unwrap_or_default();
+        assert_eq!(super::BUILD_GIT_COMMIT, head);
     }
 }

@@ -401,3 +401,73 @@ fn ns(s: &str) -> store_types::Namespace {
 fn key_of(n: &str, d: &str) -> store_types::Key {
     store_types::Key::parse(n, d).unwrap()
 }
+
+/// The key as the password of `Basic` credentials (any user name), as
+/// ccache, sccache's WebDAV backend, Gradle and Bazel send it: the right
+/// key is the key's identity with its scopes; a wrong key or malformed
+/// credentials are `401` offering both schemes, never anonymous.
+#[tokio::test]
+async fn basic_credentials_carry_the_key_as_password() {
+    let s = start_auth(Opts::default()).await;
+    let (_, d) = put_as(&s, "ci-main", b"via basic", WRITER).await;
+    let path = format!("/v1/blobs/ci-main/{d}");
+    let got = s
+        .http
+        .get(s.url(&path))
+        .basic_auth("any-user-name", Some(READER))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap(), "via basic");
+    // Basic grants the key's scopes, no more: the reader cannot write.
+    let resp = s
+        .http
+        .put(s.url("/v1/blobs/ci-main"))
+        .basic_auth("ci", Some(READER))
+        .body("nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    // A wrong key: 401 (not downgraded to the anonymous identity, which
+    // may read `public`).
+    let public = format!("/v1/blobs/public/{}", "0".repeat(64));
+    assert_eq!(
+        s.get(&public).await.status(),
+        404,
+        "anonymous may read there (nothing stored)"
+    );
+    for (what, header) in [
+        ("wrong key", "Basic Y2k6YnBrX3dyb25n".to_string()), // ci:bpk_wrong
+        ("no colon", "Basic bm9jb2xvbg==".to_string()),      // nocolon
+        ("not base64", "Basic !!!not-base64".to_string()),
+        ("not UTF-8", "Basic //46eA==".to_string()), // ff fe : x
+        ("no credentials", "Basic".to_string()),
+        ("empty password", "Basic Y2k6".to_string()), // ci:
+    ] {
+        for p in [&path, &public] {
+            let resp = s
+                .http
+                .get(s.url(p))
+                .header("authorization", &header)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 401, "{what}: {p}");
+            let offered: Vec<&str> = resp
+                .headers()
+                .get_all("www-authenticate")
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect();
+            assert_eq!(
+                offered,
+                ["Bearer realm=\"blobpool\"", "Basic realm=\"blobpool\""],
+                "{what}"
+            );
+            let v: serde_json::Value = resp.json().await.unwrap();
+            assert_eq!(v["error"]["code"], "unauthorized", "{what}: {v}");
+        }
+    }
+}

@@ -300,6 +300,12 @@ async fn a_cache_namespace_answers_under_its_own_base_path() {
     assert_error(s.get("/bazel-cache/ac/none").await, 404, "not_found").await;
     assert_eq!(s.delete("/bazel-cache/ac/0011").await.status(), 204);
     assert_error(s.get("/cache/bazel/ac/0011").await, 404, "not_found").await;
+    // The base path's requests are timed under its configured pattern,
+    // never the raw path.
+    let m = s.ops.metrics();
+    assert_eq!(m.requests_timed("/bazel-cache/{key}", "PUT"), 2);
+    assert_eq!(m.requests_timed("/bazel-cache/{key}", "DELETE"), 1);
+    assert_eq!(m.requests_timed("(unknown)", "PUT"), 0);
 }
 
 /// Every metric family `/metrics` renders — the server's, the cache's, the

@@ -4,7 +4,6 @@
 //! Every handler here needs the `admin` scope (checked by the transport
 //! binding with [`Ops::authorize`]).
 
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -203,8 +202,13 @@ impl Ops {
     }
 }
 
-/// A gauge's name, help and value of one row.
-type Gauge = (&'static str, &'static str, fn(&TierStats) -> u64);
+/// The stored inventory as a scrape sees it.
+pub(crate) struct InventorySample {
+    /// Per namespace and tier.
+    pub(crate) rows: Vec<TierStats>,
+    /// Seconds since the snapshot was taken.
+    pub(crate) age_secs: f64,
+}
 
 struct Snapshot {
     at: Instant,
@@ -240,46 +244,16 @@ impl Inventory {
         }
     }
 
-    /// Appends the gauges of the last snapshot to a text exposition and
-    /// asks the refresher for a fresh one.
-    pub(crate) fn render(&self, out: &mut String) {
+    /// The last snapshot's rows and age, for the gauges of `/metrics`
+    /// (`crate::metrics`; `None` before the first refresh), and asks the
+    /// refresher for a fresh one.
+    pub(crate) fn sample(&self) -> Option<InventorySample> {
         self.wanted.notify_one();
         let guard = self.lock();
-        let Some(s) = guard.as_ref() else { return };
-        let gauges: [Gauge; 2] = [
-            (
-                "blobpool_stored_entries",
-                "Entries stored, per namespace and tier (a snapshot, see blobpool_inventory_age_seconds).",
-                |r| r.entries,
-            ),
-            (
-                "blobpool_stored_bytes",
-                "Content bytes stored, per namespace and tier (a snapshot, see blobpool_inventory_age_seconds).",
-                |r| r.bytes,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            for r in &s.rows {
-                let _ = writeln!(
-                    out,
-                    "{name}{{namespace=\"{}\",tier=\"{}\"}} {}",
-                    r.namespace,
-                    r.tier,
-                    value(r)
-                );
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP blobpool_inventory_age_seconds Age of the stored-inventory snapshot."
-        );
-        let _ = writeln!(out, "# TYPE blobpool_inventory_age_seconds gauge");
-        let _ = writeln!(
-            out,
-            "blobpool_inventory_age_seconds {:.3}",
-            s.at.elapsed().as_secs_f64()
-        );
+        let s = guard.as_ref()?;
+        Some(InventorySample {
+            rows: s.rows.clone(),
+            age_secs: s.at.elapsed().as_secs_f64(),
+        })
     }
 }

@@ -7,6 +7,7 @@
 //! `x-request-id` response header, and available to the handlers through
 //! a task-local ([`request_id`]) so that a redacted error can name it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,21 +42,64 @@ pub(crate) struct Gate {
     pub(crate) auth: Auth,
     /// Lowercase host names; empty accepts any.
     pub(crate) allowed_hosts: Vec<String>,
+    /// The cache namespaces' own base paths (`http_path`, without a
+    /// trailing `/`) and their namespaces, for the route labels.
+    cache_paths: Vec<(String, String)>,
 }
 
 impl Gate {
     pub(crate) fn new(ops: Ops, cfg: &HttpConfig) -> Arc<Gate> {
         Arc::new(Gate {
-            ops,
             auth: cfg.auth.clone(),
             allowed_hosts: cfg
                 .allowed_hosts
                 .iter()
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
+            cache_paths: ops
+                .config()
+                .cache_paths
+                .iter()
+                .map(|(path, ns)| (path.trim_end_matches('/').to_string(), ns.to_string()))
+                .collect(),
+            ops,
         })
     }
+
+    /// The route's label and namespace: [`route_of`], else
+    /// [`base_path_route`].
+    fn route<'p>(&self, path: &'p str) -> (Cow<'static, str>, Option<Cow<'p, str>>) {
+        match route_of(path) {
+            (UNKNOWN_ROUTE, None) => match base_path_route(&self.cache_paths, path) {
+                Some((route, ns)) => (Cow::Owned(route), Some(Cow::Owned(ns.to_string()))),
+                None => (Cow::Borrowed(UNKNOWN_ROUTE), None),
+            },
+            (route, ns) => (Cow::Borrowed(route), ns.map(Cow::Borrowed)),
+        }
+    }
 }
+
+/// A path under a cache namespace's own base path (`http_path`): its
+/// label, `BASE` or `BASE/{key}` (a configured path, so the label set
+/// stays bounded), and the namespace.
+fn base_path_route<'c>(
+    cache_paths: &'c [(String, String)],
+    path: &str,
+) -> Option<(String, &'c str)> {
+    cache_paths.iter().find_map(|(base, ns)| {
+        let rest = path.strip_prefix(base.as_str())?;
+        if rest.is_empty() || rest == "/" {
+            Some((base.clone(), ns.as_str()))
+        } else if rest.starts_with('/') {
+            Some((format!("{base}/{{key}}"), ns.as_str()))
+        } else {
+            None
+        }
+    })
+}
+
+/// The label of a path no route serves.
+const UNKNOWN_ROUTE: &str = "(unknown)";
 
 /// 64 random bits as 16 hex characters.
 fn new_request_id() -> String {
@@ -99,7 +143,7 @@ fn route_of(path: &str) -> (&'static str, Option<&str>) {
         ["metrics"] => ("/metrics", None),
         ["cache", ns] | ["cache", ns, ""] => ("/cache/{ns}", Some(ns)),
         ["cache", ns, ..] => ("/cache/{ns}/{key}", Some(ns)),
-        _ => ("(unknown)", None),
+        _ => (UNKNOWN_ROUTE, None),
     }
 }
 
@@ -131,8 +175,8 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
     let id = new_request_id();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let (route, ns) = route_of(&path);
-    let ns = ns.map(str::to_string);
+    let (route, ns) = gate.route(&path);
+    let ns = ns.map(Cow::into_owned);
     let req_bytes = req
         .headers()
         .get(CONTENT_LENGTH)
@@ -193,14 +237,16 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
     let elapsed = started.elapsed().as_secs_f64();
-    gate.ops.metrics().request(route, method.as_str(), elapsed);
+    gate.ops
+        .metrics()
+        .request(route.clone(), method.as_str(), elapsed);
     tracing::info!(
         target: "blobpool::access",
         request_id = %id,
         remote = %remote,
         identity = %identity_name,
         method = %method,
-        route,
+        route = %route,
         namespace = ns.as_deref().unwrap_or("-"),
         status = resp.status().as_u16(),
         request_bytes = req_bytes,
@@ -238,5 +284,21 @@ mod tests {
             route_of("/v1/uploads/up/0a1b2c3d-ff"),
             ("/v1/uploads/{ns}/{id}", Some("up"))
         );
+        assert_eq!(route_of("/cache/cc/a/b"), ("/cache/{ns}/{key}", Some("cc")));
+    }
+
+    #[test]
+    fn base_paths_are_labelled_by_their_configured_path() {
+        let paths = vec![("/bazel".to_string(), "bazel".to_string())];
+        let r = |p: &str| base_path_route(&paths, p);
+        assert_eq!(r("/bazel"), Some(("/bazel".to_string(), "bazel")));
+        assert_eq!(r("/bazel/"), Some(("/bazel".to_string(), "bazel")));
+        assert_eq!(
+            r("/bazel/cas/0123abcd"),
+            Some(("/bazel/{key}".to_string(), "bazel"))
+        );
+        // A path that only shares the prefix is not under the base path.
+        assert_eq!(r("/bazelisk/x"), None);
+        assert_eq!(r("/other"), None);
     }
 }

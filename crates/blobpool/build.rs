@@ -1,0 +1,51 @@
+//! Records the git commit the binary is built from, for
+//! `blobpool_build_info{git}` on `/metrics`. Built without git or outside
+//! a checkout (a source tarball; the container build, whose context leaves
+//! `.git` out) it records nothing and never fails: `BUILD_GIT_COMMIT` is
+//! then empty.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `git -C dir ARGS`'s trimmed output, if it ran and succeeded.
+fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!s.is_empty()).then_some(s)
+}
+
+/// Reruns this script when `path` (a file of the git directory) changes;
+/// only existing files (a missing one would rerun it on every build).
+fn watch(dir: &Path, git_path: &str) {
+    if let Some(p) = git(dir, &["rev-parse", "--git-path", git_path]) {
+        let p = dir.join(p);
+        if p.exists() {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+    }
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let commit = git(&dir, &["rev-parse", "--short=12", "HEAD"])
+        .filter(|c| c.bytes().all(|b| b.is_ascii_hexdigit()))
+        .unwrap_or_default();
+    if !commit.is_empty() {
+        // A new commit or checkout moves HEAD or the branch it names.
+        watch(&dir, "HEAD");
+        if let Some(branch) = git(&dir, &["symbolic-ref", "-q", "HEAD"]) {
+            watch(&dir, &branch);
+        }
+        watch(&dir, "packed-refs");
+    }
+    println!("cargo:rustc-env=BUILD_GIT_COMMIT={commit}");
+}
