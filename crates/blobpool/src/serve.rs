@@ -35,6 +35,13 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
     // SAFETY: umask only swaps the process's file mode mask.
     let previous = unsafe { libc::umask(cfg.umask as libc::mode_t) };
     tracing::debug!("umask {:04o} (was {previous:04o})", cfg.umask);
+    // Take SIGHUP over before anything else: its default action stops the
+    // process, and the server's own handler (a TLS reload, or a log line
+    // without TLS) is installed only when serving starts. Once registered,
+    // tokio keeps the handler for the life of the process.
+    #[cfg(unix)]
+    let _hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| CliError::io("cannot handle SIGHUP", e))?;
     match store_ops::http::raise_nofile_limit() {
         Ok((soft, hard)) => tracing::info!("open files limit: {soft} (hard {hard})"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),

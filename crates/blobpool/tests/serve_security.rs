@@ -314,6 +314,9 @@ fn sighup_without_tls_keeps_serving() {
     c.args(["serve", "--listen", "127.0.0.1:0"]);
     let mut s = serve(c);
     let addr = s.base.trim_start_matches("http://").to_string();
+    // Serving (the accept loop and its SIGHUP handler are up).
+    let body = get(&addr, "/health").expect("answering");
+    assert!(body.contains("\"status\":\"ok\""), "{body}");
     let pid = s.child.id() as libc::pid_t;
     // SAFETY: sends a signal to the child this test spawned.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);

@@ -397,28 +397,33 @@ where
 /// process); aborted when dropped.
 fn spawn_sighup_reloader(tls: Option<Arc<TlsReloader>>) -> AbortOnDrop {
     #[cfg(unix)]
-    let task = tokio::spawn(async move {
+    let task = {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!("cannot listen for SIGHUP (TLS reload disabled): {e}");
-                return;
-            }
-        };
-        while hup.recv().await.is_some() {
-            let Some(tls) = &tls else {
-                tracing::info!("SIGHUP: nothing to reload (no [tls]); still serving");
-                continue;
+        // Registered here, before the accept loop starts, so a SIGHUP sent
+        // once the server answers is always seen by the loop below.
+        let hup = signal(SignalKind::hangup());
+        tokio::spawn(async move {
+            let mut hup = match hup {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!("cannot listen for SIGHUP (TLS reload disabled): {e}");
+                    return;
+                }
             };
-            match tls.reload() {
-                Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA reloaded"),
-                Err(e) => tracing::error!(
-                    "SIGHUP: TLS reload failed, keeping the previous configuration: {e}"
-                ),
+            while hup.recv().await.is_some() {
+                let Some(tls) = &tls else {
+                    tracing::info!("SIGHUP: nothing to reload (no [tls]); still serving");
+                    continue;
+                };
+                match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CA reloaded"),
+                    Err(e) => tracing::error!(
+                        "SIGHUP: TLS reload failed, keeping the previous configuration: {e}"
+                    ),
+                }
             }
-        }
-    });
+        })
+    };
     #[cfg(not(unix))]
     let task = tokio::spawn(async move {
         let _ = tls;
