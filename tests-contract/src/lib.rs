@@ -181,6 +181,7 @@ macro_rules! cache_suite {
             cache::cache_cached_and_usage,
             cache::cache_trim_bytes_least_recent_first,
             cache::cache_trim_age_counts_from_last_access,
+            cache::cache_trim_bytes_keeps_no_key_older_than_a_removed_one,
         );
     };
 }

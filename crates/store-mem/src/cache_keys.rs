@@ -117,15 +117,20 @@ impl CacheIndex for MemCache {
         // Newest first, ties by key: the order the bound keeps keys in.
         let mut order: Vec<(&String, &Row)> = m.iter().collect();
         order.sort_by(|a, b| b.1.accessed_at.cmp(&a.1.accessed_at).then(a.0.cmp(b.0)));
+        // The byte bound cuts the order once: from the first key that does
+        // not fit, every older key goes too (even one small enough to fit),
+        // as the SQL engines' running sum does.
         let mut kept_bytes = 0u64;
+        let mut full = false;
         let mut gone = Vec::new();
         for (key, row) in order {
             let too_old = cutoff.is_some_and(|c| row.accessed_at < c);
-            let too_big = !too_old
-                && bounds
-                    .max_bytes
-                    .is_some_and(|max| kept_bytes.saturating_add(row.size) > max);
-            if too_old || too_big {
+            full = full
+                || (!too_old
+                    && bounds
+                        .max_bytes
+                        .is_some_and(|max| kept_bytes.saturating_add(row.size) > max));
+            if too_old || full {
                 gone.push(key.clone());
             } else {
                 kept_bytes += row.size;

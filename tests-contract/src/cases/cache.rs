@@ -173,3 +173,32 @@ pub async fn cache_trim_age_counts_from_last_access(spec: Spec) {
     assert_eq!(c.lookup(&n, &key("read")).await.unwrap(), Some(d(2)));
     assert_eq!(c.lookup(&n, &key("new")).await.unwrap(), Some(d(3)));
 }
+
+/// The byte bound removes keys strictly from the least recently accessed
+/// end: once a key does not fit, no older key is kept, even one small
+/// enough to fit in what is left (the bound never keeps a key accessed
+/// before one it removed).
+pub async fn cache_trim_bytes_keeps_no_key_older_than_a_removed_one(spec: Spec) {
+    let (_h, c) = open(spec).await;
+    let n = ns();
+    // Oldest first: a small key, a large one, then the newest.
+    for (i, (k, size)) in [("old", 5), ("mid", 20), ("new", 10)].iter().enumerate() {
+        c.record(&n, &key(k), d(i as u64), *size, Timestamp::now())
+            .await
+            .unwrap();
+        tick().await;
+    }
+    let bound = CacheBounds {
+        max_bytes: Some(25),
+        max_age: None,
+    };
+    let t = c.trim(&n, bound, Timestamp::now()).await.unwrap();
+    assert_eq!(
+        t,
+        CacheTrim { keys: 2, bytes: 25 },
+        "the large key does not fit, and the small key is older than it"
+    );
+    assert_eq!(c.lookup(&n, &key("new")).await.unwrap(), Some(d(2)));
+    assert_eq!(c.lookup(&n, &key("mid")).await.unwrap(), None);
+    assert_eq!(c.lookup(&n, &key("old")).await.unwrap(), None);
+}
