@@ -44,12 +44,17 @@ impl CacheIndex for MemCache {
         size: u64,
         now: Timestamp,
     ) -> Result<()> {
-        self.lock().entry(ns.clone()).or_default().insert(
+        let mut t = self.lock();
+        let rows = t.entry(ns.clone()).or_default();
+        let accessed_at = rows
+            .get(key.as_str())
+            .map_or(now, |r| r.accessed_at.max(now));
+        rows.insert(
             key.as_str().to_string(),
             Row {
                 digest,
                 size,
-                accessed_at: now,
+                accessed_at,
             },
         );
         Ok(())

@@ -18,6 +18,7 @@
 //! | `gc_pins` | `ns, digest, owner text, expires_at bigint` | `(ns, digest, owner)` |
 //! | `ref_names` | `namespace text, name text, digest bytea(32), updated_at timestamptz` — named references ([`refs`]) | `(namespace, name)` |
 //! | `ref_namespaces` | `namespace text, since timestamptz` | `namespace` |
+//! | `cache_keys` | `namespace text, key text, digest bytea(32), size bigint, accessed_at bigint` (unix ms, the database's `statement_timestamp()`) — cache keys ([`cache_keys`], ADR-048) | `(namespace, key)` |
 //! | `gc_clock` | `one boolean, offset_ms bigint, frozen_at_ms bigint` — a **test hook**, empty in production | `one` (one row at most) |
 //!
 //! `ns` columns use `COLLATE "C"`, so SQL ordering equals [`store_types::Key`]
@@ -41,7 +42,7 @@
 //! # Migrations
 //!
 //! [`plumbing::migrate`] keeps one version per component (`kv`, `refs`,
-//! `gc_window`, `gc_pins`, `pglo`) in `schema_version` and applies each
+//! `cache`, `gc_window`, `gc_pins`, `gc_policy`, `pglo`) in `schema_version` and applies each
 //! missing step in its own transaction under a per-schema advisory lock, so
 //! reconnecting is idempotent, concurrent connects are safe and an older
 //! schema is upgraded in place (data kept).

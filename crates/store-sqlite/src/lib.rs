@@ -30,6 +30,13 @@
 //! CREATE INDEX refs_by_digest ON refs (namespace, digest);
 //! CREATE TABLE ref_namespaces (namespace TEXT PRIMARY KEY,
 //!     since INTEGER NOT NULL) WITHOUT ROWID;                      -- unix ms
+//! -- v4: cache keys (KvEngine::cache, ADR-048; see the `cache_keys` module)
+//! CREATE TABLE cache_keys (namespace TEXT NOT NULL, key TEXT NOT NULL,
+//!     digest BLOB NOT NULL CHECK (length(digest) = 32), size INTEGER NOT NULL,
+//!     accessed_at INTEGER NOT NULL,                               -- unix ms
+//!     PRIMARY KEY (namespace, key)) WITHOUT ROWID;
+//! CREATE INDEX cache_keys_by_digest ON cache_keys (namespace, digest);
+//! CREATE INDEX cache_keys_by_access ON cache_keys (namespace, accessed_at);
 //! -- created by GcSchema::ensure_gc_schema only
 //! CREATE TABLE gc_window (ns TEXT NOT NULL, digest BLOB NOT NULL,
 //!     size INTEGER NOT NULL, visible_after INTEGER NOT NULL,      -- unix ms

@@ -86,7 +86,9 @@ pub struct CacheTrim {
 ///   fleet) uses its own instead, for every method alike, so access times
 ///   and the age bound are compared on one clock.
 /// - `record` writes the key, its digest, size and access time in one
-///   atomic step (replacing the key's previous row); a committed `record`
+///   atomic step (replacing the key's previous digest and size; the
+///   access time becomes `now` or stays the row's, whichever is later, so
+///   access times only move forward); a committed `record`
 ///   is visible to `cached` (and to the fleet liveness table) before it
 ///   returns.
 /// - `touch` only moves access times forward and never creates a key.
