@@ -35,7 +35,7 @@ use store_types::{
     Result, Timestamp,
 };
 
-use crate::plumbing::{db_err, digest_col, digest_params, namespace_col, ordinal_mask, sql};
+use crate::plumbing::{db_err, digest_col, digest_params, named_in, namespace_col, sql};
 
 /// Migration component of the cache-key table.
 pub const CACHE_COMPONENT: &str = "cache";
@@ -155,20 +155,7 @@ impl CacheIndex for PgCacheKeys {
     }
 
     async fn cached(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
-        if digests.is_empty() {
-            return Ok(Vec::new());
-        }
-        let hits: Vec<i64> = sqlx::query_scalar(self.sql(
-            "SELECT q.i FROM unnest($2::bytea[]) WITH ORDINALITY AS q(d, i)
-             WHERE EXISTS (SELECT 1 FROM {schema}.cache_keys c
-                           WHERE c.namespace = $1 AND c.digest = q.d)",
-        ))
-        .bind(ns.as_str())
-        .bind(digest_params(digests))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_err)?;
-        Ok(ordinal_mask(hits, digests.len()))
+        named_in(&self.pool, &self.schema, CACHE_TABLE, ns, digests).await
     }
 
     async fn trim(

@@ -493,6 +493,37 @@ pub async fn present_many(
     Ok(aligned(digests, &found))
 }
 
+/// For each of `digests`, whether `<schema>.<table>` has a row with
+/// `namespace = ns` and that digest, index-aligned, in one statement: the
+/// array is unnested and probed through the table's `(namespace, digest)`
+/// index (see [`present_sql`] on why not `= ANY($2)`). The references'
+/// `referenced` and the cache keys' `cached` both ask this.
+pub async fn named_in(
+    pool: &PgPool,
+    schema: &str,
+    table: &str,
+    ns: &Namespace,
+    digests: &[Digest],
+) -> Result<Vec<bool>> {
+    if digests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let hits: Vec<i64> = sqlx::query_scalar(sql(
+        schema,
+        &format!(
+            "SELECT q.i FROM unnest($2::bytea[]) WITH ORDINALITY AS q(d, i)
+             WHERE EXISTS (SELECT 1 FROM {{schema}}.{table} r
+                           WHERE r.namespace = $1 AND r.digest = q.d)"
+        ),
+    ))
+    .bind(ns.as_str())
+    .bind(digest_params(digests))
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    Ok(ordinal_mask(hits, digests.len()))
+}
+
 /// The index of the first occurrence of each digest, for answering
 /// index-aligned batch calls from a set of matched digests.
 pub fn aligned(digests: &[Digest], matched: &std::collections::HashSet<Digest>) -> Vec<bool> {

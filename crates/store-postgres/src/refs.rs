@@ -66,7 +66,7 @@ use store_types::{
 };
 
 use crate::plumbing::{
-    db_err, digest_col, digest_params, lock_key_shared, namespace_col, ordinal_mask, sql,
+    db_err, digest_col, digest_params, lock_key_shared, named_in, namespace_col, ordinal_mask, sql,
 };
 
 /// Migration component of the reference tables.
@@ -386,23 +386,7 @@ impl RefStore for PgRefs {
     }
 
     async fn referenced(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
-        if digests.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One statement per batch; the array is unnested and probed
-        // through the (namespace, digest) index (see
-        // `plumbing::present_sql` on why not `= ANY($2)`).
-        let hits: Vec<i64> = sqlx::query_scalar(self.sql(
-            "SELECT q.i FROM unnest($2::bytea[]) WITH ORDINALITY AS q(d, i)
-             WHERE EXISTS (SELECT 1 FROM {schema}.ref_names r
-                           WHERE r.namespace = $1 AND r.digest = q.d)",
-        ))
-        .bind(ns.as_str())
-        .bind(digest_params(digests))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_err)?;
-        Ok(ordinal_mask(hits, digests.len()))
+        named_in(&self.pool, &self.schema, REFS_TABLE, ns, digests).await
     }
 
     async fn ref_namespaces(&self) -> Result<Vec<Namespace>> {
