@@ -65,9 +65,7 @@ use store_types::{
     RefStore, Result,
 };
 
-use crate::plumbing::{
-    db_err, digest_col, digest_params, lock_key_shared, named_in, namespace_col, ordinal_mask, sql,
-};
+use crate::plumbing::{db_err, digest_col, lock_key_shared, named_in, namespace_col, sql};
 
 /// Migration component of the reference tables.
 pub const REFS_COMPONENT: &str = "refs";
