@@ -77,6 +77,58 @@ pub struct Blob {
     chunk_buf: BytesMut,
 }
 
+/// An engine's [`BlobReader`] as a `Blob` reads it: one byte view, plus
+/// the in-memory bytes or owned chunks it may take instead (both read from
+/// the same position as `reader`).
+struct Body {
+    len: u64,
+    reader: Pin<Box<dyn AsyncRead + Send>>,
+    digest: Option<oneshot::Receiver<Digest>>,
+    whole: Option<Bytes>,
+    chunks: Option<Chunks>,
+}
+
+impl Body {
+    fn of(r: BlobReader) -> Body {
+        match r {
+            BlobReader::Bytes { bytes, digest } => Body {
+                len: bytes.len() as u64,
+                reader: Box::pin(std::io::Cursor::new(bytes.clone())),
+                digest: digest.map(|d| {
+                    let (tx, rx) = oneshot::channel();
+                    // The receiver is alive: it is returned.
+                    let _ = tx.send(d);
+                    rx
+                }),
+                whole: Some(bytes),
+                chunks: None,
+            },
+            BlobReader::Chunks {
+                len,
+                chunks,
+                digest,
+            } => Body {
+                len,
+                reader: Box::pin(chunks.reader()),
+                digest,
+                whole: None,
+                chunks: Some(chunks),
+            },
+            BlobReader::Stream {
+                len,
+                reader,
+                digest,
+            } => Body {
+                len,
+                reader,
+                digest,
+                whole: None,
+                chunks: None,
+            },
+        }
+    }
+}
+
 struct Verifier {
     expected: Digest,
     /// Bytes yielded so far.
@@ -102,7 +154,8 @@ enum Check {
 
 impl Blob {
     pub(crate) fn verified(r: BlobReader, tier: Tier, expected: Digest) -> Self {
-        let check = match r.yielded_digest {
+        let body = Body::of(r);
+        let check = match body.digest {
             Some(digest) => Check::Engine {
                 digest,
                 at_eof: false,
@@ -110,9 +163,9 @@ impl Blob {
             None => Check::Here(Box::new(blake3::Hasher::new())),
         };
         Blob {
-            len: r.len,
+            len: body.len,
             tier,
-            reader: r.reader,
+            reader: body.reader,
             verify: Some(Verifier {
                 expected,
                 seen: 0,
@@ -120,8 +173,8 @@ impl Blob {
                 check,
             }),
             range_checked: false,
-            whole: r.in_memory,
-            chunks: r.chunks,
+            whole: body.whole,
+            chunks: body.chunks,
             chunk_buf: BytesMut::new(),
         }
     }
@@ -129,6 +182,7 @@ impl Blob {
     /// Ranged reads: the reader verifies (by chunk group or whole entry,
     /// see `verified.rs`), so an engine digest is dropped unused.
     pub(crate) fn range_verified(r: BlobReader, tier: Tier) -> Self {
+        let r = r.into_stream();
         Blob {
             len: r.len,
             tier,
@@ -458,11 +512,15 @@ mod tests {
 
     /// A reader yielding `bytes` with an engine digest on `rx`.
     fn engine_reader(bytes: &'static [u8], rx: oneshot::Receiver<Digest>) -> BlobReader {
-        BlobReader {
-            yielded_digest: Some(rx),
-            in_memory: None,
-            chunks: None,
-            ..BlobReader::from_bytes(Bytes::from_static(bytes))
+        declared(bytes, rx, bytes.len() as u64)
+    }
+
+    /// [`engine_reader`] declaring `len` bytes, whatever it yields.
+    fn declared(bytes: &'static [u8], rx: oneshot::Receiver<Digest>, len: u64) -> BlobReader {
+        BlobReader::Stream {
+            len,
+            reader: Box::pin(std::io::Cursor::new(bytes)),
+            digest: Some(rx),
         }
     }
 
@@ -538,10 +596,7 @@ mod tests {
         let (tx, rx) = oneshot::channel();
         let data = b"declared longer";
         tx.send(Digest::of(data)).unwrap();
-        let r = BlobReader {
-            len: data.len() as u64 + 1,
-            ..engine_reader(data, rx)
-        };
+        let r = declared(data, rx, data.len() as u64 + 1);
         let err = verified(r, Digest::of(data)).bytes().await.unwrap_err();
         assert_eq!(
             err,
@@ -557,17 +612,14 @@ mod tests {
         let (tx, rx) = oneshot::channel();
         let data = b"declared shorter";
         tx.send(Digest::of(data)).unwrap();
-        let r = BlobReader {
-            len: data.len() as u64 - 1,
-            ..engine_reader(data, rx)
-        };
+        let r = declared(data, rx, data.len() as u64 - 1);
         let err = verified(r, Digest::of(data)).bytes().await.unwrap_err();
         assert!(matches!(err, Error::Io(_)), "{err:?}");
     }
 
     /// An engine's in-memory bytes are hashed in place (on several cores
     /// when large) and returned without a copy; wrong ones fail, small or
-    /// large, and a declared length they do not have fails too.
+    /// large (their length is the bytes', by type).
     #[tokio::test]
     async fn in_memory_bytes_are_verified_in_place() {
         for n in [10usize, 3 << 20] {
@@ -584,19 +636,12 @@ mod tests {
                 .await
                 .unwrap_err();
             assert!(matches!(err, Error::Verification { .. }), "{err:?}");
-            let r = BlobReader {
-                len: n as u64 + 1,
-                ..BlobReader::from_bytes(data.clone())
-            };
-            let err = verified(r, Digest::of(&data)).bytes().await.unwrap_err();
-            assert!(matches!(err, Error::Verification { .. }), "{err:?}");
         }
     }
 
     /// Bytes an engine read and hashed in one go ([`BlobReader::hashed_bytes`])
     /// are judged by the engine's digest, not hashed again, and returned
-    /// without a copy; a digest that is not the key's fails, and so does a
-    /// declared length the bytes do not have.
+    /// without a copy; a digest that is not the key's fails.
     #[tokio::test]
     async fn engine_hashed_bytes_are_taken_as_they_are() {
         let data = Bytes::from_static(b"hashed by the engine");
@@ -630,12 +675,6 @@ mod tests {
                 .await
                 .unwrap_err(),
         );
-        assert!(matches!(err, Error::Verification { .. }), "{err:?}");
-        let r = BlobReader {
-            len: data.len() as u64 + 1,
-            ..BlobReader::hashed_bytes(data.clone(), expected)
-        };
-        let err = verified(r, expected).bytes().await.unwrap_err();
         assert!(matches!(err, Error::Verification { .. }), "{err:?}");
     }
 
@@ -731,24 +770,6 @@ mod tests {
         assert!(blob.next_chunk().await.unwrap().is_none());
     }
 
-    #[tokio::test]
-    async fn next_chunk_waits_for_a_late_engine_digest_of_in_memory_bytes() {
-        let (tx, rx) = oneshot::channel();
-        let bytes = Bytes::from_static(b"a late digest");
-        let r = BlobReader {
-            yielded_digest: Some(rx),
-            ..BlobReader::from_bytes(bytes.clone())
-        };
-        let mut blob = verified(r, Digest::of(&bytes));
-        // Polled (and then dropped) before the digest arrives: nothing is
-        // consumed, nothing counted twice.
-        let early = tokio::time::timeout(Duration::from_millis(20), blob.next_chunk()).await;
-        assert!(early.is_err(), "{early:?}");
-        tx.send(Digest::of(&bytes)).unwrap();
-        assert_eq!(blob.next_chunk().await.unwrap().unwrap(), bytes);
-        assert!(blob.next_chunk().await.unwrap().is_none());
-    }
-
     /// Yields its bytes 16 KiB per read, as a verified range read does.
     struct GroupAtATime(Bytes);
 
@@ -767,13 +788,7 @@ mod tests {
     #[tokio::test]
     async fn next_chunk_copies_small_reads_into_one_buffer() {
         let data = Bytes::from(vec![5u8; 64 << 10]);
-        let r = BlobReader {
-            len: data.len() as u64,
-            reader: Box::pin(GroupAtATime(data)),
-            yielded_digest: None,
-            in_memory: None,
-            chunks: None,
-        };
+        let r = BlobReader::stream(data.len() as u64, GroupAtATime(data));
         let mut blob = Blob::range_verified(r, Tier::Large);
         let a = blob.next_chunk().await.unwrap().unwrap();
         let b = blob.next_chunk().await.unwrap().unwrap();

@@ -79,8 +79,8 @@ impl Default for StoreBuilder {
 impl std::fmt::Debug for StoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreBuilder")
-            .field("kv", &self.kv.as_ref().map(|e| e.descriptor().kind))
-            .field("large", &self.large.as_ref().map(|e| e.descriptor().kind))
+            .field("kv", &self.kv.as_ref().map(|e| e.capabilities().kind))
+            .field("large", &self.large.as_ref().map(|e| e.capabilities().kind))
             .field("mode", &self.mode)
             .field("fleet", &self.fleet)
             .field("window", &self.window)
@@ -181,7 +181,8 @@ impl StoreBuilder {
         let kv = self
             .kv
             .ok_or_else(|| Error::Config("a kv engine is required".into()))?;
-        let kv_desc = kv.descriptor();
+        let kv_caps = kv.capabilities();
+        let large_caps = self.large.as_ref().map(|l| l.capabilities());
         let mode = self.mode.unwrap_or(match self.large {
             Some(_) => Mode::DualTier {
                 threshold: DEFAULT_THRESHOLD,
@@ -197,10 +198,10 @@ impl StoreBuilder {
                         "mem-only mode has no large tier; use dual-tier to add one".into(),
                     ));
                 }
-                if kv_desc.sharing != Sharing::ProcessLocal {
+                if kv_caps.sharing != Sharing::ProcessLocal {
                     return Err(Error::Config(format!(
                         "mem-only mode needs an in-memory kv engine, got `{}`",
-                        kv_desc.kind
+                        kv_caps.kind
                     )));
                 }
             }
@@ -219,8 +220,8 @@ impl StoreBuilder {
                 }
             }
         }
-        let kv_seam = kv.gc_seam();
-        let large_seam = self.large.as_ref().and_then(|l| l.gc_seam());
+        let kv_seam = kv_caps.seam.clone();
+        let large_seam = large_caps.as_ref().and_then(|l| l.seam.clone());
         if self.fleet && self.pin_ttl.is_zero() {
             return Err(Error::Config(
                 "fleet pin_ttl must be greater than zero".into(),
@@ -229,9 +230,8 @@ impl StoreBuilder {
         let fleet_state = if self.fleet {
             Some(fleet::validate(
                 mode,
-                &kv_desc,
-                kv_seam.as_ref(),
-                self.large.as_ref().map(|l| l.descriptor()).as_ref(),
+                &kv_caps,
+                large_caps.as_ref(),
                 self.pin_ttl,
             )?)
         } else {
@@ -317,14 +317,13 @@ fn check_threshold(threshold: u64) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::ops::Range;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use async_trait::async_trait;
     use bytes::Bytes;
     use store_types::{
-        BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Instance, InstanceLock, Key,
-        Namespace, PublishOutcome,
+        Capabilities, Digest, Engine, EntryMeta, Instance, InstanceLock, Key, Namespace,
+        PublishOutcome, ReadOptions, SizedRead,
     };
 
     use super::*;
@@ -350,12 +349,13 @@ mod tests {
 
     #[async_trait]
     impl Engine for Lockable {
-        fn descriptor(&self) -> EngineDescriptor {
-            EngineDescriptor {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
                 kind: "lockable",
                 instance: Instance::Other("test".into()),
                 sharing: Sharing::EmbeddedFile,
                 durable: false,
+                seam: None,
             }
         }
         async fn meta(&self, _: &Key) -> Result<Option<EntryMeta>> {
@@ -364,10 +364,7 @@ mod tests {
         async fn has_many(&self, _: &Namespace, d: &[Digest]) -> Result<Vec<bool>> {
             Ok(vec![false; d.len()])
         }
-        async fn read(&self, _: &Key) -> Result<Option<BlobReader>> {
-            Ok(None)
-        }
-        async fn read_range(&self, _: &Key, _: Range<u64>) -> Result<Option<BlobReader>> {
+        async fn read(&self, _: &Key, _: &ReadOptions) -> Result<Option<SizedRead>> {
             Ok(None)
         }
         async fn delete_many(&self, _: &Namespace, d: &[Digest]) -> Result<Vec<Option<u64>>> {

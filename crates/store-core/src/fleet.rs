@@ -1,10 +1,10 @@
 //! The composite fleet-validity predicate (ADR-012 §3, §4), judged from
-//! engine descriptors and seam capability answers alone.
+//! engines' capability answers alone.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_types::{EngineDescriptor, Error, GcSeam, PinClauses, Result, Sharing, SweepLockClause};
+use store_types::{Capabilities, Error, PinClauses, Result, Sharing, SweepLockClause};
 
 use crate::Mode;
 
@@ -18,9 +18,8 @@ pub(crate) struct FleetState {
 
 pub(crate) fn validate(
     mode: Mode,
-    kv: &EngineDescriptor,
-    kv_seam: Option<&GcSeam>,
-    large: Option<&EngineDescriptor>,
+    kv: &Capabilities,
+    large: Option<&Capabilities>,
     ttl: Duration,
 ) -> Result<FleetState> {
     if mode == Mode::MemOnly || kv.sharing == Sharing::ProcessLocal {
@@ -37,7 +36,7 @@ pub(crate) fn validate(
             )));
         }
     }
-    let host = kv_seam.and_then(|s| {
+    let host = kv.seam.as_ref().and_then(|s| {
         Some(FleetState {
             pins: s.pins.clone()?,
             lock: s.sweep_lock.clone()?,

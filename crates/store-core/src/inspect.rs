@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use store_gc::GateState;
 use store_types::{
-    BlobReader, Digest, Engine, EntryMeta, Error, Key, Namespace, Result, Tier, Timestamp,
+    BlobReader, Digest, Engine, EngineExt, EntryMeta, Error, Key, Namespace, Result, Tier,
+    Timestamp,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
@@ -509,16 +510,14 @@ impl Store {
             return Ok(QuarantineOutcome::Absent);
         };
         let state = Arc::new(Mutex::new((blake3::Hasher::new(), 0u64)));
-        let reader = BlobReader {
-            len: raw.len,
-            reader: Box::pin(Hashing {
+        let raw = raw.into_stream();
+        let reader = BlobReader::stream(
+            raw.len,
+            Hashing {
                 inner: raw.reader,
                 state: Arc::clone(&state),
-            }),
-            yielded_digest: None,
-            in_memory: None,
-            chunks: None,
-        };
+            },
+        );
         save(Blob::unverified(reader, tier)).await?;
         let (actual, size) = {
             let s = state.lock().unwrap_or_else(|p| p.into_inner());

@@ -21,8 +21,7 @@
 //! ```
 //!
 //! Architecture invariant: this crate names no engine. It judges
-//! configurations from [`store_types::EngineDescriptor`]s and seam
-//! capability answers only.
+//! configurations from the engines' [`store_types::Capabilities`] only.
 
 mod blob;
 mod builder;

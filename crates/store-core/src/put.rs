@@ -3,9 +3,7 @@
 
 use bytes::{Bytes, BytesMut};
 use store_gc::Pin;
-use store_types::{
-    Digest, Error, Key, Namespace, PublishOutcome, Result, StagedWrite, Tier, CHUNK_SIZE,
-};
+use store_types::{Digest, Error, Key, Namespace, PublishOutcome, Result, Stage, Tier, CHUNK_SIZE};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::store::Store;
@@ -363,8 +361,7 @@ impl Store {
                         return Err(e);
                     }
                 }
-                self.publish_large(stage, large.joint_pin_publish(), ns, digest, size)
-                    .await
+                self.publish_large(stage, ns, digest, size).await
             }
             Err(e) => {
                 let _ = stage.abort().await;
@@ -375,8 +372,7 @@ impl Store {
 
     async fn publish_large(
         &self,
-        stage: Box<dyn StagedWrite>,
-        joint: bool,
+        stage: Stage,
         ns: &Namespace,
         digest: Digest,
         size: u64,
@@ -388,14 +384,14 @@ impl Store {
         // fsync) and discards the stage: no extra round trip, and no second
         // connection while the stage holds one (pg-lo).
         let pin = self.inner.gc.pins().pin(key.clone()).await;
-        let outcome = match self.pin_intent() {
-            None => stage.publish(&key).await?,
+        let outcome = match (self.pin_intent(), stage) {
+            (None, stage) => stage.publish(&key).await?,
             // Fleet, transactional large tier: LO + companion row + pin row
             // in one transaction.
-            Some((intent, _)) if joint => stage.publish_pinned(&key, &intent).await?,
+            (Some((intent, _)), Stage::Joint(stage)) => stage.publish_pinned(&key, &intent).await?,
             // Fleet, shared media: pin row first, then the publishing
             // rename — never the reverse (ADR-012 §4).
-            Some((intent, fleet)) => {
+            (Some((intent, fleet)), stage) => {
                 if let Err(e) = fleet.pins.pin_first(&key, &intent).await {
                     let _ = stage.abort().await;
                     return Err(e);
@@ -455,7 +451,7 @@ impl PutHasher {
 /// and, as a handle of the same buffer, to rayon's pool to be hashed while
 /// the next one is read (at most [`MAX_BATCHES_IN_FLIGHT`] unpushed, ADR-039).
 async fn stream_into<R>(
-    stage: &mut Box<dyn StagedWrite>,
+    stage: &mut Stage,
     body: &mut R,
     prefix: BytesMut,
     len: Option<u64>,
@@ -556,7 +552,7 @@ async fn push_next(
 /// [`stream_into`] with a plain hasher: each chunk hashed on the caller's
 /// thread ([`crate::StoreBuilder::outboards_at_put`] off).
 async fn stream_plain<R>(
-    stage: &mut Box<dyn StagedWrite>,
+    stage: &mut Stage,
     body: &mut R,
     prefix: BytesMut,
     len: Option<u64>,
@@ -721,7 +717,7 @@ mod tests {
     struct Collect(Arc<Mutex<Vec<u8>>>);
 
     #[async_trait]
-    impl StagedWrite for Collect {
+    impl store_types::StagedWrite for Collect {
         async fn write(&mut self, chunk: Bytes) -> Result<()> {
             self.0.lock().unwrap().extend_from_slice(&chunk);
             Ok(())
@@ -740,7 +736,7 @@ mod tests {
         len: Option<u64>,
     ) -> (Result<(Digest, u64, Option<Bytes>)>, Vec<u8>) {
         let written = Arc::new(Mutex::new(Vec::new()));
-        let mut stage: Box<dyn StagedWrite> = Box::new(Collect(written.clone()));
+        let mut stage = Stage::Plain(Box::new(Collect(written.clone())));
         let prefix = BytesMut::from(&d[..prefix_len]);
         let mut body = Chunky::new(d[prefix_len..].to_vec());
         let hasher = PutHasher::Outboard(outboard::OutboardBuilder::new());

@@ -6,8 +6,8 @@ use store_gc::{
     Clock, Collector, LivenessSource, Pin, ProtectCallback, SourceId, SweepOptions, SweepReport,
 };
 use store_types::{
-    Digest, Engine, Error, KvEngine, LargeEngine, LivenessTable, Namespace, PinIntent, Result,
-    Stat, Tier, WindowClauses,
+    Digest, Engine, Error, KvEngine, LargeEngine, LivenessTable, Namespace, PinIntent, ReadOptions,
+    Result, Stat, Tier, WindowClauses,
 };
 
 use crate::blob::Blob;
@@ -91,10 +91,10 @@ pub struct Store {
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
-            .field("kv", &self.inner.kv.descriptor().kind)
+            .field("kv", &self.inner.kv.capabilities().kind)
             .field(
                 "large",
-                &self.inner.large.as_ref().map(|l| l.descriptor().kind),
+                &self.inner.large.as_ref().map(|l| l.capabilities().kind),
             )
             .field("mode", &self.inner.mode)
             .field("fleet", &self.inner.fleet.is_some())
@@ -151,8 +151,8 @@ impl Store {
     /// Cancel-safe: it only reads; dropping the future leaves nothing behind.
     pub async fn get(&self, key: &Key) -> Result<Option<Blob>> {
         for (tier, engine) in self.tiers() {
-            if let Some(r) = engine.read(key).await? {
-                return Ok(Some(Blob::verified(r, tier, key.digest)));
+            if let Some(r) = engine.read(key, &ReadOptions::whole()).await? {
+                return Ok(Some(Blob::verified(r.reader, tier, key.digest)));
             }
         }
         Ok(None)
@@ -184,7 +184,8 @@ impl Store {
         let request =
             store_types::RangeRequest::new(range.clone(), crate::verified::WHOLE_VERIFY_MAX);
         for (tier, engine) in self.tiers() {
-            let Some(read) = engine.read_range_sized(key, &request).await? else {
+            let options = ReadOptions::range(request.clone());
+            let Some(read) = engine.read(key, &options).await? else {
                 continue;
             };
             let reader = if request.reads_whole(read.size) {
@@ -198,7 +199,11 @@ impl Store {
                     read.size,
                 )
                 .await?;
-                crate::verified::GroupVerifier::over(read.reader.reader, hashes, range)
+                crate::verified::GroupVerifier::over(
+                    read.reader.into_stream().reader,
+                    hashes,
+                    range,
+                )
             };
             return Ok(Blob::range_verified(reader, tier));
         }

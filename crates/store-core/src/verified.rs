@@ -27,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use store_types::outboard::{covering_groups, GroupHashes, OutboardBuilder, GROUP_SIZE};
-use store_types::{BlobReader, Engine, Error, Key, Result};
+use store_types::{BlobReader, Engine, EngineExt, Error, Key, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
 use crate::blob::Blob;
@@ -158,7 +158,7 @@ async fn compute_from_entry(engine: &dyn Engine, key: &Key, size: u64) -> Result
     if size <= OUTBOARD_KEPT_ABOVE {
         return compute_in_memory(engine, key, size).await;
     }
-    let Some(r) = engine.read(key).await? else {
+    let Some(r) = engine.read_whole(key).await? else {
         return Err(Error::Missing);
     };
     let mut blob = Blob::verified(r, store_types::Tier::Large, key.digest);
@@ -190,22 +190,19 @@ async fn compute_from_entry(engine: &dyn Engine, key: &Key, size: u64) -> Result
 /// equal to the key's digest is the verification. A whole verified read
 /// followed by the builder hashed every byte twice.
 async fn compute_in_memory(engine: &dyn Engine, key: &Key, size: u64) -> Result<GroupHashes> {
-    let Some(read) = engine.read_range(key, 0..size).await? else {
+    let request = store_types::RangeRequest::new(0..size, 0);
+    let Some(read) = engine
+        .read(key, &store_types::ReadOptions::range(request))
+        .await?
+    else {
         return Err(Error::Missing);
     };
-    let bytes = match read.in_memory {
-        Some(b) => b,
-        None => {
-            // One byte past the recorded size tells a longer entry apart.
-            let mut buf = Vec::with_capacity(size as usize + 1);
-            read.reader
-                .take(size + 1)
-                .read_to_end(&mut buf)
-                .await
-                .map_err(Error::from)?;
-            Bytes::from(buf)
-        }
-    };
+    // One byte past the recorded size tells a longer entry apart.
+    let bytes = read
+        .reader
+        .into_bytes(size + 1)
+        .await
+        .map_err(Error::from)?;
     let (len, (digest, outboard)) =
         crate::blob::on_pool(move || (bytes.len() as u64, store_types::outboard::compute(&bytes)))
             .await?;
@@ -261,13 +258,7 @@ impl GroupVerifier {
             skip: (range.start - cover.start) as usize,
             failed: false,
         };
-        BlobReader {
-            len,
-            reader: Box::pin(v),
-            yielded_digest: None,
-            in_memory: None,
-            chunks: None,
-        }
+        BlobReader::stream(len, v)
     }
 
     fn group_len(&self) -> usize {
@@ -380,9 +371,9 @@ mod tests {
             hashes,
             range.clone(),
         );
-        assert_eq!(r.len, range.end - range.start);
+        assert_eq!(r.len(), range.end - range.start);
         let mut out = Vec::new();
-        let mut reader = r.reader;
+        let mut reader = r.into_stream().reader;
         // Small reads: a group is yielded over many calls.
         let mut buf = vec![0u8; 1000];
         loop {
@@ -461,6 +452,7 @@ mod tests {
             hashes,
             range,
         )
+        .into_stream()
         .reader;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 4096];
@@ -491,6 +483,7 @@ mod tests {
             hashes,
             0..3 * G as u64,
         )
+        .into_stream()
         .reader;
         let mut sink = Vec::new();
         let err = Error::from(r.read_to_end(&mut sink).await.unwrap_err());

@@ -1,14 +1,16 @@
 use std::fmt;
-use std::ops::Range;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::io::AsyncRead;
 
-use crate::{Chunks, Digest, GcSeam, InstanceLock, Key, Namespace, PinIntent, Result};
+use std::ops::Range;
+
+use crate::{
+    BlobReader, Digest, GcSeam, InstanceLock, Key, Namespace, PinIntent, RangeRequest, ReadOptions,
+    Result, SizedRead,
+};
 
 /// Milliseconds since the Unix epoch. Engines stamp `created_at` with it;
 /// the GC window compares `visible_after` against an injectable clock in it.
@@ -72,171 +74,6 @@ pub struct Stat {
     pub tier: Tier,
     /// When the entry was published.
     pub created_at: Timestamp,
-}
-
-/// A streaming read of (part of) an entry. Engines return raw bytes; the
-/// facade adds verification.
-pub struct BlobReader {
-    /// Number of bytes the reader yields.
-    pub len: u64,
-    /// The bytes.
-    pub reader: Pin<Box<dyn AsyncRead + Send>>,
-    /// The BLAKE3 digest of the bytes `reader` yields, computed by the
-    /// engine as it produced them (typically on the thread that reads
-    /// ahead, overlapping the hashing with the consumer's copying), or
-    /// `None` when the engine does not hash (the facade then hashes every
-    /// byte itself on a verified read).
-    ///
-    /// # Contract
-    ///
-    /// When present, the engine has hashed **exactly** the bytes `reader`
-    /// yields, in the order it yields them — no more, no fewer, none it did
-    /// not hash — and sends `Digest` of all of them once it has produced the
-    /// last one (it may arrive before `reader` reports EOF). On a verified
-    /// read the facade then does not hash: it counts the bytes, awaits this
-    /// digest after EOF and compares it with the key's digest; a mismatch,
-    /// or a byte count other than `len`, fails the read with
-    /// [`Error::Verification`](crate::Error::Verification). If the sender
-    /// is dropped without sending (the engine stopped early), the read
-    /// fails with [`Error::Io`](crate::Error::Io) unless `reader` already
-    /// failed. Ranged reads are verified by the facade with the entry's
-    /// outboard (ADR-032); engines need not hash them.
-    pub yielded_digest: Option<tokio::sync::oneshot::Receiver<Digest>>,
-    /// The very bytes `reader` yields, when the engine holds them in memory
-    /// anyway (a `Bytes` handle: no copy): the facade may take them instead
-    /// of reading `reader` (a whole verified `Blob::bytes` then hashes them
-    /// in place). `None` for streamed reads, and it must be `None` for any
-    /// reader that wraps another one to observe or change its bytes (a
-    /// layer's hook would otherwise be bypassed). With a
-    /// [`BlobReader::yielded_digest`] as well, the digest must arrive
-    /// without `reader` being polled (as [`BlobReader::hashed_bytes`] sends
-    /// it up front): a facade that takes these bytes awaits it directly.
-    pub in_memory: Option<Bytes>,
-    /// The very bytes `reader` yields, as owned chunks, when the engine
-    /// produces owned buffers anyway (a read-ahead task's chunks): a
-    /// consumer that forwards chunks — an HTTP response body — takes them
-    /// here instead of copying them out of `reader` (ADR-044). Both views
-    /// read from one position ([`Chunks`]). `None` for other reads, and it
-    /// must be `None` for any reader that wraps another one to observe or
-    /// change its bytes, as for [`BlobReader::in_memory`].
-    pub chunks: Option<Chunks>,
-}
-
-impl BlobReader {
-    /// A reader over bytes already in memory (no engine digest: the facade
-    /// hashes them when verifying).
-    pub fn from_bytes(bytes: Bytes) -> Self {
-        BlobReader {
-            len: bytes.len() as u64,
-            reader: Box::pin(std::io::Cursor::new(bytes.clone())),
-            yielded_digest: None,
-            in_memory: Some(bytes),
-            chunks: None,
-        }
-    }
-
-    /// A streamed read of `len` bytes that arrive as owned chunks on `rx`
-    /// (an `Err` item ends the read with it; a channel closed early ends
-    /// it with `UnexpectedEof`), readable through `reader` and takeable
-    /// through [`BlobReader::chunks`]. `yielded_digest` as for the field.
-    pub fn from_chunks(
-        len: u64,
-        rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
-        yielded_digest: Option<tokio::sync::oneshot::Receiver<Digest>>,
-    ) -> Self {
-        let chunks = Chunks::new(len, rx);
-        BlobReader {
-            len,
-            reader: Box::pin(chunks.reader()),
-            yielded_digest,
-            in_memory: None,
-            chunks: Some(chunks),
-        }
-    }
-
-    /// A reader over bytes in memory that the engine has already hashed:
-    /// `digest` must be the BLAKE3 digest of exactly `bytes` (the
-    /// [`BlobReader::yielded_digest`] contract). A verified read then does
-    /// not hash them again, and a whole read into memory takes `bytes`
-    /// without a copy.
-    pub fn hashed_bytes(bytes: Bytes, digest: Digest) -> Self {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        // The receiver is alive: it is returned below.
-        let _ = tx.send(digest);
-        BlobReader {
-            yielded_digest: Some(rx),
-            ..BlobReader::from_bytes(bytes)
-        }
-    }
-}
-
-impl fmt::Debug for BlobReader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BlobReader")
-            .field("len", &self.len)
-            .field("yielded_digest", &self.yielded_digest.is_some())
-            .field("chunks", &self.chunks.is_some())
-            .finish()
-    }
-}
-
-/// A verified range read as the facade asks for it in one engine call
-/// ([`Engine::read_range_sized`]): the bytes wanted, and how to widen them
-/// to what verification needs once the entry's size is known — the whole
-/// entry when it is at most [`RangeRequest::whole_max`] bytes, else the
-/// 16 KiB chunk groups covering the range
-/// ([`crate::outboard::covering_groups`], ADR-032).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RangeRequest {
-    /// The bytes the caller wants.
-    pub range: Range<u64>,
-    /// Entries of at most this many bytes are read whole (and verified
-    /// whole by the facade).
-    pub whole_max: u64,
-}
-
-impl RangeRequest {
-    /// A request for `range`, reading entries of at most `whole_max`
-    /// bytes whole.
-    pub fn new(range: Range<u64>, whole_max: u64) -> Self {
-        RangeRequest { range, whole_max }
-    }
-
-    /// Whether an entry of `size` bytes is read whole.
-    pub fn reads_whole(&self, size: u64) -> bool {
-        size <= self.whole_max
-    }
-
-    /// The bytes to read of an entry of `size` bytes: all of it when it is
-    /// read whole, else the chunk groups covering the range.
-    /// [`Error::InvalidRange`](crate::Error::InvalidRange) (naming `size`)
-    /// unless `start <= end <= size`.
-    pub fn span(&self, size: u64) -> crate::Result<Range<u64>> {
-        let r = &self.range;
-        if r.start > r.end || r.end > size {
-            return Err(crate::Error::InvalidRange {
-                start: r.start,
-                end: r.end,
-                size,
-            });
-        }
-        if self.reads_whole(size) {
-            return Ok(0..size);
-        }
-        Ok(crate::outboard::covering_groups(r, size))
-    }
-}
-
-/// What [`Engine::read_range_sized`] answers: the entry's size and a read
-/// of exactly [`RangeRequest::span`] of it.
-#[derive(Debug)]
-pub struct SizedRead {
-    /// The entry's size in bytes.
-    pub size: u64,
-    /// The bytes `reader` yields: `request.span(size)`.
-    pub span: Range<u64>,
-    /// The read of `span`.
-    pub reader: BlobReader,
 }
 
 /// Where an engine keeps its data, so the facade can tell whether two
@@ -308,10 +145,12 @@ pub enum Sharing {
     SharedService,
 }
 
-/// An engine's self-description. The facade judges configurations from
-/// this alone and never names engine types.
+/// Everything an engine declares about itself, in one answer: the facade
+/// judges configurations from this alone and never names engine types.
+/// What an engine cannot do is absent here (`None`), never a method that
+/// fails at run time.
 #[derive(Clone, Debug)]
-pub struct EngineDescriptor {
+pub struct Capabilities {
     /// Short engine name for messages: `"mem"`, `"sqlite"`, `"local"`, ...
     pub kind: &'static str,
     /// Where its data lives.
@@ -320,6 +159,9 @@ pub struct EngineDescriptor {
     pub sharing: Sharing,
     /// Whether an acknowledged write survives a process crash.
     pub durable: bool,
+    /// The engine-state seam, if this engine is a seam member (ADR-012
+    /// §5). `mem` and `local` have none.
+    pub seam: Option<GcSeam>,
 }
 
 /// Whether a publish created the entry or found it already there.
@@ -346,8 +188,8 @@ pub enum PublishOutcome {
 ///   `spawn_blocking` or a dedicated thread.
 #[async_trait]
 pub trait Engine: Send + Sync + 'static {
-    /// The engine's self-description.
-    fn descriptor(&self) -> EngineDescriptor;
+    /// What this engine is and can do.
+    fn capabilities(&self) -> Capabilities;
 
     /// Size and creation time, or `None` if absent.
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>>;
@@ -355,56 +197,22 @@ pub trait Engine: Send + Sync + 'static {
     /// Presence of each digest in `ns`, index-aligned, in one round trip.
     async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>>;
 
-    /// A streaming read of the whole entry, or `None` if absent.
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>>;
-
-    /// A streaming read of `range` (already validated against the size).
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>>;
-
-    /// The entry's size and a read of `request.span(size)`, in one call
-    /// (what the facade's verified [`range read`] needs, without a `meta`
-    /// first), or `None` if absent. Unlike [`Engine::read_range`], the
-    /// range is checked here: [`Error::InvalidRange`](crate::Error::InvalidRange)
-    /// (naming the size) when it is not within the entry.
+    /// Reads the entry as `options` say — the whole of it, or the span a
+    /// [`RangeRequest`] plans once the size is known — and answers its
+    /// size with the read, in one call; `None` if absent.
+    /// [`Error::InvalidRange`](crate::Error::InvalidRange) (naming the
+    /// size) when a requested range is not within the entry.
     ///
-    /// The default is [`Engine::meta`], then [`Engine::read`] for an entry
-    /// read whole or [`Engine::read_range`] of the span: two calls, which
-    /// an engine whose calls each cost a hand-off answers in one (`local`:
-    /// one blocking call, or none for a page-cached read, ADR-036). `None`
-    /// from the second call (deleted in between) is `None`.
+    /// Engines follow [`ReadOptions::plan`]: its whole-read path (which may
+    /// hash, and may answer from an in-memory copy unless
+    /// [`ReadOptions::from_storage`]) for [`ReadPlan::Whole`], its range
+    /// path for [`ReadPlan::Span`](crate::ReadPlan::Span). An engine whose calls each cost a
+    /// hand-off answers both the size and the bytes in one (`local`: one
+    /// blocking call, or none for a page-cached read). Conveniences over
+    /// this one entry point are in [`EngineExt`].
     ///
     /// Cancel-safe: it only reads.
-    ///
-    /// [`range read`]: Engine::read_range
-    async fn read_range_sized(
-        &self,
-        key: &Key,
-        request: &RangeRequest,
-    ) -> Result<Option<SizedRead>> {
-        let Some(meta) = self.meta(key).await? else {
-            return Ok(None);
-        };
-        let span = request.span(meta.size)?;
-        let reader = if request.reads_whole(meta.size) {
-            self.read(key).await?
-        } else {
-            self.read_range(key, span.clone()).await?
-        };
-        Ok(reader.map(|reader| SizedRead {
-            size: meta.size,
-            span,
-            reader,
-        }))
-    }
-
-    /// A streaming read of the whole entry **from its storage**, never from
-    /// an in-memory copy the engine may keep (the SQLite engine's hot-entry
-    /// cache, ADR-037): what `verify` and `quarantine` read, so they judge
-    /// the stored bytes. The default is [`Engine::read`] (an engine without
-    /// a cache reads its storage anyway).
-    async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
-        self.read(key).await
-    }
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>>;
 
     /// Deletes entries, returning the freed size of each (`None` if absent).
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>>;
@@ -458,12 +266,6 @@ pub trait Engine: Send + Sync + 'static {
         Ok(())
     }
 
-    /// The engine-state seam, if this engine is a seam member (ADR-012 §5).
-    /// `mem` and `local` answer `None`.
-    fn gc_seam(&self) -> Option<GcSeam> {
-        None
-    }
-
     /// The sweep's maintenance step: removes leftovers of interrupted puts
     /// that no live put still owns (stage files, stage objects past their
     /// grace period). Returns how many were removed. Must never touch a
@@ -502,6 +304,46 @@ pub trait Engine: Send + Sync + 'static {
     }
 }
 
+/// Conveniences over [`Engine::read`], for every engine.
+#[async_trait]
+pub trait EngineExt: Engine {
+    /// A read of the whole entry, or `None` if absent. Cancel-safe.
+    async fn read_whole(&self, key: &Key) -> Result<Option<BlobReader>> {
+        Ok(self
+            .read(key, &ReadOptions::whole())
+            .await?
+            .map(|r| r.reader))
+    }
+
+    /// A read of the whole entry from its storage, never an in-memory copy
+    /// ([`ReadOptions::from_storage`]). Cancel-safe.
+    async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
+        Ok(self
+            .read(key, &ReadOptions::stored())
+            .await?
+            .map(|r| r.reader))
+    }
+
+    /// A raw read of exactly `range`, or `None` if absent:
+    /// [`Error::InvalidRange`](crate::Error::InvalidRange) unless
+    /// `start <= end <= size`. Reads the covering span and gives up what is
+    /// outside the range. Cancel-safe.
+    async fn read_exact(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        let request = RangeRequest::new(range.clone(), 0);
+        let Some(read) = self.read(key, &ReadOptions::range(request)).await? else {
+            return Ok(None);
+        };
+        if read.span == range {
+            return Ok(Some(read.reader));
+        }
+        let offset = range.start - read.span.start;
+        let len = range.end - range.start;
+        Ok(Some(read.reader.slice(offset, len).await?))
+    }
+}
+
+impl<E: Engine + ?Sized> EngineExt for E {}
+
 /// A small-blob engine: whole entries move as one buffer.
 ///
 /// # Contract
@@ -537,7 +379,7 @@ pub trait KvEngine: Engine {
 #[async_trait]
 pub trait LargeEngine: Engine {
     /// Opens a stage for a new entry in `ns`.
-    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>>;
+    async fn stage(&self, ns: &Namespace) -> Result<Stage>;
 
     /// Opens a stage for a new entry in `ns` whose digest the caller
     /// already expects to be `digest`.
@@ -551,20 +393,9 @@ pub trait LargeEngine: Engine {
     /// stores, where completing a multipart upload is what publishes, that
     /// completion happens in `publish`), and an aborted or dropped stage
     /// leaves nothing behind. The default is [`LargeEngine::stage`].
-    async fn stage_expecting(
-        &self,
-        ns: &Namespace,
-        digest: &Digest,
-    ) -> Result<Box<dyn StagedWrite>> {
+    async fn stage_expecting(&self, ns: &Namespace, digest: &Digest) -> Result<Stage> {
         let _ = digest;
         self.stage(ns).await
-    }
-
-    /// Whether this engine's stages can commit a fleet pin row in their
-    /// publishing transaction ([`StagedWrite::publish_pinned`]): true only
-    /// for engines living in a database that can also hold `gc_pins`.
-    fn joint_pin_publish(&self) -> bool {
-        false
     }
 }
 
@@ -599,16 +430,70 @@ pub trait StagedWrite: Send {
 
     /// Discards the stage.
     async fn abort(self: Box<Self>) -> Result<()>;
+}
 
+/// A stage that can also commit a fleet pin row in its publishing
+/// transaction: only engines living in a database that can hold `gc_pins`
+/// open these ([`Stage::Joint`]).
+#[async_trait]
+pub trait JointStagedWrite: StagedWrite {
     /// Like [`StagedWrite::publish`], committing the pin row of `pin` (and
     /// taking the key's shared fleet lock) in the same transaction; a dedup
-    /// hit still commits the pin. Only called on engines whose
-    /// [`LargeEngine::joint_pin_publish`] is true; others refuse.
-    async fn publish_pinned(self: Box<Self>, key: &Key, pin: &PinIntent) -> Result<PublishOutcome> {
-        let _ = (key, pin);
-        self.abort().await?;
-        Err(crate::Error::Config(
-            "this large engine cannot commit a pin row with its publish".into(),
-        ))
+    /// hit still commits the pin.
+    async fn publish_pinned(self: Box<Self>, key: &Key, pin: &PinIntent) -> Result<PublishOutcome>;
+}
+
+/// An open stage, as its engine can publish it: whether a publish can
+/// commit a fleet pin row with it is the stage's type, not a flag.
+pub enum Stage {
+    /// Publishes the entry alone.
+    Plain(Box<dyn StagedWrite>),
+    /// Can also publish with a pin row ([`JointStagedWrite`]).
+    Joint(Box<dyn JointStagedWrite>),
+}
+
+impl fmt::Debug for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Stage::Plain(_) => "Stage::Plain",
+            Stage::Joint(_) => "Stage::Joint",
+        })
+    }
+}
+
+impl Stage {
+    /// The stage as a plain one (a joint stage publishes plainly too).
+    pub fn into_plain(self) -> Box<dyn StagedWrite> {
+        match self {
+            Stage::Plain(s) => s,
+            Stage::Joint(s) => s,
+        }
+    }
+
+    fn as_plain(&mut self) -> &mut dyn StagedWrite {
+        match self {
+            Stage::Plain(s) => s.as_mut(),
+            Stage::Joint(s) => s.as_mut(),
+        }
+    }
+
+    /// [`StagedWrite::write`]. Cancel-safe as the engine's is.
+    pub async fn write(&mut self, chunk: Bytes) -> Result<()> {
+        self.as_plain().write(chunk).await
+    }
+
+    /// [`StagedWrite::set_outboard`].
+    pub async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
+        self.as_plain().set_outboard(outboard).await
+    }
+
+    /// [`StagedWrite::publish`].
+    pub async fn publish(self, key: &Key) -> Result<PublishOutcome> {
+        self.into_plain().publish(key).await
+    }
+
+    /// [`StagedWrite::abort`].
+    pub async fn abort(self) -> Result<()> {
+        self.into_plain().abort().await
     }
 }

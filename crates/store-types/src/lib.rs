@@ -41,6 +41,7 @@ mod instance_lock;
 mod key;
 pub mod layout;
 pub mod outboard;
+mod read;
 mod refs;
 pub mod registry;
 mod seam;
@@ -49,8 +50,8 @@ pub use cache::{CacheBounds, CacheIndex, CacheTrim, CacheUsage};
 pub use chunks::Chunks;
 pub use digest::{Digest, DIGEST_HEX_LEN};
 pub use engine::{
-    BlobReader, Engine, EngineDescriptor, EntryMeta, Instance, KvEngine, LargeEngine,
-    PublishOutcome, RangeRequest, Sharing, SizedRead, StagedWrite, Stat, Tier, Timestamp,
+    Capabilities, Engine, EngineExt, EntryMeta, Instance, JointStagedWrite, KvEngine, LargeEngine,
+    PublishOutcome, Sharing, Stage, StagedWrite, Stat, Tier, Timestamp,
 };
 pub use error::{Error, ProtectReason, Result};
 pub use failure::{Context, ErrorKind, Failure, Report, Source};
@@ -60,6 +61,7 @@ pub use fleet::{
 };
 pub use instance_lock::InstanceLock;
 pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};
+pub use read::{BlobReader, RangeRequest, ReadOptions, ReadPlan, SizedRead, StreamParts};
 pub use refs::{ref_conflict, RefEntry, RefExpect, RefName, RefStore, REF_NAME_MAX_LEN};
 pub use seam::{
     GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
