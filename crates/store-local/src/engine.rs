@@ -1,12 +1,11 @@
 //! The [`Engine`] and [`LargeEngine`] implementations.
 
 use std::collections::BTreeSet;
-use std::ops::Range;
 
 use async_trait::async_trait;
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Instance, InstanceLock, Key,
-    LargeEngine, Namespace, RangeRequest, Result, Sharing, SizedRead, StagedWrite,
+    Capabilities, Digest, Engine, EntryMeta, Instance, InstanceLock, Key, LargeEngine, Namespace,
+    ReadOptions, Result, Sharing, SizedRead, Stage,
 };
 
 use crate::error::{blocking, io_err, is_absent};
@@ -55,14 +54,15 @@ impl Engine for LocalEngine {
         .await
     }
 
-    fn descriptor(&self) -> EngineDescriptor {
-        EngineDescriptor {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
             kind: "local",
             instance: Instance::Path(self.inner.root.clone()),
             sharing: Sharing::DeclaredMedia {
                 shared_media: self.inner.options.shared_media,
             },
             durable: self.inner.options.fsync,
+            seam: None,
         }
     }
 
@@ -92,29 +92,18 @@ impl Engine for LocalEngine {
         .await
     }
 
-    /// Inline for an entry of at most one chunk whose descriptor is cached
-    /// and whose bytes are in the page cache; else one blocking call, or
-    /// a read-ahead stream (see `reader.rs`).
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        let found = open_entry(&self.inner, key, Want::Whole).await?;
-        Ok(found.map(|(_, _, r)| r))
-    }
-
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        let found = open_entry(&self.inner, key, Want::Range(range)).await?;
-        Ok(found.map(|(_, _, r)| r))
-    }
-
-    /// One engine call, never two (ADR-036): inline when the entry's
-    /// descriptor is cached and the span's bytes are in the page cache,
-    /// else one blocking call that opens, sizes and (for a span of at most
-    /// one chunk) reads.
-    async fn read_range_sized(
-        &self,
-        key: &Key,
-        request: &RangeRequest,
-    ) -> Result<Option<SizedRead>> {
-        let found = open_entry(&self.inner, key, Want::Sized(request.clone())).await?;
+    /// One engine call, never two (TUNING.md §local-small-reads): inline
+    /// for an entry (or span) whose descriptor is cached and whose bytes
+    /// are in the page cache; else one blocking call that opens, sizes and
+    /// (for at most one chunk) reads, or a read-ahead stream (see
+    /// `reader.rs`). There is no in-memory copy, so `from_storage` changes
+    /// nothing.
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
+        let want = match &options.range {
+            None => Want::Whole,
+            Some(request) => Want::Sized(request.clone()),
+        };
+        let found = open_entry(&self.inner, key, want).await?;
         Ok(found.map(|(size, span, reader)| SizedRead { size, span, reader }))
     }
 
@@ -223,8 +212,8 @@ impl Drop for Invalidate<'_> {
 #[async_trait]
 impl LargeEngine for LocalEngine {
     /// Creates (and locks) a stage file in `<root>/.stage/`.
-    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
+    async fn stage(&self, ns: &Namespace) -> Result<Stage> {
         let stage = LocalStage::open(self.inner.clone(), ns.clone()).await?;
-        Ok(Box::new(stage))
+        Ok(Stage::Plain(Box::new(stage)))
     }
 }

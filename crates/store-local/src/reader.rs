@@ -34,7 +34,7 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use store_types::{BlobReader, Digest, Error, Key, RangeRequest, Result, CHUNK_SIZE};
+use store_types::{BlobReader, Digest, Key, RangeRequest, Result, CHUNK_SIZE};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::{release, OpenFile};
@@ -61,9 +61,6 @@ pub(crate) const WHOLE_READ_MAX: u64 = ((READ_AHEAD_CHUNKS + 1) * CHUNK_SIZE) as
 pub(crate) enum Want {
     /// All of it (hashed on the way when streamed).
     Whole,
-    /// `range`, already checked against the size by the caller (checked
-    /// again here all the same).
-    Range(Range<u64>),
     /// What the request's span is once the size is known.
     Sized(RangeRequest),
 }
@@ -73,7 +70,6 @@ impl Want {
     fn span(&self, size: u64) -> Result<Range<u64>> {
         match self {
             Want::Whole => Ok(0..size),
-            Want::Range(r) => check_range(r, size).map(|()| r.clone()),
             Want::Sized(req) => req.span(size),
         }
     }
@@ -83,7 +79,6 @@ impl Want {
     fn whole(&self, size: u64) -> bool {
         match self {
             Want::Whole => true,
-            Want::Range(_) => false,
             Want::Sized(req) => req.reads_whole(size),
         }
     }
@@ -563,18 +558,6 @@ fn open_noatime(path: &Path) -> io::Result<File> {
         }
     }
     File::open(path)
-}
-
-/// [`Error::InvalidRange`] unless `range` lies within `size` bytes.
-fn check_range(range: &Range<u64>, size: u64) -> Result<()> {
-    if range.start > range.end || range.end > size {
-        return Err(Error::InvalidRange {
-            start: range.start,
-            end: range.end,
-            size,
-        });
-    }
-    Ok(())
 }
 
 /// Reads exactly `n` bytes at `offset` (`pread`, no seek) into a buffer

@@ -1,13 +1,13 @@
 //! The [`Engine`], [`KvEngine`] and [`LargeEngine`] implementations.
 
-use std::ops::{Bound, Range};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, Instance, Key, KvEngine,
-    LargeEngine, Namespace, PublishOutcome, RefStore, Result, Sharing, StagedWrite,
+    Capabilities, Digest, Engine, EntryMeta, Instance, Key, KvEngine, LargeEngine, Namespace,
+    PublishOutcome, ReadOptions, RefStore, Result, Sharing, SizedRead, Stage,
 };
 
 use crate::{MemEngine, MemStage};
@@ -24,12 +24,13 @@ impl MemEngine {
 
 #[async_trait]
 impl Engine for MemEngine {
-    fn descriptor(&self) -> EngineDescriptor {
-        EngineDescriptor {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
             kind: "mem",
             instance: Instance::Process,
             sharing: Sharing::ProcessLocal,
             durable: false,
+            seam: None,
         }
     }
 
@@ -53,8 +54,11 @@ impl Engine for MemEngine {
             .collect())
     }
 
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        Ok(self.get(key).map(BlobReader::from_bytes))
+    /// Whole reads and spans alike are handle clones of the bytes.
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
+        self.get(key)
+            .map(|bytes| SizedRead::from_bytes(bytes, options))
+            .transpose()
     }
 
     /// The outboard kept with the entry (a handle clone).
@@ -76,23 +80,6 @@ impl Engine for MemEngine {
             e.outboard.get_or_insert(outboard);
         }
         Ok(())
-    }
-
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        let Some(bytes) = self.get(key) else {
-            return Ok(None);
-        };
-        let size = bytes.len() as u64;
-        if range.start > range.end || range.end > size {
-            return Err(Error::InvalidRange {
-                start: range.start,
-                end: range.end,
-                size,
-            });
-        }
-        // Both bounds are <= size, which came from a usize.
-        let slice = bytes.slice(range.start as usize..range.end as usize);
-        Ok(Some(BlobReader::from_bytes(slice)))
     }
 
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
@@ -168,7 +155,10 @@ impl KvEngine for MemEngine {
 
 #[async_trait]
 impl LargeEngine for MemEngine {
-    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
-        Ok(Box::new(MemStage::new(self.clone(), ns.clone())))
+    async fn stage(&self, ns: &Namespace) -> Result<Stage> {
+        Ok(Stage::Plain(Box::new(MemStage::new(
+            self.clone(),
+            ns.clone(),
+        ))))
     }
 }

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
 use store_types::{
-    BlobReader, Digest, EngineDescriptor, EntryMeta, GcSeam, Instance, InstanceLock, Key,
-    Namespace, PublishOutcome, Result, Sharing, Timestamp,
+    BlobReader, Capabilities, Digest, EntryMeta, GcSeam, Instance, InstanceLock, Key, Namespace,
+    PublishOutcome, Result, Sharing, Timestamp,
 };
 use store_types::{Engine, KvEngine};
 
@@ -142,6 +142,56 @@ impl PostgresEngine {
         Ok(())
     }
 
+    /// The whole content of `key`, in one query.
+    async fn read_content(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let content: Option<Vec<u8>> = sqlx::query_scalar(
+            self.sql("SELECT content FROM {schema}.entries WHERE ns = $1 AND digest = $2"),
+        )
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(content.map(|c| BlobReader::from_bytes(Bytes::from(c))))
+    }
+
+    /// `range` of the content of `key` (within its size), in one query.
+    async fn read_span(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        let len = range.end.saturating_sub(range.start);
+        let content: Option<Vec<u8>> = sqlx::query_scalar(self.sql(
+            "SELECT substring(content FROM $3::int4 FOR $4::int4) FROM {schema}.entries
+             WHERE ns = $1 AND digest = $2",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(to_i64(range.start)?.saturating_add(1))
+        .bind(to_i64(len)?)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(content.map(|c| BlobReader::from_bytes(Bytes::from(c))))
+    }
+
+    /// The engine-state seam: every clause family (ADR-012 §5).
+    fn seam(&self) -> GcSeam {
+        let pool = self.inner.pool.clone();
+        let schema = self.inner.schema.clone();
+        let database = match &self.inner.instance {
+            Instance::Postgres { database, .. } => database.clone(),
+            _ => String::new(),
+        };
+        GcSeam {
+            schema: Arc::new(PgGcSchema::new(pool.clone(), schema.clone())),
+            window: Some(Arc::new(PgWindow::new(pool.clone(), schema.clone()))),
+            pins: Some(Arc::new(PgPins::new(
+                pool.clone(),
+                schema.clone(),
+                self.inner.instance.clone(),
+            ))),
+            sweep_lock: Some(Arc::new(PgSweepLock::new(pool, &database, &schema))),
+        }
+    }
+
     fn sql(&self, template: &str) -> sqlx::SqlStr {
         sql(&self.inner.schema, template)
     }
@@ -149,12 +199,13 @@ impl PostgresEngine {
 
 #[async_trait]
 impl Engine for PostgresEngine {
-    fn descriptor(&self) -> EngineDescriptor {
-        EngineDescriptor {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
             kind: "postgres",
             instance: self.inner.instance.clone(),
             sharing: Sharing::DatabaseServer,
             durable: true,
+            seam: Some(self.seam()),
         }
     }
 
@@ -180,32 +231,16 @@ impl Engine for PostgresEngine {
         present_many(self.pool(), &self.inner.schema, "entries", ns, digests).await
     }
 
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        let content: Option<Vec<u8>> = sqlx::query_scalar(
-            self.sql("SELECT content FROM {schema}.entries WHERE ns = $1 AND digest = $2"),
-        )
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .fetch_optional(self.pool())
-        .await
-        .map_err(db_err)?;
-        Ok(content.map(|c| BlobReader::from_bytes(Bytes::from(c))))
-    }
-
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        let len = range.end.saturating_sub(range.start);
-        let content: Option<Vec<u8>> = sqlx::query_scalar(self.sql(
-            "SELECT substring(content FROM $3::int4 FOR $4::int4) FROM {schema}.entries
-             WHERE ns = $1 AND digest = $2",
-        ))
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .bind(to_i64(range.start)?.saturating_add(1))
-        .bind(to_i64(len)?)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(db_err)?;
-        Ok(content.map(|c| BlobReader::from_bytes(Bytes::from(c))))
+    /// A whole read is one query; a span is sized first (two queries).
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
+        let size = async { Ok(self.meta(key).await?.map(|m| m.size)) };
+        options
+            .read_with(
+                size,
+                || self.read_content(key),
+                |span| self.read_span(key, span),
+            )
+            .await
     }
 
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
@@ -260,25 +295,6 @@ impl Engine for PostgresEngine {
         )
         .await
         .map(Some)
-    }
-
-    fn gc_seam(&self) -> Option<GcSeam> {
-        let pool = self.inner.pool.clone();
-        let schema = self.inner.schema.clone();
-        let database = match &self.inner.instance {
-            Instance::Postgres { database, .. } => database.clone(),
-            _ => String::new(),
-        };
-        Some(GcSeam {
-            schema: Arc::new(PgGcSchema::new(pool.clone(), schema.clone())),
-            window: Some(Arc::new(PgWindow::new(pool.clone(), schema.clone()))),
-            pins: Some(Arc::new(PgPins::new(
-                pool.clone(),
-                schema.clone(),
-                self.inner.instance.clone(),
-            ))),
-            sweep_lock: Some(Arc::new(PgSweepLock::new(pool, &database, &schema))),
-        })
     }
 }
 

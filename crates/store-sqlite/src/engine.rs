@@ -8,8 +8,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rusqlite::{ErrorCode, OptionalExtension};
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, GcSeam, Instance, InstanceLock,
-    Key, KvEngine, Namespace, PublishOutcome, RefStore, Result, Sharing, Timestamp,
+    BlobReader, Capabilities, Digest, Engine, EntryMeta, Error, GcSeam, Instance, InstanceLock,
+    Key, KvEngine, Namespace, PublishOutcome, ReadOptions, RefStore, Result, Sharing, SizedRead,
+    Timestamp,
 };
 
 use crate::cache::Hot;
@@ -58,6 +59,44 @@ fn read_row(conn: &rusqlite::Connection, key: &Key) -> Result<Option<Hot>> {
 }
 
 impl SqliteEngine {
+    /// The engine-state seam: `gc_window` only (ADR-012 §5).
+    fn seam(&self) -> GcSeam {
+        let seam = Arc::new(SqliteGcSeam::new(self.clone()));
+        GcSeam {
+            schema: seam.clone(),
+            window: Some(seam),
+            pins: None,
+            sweep_lock: None,
+        }
+    }
+
+    /// The bytes of `span` of a stored entry (within its size), in one
+    /// query on a reader connection.
+    async fn read_span(&self, key: &Key, span: Range<u64>) -> Result<Option<BlobReader>> {
+        let key = key.clone();
+        let start = to_i64(span.start).saturating_add(1);
+        let len = to_i64(span.end.saturating_sub(span.start));
+        self.inner
+            .readers
+            .run(move |conn| {
+                let mut stmt = conn.prepare_cached(READ_RANGE).sql()?;
+                let content = stmt
+                    .query_row(
+                        (
+                            key.namespace.as_str(),
+                            &key.digest.as_bytes()[..],
+                            start,
+                            len,
+                        ),
+                        |r| r.get::<_, Vec<u8>>(0),
+                    )
+                    .optional()
+                    .sql()?;
+                Ok(content.map(blob))
+            })
+            .await
+    }
+
     /// Reads `key`'s row on a reader connection and offers it to the
     /// hot-entry cache (the epoch is taken before the query: see the
     /// `cache` module).
@@ -80,12 +119,13 @@ impl SqliteEngine {
 
 #[async_trait]
 impl Engine for SqliteEngine {
-    fn descriptor(&self) -> EngineDescriptor {
-        EngineDescriptor {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
             kind: "sqlite",
             instance: Instance::Path(self.inner.path.clone()),
             sharing: Sharing::EmbeddedFile,
             durable: true,
+            seam: Some(self.seam()),
         }
     }
 
@@ -166,57 +206,33 @@ impl Engine for SqliteEngine {
         Ok(present)
     }
 
-    /// A hot entry's bytes come from the cache, in the calling task; a
-    /// cold one is read on a reader connection and offered to the cache.
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        if let Some(hot) = self.inner.cache.get(key) {
-            return Ok(Some(BlobReader::from_bytes(hot.content)));
+    /// A hot entry's bytes (or span) come from the cache, in the calling
+    /// task; a cold whole entry is read on a reader connection and offered
+    /// to the cache; a cold span is sized, then read alone. A read
+    /// `from_storage` is always the stored row, never the cache (and it
+    /// does not fill it).
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
+        if options.from_storage {
+            let key = key.clone();
+            let row = self
+                .inner
+                .readers
+                .run(move |conn| read_row(conn, &key))
+                .await?;
+            return row
+                .map(|h| SizedRead::from_bytes(h.content, options))
+                .transpose();
         }
-        Ok(self
-            .read_through(key)
-            .await?
-            .map(|hot| BlobReader::from_bytes(hot.content)))
-    }
-
-    /// Always the stored row, never the cache (and it does not fill it).
-    async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
-        let key = key.clone();
-        self.inner
-            .readers
-            .run(move |conn| Ok(read_row(conn, &key)?.map(|h| BlobReader::from_bytes(h.content))))
-            .await
-    }
-
-    /// A hot entry's range is sliced out of the cached bytes.
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
         if let Some(hot) = self.inner.cache.get(key) {
-            let len = hot.content.len() as u64;
-            if range.start <= range.end && range.end <= len {
-                let r = range.start as usize..range.end as usize;
-                return Ok(Some(BlobReader::from_bytes(hot.content.slice(r))));
-            }
+            return SizedRead::from_bytes(hot.content, options).map(Some);
         }
-        let key = key.clone();
-        let start = to_i64(range.start).saturating_add(1);
-        let len = to_i64(range.end.saturating_sub(range.start));
-        self.inner
-            .readers
-            .run(move |conn| {
-                let mut stmt = conn.prepare_cached(READ_RANGE).sql()?;
-                let content = stmt
-                    .query_row(
-                        (
-                            key.namespace.as_str(),
-                            &key.digest.as_bytes()[..],
-                            start,
-                            len,
-                        ),
-                        |r| r.get::<_, Vec<u8>>(0),
-                    )
-                    .optional()
-                    .sql()?;
-                Ok(content.map(blob))
-            })
+        let size = async { Ok(self.meta(key).await?.map(|m| m.size)) };
+        let whole = || async {
+            let hot = self.read_through(key).await?;
+            Ok(hot.map(|h| BlobReader::from_bytes(h.content)))
+        };
+        options
+            .read_with(size, whole, |span| self.read_span(key, span))
             .await
     }
 
@@ -293,16 +309,6 @@ impl Engine for SqliteEngine {
                 Ok(out)
             })
             .await
-    }
-
-    fn gc_seam(&self) -> Option<GcSeam> {
-        let seam = Arc::new(SqliteGcSeam::new(self.clone()));
-        Some(GcSeam {
-            schema: seam.clone(),
-            window: Some(seam),
-            pins: None,
-            sweep_lock: None,
-        })
     }
 }
 

@@ -350,6 +350,40 @@ impl ReadOptions {
         }
     }
 
+    /// Answers these options in two steps, for an engine whose whole-read
+    /// and range paths are separate calls: a whole read is `whole()` alone
+    /// (its length is the size); a ranged one sizes the entry with `size`
+    /// (`None`: absent), plans, then calls `whole()` or `span(span)`. An
+    /// entry deleted between the steps is absent.
+    ///
+    /// Cancel-safe when the steps are (they only read).
+    pub async fn read_with<SF, W, WF, S, PF>(
+        &self,
+        size: SF,
+        whole: W,
+        span: S,
+    ) -> crate::Result<Option<SizedRead>>
+    where
+        SF: std::future::Future<Output = crate::Result<Option<u64>>>,
+        W: FnOnce() -> WF,
+        WF: std::future::Future<Output = crate::Result<Option<BlobReader>>>,
+        S: FnOnce(Range<u64>) -> PF,
+        PF: std::future::Future<Output = crate::Result<Option<BlobReader>>>,
+    {
+        if self.range.is_none() {
+            return Ok(whole().await?.map(SizedRead::whole));
+        }
+        let Some(size) = size.await? else {
+            return Ok(None);
+        };
+        let plan = self.plan(size)?;
+        let reader = match &plan {
+            ReadPlan::Whole => whole().await?,
+            ReadPlan::Span(s) => span(s.clone()).await?,
+        };
+        Ok(reader.map(|r| SizedRead::planned(size, plan, r)))
+    }
+
     /// What to read of an entry of `size` bytes, checking the range
     /// ([`Error::InvalidRange`](crate::Error::InvalidRange) naming `size`).
     pub fn plan(&self, size: u64) -> crate::Result<ReadPlan> {
@@ -389,6 +423,23 @@ impl SizedRead {
             span: 0..size,
             reader,
         }
+    }
+
+    /// `options` answered from an entry's bytes in memory: all of them, or
+    /// the planned span sliced out (a handle clone either way).
+    /// [`Error::InvalidRange`](crate::Error::InvalidRange) as
+    /// [`ReadOptions::plan`].
+    pub fn from_bytes(bytes: Bytes, options: &ReadOptions) -> crate::Result<Self> {
+        let size = bytes.len() as u64;
+        let plan = options.plan(size)?;
+        let reader = match &plan {
+            ReadPlan::Whole => BlobReader::from_bytes(bytes),
+            // Both bounds are <= size, which came from a usize.
+            ReadPlan::Span(span) => {
+                BlobReader::from_bytes(bytes.slice(span.start as usize..span.end as usize))
+            }
+        };
+        Ok(SizedRead::planned(size, plan, reader))
     }
 
     /// A read that followed `plan` for an entry of `size` bytes.
