@@ -1,12 +1,12 @@
 //! The [`Engine`], [`KvEngine`] and [`LargeEngine`] implementations.
 
-use std::ops::{Bound, Range};
+use std::ops::Bound;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Error, Instance, Key, KvEngine,
-    LargeEngine, Namespace, PublishOutcome, Result, Sharing, StagedWrite,
+    Capabilities, Digest, Engine, EntryMeta, Instance, Key, KvEngine, LargeEngine, Namespace,
+    PublishOutcome, ReadOptions, Result, Sharing, SizedRead, Stage,
 };
 
 use crate::stage::ExampleStage;
@@ -25,12 +25,13 @@ fn first_key(ns: &Namespace) -> Key {
 
 #[async_trait]
 impl Engine for ExampleEngine {
-    fn descriptor(&self) -> EngineDescriptor {
-        EngineDescriptor {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
             kind: "example",
             instance: Instance::Process,
             sharing: Sharing::ProcessLocal,
             durable: false,
+            seam: None,
         }
     }
 
@@ -49,26 +50,12 @@ impl Engine for ExampleEngine {
             .collect())
     }
 
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        Ok(self.get(key).map(BlobReader::from_bytes))
-    }
-
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        let Some(bytes) = self.get(key) else {
-            return Ok(None);
-        };
-        let size = bytes.len() as u64;
-        if range.start > range.end || range.end > size {
-            return Err(Error::InvalidRange {
-                start: range.start,
-                end: range.end,
-                size,
-            });
-        }
-        // Both bounds are <= size, which came from a usize.
-        Ok(Some(BlobReader::from_bytes(
-            bytes.slice(range.start as usize..range.end as usize),
-        )))
+    /// The bytes in memory answer every read (a handle clone, sliced for
+    /// a span).
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
+        self.get(key)
+            .map(|bytes| SizedRead::from_bytes(bytes, options))
+            .transpose()
     }
 
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
@@ -126,7 +113,10 @@ impl KvEngine for ExampleEngine {
 
 #[async_trait]
 impl LargeEngine for ExampleEngine {
-    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
-        Ok(Box::new(ExampleStage::new(self.clone(), ns.clone())))
+    async fn stage(&self, ns: &Namespace) -> Result<Stage> {
+        Ok(Stage::Plain(Box::new(ExampleStage::new(
+            self.clone(),
+            ns.clone(),
+        ))))
     }
 }

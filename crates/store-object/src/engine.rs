@@ -9,8 +9,8 @@ use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use store_types::layout::parse_fan;
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, Key, LargeEngine, Namespace, Result,
-    StagedWrite, Timestamp,
+    Capabilities, Digest, Engine, EntryMeta, Key, LargeEngine, Namespace, ReadOptions, Result,
+    SizedRead, Stage, Timestamp,
 };
 
 use crate::error::backend_err;
@@ -32,12 +32,13 @@ impl Engine for ObjectEngine {
             .await
     }
 
-    fn descriptor(&self) -> EngineDescriptor {
-        EngineDescriptor {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
             kind: "object",
             instance: self.inner.instance.clone(),
             sharing: self.inner.sharing,
             durable: self.inner.durable,
+            seam: None,
         }
     }
 
@@ -84,17 +85,14 @@ impl Engine for ObjectEngine {
         Ok(out)
     }
 
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        self.inner
-            .open_reader(&self.inner.content_path(key), None)
-            .await
-    }
-
-    /// A ranged GET.
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        self.inner
-            .open_reader(&self.inner.content_path(key), Some(range))
-            .await
+    /// A GET of the whole object; a span is sized with a HEAD first, then
+    /// read with a ranged GET.
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
+        let path = self.inner.content_path(key);
+        let size = async { Ok(self.inner.meta(&path).await?.map(|m| m.size)) };
+        let whole = || self.inner.open_reader(&path, None);
+        let span = |span: Range<u64>| self.inner.open_reader(&path, Some(span));
+        options.read_with(size, whole, span).await
     }
 
     /// One GET of the outboard object (`None` if absent).
@@ -255,8 +253,11 @@ impl Engine for ObjectEngine {
 impl LargeEngine for ObjectEngine {
     /// A stage buffers up to the multipart threshold, then streams into a
     /// multipart upload under `.stage/`.
-    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
-        Ok(Box::new(ObjectStage::new(self.inner.clone(), ns.clone())))
+    async fn stage(&self, ns: &Namespace) -> Result<Stage> {
+        Ok(Stage::Plain(Box::new(ObjectStage::new(
+            self.inner.clone(),
+            ns.clone(),
+        ))))
     }
 
     /// Like [`LargeEngine::stage`], but a body beyond the multipart
@@ -269,16 +270,12 @@ impl LargeEngine for ObjectEngine {
     /// it never lists or reads, renamed into place at completion;
     /// `InMemory`: parts held by the upload), so nothing is visible before
     /// `publish`. Off with [`crate::ObjectOptions::direct_expected_puts`].
-    async fn stage_expecting(
-        &self,
-        ns: &Namespace,
-        digest: &Digest,
-    ) -> Result<Box<dyn StagedWrite>> {
-        Ok(Box::new(ObjectStage::expecting(
+    async fn stage_expecting(&self, ns: &Namespace, digest: &Digest) -> Result<Stage> {
+        Ok(Stage::Plain(Box::new(ObjectStage::expecting(
             self.inner.clone(),
             ns.clone(),
             *digest,
-        )))
+        ))))
     }
 }
 

@@ -14,8 +14,8 @@ use store_postgres::plumbing::{
 };
 use store_postgres::PgGcSchema;
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, GcSeam, Instance, InstanceLock, Key,
-    LargeEngine, Namespace, Result, Sharing, StagedWrite, Timestamp, CHUNK_SIZE,
+    BlobReader, Capabilities, Digest, Engine, EntryMeta, GcSeam, Instance, InstanceLock, Key,
+    LargeEngine, Namespace, ReadOptions, Result, Sharing, SizedRead, Stage, Timestamp, CHUNK_SIZE,
 };
 
 use crate::reader::inline_reader;
@@ -92,6 +92,70 @@ impl std::fmt::Debug for PgLoEngine {
 }
 
 impl PgLoEngine {
+    /// One statement for an entry of at most [`CHUNK_SIZE`] bytes (its row
+    /// and its bytes together); a larger one is streamed from the OID this
+    /// statement found.
+    async fn read_content(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let row = sqlx::query(self.sql(
+            "SELECT e.oid, e.size,
+                    CASE WHEN e.size <= $3 THEN lo_get(e.oid, 0, e.size::int4) END
+             FROM {schema}.lo_entries e WHERE e.ns = $1 AND e.digest = $2",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(CHUNK_SIZE as i64)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let oid: Oid = row.try_get(0).map_err(db_err)?;
+        let size = size_col(&row, 1)?;
+        let inline: Option<Vec<u8>> = row.try_get(2).map_err(db_err)?;
+        Ok(Some(match inline {
+            Some(bytes) => inline_reader(key, size, bytes),
+            None => self.reader(key, oid, 0..size),
+        }))
+    }
+
+    /// A range of at most [`CHUNK_SIZE`] bytes is one statement: the entry's
+    /// row joined with `lo_get(oid, offset, len)`, row and bytes read in one
+    /// snapshot, so a read racing a delete finds no row (`None`) rather than
+    /// reading a recycled OID. Larger ranges are streamed.
+    async fn read_span(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
+        let len = range.end.saturating_sub(range.start);
+        if len > CHUNK_SIZE as u64 {
+            return Ok(self
+                .locate(key)
+                .await?
+                .map(|(oid, _)| self.reader(key, oid, range)));
+        }
+        let bytes: Option<Vec<u8>> = sqlx::query_scalar(self.sql(
+            "SELECT lo_get(e.oid, $3, $4) FROM {schema}.lo_entries e
+             WHERE e.ns = $1 AND e.digest = $2",
+        ))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .bind(to_i64(range.start)?)
+        .bind(len as i32)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(bytes.map(|b| inline_reader(key, len, b)))
+    }
+
+    /// The engine-state seam: `gc_window` only (ADR-012 §5).
+    fn seam(&self) -> GcSeam {
+        let (pool, schema) = (self.inner.pool.clone(), self.inner.schema.clone());
+        GcSeam {
+            schema: Arc::new(PgGcSchema::window_only(pool.clone(), schema.clone())),
+            window: Some(Arc::new(PgWindow::new(pool, schema))),
+            pins: None,
+            sweep_lock: None,
+        }
+    }
+
     /// Connects to `url`, creates `schema` if missing and migrates it.
     ///
     /// `schema` must match `[a-z_][a-z0-9_]{0,62}` ([`Error::Config`](store_types::Error::Config)
@@ -141,12 +205,13 @@ impl PgLoEngine {
 
 #[async_trait]
 impl Engine for PgLoEngine {
-    fn descriptor(&self) -> EngineDescriptor {
-        EngineDescriptor {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
             kind: "pg-lo",
             instance: self.inner.instance.clone(),
             sharing: Sharing::DatabaseServer,
             durable: true,
+            seam: Some(self.seam()),
         }
     }
 
@@ -173,57 +238,17 @@ impl Engine for PgLoEngine {
         present_many(self.pool(), &self.inner.schema, "lo_entries", ns, digests).await
     }
 
-    /// One statement for an entry of at most [`CHUNK_SIZE`] bytes (its row
-    /// and its bytes together); a larger one is streamed from the OID this
-    /// statement found.
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        let row = sqlx::query(self.sql(
-            "SELECT e.oid, e.size,
-                    CASE WHEN e.size <= $3 THEN lo_get(e.oid, 0, e.size::int4) END
-             FROM {schema}.lo_entries e WHERE e.ns = $1 AND e.digest = $2",
-        ))
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .bind(CHUNK_SIZE as i64)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(db_err)?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let oid: Oid = row.try_get(0).map_err(db_err)?;
-        let size = size_col(&row, 1)?;
-        let inline: Option<Vec<u8>> = row.try_get(2).map_err(db_err)?;
-        Ok(Some(match inline {
-            Some(bytes) => inline_reader(key, size, bytes),
-            None => self.reader(key, oid, 0..size),
-        }))
-    }
-
-    /// A range of at most [`CHUNK_SIZE`] bytes is one statement: the entry's
-    /// row joined with `lo_get(oid, offset, len)`, row and bytes read in one
-    /// snapshot, so a read racing a delete finds no row (`None`) rather than
-    /// reading a recycled OID. Larger ranges are streamed.
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        let len = range.end.saturating_sub(range.start);
-        if len > CHUNK_SIZE as u64 {
-            return Ok(self
-                .locate(key)
-                .await?
-                .map(|(oid, _)| self.reader(key, oid, range)));
-        }
-        let bytes: Option<Vec<u8>> = sqlx::query_scalar(self.sql(
-            "SELECT lo_get(e.oid, $3, $4) FROM {schema}.lo_entries e
-             WHERE e.ns = $1 AND e.digest = $2",
-        ))
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .bind(to_i64(range.start)?)
-        .bind(len as i32)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(db_err)?;
-        Ok(bytes.map(|b| inline_reader(key, len, b)))
+    /// A whole read: see `read_content`; a span is sized first, then read
+    /// (see `read_span`).
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
+        let size = async { Ok(self.meta(key).await?.map(|m| m.size)) };
+        options
+            .read_with(
+                size,
+                || self.read_content(key),
+                |span| self.read_span(key, span),
+            )
+            .await
     }
 
     /// The `outboard` column of the entry's row (`None` when the row is
@@ -320,27 +345,14 @@ impl Engine for PgLoEngine {
         .await
         .map(Some)
     }
-
-    fn gc_seam(&self) -> Option<GcSeam> {
-        let (pool, schema) = (self.inner.pool.clone(), self.inner.schema.clone());
-        Some(GcSeam {
-            schema: Arc::new(PgGcSchema::window_only(pool.clone(), schema.clone())),
-            window: Some(Arc::new(PgWindow::new(pool, schema))),
-            pins: None,
-            sweep_lock: None,
-        })
-    }
 }
 
 #[async_trait]
 impl LargeEngine for PgLoEngine {
-    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
-        Ok(Box::new(self.open_stage(ns).await?))
-    }
-
-    /// Stages commit the pin row with the publish
-    /// ([`PgLoStage`]'s `publish_pinned`), given a GC host on this database.
-    fn joint_pin_publish(&self) -> bool {
-        true
+    /// Stages commit the pin row with the publish when asked
+    /// ([`PgLoStage`]'s `publish_pinned`, given a GC host on this
+    /// database): they are joint stages.
+    async fn stage(&self, ns: &Namespace) -> Result<Stage> {
+        Ok(Stage::Joint(Box::new(self.open_stage(ns).await?)))
     }
 }

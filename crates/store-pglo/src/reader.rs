@@ -44,13 +44,7 @@ impl PgLoEngine {
             oid,
             range,
         );
-        BlobReader {
-            len,
-            reader: Box::pin(tokio_util::io::StreamReader::new(Box::pin(stream))),
-            yielded_digest: None,
-            in_memory: None,
-            chunks: None,
-        }
+        BlobReader::stream(len, tokio_util::io::StreamReader::new(Box::pin(stream)))
     }
 }
 
@@ -107,11 +101,5 @@ pub(crate) fn inline_reader(key: &Key, want: u64, bytes: Vec<u8>) -> BlobReader 
         format!("large object of {key} is shorter than its recorded size"),
     );
     let parts: Vec<std::io::Result<Bytes>> = vec![Ok(Bytes::from(bytes)), Err(short)];
-    BlobReader {
-        len: want,
-        reader: Box::pin(tokio_util::io::StreamReader::new(stream::iter(parts))),
-        yielded_digest: None,
-        in_memory: None,
-        chunks: None,
-    }
+    BlobReader::stream(want, tokio_util::io::StreamReader::new(stream::iter(parts)))
 }

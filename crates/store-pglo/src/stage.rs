@@ -10,7 +10,8 @@ use store_postgres::plumbing::{
     db_err, lock_key_shared, now_ms, sql, to_i64, upsert_pin, validate_schema,
 };
 use store_types::{
-    Error, Instance, Key, Namespace, PinIntent, PublishOutcome, Result, StagedWrite,
+    Error, Instance, JointStagedWrite, Key, Namespace, PinIntent, PublishOutcome, Result,
+    StagedWrite,
 };
 
 /// `INV_WRITE` for `lo_open`.
@@ -28,7 +29,7 @@ const MAX_WRITE: usize = 1024 * 1024;
 /// `lo_entries` row; dropping or aborting the stage rolls the transaction
 /// back, which discards the large object with it.
 ///
-/// [`StagedWrite::publish_pinned`] (fleet mode) commits the pin row in the
+/// [`JointStagedWrite::publish_pinned`] (fleet mode) commits the pin row in the
 /// same transaction: the GC host's `gc_pins` must live in the same
 /// database (ADR-012 §4).
 pub struct PgLoStage {
@@ -218,6 +219,16 @@ impl StagedWrite for PgLoStage {
         Ok(PublishOutcome::Inserted)
     }
 
+    async fn abort(mut self: Box<Self>) -> Result<()> {
+        match self.tx.take() {
+            Some(tx) => tx.rollback().await.map_err(db_err),
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl JointStagedWrite for PgLoStage {
     /// The joint fleet publish: in the staging transaction, takes the
     /// key's shared fleet lock on the GC host, inserts the companion row
     /// (or, on a dedup hit, unlinks this stage's large object), upserts
@@ -274,12 +285,5 @@ impl StagedWrite for PgLoStage {
         } else {
             PublishOutcome::AlreadyPresent
         })
-    }
-
-    async fn abort(mut self: Box<Self>) -> Result<()> {
-        match self.tx.take() {
-            Some(tx) => tx.rollback().await.map_err(db_err),
-            None => Ok(()),
-        }
     }
 }

@@ -11,7 +11,7 @@ use store_types::{
     BlobReader, Capabilities, Digest, EntryMeta, GcSeam, Instance, InstanceLock, Key, Namespace,
     PublishOutcome, Result, Sharing, Timestamp,
 };
-use store_types::{Engine, KvEngine};
+use store_types::{Engine, KvEngine, ReadOptions, SizedRead};
 
 use crate::batch::{GroupCommit, PutStats};
 use crate::plumbing::{
