@@ -19,7 +19,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use store_types::{Error, Key, PinIntent, PublishOutcome, Result, StagedWrite, Tier};
+use store_types::{
+    Error, JointStagedWrite, Key, PinIntent, PublishOutcome, Result, Stage, StagedWrite, Tier,
+};
 
 use crate::layer::{Call, EngineLayer, Next, Reply};
 use crate::reader::{wrap_reader, ReadHook, ReadStep};
@@ -125,10 +127,10 @@ impl Rule {
         Self::on_any(&[Op::Stage, Op::StageExpecting])
     }
 
-    /// A rule for opening reads (`read`, `read_range` and
-    /// `read_range_sized`), where the byte-offset read faults apply.
+    /// A rule for opening reads (`read`, whole or ranged), where the
+    /// byte-offset read faults apply.
     pub fn reads() -> RuleBuilder {
-        Self::on_any(&[Op::Read, Op::ReadRange, Op::ReadRangeSized])
+        Self::on_any(&[Op::Read])
     }
 }
 
@@ -420,44 +422,19 @@ impl FaultLayer {
     fn fault_bytes(&self, rule: usize, op: Op, fault: Fault, reply: Reply) -> Reply {
         match (fault, reply) {
             (Fault::WriteFailsAt { offset, kind }, Reply::Stage(s)) => {
-                Reply::Stage(Box::new(FaultStage {
-                    inner: s,
-                    at: offset,
-                    short: false,
-                    error: self.error(rule, op, kind, &format!("write failure at byte {offset}")),
-                    written: 0,
-                    broken: false,
-                }))
+                let error = self.error(rule, op, kind, &format!("write failure at byte {offset}"));
+                Reply::Stage(fault_stage(s, offset, false, error))
             }
             (Fault::ShortWriteAt { offset, kind }, Reply::Stage(s)) => {
-                Reply::Stage(Box::new(FaultStage {
-                    inner: s,
-                    at: offset,
-                    short: true,
-                    error: self.error(
-                        rule,
-                        op,
-                        kind,
-                        &format!("short write ending at byte {offset}"),
-                    ),
-                    written: 0,
-                    broken: false,
-                }))
-            }
-            (Fault::ReadFailsAt { offset, kind }, Reply::Reader(Some(r))) => {
-                let msg = format!(
-                    "injected fault: read failure at byte {offset} on {op} (rule {rule}, seed {})",
-                    self.state.seed
+                let error = self.error(
+                    rule,
+                    op,
+                    kind,
+                    &format!("short write ending at byte {offset}"),
                 );
-                Reply::Reader(Some(wrap_reader(
-                    r,
-                    ReadFault {
-                        at: offset,
-                        fail: Some((kind, msg)),
-                    },
-                )))
+                Reply::Stage(fault_stage(s, offset, true, error))
             }
-            (Fault::ReadFailsAt { offset, kind }, Reply::SizedRead(Some(mut r))) => {
+            (Fault::ReadFailsAt { offset, kind }, Reply::Read(Some(mut r))) => {
                 let msg = format!(
                     "injected fault: read failure at byte {offset} on {op} (rule {rule}, seed {})",
                     self.state.seed
@@ -469,9 +446,9 @@ impl FaultLayer {
                         fail: Some((kind, msg)),
                     },
                 );
-                Reply::SizedRead(Some(r))
+                Reply::Read(Some(r))
             }
-            (Fault::ReadTruncatedAt { offset }, Reply::SizedRead(Some(mut r))) => {
+            (Fault::ReadTruncatedAt { offset }, Reply::Read(Some(mut r))) => {
                 r.reader = wrap_reader(
                     r.reader,
                     ReadFault {
@@ -479,25 +456,25 @@ impl FaultLayer {
                         fail: None,
                     },
                 );
-                Reply::SizedRead(Some(r))
-            }
-            (Fault::ReadTruncatedAt { offset }, Reply::Reader(Some(r))) => {
-                Reply::Reader(Some(wrap_reader(
-                    r,
-                    ReadFault {
-                        at: offset,
-                        fail: None,
-                    },
-                )))
+                Reply::Read(Some(r))
             }
             (_, reply) => reply,
         }
     }
 }
 
+/// `stage` with its writes failing from byte `at` on, keeping its kind.
+fn fault_stage(stage: Stage, at: u64, short: bool, error: Error) -> Stage {
+    let joint_error = error.clone();
+    stage.map(
+        |inner| Box::new(FaultStage::new(inner, at, short, error)),
+        |inner| Box::new(FaultStage::new(inner, at, short, joint_error)),
+    )
+}
+
 /// A stage whose writes fail from byte `at` on.
-struct FaultStage {
-    inner: Box<dyn StagedWrite>,
+struct FaultStage<S: ?Sized> {
+    inner: Box<S>,
     at: u64,
     short: bool,
     error: Error,
@@ -505,9 +482,22 @@ struct FaultStage {
     broken: bool,
 }
 
+impl<S: ?Sized> FaultStage<S> {
+    fn new(inner: Box<S>, at: u64, short: bool, error: Error) -> Self {
+        FaultStage {
+            inner,
+            at,
+            short,
+            error,
+            written: 0,
+            broken: false,
+        }
+    }
+}
+
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl StagedWrite for FaultStage {
+impl<S: StagedWrite + ?Sized> StagedWrite for FaultStage<S> {
     async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
         self.inner.set_outboard(outboard).await
     }
@@ -540,7 +530,11 @@ impl StagedWrite for FaultStage {
     async fn abort(self: Box<Self>) -> Result<()> {
         self.inner.abort().await
     }
+}
 
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: JointStagedWrite + ?Sized> JointStagedWrite for FaultStage<S> {
     async fn publish_pinned(self: Box<Self>, key: &Key, pin: &PinIntent) -> Result<PublishOutcome> {
         self.inner.publish_pinned(key, pin).await
     }

@@ -6,8 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use store_types::{
-    BlobReader, Digest, EntryMeta, Error, InstanceLock, Namespace, PublishOutcome, Result,
-    SizedRead, StagedWrite, Tier,
+    Digest, EntryMeta, Error, InstanceLock, Namespace, PublishOutcome, Result, SizedRead, Stage,
+    Tier,
 };
 
 /// A boxed, sendable future borrowing for `'a`.
@@ -19,7 +19,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub type Next<'a> = BoxFuture<'a, Result<Reply>>;
 
 /// An engine operation a layer can see. The synchronous, side-effect-free
-/// methods (`descriptor`, `gc_seam`, `refs`, `joint_pin_publish`) are not
+/// methods (`capabilities`, `refs`, `cache`) are not
 /// operations: the forwarding base passes them straight through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -28,13 +28,9 @@ pub enum Op {
     Meta,
     /// [`Engine::has_many`](store_types::Engine::has_many).
     HasMany,
-    /// [`Engine::read`](store_types::Engine::read) (opening the stream).
+    /// [`Engine::read`](store_types::Engine::read): sizing the entry and
+    /// opening the stream of the whole or of the planned span.
     Read,
-    /// [`Engine::read_range`](store_types::Engine::read_range) (opening the stream).
-    ReadRange,
-    /// [`Engine::read_range_sized`](store_types::Engine::read_range_sized)
-    /// (sizing the entry and opening the stream of the span).
-    ReadRangeSized,
     /// [`Engine::delete_many`](store_types::Engine::delete_many).
     DeleteMany,
     /// [`Engine::namespaces`](store_types::Engine::namespaces).
@@ -51,24 +47,22 @@ pub enum Op {
     Stage,
     /// [`LargeEngine::stage_expecting`](store_types::LargeEngine::stage_expecting).
     StageExpecting,
-    /// [`StagedWrite::write`].
+    /// [`StagedWrite::write`](store_types::StagedWrite::write).
     Write,
-    /// [`StagedWrite::publish`].
+    /// [`StagedWrite::publish`](store_types::StagedWrite::publish).
     Publish,
-    /// [`StagedWrite::publish_pinned`].
+    /// [`JointStagedWrite::publish_pinned`](store_types::JointStagedWrite::publish_pinned).
     PublishPinned,
-    /// [`StagedWrite::abort`].
+    /// [`StagedWrite::abort`](store_types::StagedWrite::abort).
     Abort,
 }
 
 impl Op {
     /// Every operation, in declaration order.
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 15] = [
         Op::Meta,
         Op::HasMany,
         Op::Read,
-        Op::ReadRange,
-        Op::ReadRangeSized,
         Op::DeleteMany,
         Op::Namespaces,
         Op::Scan,
@@ -89,8 +83,6 @@ impl Op {
             Op::Meta => "meta",
             Op::HasMany => "has_many",
             Op::Read => "read",
-            Op::ReadRange => "read_range",
-            Op::ReadRangeSized => "read_range_sized",
             Op::DeleteMany => "delete_many",
             Op::Namespaces => "namespaces",
             Op::Scan => "scan",
@@ -124,7 +116,7 @@ impl fmt::Display for Op {
 pub struct Call<'a> {
     /// The operation.
     pub op: Op,
-    /// The wrapped engine's kind (`EngineDescriptor::kind`: `"sqlite"`, ...).
+    /// The wrapped engine's kind (`Capabilities::kind`: `"sqlite"`, ...).
     pub engine: &'static str,
     /// The tier the engine serves, when the wrapper was told
     /// ([`crate::LayerStack::kv`] and [`crate::LayerStack::large`] say).
@@ -133,17 +125,17 @@ pub struct Call<'a> {
     /// `maintain` and `lock_instance`; a stage's operations carry the
     /// namespace it was opened for).
     pub ns: Option<&'a Namespace>,
-    /// The one digest addressed: the key's for `meta`, `read`,
-    /// `read_range`, `put`, `publish`; the expected one for
+    /// The one digest addressed: the key's for `meta`, `read`, `put`,
+    /// `publish`; the expected one for
     /// `stage_expecting` and the stage it opened; `scan`'s `after`.
     pub digest: Option<&'a Digest>,
     /// The digests of `has_many` and `delete_many` (empty otherwise).
     pub digests: &'a [Digest],
-    /// `write`: how many bytes the stage held before this chunk;
-    /// `read_range`: the range's start. 0 otherwise.
+    /// `write`: how many bytes the stage held before this chunk; a ranged
+    /// `read`: the requested range's start. 0 otherwise.
     pub offset: u64,
-    /// `write` and `put`: the chunk's or entry's length; `read_range`: the
-    /// range's length; `scan`: the limit. 0 otherwise.
+    /// `write` and `put`: the chunk's or entry's length; a ranged `read`:
+    /// the requested range's length; `scan`: the limit. 0 otherwise.
     pub len: u64,
 }
 
@@ -172,10 +164,8 @@ pub enum Reply {
     Meta(Option<EntryMeta>),
     /// `has_many`.
     Presence(Vec<bool>),
-    /// `read`, `read_range`.
-    Reader(Option<BlobReader>),
-    /// `read_range_sized`.
-    SizedRead(Option<SizedRead>),
+    /// `read`.
+    Read(Option<SizedRead>),
     /// `delete_many`.
     Freed(Vec<Option<u64>>),
     /// `namespaces`.
@@ -191,7 +181,7 @@ pub enum Reply {
     /// `stage`, `stage_expecting`. A layer may wrap the stage (to fault
     /// its writes); the base still routes every later stage operation
     /// through the layer's `around`.
-    Stage(Box<dyn StagedWrite>),
+    Stage(Stage),
     /// `write`, `abort`.
     Done,
 }
@@ -202,8 +192,7 @@ impl Reply {
         match self {
             Reply::Meta(_) => "meta",
             Reply::Presence(_) => "presence",
-            Reply::Reader(_) => "reader",
-            Reply::SizedRead(_) => "sized reader",
+            Reply::Read(_) => "read",
             Reply::Freed(_) => "freed",
             Reply::Namespaces(_) => "namespaces",
             Reply::Scan(_) => "scan",

@@ -2,21 +2,19 @@
 //! engine trait the inner engine does, forwarding every method.
 //!
 //! Each trait impl here is under `#[deny(clippy::missing_trait_methods)]`:
-//! a method with a default body (`gc_seam`, `maintain`, `lock_instance`,
-//! `refs`, `stage_expecting`, `joint_pin_publish`, `publish_pinned`, the
-//! outboard hooks) that
-//! the wrapper did not write would otherwise silently replace the inner
-//! engine's override — a wrapped sqlite engine would lose its GC seam.
+//! a method with a default body (`maintain`, `lock_instance`, `refs`,
+//! `cache`, `stage_expecting`, the outboard hooks) that the wrapper did not
+//! write would otherwise silently replace the inner engine's override.
+//! Stages keep their kind ([`Stage::map`]): a joint stage stays joint.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use store_types::{
-    BlobReader, Digest, Engine, EngineDescriptor, EntryMeta, GcSeam, InstanceLock, Key, KvEngine,
-    LargeEngine, Namespace, PinIntent, PublishOutcome, RangeRequest, RefStore, Result, SizedRead,
-    StagedWrite, Tier, Timestamp,
+    Capabilities, Digest, Engine, EntryMeta, InstanceLock, JointStagedWrite, Key, KvEngine,
+    LargeEngine, Namespace, PinIntent, PublishOutcome, ReadOptions, RefStore, Result, SizedRead,
+    Stage, StagedWrite, Tier, Timestamp,
 };
 
 use crate::layer::{wrong_reply, Call, EngineLayer, Reply};
@@ -32,8 +30,8 @@ use crate::layer::{wrong_reply, Call, EngineLayer, Reply};
 ///
 /// Cancel safety: each method is exactly as cancel-safe as the inner
 /// engine's, provided the layers keep the [`EngineLayer`] contract (a
-/// dropped call drops the inner call with it); `descriptor`, `gc_seam`,
-/// `refs` and `joint_pin_publish` pass through without the layer.
+/// dropped call drops the inner call with it); `capabilities`, `refs` and
+/// `cache` pass through without the layer.
 pub struct Layered<E: ?Sized> {
     inner: Arc<E>,
     layer: Arc<dyn EngineLayer>,
@@ -50,7 +48,7 @@ impl<E: Engine + ?Sized> Layered<E> {
     /// Wraps `inner` in a shared `layer`, telling it which tier `inner`
     /// serves (reported in every [`Call`]).
     pub fn with_shared(inner: Arc<E>, layer: Arc<dyn EngineLayer>, tier: Option<Tier>) -> Self {
-        let kind = inner.descriptor().kind;
+        let kind = inner.capabilities().kind;
         Layered {
             inner,
             layer,
@@ -94,8 +92,8 @@ macro_rules! through {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<E: Engine + ?Sized> Engine for Layered<E> {
-    fn descriptor(&self) -> EngineDescriptor {
-        self.inner.descriptor()
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
@@ -116,54 +114,20 @@ impl<E: Engine + ?Sized> Engine for Layered<E> {
         })
     }
 
-    async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
+    /// Seen by layers as an [`Op::Read`](crate::Op::Read); a ranged read
+    /// carries the requested range's start and length (the span it
+    /// resolves to is known only once the inner engine has sized the
+    /// entry).
+    async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
         let mut call = self.call(crate::Op::Read);
         call.ns = Some(&key.namespace);
         call.digest = Some(&key.digest);
-        through!(self, call, Reader, async move {
-            self.inner.read(key).await.map(Reply::Reader)
-        })
-    }
-
-    /// Seen by layers as an [`Op::Read`](crate::Op::Read): it is one.
-    async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
-        let mut call = self.call(crate::Op::Read);
-        call.ns = Some(&key.namespace);
-        call.digest = Some(&key.digest);
-        through!(self, call, Reader, async move {
-            self.inner.read_stored(key).await.map(Reply::Reader)
-        })
-    }
-
-    async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Option<BlobReader>> {
-        let mut call = self.call(crate::Op::ReadRange);
-        call.ns = Some(&key.namespace);
-        call.digest = Some(&key.digest);
-        call.offset = range.start;
-        call.len = range.end.saturating_sub(range.start);
-        through!(self, call, Reader, async move {
-            self.inner.read_range(key, range).await.map(Reply::Reader)
-        })
-    }
-
-    /// Seen by layers as an [`Op::ReadRangeSized`](crate::Op::ReadRangeSized)
-    /// with the requested range's start and length (the span it resolves
-    /// to is known only once the inner engine has sized the entry).
-    async fn read_range_sized(
-        &self,
-        key: &Key,
-        request: &RangeRequest,
-    ) -> Result<Option<SizedRead>> {
-        let mut call = self.call(crate::Op::ReadRangeSized);
-        call.ns = Some(&key.namespace);
-        call.digest = Some(&key.digest);
-        call.offset = request.range.start;
-        call.len = request.range.end.saturating_sub(request.range.start);
-        through!(self, call, SizedRead, async move {
-            self.inner
-                .read_range_sized(key, request)
-                .await
-                .map(Reply::SizedRead)
+        if let Some(request) = &options.range {
+            call.offset = request.range.start;
+            call.len = request.range.end.saturating_sub(request.range.start);
+        }
+        through!(self, call, Read, async move {
+            self.inner.read(key, options).await.map(Reply::Read)
         })
     }
 
@@ -198,10 +162,6 @@ impl<E: Engine + ?Sized> Engine for Layered<E> {
         through!(self, call, Scan, async move {
             self.inner.scan(ns, after, limit).await.map(Reply::Scan)
         })
-    }
-
-    fn gc_seam(&self) -> Option<GcSeam> {
-        self.inner.gc_seam()
     }
 
     async fn maintain(&self, now: Timestamp) -> Result<u64> {
@@ -256,44 +216,44 @@ impl<E: KvEngine + ?Sized> KvEngine for Layered<E> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<E: LargeEngine + ?Sized> LargeEngine for Layered<E> {
-    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
+    async fn stage(&self, ns: &Namespace) -> Result<Stage> {
         let mut call = self.call(crate::Op::Stage);
         call.ns = Some(ns);
-        let stage: Box<dyn StagedWrite> = through!(self, call, Stage, async move {
+        let stage: Stage = through!(self, call, Stage, async move {
             self.inner.stage(ns).await.map(Reply::Stage)
         })?;
-        Ok(Box::new(self.wrap_stage(stage, ns, None)))
+        Ok(self.wrap_stage(stage, ns, None))
     }
 
-    async fn stage_expecting(
-        &self,
-        ns: &Namespace,
-        digest: &Digest,
-    ) -> Result<Box<dyn StagedWrite>> {
+    async fn stage_expecting(&self, ns: &Namespace, digest: &Digest) -> Result<Stage> {
         let mut call = self.call(crate::Op::StageExpecting);
         call.ns = Some(ns);
         call.digest = Some(digest);
-        let stage: Box<dyn StagedWrite> = through!(self, call, Stage, async move {
+        let stage: Stage = through!(self, call, Stage, async move {
             self.inner
                 .stage_expecting(ns, digest)
                 .await
                 .map(Reply::Stage)
         })?;
-        Ok(Box::new(self.wrap_stage(stage, ns, Some(*digest))))
-    }
-
-    fn joint_pin_publish(&self) -> bool {
-        self.inner.joint_pin_publish()
+        Ok(self.wrap_stage(stage, ns, Some(*digest)))
     }
 }
 
 impl<E: Engine + ?Sized> Layered<E> {
-    fn wrap_stage(
+    /// `stage` seen through the layer, keeping its kind.
+    fn wrap_stage(&self, stage: Stage, ns: &Namespace, expected: Option<Digest>) -> Stage {
+        stage.map(
+            |inner| Box::new(self.layered_stage(inner, ns, expected)),
+            |inner| Box::new(self.layered_stage(inner, ns, expected)),
+        )
+    }
+
+    fn layered_stage<S: ?Sized>(
         &self,
-        inner: Box<dyn StagedWrite>,
+        inner: Box<S>,
         ns: &Namespace,
         expected: Option<Digest>,
-    ) -> LayeredStage {
+    ) -> LayeredStage<S> {
         LayeredStage {
             inner,
             layer: self.layer.clone(),
@@ -310,8 +270,8 @@ impl<E: Engine + ?Sized> Layered<E> {
 /// the layer (as [`Op::Write`](crate::Op::Write), `Publish`,
 /// `PublishPinned`, `Abort`) and then to the inner stage. Dropping it
 /// drops the inner stage (the engine's own drop cleanup).
-pub(crate) struct LayeredStage {
-    inner: Box<dyn StagedWrite>,
+pub(crate) struct LayeredStage<S: ?Sized> {
+    inner: Box<S>,
     layer: Arc<dyn EngineLayer>,
     kind: &'static str,
     tier: Option<Tier>,
@@ -322,7 +282,7 @@ pub(crate) struct LayeredStage {
 
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl StagedWrite for LayeredStage {
+impl<S: StagedWrite + ?Sized> StagedWrite for LayeredStage<S> {
     async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
         self.inner.set_outboard(outboard).await
     }
@@ -399,7 +359,11 @@ impl StagedWrite for LayeredStage {
             other => Err(wrong_reply(crate::Op::Abort, &other)),
         }
     }
+}
 
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: JointStagedWrite + ?Sized> JointStagedWrite for LayeredStage<S> {
     async fn publish_pinned(self: Box<Self>, key: &Key, pin: &PinIntent) -> Result<PublishOutcome> {
         let LayeredStage {
             inner,

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use store_types::{BlobReader, Error, Key, PinIntent, PublishOutcome, Result, StagedWrite, Tier};
+use store_types::{
+    BlobReader, Error, JointStagedWrite, Key, PinIntent, PublishOutcome, Result, StagedWrite, Tier,
+};
 
 use crate::layer::{Call, EngineLayer, Next, Reply};
 use crate::reader::{wrap_reader, ReadHook};
@@ -388,18 +390,14 @@ impl EngineLayer for MetricsLayer {
             op.record(start.elapsed(), result.as_ref().err());
             let reply = result?;
             Ok(match reply {
-                Reply::Reader(Some(r)) => Reply::Reader(Some(count_bytes(r, &stats))),
-                Reply::SizedRead(Some(mut r)) => {
+                Reply::Read(Some(mut r)) => {
                     r.reader = count_bytes(r.reader, &stats);
-                    Reply::SizedRead(Some(r))
+                    Reply::Read(Some(r))
                 }
-                Reply::Stage(s) => {
-                    stats.stages_open.fetch_add(1, Ordering::Relaxed);
-                    Reply::Stage(Box::new(CountedStage {
-                        inner: s,
-                        open: OpenStage(stats.clone()),
-                    }))
-                }
+                Reply::Stage(s) => Reply::Stage(s.map(
+                    |inner| Box::new(CountedStage::new(inner, &stats)),
+                    |inner| Box::new(CountedStage::new(inner, &stats)),
+                )),
                 Reply::Done if call.op == Op::Write => {
                     stats.bytes_written.fetch_add(call.len, Ordering::Relaxed);
                     Reply::Done
@@ -414,13 +412,13 @@ struct CountBytes {
     stats: Arc<EngineStats>,
 }
 
-/// Counts the bytes a reader yields. A reader whose bytes are already in
-/// memory (`in_memory`, or owned `chunks`, ADR-041/044) is counted whole up
-/// front and passed through unwrapped, so observing it never costs the
-/// engines' zero-copy read paths (a byte count is all this layer needs).
+/// Counts the bytes a reader yields. A body already in memory, or owned
+/// chunks (TUNING.md §zero-copy-reads), is counted whole up front and
+/// passed through unwrapped, so observing it never costs the engines'
+/// zero-copy read paths (a byte count is all this layer needs).
 fn count_bytes(r: BlobReader, stats: &Arc<EngineStats>) -> BlobReader {
-    if r.in_memory.is_some() || r.chunks.is_some() {
-        stats.bytes_read.fetch_add(r.len, Ordering::Relaxed);
+    if !matches!(r, BlobReader::Stream { .. }) {
+        stats.bytes_read.fetch_add(r.len(), Ordering::Relaxed);
         return r;
     }
     wrap_reader(
@@ -456,14 +454,25 @@ impl Drop for OpenStage {
 }
 
 /// A stage counted in `stages_open` until it publishes, aborts or drops.
-struct CountedStage {
-    inner: Box<dyn StagedWrite>,
+struct CountedStage<S: ?Sized> {
+    inner: Box<S>,
     open: OpenStage,
+}
+
+impl<S: ?Sized> CountedStage<S> {
+    /// `inner`, counted open from now on.
+    fn new(inner: Box<S>, stats: &Arc<EngineStats>) -> Self {
+        stats.stages_open.fetch_add(1, Ordering::Relaxed);
+        CountedStage {
+            inner,
+            open: OpenStage(stats.clone()),
+        }
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl StagedWrite for CountedStage {
+impl<S: StagedWrite + ?Sized> StagedWrite for CountedStage<S> {
     async fn set_outboard(&mut self, outboard: Bytes) -> Result<()> {
         self.inner.set_outboard(outboard).await
     }
@@ -485,7 +494,11 @@ impl StagedWrite for CountedStage {
         drop(open);
         done
     }
+}
 
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: JointStagedWrite + ?Sized> JointStagedWrite for CountedStage<S> {
     async fn publish_pinned(self: Box<Self>, key: &Key, pin: &PinIntent) -> Result<PublishOutcome> {
         let CountedStage { inner, open } = *self;
         let outcome = inner.publish_pinned(key, pin).await;

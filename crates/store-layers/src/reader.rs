@@ -64,14 +64,8 @@ impl<H: ReadHook> HookedReader<H> {
 /// digest (a hook that ends the stream early or fails it makes a verified
 /// read fail: the facade counts the bytes and compares the digest).
 pub fn wrap_reader(reader: BlobReader, hook: impl ReadHook + Unpin) -> BlobReader {
-    BlobReader {
-        len: reader.len,
-        reader: Box::pin(HookedReader::new(reader.reader, hook)),
-        yielded_digest: reader.yielded_digest,
-        // The hook must see every byte: never bypassed.
-        in_memory: None,
-        chunks: None,
-    }
+    // Always a stream: the hook sees every byte, never bypassed.
+    reader.wrap(|inner| Box::pin(HookedReader::new(inner, hook)))
 }
 
 #[deny(clippy::missing_trait_methods)]

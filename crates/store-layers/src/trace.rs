@@ -42,14 +42,11 @@ fn describe(reply: &Reply) -> String {
             v.iter().filter(|p| **p).count(),
             v.len()
         ),
-        Reply::Reader(r) => match r {
-            Some(r) => format!("reader of {} bytes", r.len),
-            None => "absent".into(),
-        },
-        Reply::SizedRead(r) => match r {
+        Reply::Read(r) => match r {
             Some(r) => format!(
                 "entry of {} bytes, reader of {} bytes",
-                r.size, r.reader.len
+                r.size,
+                r.reader.len()
             ),
             None => "absent".into(),
         },

@@ -462,6 +462,19 @@ impl fmt::Debug for Stage {
 }
 
 impl Stage {
+    /// The stage wrapped (by a layer observing it), keeping its kind: a
+    /// plain stage goes through `plain`, a joint one through `joint`.
+    pub fn map(
+        self,
+        plain: impl FnOnce(Box<dyn StagedWrite>) -> Box<dyn StagedWrite>,
+        joint: impl FnOnce(Box<dyn JointStagedWrite>) -> Box<dyn JointStagedWrite>,
+    ) -> Stage {
+        match self {
+            Stage::Plain(s) => Stage::Plain(plain(s)),
+            Stage::Joint(s) => Stage::Joint(joint(s)),
+        }
+    }
+
     /// The stage as a plain one (a joint stage publishes plainly too).
     pub fn into_plain(self) -> Box<dyn StagedWrite> {
         match self {
