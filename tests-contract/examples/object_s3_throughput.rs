@@ -18,7 +18,8 @@ use store_object::object_store::path::Path;
 use store_object::object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
 use store_object::s3_testing::TestBucket;
 use store_object::ObjectOptions;
-use store_types::{Digest, Engine, Key, LargeEngine};
+use store_types::EngineExt as _;
+use store_types::{Digest, Key, LargeEngine};
 use tokio::io::AsyncReadExt;
 
 const LEN: usize = 64 << 20;
@@ -157,11 +158,12 @@ async fn main() {
             .or_default()
             .push(s.elapsed());
         let s = Instant::now();
-        let mut r = engine.read(&key).await.unwrap().unwrap();
+        let r = engine.read_whole(&key).await.unwrap().unwrap();
+        let mut r = r.into_stream().reader;
         let mut buf = vec![0u8; 1 << 20];
         let mut n = 0;
         loop {
-            let k = r.reader.read(&mut buf).await.unwrap();
+            let k = r.read(&mut buf).await.unwrap();
             if k == 0 {
                 break;
             }

@@ -320,12 +320,12 @@ impl Harness {
         // the large engine when that is one. When it judges by its own
         // clock (PostgreSQL), stop that clock at the injected clock's
         // reading, so the two agree exactly.
-        let host = if kv.engine.gc_seam().is_some() {
+        let host = if kv.engine.capabilities().seam.is_some() {
             Some(hooks(&kv, "kv"))
         } else {
             large
                 .as_ref()
-                .filter(|l| l.engine.gc_seam().is_some())
+                .filter(|l| l.engine.capabilities().seam.is_some())
                 .map(|l| hooks(l, "large"))
         };
         let db_clock = match host {
@@ -433,9 +433,14 @@ impl Harness {
     pub fn durable_window(&self) -> bool {
         self.kv
             .engine
-            .gc_seam()
+            .capabilities()
+            .seam
             .into_iter()
-            .chain(self.large.as_ref().and_then(|l| l.engine.gc_seam()))
+            .chain(
+                self.large
+                    .as_ref()
+                    .and_then(|l| l.engine.capabilities().seam),
+            )
             .any(|s| s.window.is_some())
     }
 

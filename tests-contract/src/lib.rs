@@ -136,7 +136,7 @@ macro_rules! contract_suite {
             verified::range_corruption_is_caught_only_in_covering_groups,
             verified::outboards_match_bao_tree,
             verified::small_range_on_corrupt_entry_fails,
-            verified::read_range_sized_answers_size_and_span,
+            verified::read_answers_size_and_span,
             gc::sweep_without_sources_aborts,
             gc::namespace_without_source_never_swept,
             gc::protect_failure_aborts,

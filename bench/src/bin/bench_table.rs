@@ -461,13 +461,16 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
                     // range check's meta, then the engine's read.
                     let meta = large.meta(&key).await.expect("meta").expect("present");
                     assert!(start + RANGE_LEN as u64 <= meta.size);
-                    let r = large
-                        .read_range(&key, start..start + RANGE_LEN as u64)
-                        .await
-                        .expect("engine read_range")
-                        .expect("present");
+                    let r = store_types::EngineExt::read_exact(
+                        large.as_ref(),
+                        &key,
+                        start..start + RANGE_LEN as u64,
+                    )
+                    .await
+                    .expect("engine read_exact")
+                    .expect("present");
                     let mut v = Vec::with_capacity(RANGE_LEN);
-                    let mut rd = r.reader;
+                    let mut rd = r.into_stream().reader;
                     tokio::io::AsyncReadExt::read_to_end(&mut rd, &mut v)
                         .await
                         .expect("engine range bytes");

@@ -15,6 +15,7 @@ use store_layers::{
 };
 use store_local::{LocalEngine, LocalOptions};
 use store_mem::MemEngine;
+use store_types::EngineExt as _;
 use store_types::{Digest, Engine, Error, Key, KvEngine, LargeEngine, Namespace, Tier};
 
 const THRESHOLD: u64 = 4096;
@@ -295,8 +296,8 @@ async fn metrics_count_the_operations_done() {
     );
     let digests: Vec<Digest> = keys.iter().map(|k| k.digest).collect();
     assert_eq!(kv.has_many(&ns(), &digests).await.unwrap(), vec![true; 3]);
-    let r = kv.read(&keys[2]).await.unwrap().unwrap();
-    let mut rd = r.reader;
+    let r = kv.read_whole(&keys[2]).await.unwrap().unwrap();
+    let mut rd = r.into_stream().reader;
     let mut buf = Vec::new();
     tokio::io::AsyncReadExt::read_to_end(&mut rd, &mut buf)
         .await

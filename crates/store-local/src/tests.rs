@@ -6,9 +6,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
+use store_types::EngineExt as _;
 use store_types::{
-    Digest, Engine, Error, Instance, Key, LargeEngine, Namespace, PublishOutcome, Sharing,
-    CHUNK_SIZE,
+    BlobReader, Digest, Engine, Error, Instance, Key, LargeEngine, Namespace, PublishOutcome,
+    ReadOptions, Sharing, CHUNK_SIZE,
 };
 use tokio::io::AsyncReadExt;
 
@@ -57,15 +58,20 @@ async fn put(engine: &LocalEngine, ns_name: &str, data: &[u8]) -> Key {
 
 async fn read_range(engine: &LocalEngine, key: &Key, range: Option<(u64, u64)>) -> Vec<u8> {
     let blob = match range {
-        None => engine.read(key).await,
-        Some((s, e)) => engine.read_range(key, s..e).await,
+        None => engine.read_whole(key).await,
+        Some((s, e)) => engine.read_exact(key, s..e).await,
     };
-    let mut blob = blob.unwrap().expect("entry present");
+    let blob = blob.unwrap().expect("entry present");
     let mut out = Vec::new();
-    blob.reader.read_to_end(&mut out).await.unwrap();
+    let blob_len = blob.len();
+    blob.into_stream()
+        .reader
+        .read_to_end(&mut out)
+        .await
+        .unwrap();
     assert_eq!(
         out.len() as u64,
-        blob.len,
+        blob_len,
         "reader yields its declared length"
     );
     out
@@ -120,7 +126,7 @@ async fn staged_bytes_are_invisible_until_publish() {
             .unwrap(),
         [false]
     );
-    assert!(engine.read(&key).await.unwrap().is_none());
+    assert!(engine.read_whole(&key).await.unwrap().is_none());
     assert!(engine.namespaces().await.unwrap().is_empty());
     assert_eq!(stage.publish(&key).await.unwrap(), PublishOutcome::Inserted);
     assert_eq!(
@@ -364,16 +370,16 @@ async fn range_reads_return_exactly_the_range() {
         assert_eq!(got, &data[s as usize..e as usize], "range {s}..{e}");
     }
     let absent = Key::new(ns("a"), Digest::of(b"absent"));
-    assert!(engine.read_range(&absent, 0..0).await.unwrap().is_none());
+    assert!(engine.read_exact(&absent, 0..0).await.unwrap().is_none());
     assert!(matches!(
-        engine.read_range(&key, 0..size + 1).await,
+        engine.read_exact(&key, 0..size + 1).await,
         Err(Error::InvalidRange { .. })
     ));
     assert!(matches!(
-        engine.read_range(&key, size - 1..size + 1).await,
+        engine.read_exact(&key, size - 1..size + 1).await,
         Err(Error::InvalidRange { .. })
     ));
-    assert!(engine.read_range(&absent, 0..10).await.unwrap().is_none());
+    assert!(engine.read_exact(&absent, 0..10).await.unwrap().is_none());
 }
 
 #[tokio::test]
@@ -404,14 +410,14 @@ async fn descriptor_reports_root_media_and_durability() {
     )
     .await
     .unwrap();
-    let d = engine.descriptor();
+    let d = engine.capabilities();
     assert_eq!(d.kind, "local");
     let canonical = dir.path().join("nested/root").canonicalize().unwrap();
     assert_eq!(d.instance, Instance::Path(canonical));
     assert_eq!(d.sharing, Sharing::DeclaredMedia { shared_media: true });
     assert!(!d.durable);
-    assert!(engine.gc_seam().is_none());
-    assert!(open(dir.path()).await.descriptor().durable);
+    assert!(engine.capabilities().seam.is_none());
+    assert!(open(dir.path()).await.capabilities().durable);
 }
 
 #[tokio::test]
@@ -449,11 +455,17 @@ async fn a_failing_publish_reports_the_error_and_leaves_nothing() {
 /// Reads `key` whole through the engine; the bytes and the digest the
 /// read-ahead task sent (`None` when the read carries none).
 async fn read_with_digest(engine: &LocalEngine, key: &Key) -> (Vec<u8>, Option<Digest>) {
-    let mut r = engine.read(key).await.unwrap().expect("entry present");
+    let r = engine
+        .read_whole(key)
+        .await
+        .unwrap()
+        .expect("entry present");
     let mut out = Vec::new();
-    r.reader.read_to_end(&mut out).await.unwrap();
+    let r = r.into_stream();
+    let mut reader = r.reader;
+    reader.read_to_end(&mut out).await.unwrap();
     assert_eq!(out.len() as u64, r.len);
-    let digest = match r.yielded_digest {
+    let digest = match r.digest {
         Some(rx) => Some(rx.await.expect("the read-ahead task sends its digest")),
         None => None,
     };
@@ -479,10 +491,10 @@ async fn whole_reads_of_more_than_a_chunk_send_the_digest_of_the_bytes_read() {
     ] {
         let data = content(len, 3);
         let key = put(&engine, "a", &data).await;
-        let r = engine.read(&key).await.unwrap().unwrap();
+        let r = engine.read_whole(&key).await.unwrap().unwrap();
         let at_once = len as u64 <= crate::reader::WHOLE_READ_MAX;
-        assert_eq!(r.in_memory.is_some(), at_once, "len {len}");
-        if let Some(bytes) = &r.in_memory {
+        assert_eq!(matches!(r, BlobReader::Bytes { .. }), at_once, "len {len}");
+        if let BlobReader::Bytes { bytes, .. } = &r {
             assert_eq!(bytes[..], data[..], "len {len}");
         }
         let (got, digest) = read_with_digest(&engine, &key).await;
@@ -509,8 +521,8 @@ async fn whole_reads_of_more_than_a_chunk_send_the_digest_of_the_bytes_read() {
     let data = content(3 * CHUNK_SIZE, 5);
     let key = put(&engine, "a", &data).await;
     for range in [0..3 * CHUNK_SIZE as u64, 1..2 * CHUNK_SIZE as u64 + 1, 0..1] {
-        let r = engine.read_range(&key, range).await.unwrap().unwrap();
-        assert!(r.yielded_digest.is_none());
+        let r = engine.read_exact(&key, range).await.unwrap().unwrap();
+        assert!(!r.has_digest());
     }
 }
 
@@ -520,12 +532,18 @@ async fn a_reader_dropped_midway_stops_the_task_without_a_digest() {
     let engine = open(dir.path()).await;
     let data = content(8 * CHUNK_SIZE, 6);
     let key = put(&engine, "a", &data).await;
-    let mut r = engine.read(&key).await.unwrap().unwrap();
+    let r = engine
+        .read_whole(&key)
+        .await
+        .unwrap()
+        .unwrap()
+        .into_stream();
+    let mut reader = r.reader;
     let mut first = vec![0u8; 1000];
-    r.reader.read_exact(&mut first).await.unwrap();
+    reader.read_exact(&mut first).await.unwrap();
     assert_eq!(first, data[..1000]);
-    let digest = r.yielded_digest.take().unwrap();
-    drop(r);
+    let digest = r.digest.unwrap();
+    drop(reader);
     // The task notices the closed channel and ends without sending.
     let got = tokio::time::timeout(Duration::from_secs(10), digest)
         .await
@@ -971,18 +989,18 @@ async fn orphan_outboards_are_reaped_after_the_grace_period() {
     assert_eq!(engine.read_outboard(&kept).await.unwrap(), Some(outboard));
 }
 
-/// Reads `range` of `key` through `read_range_sized` (the facade's path),
-/// with groups widened as the facade asks (whole up to 64 KiB).
+/// Reads `range` of `key` as the facade does (a ranged `read`), with
+/// groups widened as the facade asks (whole up to 64 KiB).
 async fn read_sized(engine: &LocalEngine, key: &Key, range: std::ops::Range<u64>) -> Vec<u8> {
     let req = store_types::RangeRequest::new(range, 64 * 1024);
     let read = engine
-        .read_range_sized(key, &req)
+        .read(key, &ReadOptions::range(req.clone()))
         .await
         .unwrap()
         .expect("entry present");
     assert_eq!(read.span, req.span(read.size).unwrap());
     let mut out = Vec::new();
-    let mut rd = read.reader.reader;
+    let mut rd = read.reader.into_stream().reader;
     rd.read_to_end(&mut out).await.unwrap();
     out
 }
@@ -1027,8 +1045,9 @@ async fn cached_small_reads_run_inline_and_fall_back_when_they_would_block() {
     assert_eq!(engine.open_file_count(), 1);
     engine.force_inline_would_block(false);
     // A range past the end is refused inline as it is on the pool.
+    let request = store_types::RangeRequest::new(0..300_000, 0);
     let err = engine
-        .read_range_sized(&key, &store_types::RangeRequest::new(0..300_000, 0))
+        .read(&key, &ReadOptions::range(request))
         .await
         .unwrap_err();
     assert!(
@@ -1056,10 +1075,11 @@ async fn a_delete_drops_cached_descriptors_in_every_engine_on_the_root() {
     assert_eq!(freed, vec![Some(3000)]);
     for e in [&engine, &other] {
         assert_eq!(e.open_file_count(), 0);
-        assert!(e.read(&key).await.unwrap().is_none());
-        assert!(e.read_range(&key, 0..1).await.unwrap().is_none());
+        assert!(e.read_whole(&key).await.unwrap().is_none());
+        assert!(e.read_exact(&key, 0..1).await.unwrap().is_none());
         let req = store_types::RangeRequest::new(0..1, 0);
-        assert!(e.read_range_sized(&key, &req).await.unwrap().is_none());
+        let ranged = e.read(&key, &ReadOptions::range(req)).await.unwrap();
+        assert!(ranged.is_none());
     }
 }
 
@@ -1081,7 +1101,7 @@ async fn a_read_that_opened_before_a_delete_does_not_cache_its_descriptor() {
         .unwrap();
     drop(files.offer(&key, file, seen));
     assert_eq!(engine.open_file_count(), 0);
-    assert!(engine.read(&key).await.unwrap().is_none());
+    assert!(engine.read_whole(&key).await.unwrap().is_none());
     // Control: without a delete in between, the offer is taken.
     let key = put(&engine, "a", &data).await;
     let seen = files.epoch();
@@ -1195,9 +1215,11 @@ async fn taken_chunks_give_their_buffers_back_when_dropped() {
     let engine = open(dir.path()).await;
     let data = content(16 * CHUNK_SIZE, 9);
     let key = put(&engine, "a", &data).await;
-    let r = engine.read(&key).await.unwrap().unwrap();
-    assert!(r.in_memory.is_none(), "streamed, not read at once");
-    let chunks = r.chunks.clone().expect("a streamed read offers its chunks");
+    let r = engine.read_whole(&key).await.unwrap().unwrap();
+    let BlobReader::Chunks { chunks, .. } = &r else {
+        panic!("a streamed read offers its chunks: {r:?}")
+    };
+    let chunks = chunks.clone();
     let mut got = Vec::new();
     let mut buffers = HashSet::new();
     let mut n = 0;
@@ -1220,7 +1242,7 @@ async fn taken_chunks_give_their_buffers_back_when_dropped() {
     );
     // The byte view of the same read is at its end too.
     let mut rest = Vec::new();
-    let mut reader = r.reader;
+    let mut reader = r.into_stream().reader;
     reader.read_to_end(&mut rest).await.unwrap();
     assert!(rest.is_empty());
 }

@@ -29,6 +29,7 @@ use bytes::Bytes;
 use store_local::crash::CrashModel;
 use store_local::{LocalEngine, LocalOptions};
 use store_types::crash::CrashSwitch;
+use store_types::EngineExt as _;
 use store_types::{Digest, Engine, Key, LargeEngine, Namespace, PublishOutcome, Timestamp};
 use tokio::io::AsyncReadExt;
 
@@ -213,12 +214,17 @@ fn outboard_of(data: &[u8]) -> Bytes {
 }
 
 async fn read_all(engine: &LocalEngine, key: &Key) -> Option<Vec<u8>> {
-    let mut blob = engine.read(key).await.unwrap()?;
+    let blob = engine.read_whole(key).await.unwrap()?;
     let mut out = Vec::new();
-    blob.reader.read_to_end(&mut out).await.unwrap();
+    let blob_len = blob.len();
+    blob.into_stream()
+        .reader
+        .read_to_end(&mut out)
+        .await
+        .unwrap();
     assert_eq!(
         out.len() as u64,
-        blob.len,
+        blob_len,
         "{key}: reader yields its length"
     );
     Some(out)

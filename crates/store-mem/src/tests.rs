@@ -2,6 +2,7 @@
 //! covered by the workspace contract suite.
 
 use bytes::Bytes;
+use store_types::EngineExt as _;
 use store_types::{Digest, Engine, Key, KvEngine, LargeEngine, Namespace, PublishOutcome};
 use tokio::io::AsyncReadExt;
 
@@ -16,10 +17,15 @@ fn key_of(ns_name: &str, data: &[u8]) -> Key {
 }
 
 async fn read_all(engine: &MemEngine, key: &Key) -> Option<Vec<u8>> {
-    let mut blob = engine.read(key).await.unwrap()?;
+    let blob = engine.read_whole(key).await.unwrap()?;
     let mut out = Vec::new();
-    blob.reader.read_to_end(&mut out).await.unwrap();
-    assert_eq!(out.len() as u64, blob.len);
+    let blob_len = blob.len();
+    blob.into_stream()
+        .reader
+        .read_to_end(&mut out)
+        .await
+        .unwrap();
+    assert_eq!(out.len() as u64, blob_len);
     Some(out)
 }
 
@@ -148,12 +154,17 @@ async fn read_range_slices_the_content() {
         .put(&key, Bytes::from_static(b"0123456789"))
         .await
         .unwrap();
-    let mut blob = engine.read_range(&key, 2..5).await.unwrap().unwrap();
+    let blob = engine.read_exact(&key, 2..5).await.unwrap().unwrap();
     let mut out = Vec::new();
-    blob.reader.read_to_end(&mut out).await.unwrap();
-    assert_eq!((blob.len, out.as_slice()), (3, &b"234"[..]));
+    let blob_len = blob.len();
+    blob.into_stream()
+        .reader
+        .read_to_end(&mut out)
+        .await
+        .unwrap();
+    assert_eq!((blob_len, out.as_slice()), (3, &b"234"[..]));
     assert!(engine
-        .read_range(&key_of("a", b"none"), 0..0)
+        .read_exact(&key_of("a", b"none"), 0..0)
         .await
         .unwrap()
         .is_none());

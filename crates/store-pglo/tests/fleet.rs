@@ -11,8 +11,8 @@ use sqlx::AssertSqlSafe;
 use store_pglo::PgLoEngine;
 use store_postgres::PostgresEngine;
 use store_types::{
-    Engine, Error, Instance, Key, LargeEngine, PinClauses, PinIntent, PublishOutcome, StagedWrite,
-    Timestamp,
+    Engine, EngineExt, Error, Instance, JointStagedWrite, Key, LargeEngine, Namespace, PinClauses,
+    PinIntent, PublishOutcome, Stage, StagedWrite, Timestamp,
 };
 
 /// The GC host's clock in these tests (pin rows are written and judged by
@@ -23,7 +23,7 @@ const NOW: Timestamp = Timestamp(1_000_000);
 /// stopped at [`NOW`].
 async fn host(s: &TestSchema) -> (PostgresEngine, Arc<dyn PinClauses>) {
     let h = PostgresEngine::connect(&s.url, &s.name).await.unwrap();
-    let seam = h.gc_seam().unwrap();
+    let seam = h.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     store_postgres::testing::set_db_clock(h.pool(), &s.name, NOW)
         .await
@@ -53,7 +53,11 @@ async fn pin_owners(h: &PostgresEngine, key: &Key) -> Vec<String> {
 }
 
 /// A stage holding `data`, with its OID.
-async fn staged(e: &PgLoEngine, key: &Key, data: &bytes::Bytes) -> (Box<dyn StagedWrite>, u32) {
+async fn staged(
+    e: &PgLoEngine,
+    key: &Key,
+    data: &bytes::Bytes,
+) -> (Box<dyn JointStagedWrite>, u32) {
     let mut st = e.open_stage(&key.namespace).await.unwrap();
     let oid = st.oid();
     st.write(data.clone()).await.unwrap();
@@ -63,7 +67,10 @@ async fn staged(e: &PgLoEngine, key: &Key, data: &bytes::Bytes) -> (Box<dyn Stag
 #[tokio::test]
 async fn pglo_publishes_jointly() {
     let s = TestSchema::new();
-    assert!(s.engine().await.joint_pin_publish());
+    let e = s.engine().await;
+    let stage = e.stage(&Namespace::new("a").unwrap()).await.unwrap();
+    assert!(matches!(stage, Stage::Joint(_)), "{stage:?}");
+    stage.abort().await.unwrap();
 }
 
 #[tokio::test]
@@ -83,7 +90,9 @@ async fn publish_pinned_commits_object_row_and_pin_together() {
     assert_eq!(e.referenced_oids().await.unwrap(), [oid]);
     assert_eq!(e.large_objects_exist(&[oid]).await.unwrap(), [true]);
     assert_eq!(
-        read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap(),
+        read_all(e.read_whole(&k).await.unwrap().unwrap())
+            .await
+            .unwrap(),
         data
     );
     assert_eq!(pin_owners(&h, &k).await, ["n1"]);
@@ -191,7 +200,7 @@ async fn a_failed_pin_rolls_the_whole_publish_back() {
     let k = key_of("a", &data);
     let (st, oid) = staged(&e, &k, &data).await;
     let err = st
-        .publish_pinned(&k, &intent(h.descriptor().instance, "n1"))
+        .publish_pinned(&k, &intent(h.capabilities().instance, "n1"))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Backend(_)), "{err:?}");

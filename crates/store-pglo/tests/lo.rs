@@ -4,6 +4,7 @@ mod common;
 
 use common::{blob, key_of, ns, put, read_all, OpenEngine, TestSchema};
 use store_pglo::PgLoEngine;
+use store_types::EngineExt as _;
 use store_types::{
     Digest, Engine, Error, Instance, Key, LargeEngine, PublishOutcome, Sharing, StagedWrite,
     CHUNK_SIZE,
@@ -21,8 +22,8 @@ async fn put_read_and_ranges_across_chunks() {
     );
     let m = e.meta(&k).await.unwrap().unwrap();
     assert_eq!(m.size, data.len() as u64);
-    let r = e.read(&k).await.unwrap().unwrap();
-    assert_eq!(r.len, data.len() as u64);
+    let r = e.read_whole(&k).await.unwrap().unwrap();
+    assert_eq!(r.len(), data.len() as u64);
     assert_eq!(read_all(r).await.unwrap(), data);
     let n = data.len() as u64;
     let c = CHUNK_SIZE as u64;
@@ -35,8 +36,8 @@ async fn put_read_and_ranges_across_chunks() {
         (5, n),
         (c, 2 * c),
     ] {
-        let r = e.read_range(&k, a..b).await.unwrap().unwrap();
-        assert_eq!(r.len, b - a);
+        let r = e.read_exact(&k, a..b).await.unwrap().unwrap();
+        assert_eq!(r.len(), b - a);
         assert_eq!(
             read_all(r).await.unwrap(),
             &data[a as usize..b as usize],
@@ -44,8 +45,8 @@ async fn put_read_and_ranges_across_chunks() {
         );
     }
     let absent = key_of("big", b"absent");
-    assert!(e.read(&absent).await.unwrap().is_none());
-    assert!(e.read_range(&absent, 0..0).await.unwrap().is_none());
+    assert!(e.read_whole(&absent).await.unwrap().is_none());
+    assert!(e.read_exact(&absent, 0..0).await.unwrap().is_none());
     assert!(e.meta(&absent).await.unwrap().is_none());
 }
 
@@ -57,7 +58,7 @@ async fn empty_and_single_chunk_entries() {
     assert_eq!(put(&e, "a", &empty, 1).await, PublishOutcome::Inserted);
     let k = key_of("a", b"");
     assert_eq!(e.meta(&k).await.unwrap().unwrap().size, 0);
-    assert!(read_all(e.read(&k).await.unwrap().unwrap())
+    assert!(read_all(e.read_whole(&k).await.unwrap().unwrap())
         .await
         .unwrap()
         .is_empty());
@@ -67,7 +68,7 @@ async fn empty_and_single_chunk_entries() {
         put(&e, "a", &data, data.len()).await,
         PublishOutcome::Inserted
     );
-    let got = read_all(e.read(&key_of("a", &data)).await.unwrap().unwrap())
+    let got = read_all(e.read_whole(&key_of("a", &data)).await.unwrap().unwrap())
         .await
         .unwrap();
     assert_eq!(got, data);
@@ -171,7 +172,9 @@ async fn concurrent_identical_puts_make_one_entry() {
     assert!(e.orphan_large_objects(&oids).await.unwrap().is_empty());
     assert_eq!(e.scan(&k.namespace, None, 10).await.unwrap().len(), 1);
     assert_eq!(
-        read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap(),
+        read_all(e.read_whole(&k).await.unwrap().unwrap())
+            .await
+            .unwrap(),
         data
     );
 }
@@ -278,18 +281,22 @@ async fn delete_many_unlinks_and_is_idempotent() {
     let big = blob(9, 3 * CHUNK_SIZE);
     put(&e, "n2", &big, CHUNK_SIZE).await;
     let kb = key_of("n2", &big);
-    let mut r = e.read(&kb).await.unwrap().unwrap();
+    let mut r = e
+        .read_whole(&kb)
+        .await
+        .unwrap()
+        .unwrap()
+        .into_stream()
+        .reader;
     let mut first = vec![0u8; 10];
-    tokio::io::AsyncReadExt::read_exact(&mut r.reader, &mut first)
+    tokio::io::AsyncReadExt::read_exact(&mut r, &mut first)
         .await
         .unwrap();
     e.delete_many(&ns("n2"), &[kb.digest]).await.unwrap();
     let mut rest = Vec::new();
-    assert!(
-        tokio::io::AsyncReadExt::read_to_end(&mut r.reader, &mut rest)
-            .await
-            .is_err()
-    );
+    assert!(tokio::io::AsyncReadExt::read_to_end(&mut r, &mut rest)
+        .await
+        .is_err());
 }
 
 #[tokio::test]
@@ -320,7 +327,7 @@ async fn scan_pages_in_digest_order() {
 async fn descriptor_and_invalid_schemas() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let d = e.descriptor();
+    let d = e.capabilities();
     assert_eq!(d.kind, "pg-lo");
     assert_eq!(d.sharing, Sharing::DatabaseServer);
     assert!(d.durable);
@@ -339,7 +346,9 @@ async fn corrupt_one_byte_changes_the_content() {
         let k = key_of("c", &data);
         put(&e, "c", &data, 9000).await;
         e.corrupt_one_byte(&k).await.unwrap();
-        let got = read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap();
+        let got = read_all(e.read_whole(&k).await.unwrap().unwrap())
+            .await
+            .unwrap();
         assert_ne!(got, data);
         assert_ne!(Digest::of(&got), k.digest);
     }
@@ -359,13 +368,13 @@ async fn single_chunk_reads_are_one_statement_and_stay_race_safe() {
         let data = blob(200 + i as u64, len);
         put(&e, "r", &data, 100_000).await;
         let k = key_of("r", &data);
-        let r = e.read(&k).await.unwrap().unwrap();
-        assert_eq!(r.len, len as u64);
+        let r = e.read_whole(&k).await.unwrap().unwrap();
+        assert_eq!(r.len(), len as u64);
         assert_eq!(read_all(r).await.unwrap(), data, "whole read of {len}");
         let n = len as u64;
         for (a, b) in [(0, n), (n / 2, n), (0, n.min(c as u64)), (n, n)] {
-            let r = e.read_range(&k, a..b).await.unwrap().unwrap();
-            assert_eq!(r.len, b - a);
+            let r = e.read_exact(&k, a..b).await.unwrap().unwrap();
+            assert_eq!(r.len(), b - a);
             assert_eq!(
                 read_all(r).await.unwrap(),
                 &data[a as usize..b as usize],
@@ -380,8 +389,8 @@ async fn single_chunk_reads_are_one_statement_and_stay_race_safe() {
     put(&e, "r", &data, 5000).await;
     let k = key_of("r", &data);
     e.delete_many(&ns("r"), &[k.digest]).await.unwrap();
-    assert!(e.read(&k).await.unwrap().is_none());
-    assert!(e.read_range(&k, 10..20).await.unwrap().is_none());
+    assert!(e.read_whole(&k).await.unwrap().is_none());
+    assert!(e.read_exact(&k, 10..20).await.unwrap().is_none());
 
     // A large object shorter than its recorded size fails the read after
     // yielding what it has, as the streamed path does.
@@ -396,13 +405,13 @@ async fn single_chunk_reads_are_one_statement_and_stay_race_safe() {
     .execute(e.pool())
     .await
     .unwrap();
-    let r = e.read(&k).await.unwrap().unwrap();
-    assert_eq!(r.len, 4096);
+    let r = e.read_whole(&k).await.unwrap().unwrap();
+    assert_eq!(r.len(), 4096);
     let err = read_all(r).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
-    let r = e.read_range(&k, 3000..4096).await.unwrap().unwrap();
-    assert_eq!(r.len, 1096);
+    let r = e.read_exact(&k, 3000..4096).await.unwrap().unwrap();
+    assert_eq!(r.len(), 1096);
     assert!(read_all(r).await.is_err());
-    let r = e.read_range(&k, 3000..4000).await.unwrap().unwrap();
+    let r = e.read_exact(&k, 3000..4000).await.unwrap().unwrap();
     assert_eq!(read_all(r).await.unwrap(), &data[3000..4000]);
 }

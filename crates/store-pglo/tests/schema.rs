@@ -5,13 +5,14 @@ mod common;
 use common::{blob, key_of, put, read_all, OpenEngine, TestSchema};
 use store_pglo::{PGLO_COMPONENT, PGLO_STEPS};
 use store_postgres::plumbing::schema_version;
+use store_types::EngineExt as _;
 use store_types::{Engine, PublishOutcome, StagedCandidate, Timestamp};
 
 #[tokio::test]
 async fn gc_seam_is_window_only() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let seam = e.gc_seam().expect("pg-lo is a seam member");
+    let seam = e.capabilities().seam.expect("pg-lo is a seam member");
     assert!(seam.pins.is_none() && seam.sweep_lock.is_none());
     assert!(seam.schema.gc_tables().await.unwrap().is_empty());
     seam.schema.ensure_gc_schema().await.unwrap();
@@ -50,20 +51,28 @@ async fn sharing_a_schema_with_the_kv_engine() {
     let kv = store_postgres::PostgresEngine::connect(&s.url, &s.name)
         .await
         .unwrap();
-    lo.gc_seam()
+    lo.capabilities()
+        .seam
         .unwrap()
         .schema
         .ensure_gc_schema()
         .await
         .unwrap();
-    kv.gc_seam()
+    kv.capabilities()
+        .seam
         .unwrap()
         .schema
         .ensure_gc_schema()
         .await
         .unwrap();
     assert_eq!(
-        lo.gc_seam().unwrap().schema.gc_tables().await.unwrap(),
+        lo.capabilities()
+            .seam
+            .unwrap()
+            .schema
+            .gc_tables()
+            .await
+            .unwrap(),
         [
             "gc_clock",
             "gc_deleting",
@@ -74,10 +83,10 @@ async fn sharing_a_schema_with_the_kv_engine() {
         ]
     );
     assert!(lo
-        .descriptor()
+        .capabilities()
         .instance
-        .same_database(&kv.descriptor().instance));
-    assert_eq!(lo.descriptor().instance, kv.descriptor().instance);
+        .same_database(&kv.capabilities().instance));
+    assert_eq!(lo.capabilities().instance, kv.capabilities().instance);
 }
 
 #[tokio::test]
@@ -145,7 +154,9 @@ async fn an_older_schema_is_migrated_not_recreated() {
     let m = e.meta(&k).await.unwrap().unwrap();
     assert_eq!((m.size, m.created_at.0), (40_000, 77));
     assert_eq!(
-        read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap(),
+        read_all(e.read_whole(&k).await.unwrap().unwrap())
+            .await
+            .unwrap(),
         data
     );
     // v3: the old entry has no outboard until one is stored (the lazy path).

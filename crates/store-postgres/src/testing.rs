@@ -194,7 +194,7 @@ pub fn blob(seed: u64, len: usize) -> Bytes {
 pub async fn read_all(r: store_types::BlobReader) -> std::io::Result<Vec<u8>> {
     use tokio::io::AsyncReadExt;
     let mut out = Vec::new();
-    let mut reader = r.reader;
+    let mut reader = r.into_stream().reader;
     reader.read_to_end(&mut out).await?;
     Ok(out)
 }

@@ -13,6 +13,7 @@ use sqlx::AssertSqlSafe;
 use store_postgres::plumbing::key_lock;
 use store_postgres::testing::set_db_clock;
 use store_postgres::PostgresEngine;
+use store_types::EngineExt as _;
 use store_types::{
     Digest, Engine, Error, Instance, Key, KvEngine, LivenessTable, PinClauses, PinIntent,
     ProtectReason, PublishOutcome, Timestamp,
@@ -26,7 +27,7 @@ const NOW: Timestamp = Timestamp(1_000_000);
 /// [`NOW`].
 async fn fleet(s: &TestSchema) -> (PostgresEngine, Arc<dyn PinClauses>) {
     let e = s.engine().await;
-    let seam = e.gc_seam().unwrap();
+    let seam = e.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     set_clock(&e, NOW).await;
     (e, seam.pins.unwrap())
@@ -71,7 +72,7 @@ async fn exec(e: &PostgresEngine, stmt: &str) {
 async fn pin_host_is_the_engine_identity() {
     let s = TestSchema::new();
     let (e, p) = fleet(&s).await;
-    assert_eq!(p.pin_host(), e.descriptor().instance);
+    assert_eq!(p.pin_host(), e.capabilities().instance);
     assert!(matches!(p.pin_host(), Instance::Postgres { schema, .. } if schema == s.name));
 }
 
@@ -88,7 +89,9 @@ async fn put_pinned_commits_entry_and_pin_and_a_dedup_hit_still_pins() {
         .unwrap();
     assert_eq!(out, PublishOutcome::Inserted);
     assert_eq!(
-        read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap(),
+        read_all(e.read_whole(&k).await.unwrap().unwrap())
+            .await
+            .unwrap(),
         data
     );
     assert_eq!(e.meta(&k).await.unwrap().unwrap().size, 5000);
@@ -134,7 +137,7 @@ async fn put_pinned_is_atomic() {
     // Without gc_pins the pin upsert fails, and the entry must not commit.
     let s = TestSchema::new();
     let e = s.engine().await;
-    let p = e.gc_seam().unwrap().pins.unwrap();
+    let p = e.capabilities().seam.unwrap().pins.unwrap();
     let data = blob(2, 100);
     let k = key_of("n", &data);
     let err = p
@@ -558,7 +561,7 @@ async fn a_batch_waits_for_an_in_flight_pin_and_then_sees_it() {
 async fn batch_deletes_are_invisible_until_commit_and_roll_back_on_drop() {
     let s = TestSchema::new();
     let (e, p) = fleet(&s).await;
-    let w = e.gc_seam().unwrap().window.unwrap();
+    let w = e.capabilities().seam.unwrap().window.unwrap();
     let (x, y) = (blob(5, 300), blob(6, 700));
     let (kx, ky) = (key_of("n", &x), key_of("n", &y));
     let absent = key_of("n", b"absent");

@@ -4,6 +4,7 @@ mod common;
 
 use common::{blob, key_of, ns, read_all, OpenEngine, TestSchema};
 use store_postgres::PostgresEngine;
+use store_types::EngineExt as _;
 use store_types::{Digest, Engine, Error, Instance, Key, KvEngine, PublishOutcome, Sharing};
 
 #[tokio::test]
@@ -23,8 +24,8 @@ async fn put_read_meta_and_range() {
     let m = e.meta(&k).await.unwrap().unwrap();
     assert_eq!(m.size, 10_000);
     assert!(m.created_at.0 > 0);
-    let r = e.read(&k).await.unwrap().unwrap();
-    assert_eq!(r.len, 10_000);
+    let r = e.read_whole(&k).await.unwrap().unwrap();
+    assert_eq!(r.len(), 10_000);
     assert_eq!(read_all(r).await.unwrap(), data);
     for (a, b) in [
         (0u64, 0u64),
@@ -34,8 +35,8 @@ async fn put_read_meta_and_range() {
         (10_000, 10_000),
         (0, 10_000),
     ] {
-        let r = e.read_range(&k, a..b).await.unwrap().unwrap();
-        assert_eq!(r.len, b - a);
+        let r = e.read_exact(&k, a..b).await.unwrap().unwrap();
+        assert_eq!(r.len(), b - a);
         assert_eq!(
             read_all(r).await.unwrap(),
             &data[a as usize..b as usize],
@@ -44,8 +45,8 @@ async fn put_read_meta_and_range() {
     }
     let absent = key_of("a", b"absent");
     assert!(e.meta(&absent).await.unwrap().is_none());
-    assert!(e.read(&absent).await.unwrap().is_none());
-    assert!(e.read_range(&absent, 0..0).await.unwrap().is_none());
+    assert!(e.read_whole(&absent).await.unwrap().is_none());
+    assert!(e.read_exact(&absent, 0..0).await.unwrap().is_none());
     // Same digest, other namespace: independent.
     assert!(e
         .meta(&Key::new(ns("b"), k.digest))
@@ -64,7 +65,7 @@ async fn empty_content() {
         PublishOutcome::Inserted
     );
     assert_eq!(e.meta(&k).await.unwrap().unwrap().size, 0);
-    assert!(read_all(e.read(&k).await.unwrap().unwrap())
+    assert!(read_all(e.read_whole(&k).await.unwrap().unwrap())
         .await
         .unwrap()
         .is_empty());
@@ -167,7 +168,7 @@ async fn concurrent_identical_puts_yield_one_insert() {
 async fn descriptor_names_the_cluster_database_and_schema() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let d = e.descriptor();
+    let d = e.capabilities();
     assert_eq!(d.kind, "postgres");
     assert_eq!(d.sharing, Sharing::DatabaseServer);
     assert!(d.durable);
@@ -189,8 +190,8 @@ async fn descriptor_names_the_cluster_database_and_schema() {
     assert_eq!(database, &db);
     let other = TestSchema::new();
     let e2 = other.engine().await;
-    assert!(d.instance.same_database(&e2.descriptor().instance));
-    assert_ne!(d.instance, e2.descriptor().instance);
+    assert!(d.instance.same_database(&e2.capabilities().instance));
+    assert_ne!(d.instance, e2.capabilities().instance);
 }
 
 #[tokio::test]
@@ -213,7 +214,7 @@ async fn invalid_schema_names_are_config_errors() {
 async fn gc_seam_has_every_family() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let seam = e.gc_seam().expect("postgres is a seam member");
+    let seam = e.capabilities().seam.expect("postgres is a seam member");
     assert!(seam.window.is_some() && seam.pins.is_some() && seam.sweep_lock.is_some());
 }
 
@@ -225,7 +226,9 @@ async fn corrupt_one_byte_changes_the_content() {
         let k = key_of("a", &data);
         e.put(&k, data.clone()).await.unwrap();
         e.corrupt_one_byte(&k).await.unwrap();
-        let got = read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap();
+        let got = read_all(e.read_whole(&k).await.unwrap().unwrap())
+            .await
+            .unwrap();
         assert_ne!(got, data);
         assert_ne!(Digest::of(&got), k.digest);
     }

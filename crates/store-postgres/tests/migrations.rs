@@ -5,6 +5,7 @@ mod common;
 use common::{blob, key_of, read_all, OpenEngine, TestSchema};
 use store_postgres::plumbing::{migrate, schema_version};
 use store_postgres::{KV_COMPONENT, KV_STEPS};
+use store_types::EngineExt as _;
 use store_types::{Engine, Error, KvEngine, PublishOutcome};
 
 async fn content_storage(pool: &sqlx::PgPool, schema: &str) -> String {
@@ -100,7 +101,9 @@ async fn an_older_schema_is_migrated_not_recreated() {
     let m = e.meta(&k).await.unwrap().unwrap();
     assert_eq!((m.size, m.created_at.0), (3000, 1234));
     assert_eq!(
-        read_all(e.read(&k).await.unwrap().unwrap()).await.unwrap(),
+        read_all(e.read_whole(&k).await.unwrap().unwrap())
+            .await
+            .unwrap(),
         data
     );
 }

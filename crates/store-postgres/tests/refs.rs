@@ -499,7 +499,7 @@ async fn a_foreign_table_of_the_same_name_is_not_adopted() {
 async fn the_liveness_table_binds_and_protects_by_namespace() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let seam = e.gc_seam().unwrap();
+    let seam = e.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     set_db_clock(e.pool(), e.schema(), Timestamp(1_000_000))
         .await

@@ -21,7 +21,7 @@ fn cand(key: &Key, size: u64, at: i64) -> StagedCandidate {
 async fn ensure_gc_schema_creates_pins_and_window() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let seam = e.gc_seam().unwrap();
+    let seam = e.capabilities().seam.unwrap();
     assert!(seam.schema.gc_tables().await.unwrap().is_empty());
     seam.schema.ensure_gc_schema().await.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
@@ -48,7 +48,7 @@ async fn clock(e: &PostgresEngine, s: &TestSchema, t: i64) {
 async fn window_clauses() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let seam = e.gc_seam().unwrap();
+    let seam = e.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     let w = seam.window.unwrap();
     let (a, b, c) = (key_of("n1", b"a"), key_of("n1", b"b"), key_of("n2", b"c"));
@@ -112,7 +112,7 @@ async fn window_clauses() {
 async fn pin_clauses() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let seam = e.gc_seam().unwrap();
+    let seam = e.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     let p = seam.pins.unwrap();
     let ttl = Duration::from_millis(1000);
@@ -185,7 +185,7 @@ async fn pin_clauses() {
 async fn gc_clock_is_the_database_clock() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let seam = e.gc_seam().unwrap();
+    let seam = e.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     let (w, p) = (seam.window.unwrap(), seam.pins.unwrap());
     let hook_rows = || async {
@@ -267,9 +267,10 @@ async fn gc_window_v1_migrates_to_the_gc_clock() {
     .await
     .unwrap();
     let k = key_of("n", b"old");
-    let w = e.gc_seam().unwrap().window.unwrap();
+    let w = e.capabilities().seam.unwrap().window.unwrap();
     w.stage(&[cand(&k, 1, 5_000)]).await.unwrap();
-    e.gc_seam()
+    e.capabilities()
+        .seam
         .unwrap()
         .schema
         .ensure_gc_schema()
@@ -298,8 +299,8 @@ async fn gc_window_v1_migrates_to_the_gc_clock() {
 async fn sweep_lock_is_exclusive_across_engines_and_released_on_drop() {
     let s = TestSchema::new();
     let (e1, e2) = (s.engine().await, s.engine().await);
-    let l1 = e1.gc_seam().unwrap().sweep_lock.unwrap();
-    let l2 = e2.gc_seam().unwrap().sweep_lock.unwrap();
+    let l1 = e1.capabilities().seam.unwrap().sweep_lock.unwrap();
+    let l2 = e2.capabilities().seam.unwrap().sweep_lock.unwrap();
 
     let held = l1.try_lock().await.unwrap().expect("free lock");
     assert!(l2.try_lock().await.unwrap().is_none(), "held by engine 1");
@@ -312,7 +313,8 @@ async fn sweep_lock_is_exclusive_across_engines_and_released_on_drop() {
     let other = TestSchema::new();
     let e3 = other.engine().await;
     let g3 = e3
-        .gc_seam()
+        .capabilities()
+        .seam
         .unwrap()
         .sweep_lock
         .unwrap()
@@ -339,7 +341,7 @@ async fn sweep_lock_is_exclusive_across_engines_and_released_on_drop() {
 async fn sweep_lock_released_when_the_guard_drops_outside_a_runtime() {
     let s = TestSchema::new();
     let e = s.engine().await;
-    let lock = e.gc_seam().unwrap().sweep_lock.unwrap();
+    let lock = e.capabilities().seam.unwrap().sweep_lock.unwrap();
     let held = lock.try_lock().await.unwrap().unwrap();
     // Dropped on a thread with no runtime: the session closes instead.
     std::thread::spawn(move || drop(held)).join().unwrap();

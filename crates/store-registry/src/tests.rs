@@ -196,7 +196,7 @@ async fn opens_round_trip_through_the_trait_objects() {
         kv.put(&key, bytes::Bytes::from_static(b"x")).await.unwrap(),
         PublishOutcome::Inserted
     );
-    assert_eq!(kv.descriptor().kind, "sqlite");
+    assert_eq!(kv.capabilities().kind, "sqlite");
     for url in [
         format!("file://{}/large", dir.path().display()),
         format!(

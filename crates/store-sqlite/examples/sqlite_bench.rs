@@ -124,7 +124,7 @@ async fn main() {
         entries as f64 / fill.elapsed().as_secs_f64()
     );
 
-    let seam = engine.gc_seam().unwrap();
+    let seam = engine.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     let window = seam.window.unwrap();
     let start = Instant::now();

@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use store_types::{Digest, Engine, Key, KvEngine, Namespace};
+use store_types::EngineExt as _;
+use store_types::{BlobReader, Digest, Engine, Key, KvEngine, Namespace};
 
 use crate::cache::{Hot, HotCache};
 use crate::{SqliteEngine, SqliteOptions};
@@ -29,8 +30,11 @@ async fn put(engine: &SqliteEngine, data: &[u8]) -> Key {
 }
 
 async fn read(engine: &SqliteEngine, k: &Key) -> Option<Vec<u8>> {
-    let r = engine.read(k).await.unwrap()?;
-    Some(r.in_memory.expect("sqlite reads are in memory").to_vec())
+    let r = engine.read_whole(k).await.unwrap()?;
+    let BlobReader::Bytes { bytes, .. } = r else {
+        panic!("sqlite reads are in memory: {r:?}")
+    };
+    Some(bytes.to_vec())
 }
 
 /// Deletes `k`'s row behind the engine's back (another connection): only
@@ -70,8 +74,11 @@ async fn a_read_entry_is_answered_from_the_cache_and_put_does_not_fill_it() {
             .unwrap(),
         vec![true, false]
     );
-    let r = e.read_range(&k, 4..9).await.unwrap().unwrap();
-    assert_eq!(&r.in_memory.unwrap()[..], b"bytes");
+    let r = e.read_exact(&k, 4..9).await.unwrap().unwrap();
+    assert!(
+        matches!(&r, BlobReader::Bytes { bytes, .. } if &bytes[..] == b"bytes"),
+        "{r:?}"
+    );
     // `read_stored` reads the file.
     assert!(e.read_stored(&k).await.unwrap().is_none());
 }
@@ -176,7 +183,7 @@ async fn no_read_after_a_delete_returns_sees_the_deleted_entry() {
                 let (e, k, stop) = (e.clone(), k.clone(), stop.clone());
                 tokio::spawn(async move {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let _ = e.read(&k).await.unwrap();
+                        let _ = e.read_whole(&k).await.unwrap();
                         tokio::task::yield_now().await;
                     }
                 })

@@ -176,7 +176,7 @@ async fn stage(e: &SqliteEngine, cands: Vec<StagedCandidate>) -> Done {
             )
         })
         .collect();
-    let window = e.gc_seam().unwrap().window.unwrap();
+    let window = e.capabilities().seam.unwrap().window.unwrap();
     let acked = window.stage(&cands).await.is_ok();
     Done {
         what: format!("stage x{}", cands.len()),
@@ -195,7 +195,7 @@ async fn unstage(e: &SqliteEngine, keys: Vec<Key>) -> Done {
             )
         })
         .collect();
-    let window = e.gc_seam().unwrap().window.unwrap();
+    let window = e.capabilities().seam.unwrap().window.unwrap();
     let acked = window.unstage(&keys).await.is_ok();
     Done {
         what: format!("unstage x{}", keys.len()),
@@ -337,7 +337,8 @@ impl Scenario {
                 }
             }
             Scenario::GcWindow => {
-                e.gc_seam()
+                e.capabilities()
+                    .seam
                     .unwrap()
                     .schema
                     .ensure_gc_schema()
@@ -402,7 +403,7 @@ impl Scenario {
                     .await,
                 );
                 // Execute: take the due ones, delete them, unstage them.
-                let window = e.gc_seam().unwrap().window.unwrap();
+                let window = e.capabilities().seam.unwrap().window.unwrap();
                 let due = window
                     .take_due(Timestamp(15), None, 100)
                     .await

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use store_sqlite::{Durability, SqliteEngine, SqliteOptions, SCHEMA_VERSION};
+use store_types::EngineExt as _;
 use store_types::{
     Digest, Engine, Error, Instance, Key, KvEngine, Namespace, PublishOutcome, Sharing,
 };
@@ -20,10 +21,11 @@ fn key(n: &str, data: &[u8]) -> Key {
 
 async fn read_all(engine: &SqliteEngine, key: &Key) -> Option<Vec<u8>> {
     use tokio::io::AsyncReadExt;
-    let mut r = engine.read(key).await.unwrap()?;
+    let r = engine.read_whole(key).await.unwrap()?;
     let mut out = Vec::new();
-    r.reader.read_to_end(&mut out).await.unwrap();
-    assert_eq!(r.len, out.len() as u64);
+    let r_len = r.len();
+    r.into_stream().reader.read_to_end(&mut out).await.unwrap();
+    assert_eq!(r_len, out.len() as u64);
     Some(out)
 }
 
@@ -143,7 +145,7 @@ async fn descriptor_names_the_canonical_file() {
         .await
         .unwrap();
     let canonical = std::fs::canonicalize(dir.path().join("a/c/db.sqlite")).unwrap();
-    let d = engine.descriptor();
+    let d = engine.capabilities();
     assert_eq!(d.kind, "sqlite");
     assert_eq!(d.instance, Instance::Path(canonical.clone()));
     assert_eq!(d.sharing, Sharing::EmbeddedFile);
@@ -242,14 +244,15 @@ async fn ranges_empty_blobs_and_namespaces() {
         (0..0, b""),
     ] {
         use tokio::io::AsyncReadExt;
-        let mut r = engine.read_range(&k, range.clone()).await.unwrap().unwrap();
+        let r = engine.read_exact(&k, range.clone()).await.unwrap().unwrap();
         let mut got = Vec::new();
-        r.reader.read_to_end(&mut got).await.unwrap();
+        let r_len = r.len();
+        r.into_stream().reader.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, want, "{range:?}");
-        assert_eq!(r.len, want.len() as u64);
+        assert_eq!(r_len, want.len() as u64);
     }
     assert!(engine
-        .read_range(&key("b", b"nope"), 0..0)
+        .read_exact(&key("b", b"nope"), 0..0)
         .await
         .unwrap()
         .is_none());

@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use store_sqlite::{SqliteEngine, SqliteOptions, SCHEMA_VERSION};
+use store_types::EngineExt as _;
 use store_types::{Digest, Engine, Key, KvEngine, Namespace, PublishOutcome, Timestamp};
 use tokio::io::AsyncReadExt;
 
@@ -107,10 +108,11 @@ fn write_v1(path: &std::path::Path, rows: &[Row]) {
 }
 
 async fn read_all(engine: &SqliteEngine, key: &Key) -> Vec<u8> {
-    let mut r = engine.read(key).await.unwrap().expect("present");
+    let r = engine.read_whole(key).await.unwrap().expect("present");
     let mut out = Vec::new();
-    r.reader.read_to_end(&mut out).await.unwrap();
-    assert_eq!(r.len, out.len() as u64);
+    let r_len = r.len();
+    r.into_stream().reader.read_to_end(&mut out).await.unwrap();
+    assert_eq!(r_len, out.len() as u64);
     out
 }
 
@@ -146,13 +148,17 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
         assert_eq!(read_all(&engine, &r.key).await, r.content);
         let len = r.content.len() as u64;
         let range = (len / 3)..(len - len / 4);
-        let mut part = engine
-            .read_range(&r.key, range.clone())
+        let part = engine
+            .read_exact(&r.key, range.clone())
             .await
             .unwrap()
             .expect("present");
         let mut got = Vec::new();
-        part.reader.read_to_end(&mut got).await.unwrap();
+        part.into_stream()
+            .reader
+            .read_to_end(&mut got)
+            .await
+            .unwrap();
         assert_eq!(got, r.content[range.start as usize..range.end as usize]);
     }
 
@@ -206,7 +212,7 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
     );
 
     // The window table is untouched.
-    let window = engine.gc_seam().unwrap().window.unwrap();
+    let window = engine.capabilities().seam.unwrap().window.unwrap();
     assert_eq!(window.staged_count().await.unwrap(), 1);
     assert_eq!(
         window

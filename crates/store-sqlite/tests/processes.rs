@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use store_sqlite::{SqliteEngine, SqliteOptions, SCHEMA_VERSION};
+use store_types::EngineExt as _;
 use store_types::{Digest, Engine, Key, KvEngine, Namespace, PublishOutcome};
 use tokio::io::AsyncReadExt;
 
@@ -145,13 +146,17 @@ fn concurrent_processes_open_one_fresh_file() {
             assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
             for n in 0..CHILDREN {
                 let want = body(n);
-                let mut blob = engine
-                    .read(&key(want.as_bytes()))
+                let blob = engine
+                    .read_whole(&key(want.as_bytes()))
                     .await
                     .unwrap()
                     .unwrap_or_else(|| panic!("round {round}: entry of child {n} missing"));
                 let mut got = Vec::new();
-                blob.reader.read_to_end(&mut got).await.unwrap();
+                blob.into_stream()
+                    .reader
+                    .read_to_end(&mut got)
+                    .await
+                    .unwrap();
                 assert_eq!(got, want.as_bytes(), "round {round}: child {n}");
             }
             assert!(engine.meta(&key(b"shared")).await.unwrap().is_some());

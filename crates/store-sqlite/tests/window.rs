@@ -23,7 +23,7 @@ async fn open(path: &Path) -> SqliteEngine {
 async fn seam_shape_matches_adr_012() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(&dir.path().join("db.sqlite")).await;
-    let seam = engine.gc_seam().expect("sqlite is a seam member");
+    let seam = engine.capabilities().seam.expect("sqlite is a seam member");
     assert!(seam.window.is_some());
     assert!(seam.pins.is_none());
     assert!(seam.sweep_lock.is_none());
@@ -38,12 +38,13 @@ async fn seam_shape_matches_adr_012() {
 async fn window_ops_before_the_schema_fail_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(&dir.path().join("db.sqlite")).await;
-    let window = engine.gc_seam().unwrap().window.unwrap();
+    let window = engine.capabilities().seam.unwrap().window.unwrap();
     assert!(window.stage(&[cand("n", b"a", 1, 0)]).await.is_err());
     assert!(window.staged_count().await.is_err());
     // The writer is still healthy afterwards.
     engine
-        .gc_seam()
+        .capabilities()
+        .seam
         .unwrap()
         .schema
         .ensure_gc_schema()
@@ -58,7 +59,7 @@ async fn the_window_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.sqlite");
     let engine = open(&path).await;
-    let seam = engine.gc_seam().unwrap();
+    let seam = engine.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     let window = seam.window.unwrap();
     window
@@ -68,7 +69,7 @@ async fn the_window_survives_a_reopen() {
     drop((window, seam.schema, engine));
 
     let engine = open(&path).await;
-    let seam = engine.gc_seam().unwrap();
+    let seam = engine.capabilities().seam.unwrap();
     assert_eq!(seam.schema.gc_tables().await.unwrap(), vec!["gc_window"]);
     let window = seam.window.unwrap();
     assert_eq!(window.staged_count().await.unwrap(), 2);
@@ -84,7 +85,7 @@ async fn the_window_survives_a_reopen() {
 async fn stage_keeps_the_earliest_row_and_take_due_paginates_by_key() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(&dir.path().join("db.sqlite")).await;
-    let seam = engine.gc_seam().unwrap();
+    let seam = engine.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     let window = seam.window.unwrap();
 
@@ -174,7 +175,7 @@ async fn window_writes_group_commit_with_puts() {
     use store_types::KvEngine;
     let dir = tempfile::tempdir().unwrap();
     let engine = open(&dir.path().join("db.sqlite")).await;
-    let seam = engine.gc_seam().unwrap();
+    let seam = engine.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
     let window = seam.window.unwrap();
     let before = engine.stats();

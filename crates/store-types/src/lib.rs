@@ -10,7 +10,7 @@
 //!   of media and backend failures and [`Report`] to print a cause chain;
 //! - the engine traits: [`Engine`], [`KvEngine`], [`LargeEngine`],
 //!   [`StagedWrite`];
-//! - the engine descriptor ([`EngineDescriptor`]) the facade judges
+//! - the engine descriptor ([`Capabilities`]) the facade judges
 //!   configurations by, without naming engine types;
 //! - the engine-state seam of ADR-012 §5 ([`GcSeam`] and its clause traits);
 //! - named references ([`RefStore`], [`RefName`]) and cache keys

@@ -68,7 +68,7 @@ pub async fn one_window_host(spec: Spec) {
     let h = Harness::open(spec).await;
     let mut window_tables = 0;
     for e in engines(&h) {
-        if let Some(seam) = e.gc_seam() {
+        if let Some(seam) = e.capabilities().seam {
             window_tables += seam
                 .schema
                 .gc_tables()
@@ -87,8 +87,8 @@ pub async fn one_window_host(spec: Spec) {
 pub async fn seam_applicability(spec: Spec) {
     let h = Harness::open(spec).await;
     for e in engines(&h) {
-        let kind = e.descriptor().kind;
-        let seam = e.gc_seam();
+        let kind = e.capabilities().kind;
+        let seam = e.capabilities().seam;
         let Some(want) = row(kind, seam.is_some()) else {
             assert!(seam.is_none(), "{kind} is not a seam member");
             continue;

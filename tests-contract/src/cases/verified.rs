@@ -161,7 +161,7 @@ async fn range_corruption_in(spec: Spec, groups: u64) {
         .unwrap();
     // Entries of at most 1 MiB keep none, on every engine (ADR-043); larger
     // large-tier ones keep theirs where the engine keeps outboards.
-    let kind = tier_engine(&h, &key).await.descriptor().kind;
+    let kind = tier_engine(&h, &key).await.capabilities().kind;
     if n <= OUTBOARD_KEPT_ABOVE {
         assert_eq!(stored, None, "{}: {n} bytes", h.spec.name);
     } else if tier == Tier::Large && KEEPS_OUTBOARDS.contains(&kind) {
@@ -232,13 +232,15 @@ async fn check_outboards(h: &Harness, keys: &[(Key, Vec<u8>)], when: &str) {
         let kept = engine.read_outboard(key).await.unwrap();
         // Entries of at most 1 MiB keep none (ADR-032, ADR-043).
         let needs = stat.size > OUTBOARD_KEPT_ABOVE;
-        if stat.tier == Tier::Large && needs && KEEPS_OUTBOARDS.contains(&engine.descriptor().kind)
+        if stat.tier == Tier::Large
+            && needs
+            && KEEPS_OUTBOARDS.contains(&engine.capabilities().kind)
         {
             assert!(
                 kept.as_deref() == Some(&want[..]),
                 "{}: {key}: the {} engine keeps no outboard, or a wrong one ({when})",
                 h.spec.name,
-                engine.descriptor().kind
+                engine.capabilities().kind
             );
         } else if stat.tier == Tier::Kv || !needs {
             assert_eq!(
@@ -276,16 +278,16 @@ pub async fn small_range_on_corrupt_entry_fails(spec: Spec) {
     }
 }
 
-/// `Engine::read_range_sized` (ADR-036) on each engine of the composite:
-/// the engine holding the entry answers its size and a read of exactly
-/// `RangeRequest::span` — the whole entry up to `whole_max`, else the
-/// covering chunk groups — and the same `InvalidRange` the facade gives;
-/// an engine not holding it answers `None`. Twice each, so an engine that
-/// caches what it read (local's open files, sqlite's hot entries) answers
-/// the second time from its cache the same.
-pub async fn read_range_sized_answers_size_and_span(spec: Spec) {
-    use store_types::RangeRequest;
-    use tokio::io::AsyncReadExt;
+/// `Engine::read` on each engine of the composite: the engine holding the
+/// entry answers its size and a read of exactly what the options plan —
+/// the whole entry (also from storage), or `RangeRequest::span`: the whole
+/// entry up to `whole_max`, else the covering chunk groups — and the same
+/// `InvalidRange` the facade gives; an engine not holding it answers
+/// `None`. Twice each, so an engine that caches what it read (local's open
+/// files, sqlite's hot entries) answers the second time from its cache the
+/// same.
+pub async fn read_answers_size_and_span(spec: Spec) {
+    use store_types::{RangeRequest, ReadOptions};
     let h = Harness::open(spec).await;
     let g = GROUP_SIZE as u64;
     let mut keys = Vec::new();
@@ -304,15 +306,14 @@ pub async fn read_range_sized_answers_size_and_span(spec: Spec) {
         .collect();
     for engine in &engines {
         let req = RangeRequest::new(0..0, WHOLE_VERIFY_MAX);
-        assert!(
-            engine
-                .read_range_sized(&absent, &req)
-                .await
-                .unwrap()
-                .is_none(),
-            "{}: absent key",
-            spec.name
-        );
+        for options in [
+            ReadOptions::range(req),
+            ReadOptions::whole(),
+            ReadOptions::stored(),
+        ] {
+            let got = engine.read(&absent, &options).await.unwrap();
+            assert!(got.is_none(), "{}: absent key, {options:?}", spec.name);
+        }
     }
     for (key, data) in &keys {
         let size = data.len() as u64;
@@ -324,6 +325,20 @@ pub async fn read_range_sized_answers_size_and_span(spec: Spec) {
         ];
         for engine in &engines {
             let holds = engine.meta(key).await.unwrap().is_some();
+            for options in [ReadOptions::whole(), ReadOptions::stored()] {
+                let what = format!("{}: {size} bytes, {options:?}", spec.name);
+                for _round in 0..2 {
+                    let got = engine.read(key, &options).await.unwrap();
+                    let Some(read) = got else {
+                        assert!(!holds, "{what}: None from the engine holding it");
+                        continue;
+                    };
+                    assert!(holds, "{what}: answered by an engine without it");
+                    assert_eq!((read.size, read.span.clone()), (size, 0..size), "{what}");
+                    let bytes = read.reader.into_bytes(size + 1).await.unwrap();
+                    assert!(bytes == data[..], "{what}: wrong bytes");
+                }
+            }
             for whole_max in [WHOLE_VERIFY_MAX, 0] {
                 for range in ranges.clone() {
                     let req = RangeRequest::new(range.clone(), whole_max);
@@ -332,7 +347,8 @@ pub async fn read_range_sized_answers_size_and_span(spec: Spec) {
                             "{}: {size} bytes, {range:?}, whole_max {whole_max}, round {round}",
                             spec.name
                         );
-                        let got = engine.read_range_sized(key, &req).await.unwrap();
+                        let options = ReadOptions::range(req.clone());
+                        let got = engine.read(key, &options).await.unwrap();
                         let Some(read) = got else {
                             assert!(!holds, "{what}: None from the engine holding it");
                             continue;
@@ -341,10 +357,8 @@ pub async fn read_range_sized_answers_size_and_span(spec: Spec) {
                         let want = req.span(size).unwrap();
                         assert_eq!(read.size, size, "{what}");
                         assert_eq!(read.span, want, "{what}");
-                        assert_eq!(read.reader.len, want.end - want.start, "{what}");
-                        let mut buf = Vec::new();
-                        let mut rd = read.reader.reader;
-                        rd.read_to_end(&mut buf).await.unwrap();
+                        assert_eq!(read.reader.len(), want.end - want.start, "{what}");
+                        let buf = read.reader.into_bytes(size + 1).await.unwrap();
                         assert!(
                             buf == data[want.start as usize..want.end as usize],
                             "{what}: wrong bytes"
@@ -352,7 +366,7 @@ pub async fn read_range_sized_answers_size_and_span(spec: Spec) {
                     }
                 }
                 let bad = RangeRequest::new(size..size + 1, whole_max);
-                match engine.read_range_sized(key, &bad).await {
+                match engine.read(key, &ReadOptions::range(bad)).await {
                     Ok(None) if !holds => {}
                     Err(Error::InvalidRange {
                         start,

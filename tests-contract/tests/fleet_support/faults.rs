@@ -1,7 +1,6 @@
 //! Fault injection through the engine seams (redb-style wrapper engines)
 //! and the fleet GC model.
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,9 +12,9 @@ use store_core::{Error, Key, Namespace, SweepOptions};
 use store_local::LocalEngine;
 use store_postgres::PostgresEngine;
 use store_types::{
-    BlobReader, BoundLivenessTable, Digest, Engine, EngineDescriptor, EntryMeta, FleetBatch,
-    GcSeam, Instance, KvEngine, LargeEngine, LivenessTable, PinClauses, PinIntent, ProtectReason,
-    PublishOutcome, Result, StagedWrite, Timestamp,
+    BoundLivenessTable, Capabilities, Digest, Engine, EntryMeta, FleetBatch, Instance, KvEngine,
+    LargeEngine, LivenessTable, PinClauses, PinIntent, ProtectReason, PublishOutcome, ReadOptions,
+    Result, SizedRead, Stage, StagedWrite, Timestamp,
 };
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
@@ -49,8 +48,12 @@ macro_rules! delegate_engine {
     ($ty:ty, $inner:ident => $seam:expr) => {
         #[async_trait]
         impl Engine for $ty {
-            fn descriptor(&self) -> EngineDescriptor {
-                self.0.descriptor()
+            fn capabilities(&self) -> Capabilities {
+                let $inner = &self.0;
+                Capabilities {
+                    seam: $seam,
+                    ..self.0.capabilities()
+                }
             }
             async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
                 self.0.meta(key).await
@@ -58,14 +61,8 @@ macro_rules! delegate_engine {
             async fn has_many(&self, ns: &Namespace, d: &[Digest]) -> Result<Vec<bool>> {
                 self.0.has_many(ns, d).await
             }
-            async fn read(&self, key: &Key) -> Result<Option<BlobReader>> {
-                self.0.read(key).await
-            }
-            async fn read_stored(&self, key: &Key) -> Result<Option<BlobReader>> {
-                self.0.read_stored(key).await
-            }
-            async fn read_range(&self, key: &Key, r: Range<u64>) -> Result<Option<BlobReader>> {
-                self.0.read_range(key, r).await
+            async fn read(&self, key: &Key, o: &ReadOptions) -> Result<Option<SizedRead>> {
+                self.0.read(key, o).await
             }
             async fn delete_many(&self, ns: &Namespace, d: &[Digest]) -> Result<Vec<Option<u64>>> {
                 self.0.delete_many(ns, d).await
@@ -81,20 +78,18 @@ macro_rules! delegate_engine {
             ) -> Result<Vec<(Digest, u64)>> {
                 self.0.scan(ns, after, limit).await
             }
-            fn gc_seam(&self) -> Option<GcSeam> {
-                let $inner = &self.0;
-                $seam
-            }
         }
     };
 }
 
-delegate_engine!(CrashBeforeRename, inner => inner.gc_seam());
+delegate_engine!(CrashBeforeRename, inner => inner.capabilities().seam);
 
 #[async_trait]
 impl LargeEngine for CrashBeforeRename {
-    async fn stage(&self, ns: &Namespace) -> Result<Box<dyn StagedWrite>> {
-        Ok(Box::new(CrashStage(self.0.stage(ns).await?)))
+    async fn stage(&self, ns: &Namespace) -> Result<Stage> {
+        Ok(Stage::Plain(Box::new(CrashStage(
+            self.0.stage(ns).await?.into_plain(),
+        ))))
     }
 }
 
@@ -186,7 +181,7 @@ impl PinClauses for FailingPins {
     }
 }
 
-delegate_engine!(FailPinFirst, inner => inner.gc_seam().map(|mut s| {
+delegate_engine!(FailPinFirst, inner => inner.capabilities().seam.map(|mut s| {
     s.pins = s.pins.map(|p| Arc::new(FailingPins(p)) as Arc<dyn PinClauses>);
     s
 }));

@@ -10,6 +10,7 @@ mod s3;
 
 use std::sync::Arc;
 use std::time::Duration;
+use store_types::EngineExt as _;
 
 use bytes::Bytes;
 use object_store::memory::InMemory;
@@ -111,19 +112,16 @@ pub(crate) async fn read(
     range: Option<(u64, u64)>,
 ) -> store_types::Result<Option<Vec<u8>>> {
     let blob = match range {
-        None => engine.read(key).await?,
-        Some((s, e)) => engine.read_range(key, s..e).await?,
+        None => engine.read_whole(key).await?,
+        Some((s, e)) => engine.read_exact(key, s..e).await?,
     };
-    let Some(mut blob) = blob else {
+    let Some(blob) = blob else {
         return Ok(None);
     };
+    let len = blob.len();
     let mut out = Vec::new();
-    blob.reader.read_to_end(&mut out).await?;
-    assert_eq!(
-        out.len() as u64,
-        blob.len,
-        "reader yields its declared length"
-    );
+    blob.into_stream().reader.read_to_end(&mut out).await?;
+    assert_eq!(out.len() as u64, len, "reader yields its declared length");
     Ok(Some(out))
 }
 
@@ -481,7 +479,7 @@ async fn urls_select_backends_and_descriptors() {
     let m = ObjectEngine::from_url("memory://", ObjectOptions::default())
         .await
         .unwrap();
-    let d = m.descriptor();
+    let d = Engine::capabilities(&m);
     assert_eq!(
         (d.kind, d.instance, d.sharing, d.durable),
         ("object", Instance::Process, Sharing::ProcessLocal, false)
@@ -490,7 +488,7 @@ async fn urls_select_backends_and_descriptors() {
     let root = dir.path().join("objects");
     let url = format!("file://{}", root.display());
     let f = ObjectEngine::from_url(&url, small_options()).await.unwrap();
-    let d = f.descriptor();
+    let d = Engine::capabilities(&f);
     assert_eq!(d.instance, Instance::Path(root.canonicalize().unwrap()));
     assert_eq!(
         d.sharing,
@@ -516,7 +514,7 @@ async fn urls_select_backends_and_descriptors() {
     .await
     .unwrap();
     assert_eq!(
-        shared.descriptor().sharing,
+        Engine::capabilities(&shared).sharing,
         Sharing::DeclaredMedia { shared_media: true }
     );
     assert!(shared.meta(&key).await.unwrap().is_some());
@@ -529,10 +527,10 @@ async fn urls_select_backends_and_descriptors() {
     )
     .await
     .unwrap();
-    let d = n.descriptor();
+    let d = Engine::capabilities(&n);
     assert_eq!(d.instance, Instance::Other("gs://bucket/p".into()));
     assert_eq!(d.sharing, Sharing::SharedService);
-    assert!(n.gc_seam().is_none());
+    assert!(Engine::capabilities(&n).seam.is_none());
     for bad in ["nope", "ftp://x/y", "file://relative/dir"] {
         assert!(
             matches!(

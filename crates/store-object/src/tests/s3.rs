@@ -60,7 +60,7 @@ async fn s3_round_trip_with_native_conditional_writes() {
         },
         "moto honours If-None-Match on PUT and on CompleteMultipartUpload"
     );
-    let d = e.descriptor();
+    let d = Engine::capabilities(&e);
     assert_eq!(
         d.instance,
         Instance::Other(format!("s3://{}/pool/a", bucket.name))
