@@ -42,7 +42,7 @@ use futures::StreamExt;
 use indicatif::ProgressBar;
 use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
 use reqwest::{Response, StatusCode};
-use store_ops::http::HEADER_UPLOAD_OFFSET;
+use store_http::HEADER_UPLOAD_OFFSET;
 use store_ops::uploads::UploadStatus;
 use store_ops::PutResponse;
 use store_types::{Digest, Namespace};

@@ -1,11 +1,31 @@
-//! The HTTP binding of the ops layer (axum 0.8). Routes, statuses and
-//! headers are documented in `docs/SERVER.md` and recorded in ADR-017.
+//! Blobpool's HTTP binding of the ops layer (axum 0.8, hyper 1, rustls).
+//! Routes, statuses and headers are documented in `docs/SERVER.md` and
+//! recorded in ADR-017.
+//!
+//! Seams: below, a built [`store_ops::Ops`] (every route is a thin
+//! translation to one of its handlers; an [`OpsError`](store_ops::OpsError)
+//! becomes its code's status and the JSON error body); above, a
+//! [`tokio::net::TcpListener`] ([`serve_with`], [`serve_router`]) or any
+//! caller of the axum [`Router`] ([`router_with`]). Identities and scopes
+//! come from [`store_ops::auth`]: the gate hands it the `Authorization`
+//! header and the verified client certificate.
+//!
+//! - routes and handlers: `handlers`, `admin`, `cache`, `refs`, `uploads`
+//!   (request and response bodies in `body`);
+//! - the gate in front of every route (request id, `Host` check,
+//!   authentication, access log): `gate`;
+//! - the connection layer ([`serve_router`]): `server`, with TLS and its
+//!   reload on SIGHUP in `tls`.
+//!
+//! Architecture invariant: this crate names no engine (checked by
+//! `cargo xtask tidy`); it sees engines only through the `Ops` it is
+//! handed.
 //!
 //! | route | handler |
 //! |---|---|
 //! | `PUT /v1/blobs/{ns}` | [`Ops::put`] — body = blob, streamed |
 //! | `GET /v1/blobs/{ns}/{digest}` | [`Ops::get`] — streamed, `Range` → 206 |
-//! | `GET /v1/blobs/{ns}/{digest}`, `Accept: application/x-bao` | [`Ops::get_bao`] — a verified stream ([`crate::bao`]), `Range` → 200 + `x-blobpool-bao-range` |
+//! | `GET /v1/blobs/{ns}/{digest}`, `Accept: application/x-bao` | [`Ops::get_bao`] — a verified stream ([`store_ops::bao`]), `Range` → 200 + `x-blobpool-bao-range` |
 //! | `HEAD /v1/blobs/{ns}/{digest}` | [`Ops::stat`] as headers |
 //! | `DELETE /v1/blobs/{ns}/{digest}` | [`Ops::delete`] — 204 / 404 / 409 |
 //! | `POST /v1/have` | [`Ops::have`] |
@@ -28,6 +48,8 @@
 //! the store; `/v1/have` reads at most [`have_body_limit`] bytes), and
 //! blob responses stream out of the store.
 
+#![warn(missing_docs)]
+
 mod admin;
 mod body;
 mod cache;
@@ -46,14 +68,15 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post, put};
 use axum::Router;
 
-use crate::Ops;
+use store_ops::Ops;
 
 pub use body::have_body_limit;
 pub use gate::HEADER_REQUEST_ID;
 pub use server::{
-    raise_nofile_limit, serve_router, serve_router_with_reloader, ClientCert, PeerInfo,
-    ServerLimits, ACCEPT_BACKOFF, MAX_HEADER_BYTES,
+    raise_nofile_limit, serve_router, serve_router_with_reloader, PeerInfo, ServerLimits,
+    ACCEPT_BACKOFF, MAX_HEADER_BYTES,
 };
+pub use store_ops::auth::ClientCert;
 pub use tls::{ClientAuth, TlsReloader, TlsSettings};
 pub use uploads::HEADER_UPLOAD_OFFSET;
 
@@ -64,7 +87,7 @@ pub use uploads::HEADER_UPLOAD_OFFSET;
 #[derive(Clone, Debug, Default)]
 pub struct HttpConfig {
     /// Identities and scopes (ADR-023).
-    pub auth: crate::auth::Auth,
+    pub auth: store_ops::auth::Auth,
     /// Accepted `Host` header names (without port); empty accepts any.
     pub allowed_hosts: Vec<String>,
     /// Origins allowed to make cross-origin requests (CORS); empty: no

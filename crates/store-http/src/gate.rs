@@ -20,9 +20,9 @@ use axum::Json;
 use rand::RngCore;
 
 use super::{HttpConfig, PeerInfo};
-use crate::auth::{Auth, Identity};
-use crate::error::{ErrorCode, OpsError};
-use crate::Ops;
+use store_ops::auth::{Auth, Identity};
+use store_ops::Ops;
+use store_ops::{ErrorCode, OpsError};
 
 /// Response header: the request's id (also in the access and audit logs).
 pub const HEADER_REQUEST_ID: &str = "x-request-id";

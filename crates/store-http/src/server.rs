@@ -92,6 +92,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
 use super::tls::{client_cert_names, TlsReloader, TlsSettings};
+use store_ops::auth::ClientCert;
 
 /// Connection limits and timeouts of [`serve_router`]. Every field has a
 /// documented default ([`ServerLimits::default`]). Durations and
@@ -183,15 +184,6 @@ pub struct PeerInfo {
     pub tls: bool,
     /// The verified client certificate (mutual TLS), if one was presented.
     pub client_cert: Option<ClientCert>,
-}
-
-/// The names a verified client certificate carries.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClientCert {
-    /// The subject's common name.
-    pub common_name: Option<String>,
-    /// DNS subject alternative names.
-    pub dns_names: Vec<String>,
 }
 
 /// Cap on the HTTP/1 read buffer, hence on an unfinished header block
