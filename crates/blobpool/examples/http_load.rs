@@ -3,7 +3,7 @@
 //!
 //! One embedded-default store (SQLite kv tier + local-file large tier,
 //! dual-tier at 64 KiB, fsync on) lives in a temporary directory. It is
-//! served in-process on `127.0.0.1:0` by the real store-ops router
+//! served in-process on `127.0.0.1:0` by the real store-http router
 //! (`store_http::serve`, the code path of `blobpool serve`), on a
 //! runtime of its own as a separate server process would have. Each
 //! workload then runs in interleaved rounds — library, HTTP, HTTP, library,
