@@ -61,7 +61,7 @@ async fn setup(dir: &std::path::Path, hook: &Arc<DeleteHook>) -> (Store, Vec<u8>
     let addr = listener.local_addr().unwrap();
     let ops = Ops::new(store.clone(), OpsConfig::default()).unwrap();
     tokio::spawn(async move {
-        store_ops::http::serve(listener, ops, std::future::pending())
+        store_http::serve(listener, ops, std::future::pending())
             .await
             .unwrap()
     });

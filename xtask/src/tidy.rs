@@ -12,8 +12,10 @@
 //! - `store-registry` depends on `store-types` and engine crates only
 //!   (never `store-core`, `store-gc` or `store-ops`);
 //! - `store-core` depends on `store-types` and `store-gc`, `store-ops` on
-//!   those and `store-core`; neither names an engine crate in any
-//!   dependency table (dev-dependencies included) or in its sources.
+//!   those and `store-core`, `store-http` on those and `store-ops` (so
+//!   `store-ops` never depends on its HTTP binding); none names an engine
+//!   crate in any dependency table (dev-dependencies included) or in its
+//!   sources.
 //!
 //! These rules cover normal and build dependencies (engine crates' tests
 //! may use what they like). A crate the rules name but the workspace does
@@ -89,6 +91,10 @@ fn rule(krate: &str) -> Option<Rule> {
         },
         "store-ops" => Rule {
             allowed: vec!["store-types", "store-gc", "store-core"],
+            names_no_engine: true,
+        },
+        "store-http" => Rule {
+            allowed: vec!["store-types", "store-gc", "store-core", "store-ops"],
             names_no_engine: true,
         },
         _ => return None,

@@ -3,8 +3,8 @@
 //!
 //! One embedded-default store (SQLite kv tier + local-file large tier,
 //! dual-tier at 64 KiB, fsync on) lives in a temporary directory. It is
-//! served in-process on `127.0.0.1:0` by the real store-ops router
-//! (`store_ops::http::serve`, the code path of `blobpool serve`), on a
+//! served in-process on `127.0.0.1:0` by the real store-http router
+//! (`store_http::serve`, the code path of `blobpool serve`), on a
 //! runtime of its own as a separate server process would have. Each
 //! workload then runs in interleaved rounds — library, HTTP, HTTP, library,
 //! ... — and the medians are compared:
@@ -590,7 +590,7 @@ async fn main() -> Res<()> {
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
                 let _ = addr_tx.send(listener.local_addr()?);
-                store_ops::http::serve(listener, server_ops, async move {
+                store_http::serve(listener, server_ops, async move {
                     let _ = stop_rx.await;
                 })
                 .await

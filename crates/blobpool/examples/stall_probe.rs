@@ -1,7 +1,7 @@
 //! How the server fares while many streaming clients stall (issue 12,
 //! item 4 "No starvation").
 //!
-//! Starts the HTTP server in-process (`store_ops::http::serve`, default
+//! Starts the HTTP server in-process (`store_http::serve`, default
 //! runtime, default limits) over the embedded default store (SQLite kv
 //! tier + local-file large tier, dual-tier at 64 KiB, fsync off) in a
 //! temporary directory, then opens:
@@ -329,7 +329,7 @@ async fn main() -> Result<(), BoxError> {
     let addr = listener.local_addr()?;
     let base = format!("http://{addr}");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(store_ops::http::serve(listener, ops, async move {
+    let server = tokio::spawn(store_http::serve(listener, ops, async move {
         let _ = stop_rx.await;
     }));
 

@@ -1869,7 +1869,7 @@ mod tests {
         );
         assert_eq!(http.limits.max_connections, 12);
         let tls = http.tls.unwrap();
-        assert_eq!(tls.client_auth, store_ops::http::ClientAuth::Required);
+        assert_eq!(tls.client_auth, store_http::ClientAuth::Required);
         assert_eq!(tls.cert, PathBuf::from("/c.pem"));
         let bad = |k: &'static str, v: &'static str| {
             let env = move |name: &str| (name == k).then(|| v.to_string());

@@ -28,11 +28,11 @@ use reqwest::header::{
 };
 use reqwest::{Certificate, Client, Identity, Response, StatusCode, Url};
 use store_core::SweepReport;
-use store_ops::bao::{BaoDecodeError, BAO_MEDIA_TYPE};
-use store_ops::http::{
+use store_http::{
     HEADER_BAO_RANGE, HEADER_CREATED_AT, HEADER_DIGEST, HEADER_EXPECT_DIGEST, HEADER_SIZE,
     HEADER_TIER,
 };
+use store_ops::bao::{BaoDecodeError, BAO_MEDIA_TYPE};
 use store_ops::{
     ErrorBody, HaveRequest, HaveResponse, PutResponse, StatResponse, DEFAULT_MAX_HAVE_DIGESTS,
 };

@@ -41,8 +41,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+use store_http::{ClientAuth, HttpConfig, ServerLimits, TlsSettings};
 use store_ops::auth::{parse_key_hash, ApiKey, Auth, CertIdentity, Grant};
-use store_ops::http::{ClientAuth, HttpConfig, ServerLimits, TlsSettings};
 
 /// `[auth]`.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -701,8 +701,8 @@ http2_max_streams = 7
         sections(&FILE.replace("HASH_FILE", &store_ops::auth::hash_key("bpk_file")))
     }
 
-    fn cert(subject: &str) -> store_ops::http::ClientCert {
-        store_ops::http::ClientCert {
+    fn cert(subject: &str) -> store_http::ClientCert {
+        store_http::ClientCert {
             common_name: Some(subject.into()),
             dns_names: vec![],
         }

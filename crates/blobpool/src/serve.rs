@@ -22,7 +22,7 @@ pub const BUILD_GIT_COMMIT: &str = env!("BUILD_GIT_COMMIT");
 ///
 /// Not cancel-safe in the graceful sense: dropping the future stops the
 /// server at once, without draining in-flight requests (see
-/// [`store_ops::http::serve_with`]); the signals are the way to stop it.
+/// [`store_http::serve_with`]); the signals are the way to stop it.
 pub async fn run(cfg: Config) -> Result<(), CliError> {
     init_logging(cfg.log_format);
     // Checked before the store opens: a refused configuration touches no data.
@@ -42,7 +42,7 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
     #[cfg(unix)]
     let _hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| CliError::io("cannot handle SIGHUP", e))?;
-    match store_ops::http::raise_nofile_limit() {
+    match store_http::raise_nofile_limit() {
         Ok((soft, hard)) => tracing::info!("open files limit: {soft} (hard {hard})"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
@@ -78,8 +78,7 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         .map_err(|e| CliError::io("cannot read the listen address", e))?;
     let scheme = if http.tls.is_some() { "https" } else { "http" };
     eprintln!("blobpool: listening on {scheme}://{addr}");
-    let served =
-        store_ops::http::serve_with(listener, ops, http, store_ops::http::shutdown_signal()).await;
+    let served = store_http::serve_with(listener, ops, http, store_http::shutdown_signal()).await;
     if let Some(s) = scheduler {
         // A sweep cut here is cancel-safe (ADR-021): it stops between
         // batches' commits.
@@ -104,7 +103,7 @@ fn init_logging(format: LogFormat) {
 }
 
 /// States who may do what, and warns about an open server off loopback.
-fn log_security(cfg: &Config, http: &store_ops::http::HttpConfig) {
+fn log_security(cfg: &Config, http: &store_http::HttpConfig) {
     let tls = match &http.tls {
         None => "off".to_string(),
         Some(t) if t.client_ca.is_some() => format!("on, client certificates {:?}", t.client_auth),

@@ -7,8 +7,8 @@
 mod common;
 
 use common::*;
+use store_http::HttpConfig;
 use store_ops::auth::{hash_key, parse_key_hash, ApiKey, Auth, Grant};
-use store_ops::http::HttpConfig;
 
 const KEY: &str = "bpk_auditor_secret";
 

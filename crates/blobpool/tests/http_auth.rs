@@ -8,8 +8,8 @@ mod common;
 
 use common::*;
 use serde_json::json;
+use store_http::HttpConfig;
 use store_ops::auth::{hash_key, parse_key_hash, ApiKey, Auth, Grant};
-use store_ops::http::HttpConfig;
 
 const READER: &str = "bpk_reader";
 const WRITER: &str = "bpk_writer";

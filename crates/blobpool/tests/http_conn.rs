@@ -13,8 +13,8 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::{Extension, Router};
 use store_core::{Mode, Store};
+use store_http::{ClientAuth, PeerInfo, ServerLimits, TlsSettings};
 use store_local::{LocalEngine, LocalOptions};
-use store_ops::http::{ClientAuth, PeerInfo, ServerLimits, TlsSettings};
 use store_ops::{Ops, OpsConfig};
 use store_sqlite::{SqliteEngine, SqliteOptions};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -99,11 +99,11 @@ async fn start(limits: ServerLimits, tls: Option<TlsSettings>, app: Option<Route
         .await
         .unwrap();
     let ops = Ops::new(store, OpsConfig::default()).unwrap();
-    let app = app.unwrap_or_else(|| store_ops::http::router(ops.clone()));
+    let app = app.unwrap_or_else(|| store_http::router(ops.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(store_ops::http::serve_router(
+    let handle = tokio::spawn(store_http::serve_router(
         listener,
         app,
         limits,
@@ -735,7 +735,7 @@ async fn tls_startup_with_a_bad_file_is_an_error_naming_it() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut settings = pki.settings(None);
     settings.cert = pki.path("nope.pem");
-    let e = store_ops::http::serve_router(
+    let e = store_http::serve_router(
         listener,
         peer_router(),
         limits(),
@@ -749,7 +749,7 @@ async fn tls_startup_with_a_bad_file_is_an_error_naming_it() {
     std::fs::write(pki.path("bad-ca.pem"), "junk\n").unwrap();
     let mut settings = pki.settings(Some(ClientAuth::Required));
     settings.client_ca = Some(pki.path("bad-ca.pem"));
-    let e = store_ops::http::serve_router(
+    let e = store_http::serve_router(
         listener,
         peer_router(),
         limits(),

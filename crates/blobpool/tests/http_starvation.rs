@@ -85,7 +85,7 @@ impl Server {
                 ready_tx
                     .send((listener.local_addr().unwrap(), large))
                     .unwrap();
-                store_ops::http::serve(listener, ops, async move {
+                store_http::serve(listener, ops, async move {
                     let _ = shutdown_rx.await;
                 })
                 .await

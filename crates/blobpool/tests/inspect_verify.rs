@@ -177,7 +177,7 @@ async fn admin_routes_need_the_admin_scope() {
         hash: parse_key_hash(&hash_key(secret)).unwrap(),
         grants: Grant::parse_all(scopes).unwrap(),
     };
-    let http = store_ops::http::HttpConfig {
+    let http = store_http::HttpConfig {
         auth: Auth::new(
             vec![
                 key("reader", "bpk_reader", &["read"]),

@@ -28,7 +28,15 @@ use std::fmt;
 
 use rand::RngCore;
 
-use crate::http::ClientCert;
+/// The names a verified client certificate carries (the HTTP binding
+/// reads them from the TLS handshake; [`Auth::authenticate`] matches them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The subject's common name.
+    pub common_name: Option<String>,
+    /// DNS subject alternative names.
+    pub dns_names: Vec<String>,
+}
 
 /// The key-derivation context of API-key hashes. Never change it: every
 /// configured hash depends on it.

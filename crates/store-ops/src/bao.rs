@@ -23,8 +23,8 @@
 //!   requested range, yielding each chunk group only once it hashed up to
 //!   the digest.
 //!
-//! Nothing here knows about HTTP (the route is in `http/handlers.rs`, the
-//! store reads in [`crate::Ops::get_bao`]).
+//! Nothing here knows about HTTP (the route is in `store-http`'s
+//! `handlers.rs`, the store reads in [`crate::Ops::get_bao`]).
 
 use std::io;
 use std::ops::Range;

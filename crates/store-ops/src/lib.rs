@@ -1,5 +1,6 @@
 //! Blobpool's ops layer: transport-neutral handlers over a
-//! [`store_core::Store`] with serde payloads, and their HTTP binding.
+//! [`store_core::Store`] with serde payloads. Their HTTP binding is the
+//! `store-http` crate, which depends on this one (never the other way).
 //!
 //! - [`Ops`] is the handler set: `blobs/put`, `blobs/have` (existence probe
 //!   and pin-token renewal), get (whole or ranged), stat, delete, token
@@ -14,8 +15,13 @@
 //!   the lifetime rules of ADR-018 (explicit release; caps checked before a
 //!   put stores anything, never evicting; an idle TTL renewed by probes in
 //!   fleet mode or when an operator sets one).
-//! - [`http`] binds the handlers to HTTP with axum (routes in
-//!   `docs/SERVER.md`).
+//! - [`auth`] holds identities and scopes (ADR-023); a transport hands
+//!   [`auth::Auth::authenticate`] the credentials it saw (an
+//!   `Authorization` value, a verified [`auth::ClientCert`]).
+//! - Every handler is a plain async method taking and answering values: no
+//!   route, status line or header is known here (the only HTTP vocabulary
+//!   is [`ErrorCode::http_status`], the status each code maps to, and the
+//!   `Range` and ref-precondition header parsers a binding reuses).
 //!
 //! Architecture invariant: this crate names no engine. It is handed a built
 //! `Store` and sees engines only through it.
@@ -27,7 +33,6 @@ pub mod auth;
 pub mod bao;
 pub mod cache;
 mod error;
-pub mod http;
 mod metrics;
 mod ops;
 pub mod payload;

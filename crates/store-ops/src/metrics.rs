@@ -593,7 +593,7 @@ impl Metrics {
     /// Records one request's time to its response head, by route pattern
     /// (`/v1/blobs/{ns}/{digest}`, never the raw path: the caller passes a
     /// pattern of the server's or a configured base path) and method.
-    pub(crate) fn request(&self, route: Cow<'static, str>, method: &str, secs: f64) {
+    pub fn request(&self, route: Cow<'static, str>, method: &str, secs: f64) {
         let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         m.entry((route, method_label(method)))
             .or_default()

@@ -69,7 +69,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use store_core::{Digest, Error, Namespace};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::OwnedMutexGuard;
@@ -327,6 +327,87 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, OpsError> + Send + 'static,
 ) -> Result<T, OpsError> {
     tokio::task::spawn_blocking(f).await.map_err(join_failure)?
+}
+
+/// `upload_offset` unless a chunk's `start` (when given) is the
+/// session's `committed` offset.
+fn check_start(session: &Session, start: Option<u64>, committed: u64) -> Result<(), OpsError> {
+    match start {
+        Some(start) if start != committed => Err(OpsError {
+            size: Some(committed),
+            ..OpsError::new(
+                ErrorCode::UploadOffset,
+                format!(
+                    "the chunk starts at {start}, but upload session {} has {committed} \
+                     bytes committed: resume at {committed}",
+                    session.id
+                ),
+            )
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Opens a session's data file for an append and cuts it back to the
+/// `committed` offset (dropping whatever a dropped request wrote past it).
+async fn open_data(
+    path: &Path,
+    guard: &SessionGuard,
+    committed: u64,
+) -> Result<Arc<File>, OpsError> {
+    let p = path.to_path_buf();
+    let g = guard.clone();
+    blocking(move || {
+        let _g = g;
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .map_err(|e| io_failure("open data file", &p, e))?;
+        // Drop whatever a dropped request wrote past the offset.
+        f.set_len(committed)
+            .map_err(|e| io_failure("truncate data file", &p, e))?;
+        Ok(Arc::new(f))
+    })
+    .await
+}
+
+/// Fills one buffer of up to [`APPEND_CHUNK`] bytes from `body`: the
+/// bytes, whether the body ended (or broke), and the error it broke with.
+async fn read_chunk<R: AsyncRead + Unpin>(body: &mut R) -> (BytesMut, bool, Option<io::Error>) {
+    let mut buf = BytesMut::with_capacity(APPEND_CHUNK);
+    // Fill one buffer: full, end of body, or a broken body.
+    let (eof, broken) = loop {
+        match body.read_buf(&mut buf).await {
+            Ok(0) => break (true, None),
+            Ok(_) if buf.len() >= APPEND_CHUNK => break (false, None),
+            Ok(_) => continue,
+            Err(e) => break (true, Some(e)),
+        }
+    };
+    (buf, eof, broken)
+}
+
+/// Writes `chunk` at `at` in the data file (not yet committed) and extends
+/// the running hash with it.
+async fn write_chunk(
+    file: &Arc<File>,
+    guard: &SessionGuard,
+    path: &Path,
+    at: u64,
+    chunk: Bytes,
+    mut hasher: Option<blake3::Hasher>,
+) -> Result<Option<blake3::Hasher>, OpsError> {
+    let (f, g, p) = (file.clone(), guard.clone(), path.to_path_buf());
+    blocking(move || {
+        let _g = g;
+        f.write_all_at(&chunk, at)
+            .map_err(|e| io_failure("write data file", &p, e))?;
+        if let Some(h) = hasher.as_mut() {
+            h.update(&chunk);
+        }
+        Ok(hasher)
+    })
+    .await
 }
 
 /// Fsyncs a directory (its names).
@@ -673,38 +754,9 @@ impl Uploads {
         limit: u64,
     ) -> Result<u64, OpsError> {
         let committed = session.offset();
-        if let Some(start) = start {
-            if start != committed {
-                return Err(OpsError {
-                    size: Some(committed),
-                    ..OpsError::new(
-                        ErrorCode::UploadOffset,
-                        format!(
-                            "the chunk starts at {start}, but upload session {} has {committed} \
-                             bytes committed: resume at {committed}",
-                            session.id
-                        ),
-                    )
-                });
-            }
-        }
+        check_start(session, start, committed)?;
         let data_path = self.path(&session.id, "data");
-        let file = {
-            let p = data_path.clone();
-            let g = guard.clone();
-            blocking(move || {
-                let _g = g;
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&p)
-                    .map_err(|e| io_failure("open data file", &p, e))?;
-                // Drop whatever a dropped request wrote past the offset.
-                f.set_len(committed)
-                    .map_err(|e| io_failure("truncate data file", &p, e))?;
-                Ok(Arc::new(f))
-            })
-            .await?
-        };
+        let file = open_data(&data_path, guard, committed).await?;
         let mut offset = committed;
         let mut failure = None;
         // The committed bytes' hash, extended chunk by chunk and stored
@@ -717,16 +769,7 @@ impl Uploads {
             committed: Arc::new(AtomicBool::new(false)),
         };
         loop {
-            let mut buf = BytesMut::with_capacity(APPEND_CHUNK);
-            // Fill one buffer: full, end of body, or a broken body.
-            let (eof, broken) = loop {
-                match body.read_buf(&mut buf).await {
-                    Ok(0) => break (true, None),
-                    Ok(_) if buf.len() >= APPEND_CHUNK => break (false, None),
-                    Ok(_) => continue,
-                    Err(e) => break (true, Some(e)),
-                }
-            };
+            let (buf, eof, broken) = read_chunk(&mut body).await;
             let end = offset + buf.len() as u64;
             if end > limit {
                 failure = Some(OpsError::from(Error::TooLarge { limit, got: end }));
@@ -737,19 +780,9 @@ impl Uploads {
                 break;
             }
             if !buf.is_empty() {
-                let (f, g, p, at) = (file.clone(), guard.clone(), data_path.clone(), offset);
                 let chunk = buf.freeze();
-                let mut h = hasher.take();
-                hasher = blocking(move || {
-                    let _g = g;
-                    f.write_all_at(&chunk, at)
-                        .map_err(|e| io_failure("write data file", &p, e))?;
-                    if let Some(h) = h.as_mut() {
-                        h.update(&chunk);
-                    }
-                    Ok(h)
-                })
-                .await?;
+                hasher =
+                    write_chunk(&file, guard, &data_path, offset, chunk, hasher.take()).await?;
                 offset = end;
             }
             if let Some(e) = broken {
@@ -764,49 +797,68 @@ impl Uploads {
             }
         }
         if offset > committed {
-            let (f, g, s) = (file.clone(), guard.clone(), session.clone());
-            let (offset_path, fsync) = (self.path(&session.id, "offset"), self.cfg.fsync);
             let held = reserved.committed.clone();
-            #[cfg(test)]
-            let pause = self.commit_pause.clone();
-            // The in-memory offset, hash and reservation advance in the
-            // same blocking call as the offset file: it runs to its end even
-            // if this request is dropped, so memory never falls behind the
-            // file (the next append would cut the data back below the
-            // offset on disk, and a restart would drop the session).
-            blocking(move || {
-                let _g = g;
-                #[cfg(test)]
-                {
-                    pause.1.store(true, Ordering::SeqCst);
-                    drop(lock(&pause.0));
-                }
-                if fsync {
-                    f.sync_data()
-                        .map_err(|e| io_failure("fsync data file", &offset_path, e))?;
-                }
-                let of = OpenOptions::new()
-                    .write(true)
-                    .open(&offset_path)
-                    .map_err(|e| io_failure("open offset file", &offset_path, e))?;
-                of.write_all_at(&encode_offset(offset), 0)
-                    .map_err(|e| io_failure("write offset file", &offset_path, e))?;
-                if fsync {
-                    of.sync_data()
-                        .map_err(|e| io_failure("fsync offset file", &offset_path, e))?;
-                }
-                *lock(&s.hasher) = hasher;
-                s.offset.store(offset, Ordering::SeqCst);
-                held.store(true, Ordering::SeqCst);
-                s.touch();
-                Ok(())
-            })
-            .await?;
+            self.commit(session, guard, &file, offset, hasher, held)
+                .await?;
         }
         match failure {
             Some(e) => Err(e),
             None => Ok(offset),
         }
+    }
+
+    /// Commits the bytes written up to `offset`: fsyncs the data (when
+    /// configured), writes the offset file, and advances the in-memory
+    /// offset, hash and reservation (`held`).
+    ///
+    /// Cancel-safe: all of it happens in one blocking call, which runs to
+    /// its end even if this future is dropped.
+    async fn commit(
+        &self,
+        session: &Arc<Session>,
+        guard: &SessionGuard,
+        file: &Arc<File>,
+        offset: u64,
+        hasher: Option<blake3::Hasher>,
+        held: Arc<AtomicBool>,
+    ) -> Result<(), OpsError> {
+        let (f, g, s) = (file.clone(), guard.clone(), session.clone());
+        let (offset_path, fsync) = (self.path(&session.id, "offset"), self.cfg.fsync);
+        #[cfg(test)]
+        let pause = self.commit_pause.clone();
+        // The in-memory offset, hash and reservation advance in the
+        // same blocking call as the offset file: it runs to its end even
+        // if this request is dropped, so memory never falls behind the
+        // file (the next append would cut the data back below the
+        // offset on disk, and a restart would drop the session).
+        blocking(move || {
+            let _g = g;
+            #[cfg(test)]
+            {
+                pause.1.store(true, Ordering::SeqCst);
+                drop(lock(&pause.0));
+            }
+            if fsync {
+                f.sync_data()
+                    .map_err(|e| io_failure("fsync data file", &offset_path, e))?;
+            }
+            let of = OpenOptions::new()
+                .write(true)
+                .open(&offset_path)
+                .map_err(|e| io_failure("open offset file", &offset_path, e))?;
+            of.write_all_at(&encode_offset(offset), 0)
+                .map_err(|e| io_failure("write offset file", &offset_path, e))?;
+            if fsync {
+                of.sync_data()
+                    .map_err(|e| io_failure("fsync offset file", &offset_path, e))?;
+            }
+            *lock(&s.hasher) = hasher;
+            s.offset.store(offset, Ordering::SeqCst);
+            held.store(true, Ordering::SeqCst);
+            s.touch();
+            Ok(())
+        })
+        .await
     }
 
     /// The digest of the session's committed bytes, from its hasher; after

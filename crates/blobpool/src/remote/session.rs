@@ -42,7 +42,7 @@ use futures::StreamExt;
 use indicatif::ProgressBar;
 use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
 use reqwest::{Response, StatusCode};
-use store_ops::http::HEADER_UPLOAD_OFFSET;
+use store_http::HEADER_UPLOAD_OFFSET;
 use store_ops::uploads::UploadStatus;
 use store_ops::PutResponse;
 use store_types::{Digest, Namespace};
@@ -341,17 +341,15 @@ impl Remote {
         let mut finish_sent = false;
         loop {
             if resync {
-                match self.session_offset(session).await {
-                    Step::Done(o) | Step::At(o) => {
+                match self
+                    .resync(session, &mut retries, offset, finish_sent, pb)
+                    .await?
+                {
+                    Some(o) => {
                         offset = o;
                         resync = false;
                     }
-                    Step::Retry(e) => {
-                        self.pause(&mut retries, offset, e, pb).await?;
-                        continue;
-                    }
-                    Step::Fatal(e) if finish_sent && e.code == "missing" => return Ok(None),
-                    Step::Fatal(e) => return Err(e),
+                    None => return Ok(None),
                 }
             }
             if offset > len {
@@ -367,20 +365,10 @@ impl Remote {
             pb.set_position(offset);
             let step = if offset == len {
                 finish_sent = true;
-                match self.finish_session(session, digest, len).await {
+                match self.finish(session, digest, len, path).await {
                     Step::Done(body) => return Ok(Some(body)),
                     Step::At(o) => Step::At(o),
                     Step::Retry(e) => Step::Retry(e),
-                    Step::Fatal(e) if e.code == "verification" => {
-                        return Err(CliError::new(
-                            e.code,
-                            format!(
-                                "{} (did {} change during the put?)",
-                                e.message,
-                                path.display()
-                            ),
-                        ))
-                    }
                     Step::Fatal(e) => Step::Fatal(e),
                 }
             } else {
@@ -405,6 +393,49 @@ impl Remote {
                 }
                 Step::Fatal(e) => return Err(e),
             }
+        }
+    }
+
+    /// After a failure, the committed offset (`HEAD`, retried after
+    /// pauses); `None` when the session is gone after a finish was sent
+    /// (the finish stored the content, its answer was lost).
+    async fn resync(
+        &self,
+        session: &Session,
+        retries: &mut Retries,
+        offset: u64,
+        finish_sent: bool,
+        pb: &ProgressBar,
+    ) -> Result<Option<u64>, CliError> {
+        loop {
+            match self.session_offset(session).await {
+                Step::Done(o) | Step::At(o) => return Ok(Some(o)),
+                Step::Retry(e) => self.pause(retries, offset, e, pb).await?,
+                Step::Fatal(e) if finish_sent && e.code == "missing" => return Ok(None),
+                Step::Fatal(e) => return Err(e),
+            }
+        }
+    }
+
+    /// [`Remote::finish_session`], a `verification` failure saying that
+    /// the file may have changed during the put.
+    async fn finish(
+        &self,
+        session: &Session,
+        digest: Digest,
+        len: u64,
+        path: &Path,
+    ) -> Step<PutResponse> {
+        match self.finish_session(session, digest, len).await {
+            Step::Fatal(e) if e.code == "verification" => Step::Fatal(CliError::new(
+                e.code,
+                format!(
+                    "{} (did {} change during the put?)",
+                    e.message,
+                    path.display()
+                ),
+            )),
+            step => step,
         }
     }
 

@@ -26,7 +26,7 @@ pub struct Opts {
     /// Per-identity token cap.
     pub max_tokens_per_owner: Option<usize>,
     /// Authentication, Host/CORS policy, limits, TLS (default: open).
-    pub http: store_ops::http::HttpConfig,
+    pub http: store_http::HttpConfig,
     /// Resumable uploads (spooled in `<dir>/uploads`): idle expiry.
     pub upload_idle: Duration,
     /// Resumable uploads: sessions per identity.
@@ -167,7 +167,7 @@ pub async fn start_in_at(dir: tempfile::TempDir, opts: Opts, addr: std::net::Soc
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(store_ops::http::serve_with(
+    let handle = tokio::spawn(store_http::serve_with(
         listener,
         ops.clone(),
         opts.http,
@@ -430,7 +430,7 @@ pub fn api_key(name: &str, secret: &str, scopes: &[&str]) -> store_ops::auth::Ap
 /// A server with `keys` and nothing for anonymous callers.
 pub async fn start_with_keys(keys: Vec<store_ops::auth::ApiKey>, opts: Opts) -> Server {
     start(Opts {
-        http: store_ops::http::HttpConfig {
+        http: store_http::HttpConfig {
             auth: store_ops::auth::Auth::new(keys, vec![], vec![]).unwrap(),
             ..Default::default()
         },

@@ -11,9 +11,9 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use store_core::{Blob, Error};
 use tokio_util::io::StreamReader;
 
-use crate::bao::ChunkStream;
-use crate::error::{ErrorCode, OpsError};
-use crate::Ops;
+use store_ops::bao::ChunkStream;
+use store_ops::Ops;
+use store_ops::{ErrorCode, OpsError};
 
 /// The engines' read-ahead chunk: the most [`Blob::next_chunk`] copies per
 /// chunk, and the largest response read whole before its head
@@ -146,7 +146,7 @@ pub(crate) fn blob_body(blob: Blob, ops: Ops) -> Body {
 /// about the cut finds the corrupt group where the stream stopped).
 const BAO_ABORT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// A bao response body ([`crate::Ops::get_bao`]): the encoder's chunks as
+/// A bao response body ([`store_ops::Ops::get_bao`]): the encoder's chunks as
 /// they come; its error (a group failing verification mid-stream, a
 /// backend error) is counted, logged and passed on after
 /// [`BAO_ABORT_GRACE`], so the response is aborted and a client never sees

@@ -20,10 +20,10 @@ use axum::{Extension, Json};
 
 use super::body::body_reader;
 use super::handlers::{fail, path_error, put_answer, require_json};
-use crate::auth::{Identity, Scope};
-use crate::error::OpsError;
-use crate::uploads::UploadStatus;
-use crate::Ops;
+use store_ops::auth::{Identity, Scope};
+use store_ops::uploads::UploadStatus;
+use store_ops::Ops;
+use store_ops::OpsError;
 
 /// Response header: the session's committed offset.
 pub const HEADER_UPLOAD_OFFSET: &str = "upload-offset";
@@ -107,9 +107,9 @@ fn session_path(
     ops.authorize(identity, Scope::Write, Some(&ns))?;
     // Checked before the id can reach an answer or a log line: a session
     // id is `<node>-<32 hex>` (lowercase hex and dashes, short).
-    if !crate::uploads::is_session_id(&id) {
+    if !store_ops::uploads::is_session_id(&id) {
         return Err(OpsError::new(
-            crate::error::ErrorCode::Missing,
+            store_ops::ErrorCode::Missing,
             "no such upload session (malformed session id)",
         ));
     }

@@ -22,10 +22,10 @@ use serde::Deserialize;
 
 use super::body::read_limited;
 use super::handlers::{audit, fail, outcome, path_error, require_json};
-use crate::auth::Identity;
-use crate::error::OpsError;
-use crate::refs::{expect_from_headers, SetRefRequest, MAX_REF_PAGE};
-use crate::Ops;
+use store_ops::auth::Identity;
+use store_ops::refs::{expect_from_headers, SetRefRequest, MAX_REF_PAGE};
+use store_ops::Ops;
+use store_ops::OpsError;
 
 /// Largest set body: a digest, a token and JSON punctuation.
 const SET_BODY_LIMIT: usize = 4096;
@@ -64,7 +64,7 @@ pub(super) async fn set_ref(
     }
     // Before the body is read: an unauthorised client costs no more than
     // its headers.
-    if let Err(e) = ops.authorize(&identity, crate::auth::Scope::Write, Some(&ns)) {
+    if let Err(e) = ops.authorize(&identity, store_ops::auth::Scope::Write, Some(&ns)) {
         return fail(&ops, e);
     }
     let expect = match precondition(&headers) {

@@ -1,11 +1,34 @@
-//! The HTTP binding of the ops layer (axum 0.8). Routes, statuses and
-//! headers are documented in `docs/SERVER.md` and recorded in ADR-017.
+//! Blobpool's HTTP binding of the ops layer (axum 0.8, hyper 1, rustls).
+//! Routes, statuses and headers are documented in `docs/SERVER.md` and
+//! recorded in ADR-017.
+//!
+//! Seams: below, a built [`store_ops::Ops`] (every route is a thin
+//! translation to one of its handlers; an [`OpsError`](store_ops::OpsError)
+//! becomes its code's status and the JSON error body); above, a
+//! [`tokio::net::TcpListener`] ([`serve_with`], [`serve_router`]) or any
+//! caller of the axum [`Router`](axum::Router) ([`router_with`]).
+//! Identities and scopes come from [`store_ops::auth`]: the gate hands it
+//! the `Authorization` header and the verified client certificate.
+//!
+//! - router assembly: `router`; routes and handlers: `handlers`, `admin`,
+//!   `cache`, `refs`, `uploads` (request and response bodies in `body`);
+//! - the gate in front of every route (request id, `Host` check,
+//!   authentication, access log): `gate`;
+//! - the connection layer ([`serve_router`]): `server` (the accept loop,
+//!   each connection, the slow-client timeouts, the reload on SIGHUP),
+//!   with the TLS configuration in `tls`.
+//!
+//! Architecture invariant: this crate names no engine (checked by
+//! `cargo xtask tidy`); it sees engines only through the `Ops` it is
+//! handed.
+//!
+//! The routes:
 //!
 //! | route | handler |
 //! |---|---|
 //! | `PUT /v1/blobs/{ns}` | [`Ops::put`] — body = blob, streamed |
 //! | `GET /v1/blobs/{ns}/{digest}` | [`Ops::get`] — streamed, `Range` → 206 |
-//! | `GET /v1/blobs/{ns}/{digest}`, `Accept: application/x-bao` | [`Ops::get_bao`] — a verified stream ([`crate::bao`]), `Range` → 200 + `x-blobpool-bao-range` |
+//! | `GET /v1/blobs/{ns}/{digest}`, `Accept: application/x-bao` | [`Ops::get_bao`] — a verified stream ([`store_ops::bao`]), `Range` → 200 + `x-blobpool-bao-range` |
 //! | `HEAD /v1/blobs/{ns}/{digest}` | [`Ops::stat`] as headers |
 //! | `DELETE /v1/blobs/{ns}/{digest}` | [`Ops::delete`] — 204 / 404 / 409 |
 //! | `POST /v1/have` | [`Ops::have`] |
@@ -28,12 +51,15 @@
 //! the store; `/v1/have` reads at most [`have_body_limit`] bytes), and
 //! blob responses stream out of the store.
 
+#![warn(missing_docs)]
+
 mod admin;
 mod body;
 mod cache;
 mod gate;
 mod handlers;
 mod refs;
+mod router;
 mod server;
 mod tls;
 mod uploads;
@@ -42,18 +68,16 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
-use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post, put};
-use axum::Router;
-
-use crate::Ops;
+use store_ops::Ops;
 
 pub use body::have_body_limit;
 pub use gate::HEADER_REQUEST_ID;
+pub use router::{router, router_with};
 pub use server::{
-    raise_nofile_limit, serve_router, serve_router_with_reloader, ClientCert, PeerInfo,
-    ServerLimits, ACCEPT_BACKOFF, MAX_HEADER_BYTES,
+    raise_nofile_limit, serve_router, serve_router_with_reloader, PeerInfo, ServerLimits,
+    ACCEPT_BACKOFF, MAX_HEADER_BYTES,
 };
+pub use store_ops::auth::ClientCert;
 pub use tls::{ClientAuth, TlsReloader, TlsSettings};
 pub use uploads::HEADER_UPLOAD_OFFSET;
 
@@ -64,7 +88,7 @@ pub use uploads::HEADER_UPLOAD_OFFSET;
 #[derive(Clone, Debug, Default)]
 pub struct HttpConfig {
     /// Identities and scopes (ADR-023).
-    pub auth: crate::auth::Auth,
+    pub auth: store_ops::auth::Auth,
     /// Accepted `Host` header names (without port); empty accepts any.
     pub allowed_hosts: Vec<String>,
     /// Origins allowed to make cross-origin requests (CORS); empty: no
@@ -92,128 +116,6 @@ pub const HEADER_SIZE: &str = "x-blobpool-size";
 pub const HEADER_BAO_RANGE: &str = "x-blobpool-bao-range";
 /// Response header on puts: `true` when the entry already existed.
 pub const HEADER_DEDUPLICATED: &str = "x-blobpool-deduplicated";
-
-/// The axum router over `ops` with [`HttpConfig::default`] (open, any
-/// `Host`, no CORS).
-pub fn router(ops: Ops) -> Router {
-    router_with(ops, &HttpConfig::default())
-}
-
-/// The axum router over `ops`: the routes behind the gate (request id,
-/// `Host` check, authentication, access log) and, when origins are
-/// configured, CORS.
-pub fn router_with(ops: Ops, cfg: &HttpConfig) -> Router {
-    let gate = gate::Gate::new(ops.clone(), cfg);
-    let app = routes(ops).layer(axum::middleware::from_fn_with_state(gate, gate::gate));
-    if cfg.cors_origins.is_empty() {
-        return app;
-    }
-    app.layer(cors(&cfg.cors_origins))
-}
-
-/// CORS for the configured origins only: the methods and headers the API
-/// uses, our response headers exposed, credentials (the `Authorization`
-/// header) allowed.
-fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
-    use axum::http::{header, HeaderName, Method};
-    let origins: Vec<axum::http::HeaderValue> = origins
-        .iter()
-        .filter_map(|o| axum::http::HeaderValue::from_str(o.trim()).ok())
-        .collect();
-    tower_http::cors::CorsLayer::new()
-        .allow_origin(origins)
-        .allow_methods([
-            Method::GET,
-            Method::HEAD,
-            Method::PUT,
-            Method::POST,
-            Method::DELETE,
-            Method::PATCH,
-        ])
-        .allow_headers([
-            header::AUTHORIZATION,
-            header::CONTENT_TYPE,
-            header::RANGE,
-            header::CONTENT_RANGE,
-            HeaderName::from_static(HEADER_EXPECT_DIGEST),
-        ])
-        .expose_headers([
-            header::CONTENT_RANGE,
-            header::ETAG,
-            HeaderName::from_static(HEADER_DIGEST),
-            HeaderName::from_static(HEADER_TIER),
-            HeaderName::from_static(HEADER_CREATED_AT),
-            HeaderName::from_static(HEADER_DEDUPLICATED),
-            HeaderName::from_static(HEADER_REQUEST_ID),
-            HeaderName::from_static(HEADER_UPLOAD_OFFSET),
-            header::LOCATION,
-        ])
-        .allow_credentials(true)
-}
-
-fn routes(ops: Ops) -> Router {
-    let mut router = Router::new();
-    // Cache namespaces' own base paths (`http_path`), beside /cache/{ns}.
-    for (path, ns) in &ops.config().cache_paths {
-        let base = path.trim_end_matches('/');
-        router = router
-            .route(base, cache::alias(ns.to_string()))
-            .route(&format!("{base}/"), cache::alias(ns.to_string()))
-            .route(&format!("{base}/{{*key}}"), cache::alias(ns.to_string()));
-    }
-    router
-        .route(
-            "/v1/blobs/{ns}",
-            // The handler streams the body itself; no default 2 MB limit.
-            put(handlers::put_blob).layer(DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/v1/blobs/{ns}/{digest}",
-            get(handlers::get_blob)
-                .head(handlers::head_blob)
-                .delete(handlers::delete_blob),
-        )
-        .route("/v1/uploads/{ns}", post(uploads::open))
-        .route(
-            "/v1/uploads/{ns}/{id}",
-            axum::routing::patch(uploads::append)
-                .head(uploads::status)
-                .put(uploads::finish)
-                .delete(uploads::abort)
-                .layer(DefaultBodyLimit::disable()),
-        )
-        .route("/v1/have", post(handlers::have))
-        .route("/v1/tokens/{token}", delete(handlers::release_token))
-        .route("/v1/sweep", post(handlers::sweep))
-        .route("/v1/refs/{ns}", get(refs::list_refs))
-        .route(
-            "/v1/refs/{ns}/{*name}",
-            put(refs::set_ref)
-                .get(refs::get_ref)
-                .delete(refs::delete_ref),
-        )
-        .route("/v1/namespaces", get(admin::namespaces))
-        .route("/v1/namespaces/{ns}/entries", get(admin::entries))
-        .route("/v1/stats", get(admin::stats))
-        .route("/v1/verify", post(admin::verify))
-        .route(
-            "/cache/{ns}",
-            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/cache/{ns}/",
-            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/cache/{ns}/{*key}",
-            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
-        )
-        .route("/health", get(handlers::health))
-        .route("/metrics", get(handlers::metrics))
-        .fallback(handlers::not_found)
-        .method_not_allowed_fallback(handlers::method_not_allowed)
-        .with_state(ops)
-}
 
 /// How often the server ends expired pin tokens: a quarter of the TTL,
 /// between 50 ms and 30 s.

@@ -25,10 +25,10 @@ use axum::response::{IntoResponse, Response};
 
 use super::body::body_reader;
 use super::handlers::{blob_response, entry_headers, fail, value};
-use crate::auth::{Identity, Scope};
-use crate::error::{ErrorCode, OpsError};
-use crate::range::parse_range_header;
-use crate::Ops;
+use store_ops::auth::{Identity, Scope};
+use store_ops::range::parse_range_header;
+use store_ops::Ops;
+use store_ops::{ErrorCode, OpsError};
 
 /// Every method on `/cache/{ns}`, `/cache/{ns}/` and `/cache/{ns}/{*key}`.
 pub(super) async fn cache_any(

@@ -21,12 +21,12 @@ use super::{
     HEADER_BAO_RANGE, HEADER_CREATED_AT, HEADER_DEDUPLICATED, HEADER_DIGEST, HEADER_EXPECT_DIGEST,
     HEADER_SIZE, HEADER_TIER,
 };
-use crate::auth::{Identity, Scope};
-use crate::bao::BAO_MEDIA_TYPE;
-use crate::error::{ErrorCode, OpsError};
-use crate::payload::{HaveRequest, StatResponse};
-use crate::range::parse_range_header;
-use crate::Ops;
+use store_ops::auth::{Identity, Scope};
+use store_ops::bao::BAO_MEDIA_TYPE;
+use store_ops::payload::{HaveRequest, StatResponse};
+use store_ops::range::parse_range_header;
+use store_ops::Ops;
+use store_ops::{ErrorCode, OpsError};
 
 /// What a client is told instead of an internal error's message (which
 /// may name paths, pids or backend addresses): the request id under which
@@ -178,7 +178,7 @@ fn accepts_bao(headers: &HeaderMap) -> bool {
 /// A put's answer (also a finished upload's): `201` (`200` when the entry
 /// existed) with `{token, digest}`, `Location`, and the dedup and tier
 /// headers.
-pub(super) fn put_answer(ns: &str, out: &crate::PutOutcome) -> Response {
+pub(super) fn put_answer(ns: &str, out: &store_ops::PutOutcome) -> Response {
     let status = if out.deduplicated {
         StatusCode::OK
     } else {
@@ -280,7 +280,7 @@ pub(super) async fn get_blob(
 
 /// A get's answer: `200` (`206` for a range) with the entry headers and
 /// the body (buffered when small, else streamed).
-pub(super) async fn blob_response(ops: Ops, got: crate::GetResponse) -> Response {
+pub(super) async fn blob_response(ops: Ops, got: store_ops::GetResponse) -> Response {
     let status = if got.range.is_some() {
         StatusCode::PARTIAL_CONTENT
     } else {
@@ -314,7 +314,7 @@ async fn get_bao(
     ops: Ops,
     ns: &str,
     digest: &str,
-    range: Option<crate::range::RangeRequest>,
+    range: Option<store_ops::range::RangeRequest>,
 ) -> Response {
     let got = match ops.get_bao(ns, digest, range).await {
         Ok(g) => g,

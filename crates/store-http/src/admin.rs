@@ -11,10 +11,10 @@ use axum::Json;
 use serde::Serialize;
 
 use super::handlers::{audit, fail, require_json};
-use crate::admin::VerifyRequest;
-use crate::auth::{Identity, Scope};
-use crate::error::OpsError;
-use crate::Ops;
+use store_ops::auth::{Identity, Scope};
+use store_ops::Ops;
+use store_ops::OpsError;
+use store_ops::VerifyRequest;
 
 /// Largest accepted `POST /v1/verify` body.
 const VERIFY_BODY_LIMIT: usize = 4096;

@@ -17,7 +17,7 @@
 //!
 //! [`TlsReloader`] holds the current configuration behind a lock; the
 //! connection layer takes a snapshot for each new handshake, so a reload
-//! (on SIGHUP, see [`super::serve_router`]) affects new connections only
+//! (on SIGHUP, see [`crate::serve_router`]) affects new connections only
 //! and never drops existing ones. A reload that fails (unreadable file,
 //! key not matching the certificate, ...) leaves the previous
 //! configuration in place.
@@ -36,7 +36,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
-use super::server::ClientCert;
+use store_ops::auth::ClientCert;
 
 /// Whether clients must present a certificate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

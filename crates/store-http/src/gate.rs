@@ -13,16 +13,16 @@ use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, WWW_AUTHENTICATE};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use rand::RngCore;
 
 use super::{HttpConfig, PeerInfo};
-use crate::auth::{Auth, Identity};
-use crate::error::{ErrorCode, OpsError};
-use crate::Ops;
+use store_ops::auth::{Auth, Identity};
+use store_ops::Ops;
+use store_ops::{ErrorCode, OpsError};
 
 /// Response header: the request's id (also in the access and audit logs).
 pub const HEADER_REQUEST_ID: &str = "x-request-id";
@@ -64,6 +64,46 @@ impl Gate {
                 .collect(),
             ops,
         })
+    }
+
+    /// Who makes `req`, if its `Host` is allowed: `host_not_allowed` or
+    /// `unauthorized` otherwise.
+    fn admit(&self, req: &Request, peer: Option<&PeerInfo>) -> Result<Identity, OpsError> {
+        self.check_host(req)?;
+        let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+        let cert = peer.and_then(|p| p.client_cert.as_ref());
+        self.auth
+            .authenticate(authorization, cert)
+            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()))
+    }
+
+    /// The `Host` check (DNS rebinding): the URI's authority, else the
+    /// `Host` header, must name an allowed host (when any is configured).
+    fn check_host(&self, req: &Request) -> Result<(), OpsError> {
+        if self.allowed_hosts.is_empty() {
+            return Ok(());
+        }
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .or_else(|| {
+                req.headers()
+                    .get(HOST)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+            })
+            .map(|h| host_name(&h));
+        let ok = host
+            .as_deref()
+            .is_some_and(|h| self.allowed_hosts.iter().any(|a| a == h));
+        if !ok {
+            return Err(OpsError::new(
+                ErrorCode::HostNotAllowed,
+                "this server does not answer for that Host (allowed_hosts)",
+            ));
+        }
+        Ok(())
     }
 
     /// The route's label and namespace: [`route_of`], else
@@ -169,6 +209,14 @@ fn refuse(ops: &Ops, e: OpsError, id: &str) -> Response {
     resp
 }
 
+/// A `Content-Length` header's value; 0 when absent or invalid.
+fn content_length(h: &HeaderMap) -> u64 {
+    h.get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 /// The middleware.
 pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
@@ -177,46 +225,13 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
     let path = req.uri().path().to_string();
     let (route, ns) = gate.route(&path);
     let ns = ns.map(Cow::into_owned);
-    let req_bytes = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let req_bytes = content_length(req.headers());
     let peer = req.extensions().get::<PeerInfo>().cloned();
     let remote = peer
         .as_ref()
         .map_or_else(|| "-".to_string(), |p| p.remote.to_string());
 
-    let outcome: Result<Identity, OpsError> = (|| {
-        if !gate.allowed_hosts.is_empty() {
-            let host = req
-                .uri()
-                .authority()
-                .map(|a| a.as_str().to_string())
-                .or_else(|| {
-                    req.headers()
-                        .get(HOST)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string)
-                })
-                .map(|h| host_name(&h));
-            let ok = host
-                .as_deref()
-                .is_some_and(|h| gate.allowed_hosts.iter().any(|a| a == h));
-            if !ok {
-                return Err(OpsError::new(
-                    ErrorCode::HostNotAllowed,
-                    "this server does not answer for that Host (allowed_hosts)",
-                ));
-            }
-        }
-        let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-        let cert = peer.as_ref().and_then(|p| p.client_cert.as_ref());
-        gate.auth
-            .authenticate(authorization, cert)
-            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()))
-    })();
+    let outcome = gate.admit(&req, peer.as_ref());
 
     let (identity_name, mut resp) = match outcome {
         Ok(identity) => {
@@ -230,12 +245,7 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(HEADER_REQUEST_ID, v);
     }
-    let resp_bytes = resp
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let resp_bytes = content_length(resp.headers());
     let elapsed = started.elapsed().as_secs_f64();
     gate.ops
         .metrics()
