@@ -25,7 +25,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     for i in 0..puts {
         let len = p.len() as u64;
-        let r = store.put(&ns, p.fresh(), Some(len), None).await?;
+        let r = store
+            .put_opts(
+                &ns,
+                p.fresh(),
+                store_core::PutOptions {
+                    len: Some(len),
+                    ..Default::default()
+                },
+            )
+            .await?;
         keys.push(r.key().clone());
         drop(r);
         if i % 100 == 99 {

@@ -29,7 +29,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..rounds {
         let len = p.len() as u64;
         let t = Instant::now();
-        let r = store.put(&ns, p.fresh(), Some(len), None).await?;
+        let r = store
+            .put_opts(
+                &ns,
+                p.fresh(),
+                store_core::PutOptions {
+                    len: Some(len),
+                    ..Default::default()
+                },
+            )
+            .await?;
         puts.push(t.elapsed());
         let key = r.key().clone();
         drop(r);
@@ -40,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         assert_eq!(d.as_bytes(), key.digest.as_bytes());
         let body = bytes::Bytes::copy_from_slice(p.fresh());
         let t = Instant::now();
-        let r = store.put_bytes(&ns, body, None).await?;
+        let r = store.put_bytes(&ns, body).await?;
         owned.push(t.elapsed());
         let key = r.key().clone();
         drop(r);

@@ -129,7 +129,16 @@ fn main() {
                 let c = snap();
                 let t = Instant::now();
                 for _ in 0..ops {
-                    let r = store.put(&ns, p.fresh(), Some(KIB as u64), None).await;
+                    let r = store
+                        .put_opts(
+                            &ns,
+                            p.fresh(),
+                            store_core::PutOptions {
+                                len: Some(KIB as u64),
+                                ..Default::default()
+                            },
+                        )
+                        .await;
                     assert!(!r.unwrap().deduplicated);
                 }
                 st.push(ops as f64 / t.elapsed().as_secs_f64());
@@ -157,7 +166,14 @@ fn main() {
                         for _ in 0..count {
                             let body = unique_body(KIB);
                             store
-                                .put(&ns, &body[..], Some(KIB as u64), None)
+                                .put_opts(
+                                    &ns,
+                                    &body[..],
+                                    store_core::PutOptions {
+                                        len: Some(KIB as u64),
+                                        ..Default::default()
+                                    },
+                                )
                                 .await
                                 .unwrap();
                         }

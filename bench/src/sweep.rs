@@ -40,7 +40,14 @@ pub async fn fill(store: &Store, n: usize, concurrency: usize) -> BenchResult<Ve
             for _ in 0..count {
                 let body = unique_body(32);
                 let r = store
-                    .put(&ns, &body[..], Some(32), None)
+                    .put_opts(
+                        &ns,
+                        &body[..],
+                        store_core::PutOptions {
+                            len: Some(32),
+                            ..Default::default()
+                        },
+                    )
                     .await
                     .map_err(err)?;
                 keys.push(r.key().clone());

@@ -55,7 +55,14 @@ fn put_fn(
         for _ in 0..n {
             let len = p.len() as u64;
             let r = store
-                .put(&ns, p.fresh(), Some(len), None)
+                .put_opts(
+                    &ns,
+                    p.fresh(),
+                    store_core::PutOptions {
+                        len: Some(len),
+                        ..Default::default()
+                    },
+                )
                 .await
                 .expect("put");
             assert!(!r.deduplicated, "bench puts must be fresh");
@@ -95,7 +102,7 @@ impl Workload for OwnedPut {
         Box::pin(async move {
             let ns = ns();
             for body in self.bodies.drain(..n as usize) {
-                let r = self.store.put_bytes(&ns, body, None).await.expect("put");
+                let r = self.store.put_bytes(&ns, body).await.expect("put");
                 assert!(!r.deduplicated, "bench puts must be fresh");
                 self.written.push(r.key().clone());
             }
@@ -124,7 +131,14 @@ impl Workload for OwnedPut {
 pub async fn put_one(store: &Store, size: usize) -> BenchResult<Key> {
     let body = unique_body(size);
     let r = store
-        .put(&ns(), &body[..], Some(size as u64), None)
+        .put_opts(
+            &ns(),
+            &body[..],
+            store_core::PutOptions {
+                len: Some(size as u64),
+                ..Default::default()
+            },
+        )
         .await
         .map_err(err)?;
     Ok(r.key().clone())
@@ -202,7 +216,14 @@ pub fn concurrent_put_op(store: Store, size: usize, putters: u64) -> impl Worklo
                 for _ in 0..count {
                     let body = unique_body(size);
                     store
-                        .put(&ns, &body[..], Some(size as u64), None)
+                        .put_opts(
+                            &ns,
+                            &body[..],
+                            store_core::PutOptions {
+                                len: Some(size as u64),
+                                ..Default::default()
+                            },
+                        )
                         .await
                         .expect("put");
                 }

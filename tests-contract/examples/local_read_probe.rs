@@ -51,8 +51,8 @@ async fn main() {
     let small = content(2, 1024);
     let mut keys = Vec::new();
     for s in [&on, &off] {
-        let b = s.put(&ns_named("p"), &big[..], None, None).await.unwrap();
-        let k = s.put(&ns_named("p"), &small[..], None, None).await.unwrap();
+        let b = s.put(&ns_named("p"), &big[..]).await.unwrap();
+        let k = s.put(&ns_named("p"), &small[..]).await.unwrap();
         keys.push((b.key().clone(), k.key().clone()));
     }
     let raw_big = dir.path().join("raw-big");

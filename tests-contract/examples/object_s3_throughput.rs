@@ -177,7 +177,14 @@ async fn main() {
         // Through the facade: hashing while streaming, verified reads.
         let s = Instant::now();
         let receipt = store
-            .put(&ns, &body[..], Some(LEN as u64), None)
+            .put_opts(
+                &ns,
+                &body[..],
+                store_core::PutOptions {
+                    len: Some(LEN as u64),
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         t.entry("facade put").or_default().push(s.elapsed());
@@ -189,7 +196,14 @@ async fn main() {
         let expected = Digest::of(&expected_body);
         let s = Instant::now();
         let expected_receipt = store
-            .put(&ns, &expected_body[..], Some(LEN as u64), Some(expected))
+            .put_opts(
+                &ns,
+                &expected_body[..],
+                store_core::PutOptions {
+                    len: Some(LEN as u64),
+                    expect: Some(expected),
+                },
+            )
             .await
             .unwrap();
         t.entry("facade put, expected digest")

@@ -33,7 +33,7 @@ async fn store(root: &std::path::Path, cache: usize) -> (Store, Key, Key) {
     let n = OUTBOARD_KEPT_ABOVE as usize;
     let mut keys = Vec::new();
     for data in [content(1, n), content(2, n + 16384)] {
-        let r = s.put(&ns_named("p"), &data[..], None, None).await.unwrap();
+        let r = s.put(&ns_named("p"), &data[..]).await.unwrap();
         keys.push(r.key().clone());
     }
     (s, keys[0].clone(), keys[1].clone())

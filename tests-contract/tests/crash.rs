@@ -205,7 +205,17 @@ fn failed(switch: &CrashSwitch, what: &str, e: &store_types::Error) {
 /// Puts `data`; records it, and requires it when acknowledged.
 async fn put(store: &Store, switch: &CrashSwitch, rec: &mut Record, data: &[u8]) -> bool {
     let d = rec.entry(data);
-    match store.put(&ns(), data, Some(data.len() as u64), None).await {
+    match store
+        .put_opts(
+            &ns(),
+            data,
+            store_core::PutOptions {
+                len: Some(data.len() as u64),
+                ..Default::default()
+            },
+        )
+        .await
+    {
         Ok(receipt) => {
             let tier = if data.len() as u64 > THRESHOLD {
                 Tier::Large
@@ -271,7 +281,14 @@ impl Scenario for Puts {
         let space = ns();
         let results = futures::future::join_all(batch.iter().map(|data| {
             let data: &[u8] = data;
-            store.put(&space, data, Some(data.len() as u64), None)
+            store.put_opts(
+                &space,
+                data,
+                store_core::PutOptions {
+                    len: Some(data.len() as u64),
+                    ..Default::default()
+                },
+            )
         }))
         .await;
         for (data, r) in batch.iter().zip(results) {
@@ -388,7 +405,14 @@ impl Scenario for Sweep {
         // pin is gone with the process and the entry is garbage again.
         let pinned = &entries[3].0;
         let receipt = match store
-            .put(&ns(), &pinned[..], Some(pinned.len() as u64), None)
+            .put_opts(
+                &ns(),
+                &pinned[..],
+                store_core::PutOptions {
+                    len: Some(pinned.len() as u64),
+                    ..Default::default()
+                },
+            )
             .await
         {
             Ok(receipt) => {

@@ -233,12 +233,7 @@ async fn concurrent_sweeps_exactly_one_runs() {
         env.node("b", &ns_named(NS)).await,
         env.node("c", &ns_named(NS)).await,
     ];
-    drop(
-        nodes[0]
-            .put(&ns_named(NS), &b"x"[..], None, None)
-            .await
-            .unwrap(),
-    );
+    drop(nodes[0].put(&ns_named(NS), &b"x"[..]).await.unwrap());
     let gate = Arc::new((Notify::new(), Notify::new()));
     nodes[0].set_protect(Arc::new(Park(gate.clone())));
     let a = nodes[0].clone();
@@ -321,7 +316,7 @@ async fn object_store_fleet_racing_puts_of_one_blob() {
         let data = Arc::new(content(200 + round, THRESHOLD as usize * 5));
         let puts = [a.clone(), b.clone(), a.clone(), b.clone()].map(|n| {
             let data = data.clone();
-            tokio::spawn(async move { n.put(&ns_named(NS), &data[..], None, None).await })
+            tokio::spawn(async move { n.put(&ns_named(NS), &data[..]).await })
         });
         let mut fresh = 0;
         let mut key = None;
@@ -381,11 +376,7 @@ async fn interleaved_puts_and_sweeps(large: FleetLarge) {
         match (rng >> 8) % 5 {
             0 | 1 => {
                 let node = if rng & 1 == 0 { &a } else { &b };
-                drop(
-                    node.put(&ns_named(NS), &items[i][..], None, None)
-                        .await
-                        .unwrap(),
-                );
+                drop(node.put(&ns_named(NS), &items[i][..]).await.unwrap());
                 pinned_until[i] = now() + ttl.as_millis() as i64;
             }
             2 => {
@@ -430,7 +421,7 @@ async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
         env.node("b", &ns_named(NS)).await,
     );
     let data = content(80, THRESHOLD as usize * 2);
-    let r = a.put(&ns_named(NS), &data[..], None, None).await.unwrap();
+    let r = a.put(&ns_named(NS), &data[..]).await.unwrap();
     let key = r.key().clone();
     drop(r);
     env.advance(Duration::from_secs(40)).await;
@@ -452,7 +443,7 @@ async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
     sweep(&b).await;
     assert!(!a.has(&key).await.unwrap(), "unpinned, unreferenced: swept");
     // The backstop: re-put restores it (and pins it again).
-    let again = a.put(&ns_named(NS), &data[..], None, None).await.unwrap();
+    let again = a.put(&ns_named(NS), &data[..]).await.unwrap();
     assert!(!again.deduplicated);
     assert!(a.has(&key).await.unwrap());
     assert_eq!(env.pin_rows(&key).await, 1);
@@ -482,7 +473,7 @@ async fn pin_expiry_ignores_a_skewed_putter_clock() {
         let mut receipts = Vec::new();
         for (seed, len) in [(110, 100), (111, THRESHOLD as usize * 2)] {
             let data = content(seed + skew_ms.unsigned_abs() % 7, len);
-            receipts.push(a.put(&ns_named(NS), &data[..], None, None).await.unwrap());
+            receipts.push(a.put(&ns_named(NS), &data[..]).await.unwrap());
         }
         let keys: Vec<Key> = receipts.iter().map(|r| r.key().clone()).collect();
         let present = |n: &'static str| {
@@ -541,7 +532,7 @@ async fn window_case(skew_ms: i64, skewed_stages: bool) {
     let at = format!("skew {skew_ms} ms, skewed node stages: {skewed_stages}");
     let data = content(120, 100);
     let key = stager
-        .put(&ns_named(NS), &data[..], None, None)
+        .put(&ns_named(NS), &data[..])
         .await
         .unwrap()
         .key()
@@ -600,12 +591,7 @@ async fn outboards_are_shared_by_the_fleet() {
         );
         // Over 1 MiB, so that an outboard is kept (ADR-043).
         let data = content(300, 70 * 16_384 + 5);
-        let key = a
-            .put(&ns_named(NS), &data[..], None, None)
-            .await
-            .unwrap()
-            .key()
-            .clone();
+        let key = a.put(&ns_named(NS), &data[..]).await.unwrap().key().clone();
         let want = store_types::outboard::compute(&data).1;
         let engine = env.large_engine().await.expect("a large tier");
         assert_eq!(

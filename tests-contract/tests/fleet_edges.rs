@@ -91,7 +91,7 @@ async fn pin_protects_across_nodes(large: FleetLarge) {
         FleetLarge::None => content(7, 100),
         _ => big(7),
     };
-    let r = a.put(&ns_named(NS), &data[..], None, None).await.unwrap();
+    let r = a.put(&ns_named(NS), &data[..]).await.unwrap();
     let key = r.key().clone();
     drop(r);
     let guard = a.pin(&key).await.unwrap().expect("present");
@@ -135,7 +135,7 @@ async fn session_loss_mid_delete(large: FleetLarge) {
     let a = hooked_node(&env, "a", &hook).await;
     let b = env.node("b", &ns_named(NS)).await;
     let data = big(11);
-    let r = b.put(&ns_named(NS), &data[..], None, None).await.unwrap();
+    let r = b.put(&ns_named(NS), &data[..]).await.unwrap();
     let key = Key::new(ns_named(NS), Digest::of(&data));
     drop(r);
     env.advance(TTL + Duration::from_secs(1)).await; // the put's pin row expires
@@ -152,7 +152,7 @@ async fn session_loss_mid_delete(large: FleetLarge) {
     let putter = {
         let b = b.clone();
         let data = data.clone();
-        tokio::spawn(async move { b.put(&ns_named(NS), &data[..], None, None).await })
+        tokio::spawn(async move { b.put(&ns_named(NS), &data[..]).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -212,7 +212,7 @@ async fn crashed_sweepers_fences_are_finished_by_the_next_sweep() {
     let b = env.node("b", &ns_named(NS)).await;
     let data = big(12);
     let key = Key::new(ns_named(NS), Digest::of(&data));
-    drop(b.put(&ns_named(NS), &data[..], None, None).await.unwrap());
+    drop(b.put(&ns_named(NS), &data[..]).await.unwrap());
     env.advance(TTL + Duration::from_secs(1)).await;
     assert_eq!(sweep(&a).await.total.staged, 1);
     hook.fail_deletes(true);
@@ -223,7 +223,7 @@ async fn crashed_sweepers_fences_are_finished_by_the_next_sweep() {
     let putter = {
         let b = b.clone();
         let data = data.clone();
-        tokio::spawn(async move { b.put(&ns_named(NS), &data[..], None, None).await })
+        tokio::spawn(async move { b.put(&ns_named(NS), &data[..]).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!putter.is_finished(), "the fence holds puts of the key");
@@ -255,14 +255,8 @@ async fn liveness_registrations_are_shared_by_the_fleet() {
         .build()
         .await
         .unwrap(); // registers nothing
-    let kept = b
-        .put(&ns_named(NS), &b"referenced"[..], None, None)
-        .await
-        .unwrap();
-    let gone = b
-        .put(&ns_named(NS), &b"garbage"[..], None, None)
-        .await
-        .unwrap();
+    let kept = b.put(&ns_named(NS), &b"referenced"[..]).await.unwrap();
+    let gone = b.put(&ns_named(NS), &b"garbage"[..]).await.unwrap();
     let (kept, gone) = {
         let keys = (kept.key().clone(), gone.key().clone());
         drop((kept, gone)); // the receipts' pins
@@ -308,7 +302,7 @@ async fn a_second_delete_never_clears_the_first_ones_fence() {
     let c = env.node("c", &ns_named(NS)).await;
     let data = big(13);
     let key = Key::new(ns_named(NS), Digest::of(&data));
-    drop(c.put(&ns_named(NS), &data[..], None, None).await.unwrap());
+    drop(c.put(&ns_named(NS), &data[..]).await.unwrap());
     env.advance(TTL + Duration::from_secs(1)).await;
     assert_eq!(sweep(&a).await.total.staged, 1);
     hook.arm();
@@ -328,7 +322,7 @@ async fn a_second_delete_never_clears_the_first_ones_fence() {
     );
     let putter = {
         let (c, data) = (c.clone(), data.clone());
-        tokio::spawn(async move { c.put(&ns_named(NS), &data[..], None, None).await })
+        tokio::spawn(async move { c.put(&ns_named(NS), &data[..]).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(

@@ -34,7 +34,7 @@ async fn bare_node(env: &FleetEnv, owner: &str) -> Store {
 }
 
 async fn put(s: &Store, n: &Namespace, seed: u64) -> Key {
-    s.put(n, &content(seed, 100)[..], None, None)
+    s.put(n, &content(seed, 100)[..])
         .await
         .expect("put")
         .key()

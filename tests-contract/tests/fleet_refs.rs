@@ -51,11 +51,7 @@ async fn refs_table(env: &FleetEnv) -> LivenessTable {
 }
 
 async fn put(s: &Store, data: &[u8]) -> Key {
-    s.put(&ns_named(NS), data, None, None)
-        .await
-        .expect("put")
-        .key()
-        .clone()
+    s.put(&ns_named(NS), data).await.expect("put").key().clone()
 }
 
 async fn present(a: &Store, b: &Store, k: &Key) -> bool {
@@ -192,12 +188,7 @@ async fn one_registration_serves_the_fleet_per_namespace() {
         .unwrap();
     let data = content(7, 64);
     let here = put(&a, &data).await;
-    let there = a
-        .put(&other, &data[..], None, None)
-        .await
-        .unwrap()
-        .key()
-        .clone();
+    let there = a.put(&other, &data[..]).await.unwrap().key().clone();
     assert_eq!(here.digest, there.digest);
     // A reference in `ns_named(NS)` protects `ns_named(NS)`'s entry, not `other`'s.
     env.kv()

@@ -47,10 +47,7 @@ fn counter(ops: &Ops, name: &str) -> u64 {
 async fn two_fleet_schedulers_collect_garbage_once_and_keep_references() {
     let env = FleetEnv::new(FleetLarge::None, Duration::ZERO, TTL).await;
     let (a, b) = (node(&env, "a").await, node(&env, "b").await);
-    let kept = a
-        .put(&ns_named(NS), &content(1, 100)[..], None, None)
-        .await
-        .unwrap();
+    let kept = a.put(&ns_named(NS), &content(1, 100)[..]).await.unwrap();
     a.refs()
         .expect("postgres holds references")
         .set(
@@ -66,7 +63,7 @@ async fn two_fleet_schedulers_collect_garbage_once_and_keep_references() {
     for i in 0..GARBAGE {
         let node = if i % 2 == 0 { &a } else { &b };
         let r = node
-            .put(&ns_named(NS), &content(100 + i as u64, 100)[..], None, None)
+            .put(&ns_named(NS), &content(100 + i as u64, 100)[..])
             .await
             .unwrap();
         garbage.push(r.key().clone());

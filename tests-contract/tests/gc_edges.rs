@@ -34,14 +34,14 @@ async fn an_entry_in_both_tiers_is_counted_once_and_deleted_whole() {
     let data = [7u8; 40];
     let old = store(&kv, &large, 64).await;
     let key = old
-        .put(&ns_named(NS), &data[..], None, None)
+        .put(&ns_named(NS), &data[..])
         .await
         .unwrap()
         .key()
         .clone();
     drop(old);
     let s = store(&kv, &large, 16).await;
-    let r = s.put(&ns_named(NS), &data[..], None, None).await.unwrap();
+    let r = s.put(&ns_named(NS), &data[..]).await.unwrap();
     assert_eq!(
         r.tier,
         store_core::Tier::Large,

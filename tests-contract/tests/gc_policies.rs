@@ -73,10 +73,7 @@ async fn env(kv: Kv) -> Env {
 async fn put_many(s: &Store, ns: &Namespace, seed: u64, n: usize) -> Vec<Key> {
     let mut keys = Vec::new();
     for i in 0..n {
-        let r = s
-            .put(ns, &content(seed + i as u64, 64)[..], None, None)
-            .await
-            .unwrap();
+        let r = s.put(ns, &content(seed + i as u64, 64)[..]).await.unwrap();
         keys.push(r.key().clone());
     }
     keys

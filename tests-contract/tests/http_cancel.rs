@@ -51,10 +51,7 @@ async fn setup(dir: &std::path::Path, hook: &Arc<DeleteHook>) -> (Store, Vec<u8>
         .await
         .unwrap();
     let data = content(77, 100_000);
-    let r = store
-        .put(&ns_named(NS), &data[..], None, None)
-        .await
-        .unwrap();
+    let r = store.put(&ns_named(NS), &data[..]).await.unwrap();
     let digest = r.digest.to_string();
     drop(r);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -84,7 +81,7 @@ async fn request_then_disconnect(addr: &str, request: String, hook: &DeleteHook)
 async fn reput_and_check(store: &Store, hook: &DeleteHook, data: &[u8]) {
     let s = store.clone();
     let bytes = data.to_vec();
-    let reput = tokio::spawn(async move { s.put(&ns_named(NS), &bytes[..], None, None).await });
+    let reput = tokio::spawn(async move { s.put(&ns_named(NS), &bytes[..]).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     hook.release();
     let receipt = reput.await.unwrap().unwrap();

@@ -76,7 +76,7 @@ async fn a_second_non_fleet_sqlite_local_store_is_refused_until_the_first_drops(
     let (kv, large) = sqlite_local(dir.path()).await;
     let first = build(kv, Some(large)).await.expect("first store");
     let key = first
-        .put(&ns(), &b"held by the first store"[..], None, None)
+        .put(&ns(), &b"held by the first store"[..])
         .await
         .unwrap()
         .key()
@@ -146,7 +146,7 @@ async fn a_second_non_fleet_postgres_store_is_refused_until_the_first_drops() {
         .await
         .expect("postgres + pg-lo on one schema");
     let key = first
-        .put(&ns(), &b"held by the first store"[..], None, None)
+        .put(&ns(), &b"held by the first store"[..])
         .await
         .unwrap()
         .key()
@@ -187,7 +187,7 @@ async fn fleet_members_on_one_schema_and_directory_do_not_lock() {
     let a = env.node("a", &ns()).await;
     let b = env.node("b", &ns()).await;
     let put = a
-        .put(&ns(), &vec![7u8; THRESHOLD as usize + 1][..], None, None)
+        .put(&ns(), &vec![7u8; THRESHOLD as usize + 1][..])
         .await
         .unwrap();
     assert!(b.has(put.key()).await.unwrap());

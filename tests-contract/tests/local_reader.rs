@@ -63,10 +63,7 @@ async fn files_changed_behind_the_engine_fail_verification_through_the_facade() 
     ];
     for (i, (what, new_len)) in damage.into_iter().enumerate() {
         let data = content(10 + i as u64, len);
-        let receipt = store
-            .put(&ns_named("a"), &data[..], None, None)
-            .await
-            .unwrap();
+        let receipt = store.put(&ns_named("a"), &data[..]).await.unwrap();
         let key = receipt.key().clone();
         assert_eq!(facade_get(&store, &key).await.unwrap(), data, "{what}");
         let path = content_path(&engine, &key);
@@ -92,7 +89,7 @@ async fn files_changed_behind_the_engine_fail_verification_through_the_facade() 
     // A flipped byte in a streamed entry.
     let data = content(20, len);
     let key = store
-        .put(&ns_named("a"), &data[..], None, None)
+        .put(&ns_named("a"), &data[..])
         .await
         .unwrap()
         .key()
@@ -112,7 +109,7 @@ async fn a_file_truncated_during_a_read_fails_it() {
     let store = facade(&engine).await;
     let data = content(30, 16 * CHUNK_SIZE);
     let key = store
-        .put(&ns_named("a"), &data[..], None, None)
+        .put(&ns_named("a"), &data[..])
         .await
         .unwrap()
         .key()

@@ -28,12 +28,7 @@ async fn outboards_at_put_on_and_off() {
     for at_put in [true, false] {
         let large = MemEngine::new();
         let s = store(large.clone(), at_put).await;
-        let key = s
-            .put(&ns, &data[..], None, None)
-            .await
-            .unwrap()
-            .key()
-            .clone();
+        let key = s.put(&ns, &data[..]).await.unwrap().key().clone();
         let kept = large.read_outboard(&key).await.unwrap();
         assert_eq!(kept.is_some(), at_put, "published with the entry: {at_put}");
         let range = s.read_range(&key, 70_000..70_100).await.unwrap();

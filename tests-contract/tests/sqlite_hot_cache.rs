@@ -24,7 +24,14 @@ async fn store(dir: &std::path::Path) -> (Store, SqliteEngine) {
 async fn put(store: &Store, data: &[u8]) -> Key {
     let ns = Namespace::new("hot").unwrap();
     let r = store
-        .put(&ns, data, Some(data.len() as u64), None)
+        .put_opts(
+            &ns,
+            data,
+            store_core::PutOptions {
+                len: Some(data.len() as u64),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     r.key().clone()

@@ -85,7 +85,14 @@ async fn probe(dir: &std::path::Path) -> BenchResult<()> {
     // Warm-up: one large put and get, so runtime threads and pools exist.
     let warm = unique_body(4 * MIB);
     let r = store
-        .put(&ns, &warm[..], Some(warm.len() as u64), None)
+        .put_opts(
+            &ns,
+            &warm[..],
+            store_core::PutOptions {
+                len: Some(warm.len() as u64),
+                ..Default::default()
+            },
+        )
         .await
         .map_err(err)?;
     let mut blob = store
@@ -105,7 +112,14 @@ async fn probe(dir: &std::path::Path) -> BenchResult<()> {
 
     let t = Instant::now();
     let receipt = store
-        .put(&ns, Generated::new(SIZE), Some(SIZE), None)
+        .put_opts(
+            &ns,
+            Generated::new(SIZE),
+            store_core::PutOptions {
+                len: Some(SIZE),
+                ..Default::default()
+            },
+        )
         .await
         .map_err(err)?;
     let put_secs = t.elapsed().as_secs_f64();

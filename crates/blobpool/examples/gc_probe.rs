@@ -71,13 +71,13 @@ async fn main() -> Res<()> {
         let t = Instant::now();
         for _ in 0..puts {
             seed += 1;
-            store.put(&ns, &body(seed)[..], None, None).await?;
+            store.put(&ns, &body(seed)[..]).await?;
         }
         plain.push(puts as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
         for i in 0..puts {
             seed += 1;
-            let r = store.put(&ns, &body(seed)[..], None, None).await?;
+            let r = store.put(&ns, &body(seed)[..]).await?;
             let name = RefName::new(format!("r/{seed}/{i}"))?;
             refs.set(&ns, &name, r.digest, RefExpect::Absent).await?;
         }
@@ -96,7 +96,7 @@ async fn main() -> Res<()> {
     // The other namespaces stay out of the measured sweeps.
     store.set_gc_policy(ns.clone(), GcPolicy::Keep).await?;
     for i in 0..swept {
-        store.put(&gns, &body(1 << 40 | i)[..], None, None).await?;
+        store.put(&gns, &body(1 << 40 | i)[..]).await?;
     }
     let t = Instant::now();
     let stage = store.sweep(SweepOptions::default()).await?;

@@ -228,7 +228,14 @@ impl Ctx {
                 let body = small_body();
                 let r = self
                     .store
-                    .put(&self.ns, &body[..], Some(SMALL as u64), None)
+                    .put_opts(
+                        &self.ns,
+                        &body[..],
+                        store_core::PutOptions {
+                            len: Some(SMALL as u64),
+                            ..Default::default()
+                        },
+                    )
                     .await?;
                 if r.deduplicated {
                     return Err("a fresh 4 KiB put deduplicated".into());
@@ -265,7 +272,17 @@ impl Ctx {
             }
             (Workload::LargePut, Side::Library) => {
                 let reader = StreamReader::new(large_body(&self.block));
-                let r = self.store.put(&self.ns, reader, Some(LARGE), None).await?;
+                let r = self
+                    .store
+                    .put_opts(
+                        &self.ns,
+                        reader,
+                        store_core::PutOptions {
+                            len: Some(LARGE),
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
                 if r.deduplicated {
                     return Err("a fresh 64 MiB put deduplicated".into());
                 }
@@ -605,17 +622,28 @@ async fn main() -> Res<()> {
     let mut small_keys = Vec::with_capacity(SMALL_POOL);
     for _ in 0..SMALL_POOL {
         let body = small_body();
-        let r = store.put(&ns, &body[..], Some(SMALL as u64), None).await?;
+        let r = store
+            .put_opts(
+                &ns,
+                &body[..],
+                store_core::PutOptions {
+                    len: Some(SMALL as u64),
+                    ..Default::default()
+                },
+            )
+            .await?;
         small_keys.push(r.key().clone());
     }
     let mut large_keys = Vec::new();
     for _ in 0..Workload::LargeGet.clients() {
         let r = store
-            .put(
+            .put_opts(
                 &ns,
                 StreamReader::new(large_body(&block)),
-                Some(LARGE),
-                None,
+                store_core::PutOptions {
+                    len: Some(LARGE),
+                    ..Default::default()
+                },
             )
             .await?;
         large_keys.push(r.key().clone());

@@ -27,7 +27,7 @@ async fn main() -> Result<(), store_types::Error> {
         .build()
         .await?;
     let ns = Namespace::new("docs")?;
-    let receipt = store.put(&ns, &b"hello, pool"[..], None, None).await?;
+    let receipt = store.put(&ns, &b"hello, pool"[..]).await?;
     let key = receipt.key().clone();
     let blob = store.get(&key).await?.expect("just stored");
     assert_eq!(&blob.bytes().await?[..], b"hello, pool");

@@ -1346,7 +1346,7 @@ mod tests {
         let store = c.open_store().await.unwrap();
         let ns = store_types::Namespace::new("t").unwrap();
         let body = vec![7u8; 1000];
-        let r = store.put(&ns, &body[..], None, None).await.unwrap();
+        let r = store.put(&ns, &body[..]).await.unwrap();
         assert_eq!(r.tier, store_types::Tier::Large);
         let got = store
             .get(r.key())

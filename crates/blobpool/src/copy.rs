@@ -625,7 +625,14 @@ async fn copy_one(
     let len = blob.len();
     let reader = ProgressRead::new(blob, bytes.clone());
     let receipt = dst
-        .put(&key.namespace, reader, Some(len), Some(key.digest))
+        .put_opts(
+            &key.namespace,
+            reader,
+            store_core::PutOptions {
+                len: Some(len),
+                expect: Some(key.digest),
+            },
+        )
         .await?;
     // The pin ends here: from now on the destination's GC policy decides.
     Ok((receipt.size, receipt.deduplicated))

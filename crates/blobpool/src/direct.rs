@@ -66,7 +66,10 @@ impl Direct {
         let (reader, len) = src.open().await?;
         let pb = bar(self.progress, len, "put");
         let reader = ProgressRead::new(reader, pb.clone());
-        let r = self.store.put(ns, reader, len, expect).await;
+        let r = self
+            .store
+            .put_opts(ns, reader, store_core::PutOptions { len, expect })
+            .await;
         pb.finish_and_clear();
         let receipt = r?;
         Ok(PutResult {

@@ -332,7 +332,10 @@ pub async fn direct_put_with_ref(
     let (reader, len) = src.open().await?;
     let pb = bar(progress, len, "put");
     let reader = ProgressRead::new(reader, pb.clone());
-    let r = d.store().put(ns, reader, len, expect).await;
+    let r = d
+        .store()
+        .put_opts(ns, reader, store_core::PutOptions { len, expect })
+        .await;
     pb.finish_and_clear();
     let receipt = r?;
     refs.set(ns, &nm, receipt.digest, RefExpect::Any).await?;

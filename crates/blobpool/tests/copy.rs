@@ -221,11 +221,13 @@ impl SqliteLocal {
 async fn fill(store: &Store, entries: &[Entry]) {
     for e in entries {
         let r = store
-            .put(
+            .put_opts(
                 &e.key.namespace,
                 &e.data[..],
-                Some(e.data.len() as u64),
-                None,
+                store_core::PutOptions {
+                    len: Some(e.data.len() as u64),
+                    ..Default::default()
+                },
             )
             .await
             .unwrap();

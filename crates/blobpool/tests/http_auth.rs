@@ -201,14 +201,8 @@ async fn scoped_identities_do_what_their_scopes_allow() {
 #[tokio::test]
 async fn anonymous_grants_open_only_their_namespaces() {
     let s = start_auth(Opts::default()).await;
-    s.store()
-        .put(&ns("public"), &b"shared"[..], None, None)
-        .await
-        .unwrap();
-    s.store()
-        .put(&ns("private"), &b"shared"[..], None, None)
-        .await
-        .unwrap();
+    s.store().put(&ns("public"), &b"shared"[..]).await.unwrap();
+    s.store().put(&ns("private"), &b"shared"[..]).await.unwrap();
     let d = blake3::hash(b"shared").to_hex().to_string();
     assert_eq!(s.get(&format!("/v1/blobs/public/{d}")).await.status(), 200);
     let resp = s.get(&format!("/v1/blobs/private/{d}")).await;

@@ -644,10 +644,7 @@ async fn a_quarantine_never_removes_a_copy_it_did_not_hash() {
     });
     // Room for Q1 to finish, if it can before Q2.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let put = store
-        .put(&k.namespace, &data[..], None, None)
-        .await
-        .unwrap();
+    let put = store.put(&k.namespace, &data[..]).await.unwrap();
     go_tx.send(()).unwrap();
     let (r2, r1) = (q2.await.unwrap().unwrap(), q1.await.unwrap().unwrap());
     assert!(matches!(r2, QuarantineOutcome::Removed { .. }), "{r2:?}");
@@ -662,10 +659,7 @@ async fn a_quarantine_never_removes_a_copy_it_did_not_hash() {
         assert_eq!(r1, QuarantineOutcome::Absent);
     }
     // A put now heals the key.
-    store
-        .put(&k.namespace, &data[..], None, None)
-        .await
-        .unwrap();
+    store.put(&k.namespace, &data[..]).await.unwrap();
     let got = store.get(&k).await.unwrap().unwrap().bytes().await.unwrap();
     assert_eq!(&got[..], &data[..]);
 }

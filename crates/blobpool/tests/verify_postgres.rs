@@ -99,7 +99,14 @@ async fn flipped_bytes_in_a_postgres_row_and_a_large_object_are_quarantined_and_
     let mut receipts = Vec::new();
     for (data, tier) in [(&small, Tier::Kv), (&big, Tier::Large), (&fine, Tier::Kv)] {
         let r = store
-            .put(&ns, &data[..], Some(data.len() as u64), None)
+            .put_opts(
+                &ns,
+                &data[..],
+                store_core::PutOptions {
+                    len: Some(data.len() as u64),
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         assert_eq!(r.tier, tier);
@@ -222,7 +229,14 @@ async fn flipped_bytes_in_a_postgres_row_and_a_large_object_are_quarantined_and_
     // A re-put of the right content heals: fresh entries, verified on read.
     for (data, key, tier) in [(&small, &ks, Tier::Kv), (&big, &kl, Tier::Large)] {
         let r = store
-            .put(&ns, &data[..], Some(data.len() as u64), None)
+            .put_opts(
+                &ns,
+                &data[..],
+                store_core::PutOptions {
+                    len: Some(data.len() as u64),
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         assert_eq!((r.digest, r.tier), (key.digest, tier));

@@ -281,7 +281,7 @@ impl Cache {
     /// whole cache put). Cancel-safe as [`Store::put_bytes`] then
     /// [`Cache::record`].
     pub async fn put(&self, ns: &Namespace, key: &RefName, bytes: Bytes) -> Result<Digest> {
-        let receipt = self.store.put_bytes(ns, bytes, None).await?;
+        let receipt = self.store.put_bytes(ns, bytes).await?;
         self.record(ns, key, &receipt).await?;
         Ok(receipt.digest)
     }

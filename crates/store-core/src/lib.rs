@@ -42,7 +42,7 @@ pub use inspect::{
     CorruptEntry, EntryInfo, EntryPage, QuarantineOutcome, TierStats, VerifyEvent, VerifyOptions,
     VerifySummary, MAX_LIST_LIMIT,
 };
-pub use put::PutReceipt;
+pub use put::{PutOptions, PutReceipt};
 pub use refs::{GcPolicy, Refs, SetRefOptions, SetRefOutcome};
 pub use store::{Liveness, Store};
 pub use store_types::{CacheBounds, CacheTrim, CacheUsage};

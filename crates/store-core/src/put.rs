@@ -9,6 +9,18 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::store::Store;
 use crate::Mode;
 
+/// What a put checks the body against ([`Store::put_opts`],
+/// [`Store::put_bytes_opts`]); the default checks nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// The declared length, if known: a body of another length fails with
+    /// [`Error::LengthMismatch`] and publishes nothing.
+    pub len: Option<u64>,
+    /// The digest the caller expects: a mismatch fails with
+    /// [`Error::Verification`] and publishes nothing.
+    pub expect: Option<Digest>,
+}
+
 /// What a successful put returns.
 #[derive(Debug)]
 pub struct PutReceipt {
@@ -154,12 +166,19 @@ fn check_expect(expect: Option<Digest>, actual: Digest) -> Result<()> {
 }
 
 impl Store {
-    /// Stores the bytes of `body` in `ns`.
+    /// Stores the bytes of `body` in `ns`: [`Store::put_opts`] with nothing
+    /// to check the body against.
     ///
-    /// - `len`: the declared length, if known; a body of another length
-    ///   fails with [`Error::LengthMismatch`] and publishes nothing.
-    /// - `expect`: the digest the caller expects; a mismatch fails with
-    ///   [`Error::Verification`] and publishes nothing.
+    /// Cancel-safe as [`Store::put_opts`].
+    pub async fn put<R>(&self, ns: &Namespace, body: R) -> Result<PutReceipt>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        self.put_opts(ns, body, PutOptions::default()).await
+    }
+
+    /// Stores the bytes of `body` in `ns`, checked against `options` (the
+    /// declared length, the expected digest; see [`PutOptions`]).
     ///
     /// Memory stays bounded by the threshold plus one chunk (and up to
     /// four 256 KiB batches being hashed on rayon's pool, ADR-039) whatever
@@ -173,16 +192,16 @@ impl Store {
     /// the engine's maintenance removes (a stage file, a multipart upload;
     /// pg-lo's transaction rolls back), or — fleet — a pin row that expires
     /// after its TTL.
-    pub async fn put<R>(
+    pub async fn put_opts<R>(
         &self,
         ns: &Namespace,
         mut body: R,
-        len: Option<u64>,
-        expect: Option<Digest>,
+        options: PutOptions,
     ) -> Result<PutReceipt>
     where
         R: AsyncRead + Unpin + Send,
     {
+        let PutOptions { len, expect } = options;
         let (limit, spill) = self.kv_limit();
         if let Some(n) = len {
             if n > limit {
@@ -231,7 +250,15 @@ impl Store {
         self.put_kv(ns, buf.freeze(), digest, expect).await
     }
 
-    /// Stores `bytes`, a body already in memory, in `ns`: [`Store::put`]
+    /// Stores `bytes`, a body already in memory, in `ns`:
+    /// [`Store::put_bytes_opts`] with nothing to check them against.
+    ///
+    /// Cancel-safe as [`Store::put_bytes_opts`].
+    pub async fn put_bytes(&self, ns: &Namespace, bytes: Bytes) -> Result<PutReceipt> {
+        self.put_bytes_opts(ns, bytes, PutOptions::default()).await
+    }
+
+    /// Stores `bytes`, a body already in memory, in `ns`, checked against `options`: [`Store::put_opts`]
     /// without the read, and with the same errors, pins and cancel-safety.
     ///
     /// On the kv tier the entry is `bytes` itself — no copy (the mem engine
@@ -246,13 +273,23 @@ impl Store {
     /// An engine that keeps the buffer (mem) keeps all of it: a `Bytes`
     /// sliced from a much larger allocation holds that allocation for as
     /// long as the entry lives — pass `Bytes::copy_from_slice(..)` then.
-    pub async fn put_bytes(
+    pub async fn put_bytes_opts(
         &self,
         ns: &Namespace,
         bytes: Bytes,
-        expect: Option<Digest>,
+        options: PutOptions,
     ) -> Result<PutReceipt> {
+        let PutOptions {
+            len: declared,
+            expect,
+        } = options;
         let len = bytes.len() as u64;
+        if let Some(declared) = declared.filter(|d| *d != len) {
+            return Err(Error::LengthMismatch {
+                declared,
+                actual: len,
+            });
+        }
         let (limit, spill) = self.kv_limit();
         if len > limit {
             if !spill {

@@ -91,10 +91,7 @@ async fn open(plan: FaultPlan, local: bool) -> Fixture {
 
 impl Fixture {
     async fn put(&self, data: &[u8]) -> Result<Key, Error> {
-        self.store
-            .put(&ns(), data, None, None)
-            .await
-            .map(|r| r.key().clone())
+        self.store.put(&ns(), data).await.map(|r| r.key().clone())
     }
 
     async fn get(&self, key: &Key) -> Result<Bytes, Error> {

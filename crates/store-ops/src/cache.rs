@@ -151,7 +151,10 @@ impl Ops {
             }
         }
         let body = crate::ops::Limited::new(body, limit);
-        let receipt = self.store().put(&ns, body, len, expect).await?;
+        let receipt = self
+            .store()
+            .put_opts(&ns, body, store_core::PutOptions { len, expect })
+            .await?;
         self.metrics().put(receipt.size, receipt.deduplicated);
         self.record_cache_key(&ns, &key, &receipt).await?;
         Ok(CachePutOutcome {

@@ -427,7 +427,11 @@ impl Ops {
         if self.is_cache_namespace(&ns) {
             // No token (ADR-048): the cache key protects the entry once
             // written; the receipt's pin protects it until then.
-            let receipt = self.inner.store.put(&ns, body, len, expect).await?;
+            let receipt = self
+                .inner
+                .store
+                .put_opts(&ns, body, store_core::PutOptions { len, expect })
+                .await?;
             self.inner.metrics.put(receipt.size, receipt.deduplicated);
             self.record_cache_key(&ns, &crate::cache::cas_key(&receipt.digest), &receipt)
                 .await?;
@@ -449,7 +453,11 @@ impl Ops {
             .tokens
             .reserve(owner)
             .map_err(|e| self.cap_reached(e))?;
-        let receipt = self.inner.store.put(&ns, body, len, expect).await?;
+        let receipt = self
+            .inner
+            .store
+            .put_opts(&ns, body, store_core::PutOptions { len, expect })
+            .await?;
         self.inner.metrics.put(receipt.size, receipt.deduplicated);
         let digest = receipt.digest;
         let (size, tier, deduplicated) = (receipt.size, receipt.tier, receipt.deduplicated);

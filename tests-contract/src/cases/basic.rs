@@ -39,7 +39,14 @@ pub async fn put_get_round_trip(spec: Spec) {
     let data = content(1, 1000);
     let r = h
         .store
-        .put(&ns(), &data[..], Some(data.len() as u64), None)
+        .put_opts(
+            &ns(),
+            &data[..],
+            store_core::PutOptions {
+                len: Some(data.len() as u64),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(r.digest, Digest::of(&data));
@@ -71,7 +78,17 @@ pub async fn threshold_boundaries(spec: Spec) {
         for known in [true, false] {
             let data = content(10 + i as u64 + if known { 100 } else { 0 }, len as usize);
             let declared = known.then_some(len);
-            let res = h.store.put(&ns(), &data[..], declared, None).await;
+            let res = h
+                .store
+                .put_opts(
+                    &ns(),
+                    &data[..],
+                    store_core::PutOptions {
+                        len: declared,
+                        ..Default::default()
+                    },
+                )
+                .await;
             match expected_tier(&h, len) {
                 Some(tier) => {
                     let r = res.unwrap_or_else(|e| panic!("len {len} known {known}: {e}"));
@@ -106,7 +123,14 @@ pub async fn over_threshold_known_length_rejected_at_once(spec: Spec) {
     let body = Untouched::default();
     let res = h
         .store
-        .put(&ns(), body.clone(), Some(THRESHOLD + 1), None)
+        .put_opts(
+            &ns(),
+            body.clone(),
+            store_core::PutOptions {
+                len: Some(THRESHOLD + 1),
+                ..Default::default()
+            },
+        )
         .await;
     match h.spec.mode() {
         Mode::KvOnly { .. } => {
@@ -129,7 +153,18 @@ pub async fn over_threshold_known_length_rejected_at_once(spec: Spec) {
 pub async fn empty_blob(spec: Spec) {
     let h = Harness::open(spec).await;
     for declared in [Some(0), None] {
-        let r = h.store.put(&ns(), &b""[..], declared, None).await.unwrap();
+        let r = h
+            .store
+            .put_opts(
+                &ns(),
+                &b""[..],
+                store_core::PutOptions {
+                    len: declared,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
         assert_eq!(r.digest, Digest::of(b""));
         assert_eq!((r.size, r.tier), (0, Tier::Kv));
         let key = Key::new(ns(), r.digest);
@@ -145,7 +180,7 @@ pub async fn dedup(spec: Spec) {
     let h = Harness::open(spec).await;
     for len in [100usize, THRESHOLD as usize + 500] {
         let data = content(3, len);
-        let a = h.store.put(&ns(), &data[..], None, None).await;
+        let a = h.store.put(&ns(), &data[..]).await;
         let Some(tier) = expected_tier(&h, len as u64) else {
             assert!(matches!(a, Err(Error::TooLarge { .. })));
             continue;
@@ -153,7 +188,14 @@ pub async fn dedup(spec: Spec) {
         let a = a.unwrap();
         let b = h
             .store
-            .put(&ns(), &data[..], Some(len as u64), None)
+            .put_opts(
+                &ns(),
+                &data[..],
+                store_core::PutOptions {
+                    len: Some(len as u64),
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         assert_eq!(a.digest, b.digest);
@@ -183,8 +225,8 @@ pub async fn namespaces_are_independent(spec: Spec) {
     let h = Harness::open(spec).await;
     let other = Namespace::new("other.ns-1").unwrap();
     let data = content(4, 300);
-    let a = h.store.put(&ns(), &data[..], None, None).await.unwrap();
-    let b = h.store.put(&other, &data[..], None, None).await.unwrap();
+    let a = h.store.put(&ns(), &data[..]).await.unwrap();
+    let b = h.store.put(&other, &data[..]).await.unwrap();
     assert!(
         !b.deduplicated,
         "a different namespace is a different entry"
@@ -225,8 +267,8 @@ pub async fn has_many_index_aligned(spec: Spec) {
     let h = Harness::open(spec).await;
     let small = content(5, 10);
     let big = content(6, THRESHOLD as usize + 1);
-    let rs = h.store.put(&ns(), &small[..], None, None).await.unwrap();
-    let big_stored = h.store.put(&ns(), &big[..], None, None).await.is_ok();
+    let rs = h.store.put(&ns(), &small[..]).await.unwrap();
+    let big_stored = h.store.put(&ns(), &big[..]).await.is_ok();
     let absent = Digest::of(b"absent");
     let ask = [absent, rs.digest, Digest::of(&big), absent, rs.digest];
     let got = h.store.has_many(&ns(), &ask).await.unwrap();
@@ -250,7 +292,7 @@ pub async fn read_ranges(spec: Spec) {
     let h = Harness::open(spec).await;
     for (seed, len) in [(7u64, 1000usize), (8, 3 * THRESHOLD as usize + 17)] {
         let data = content(seed, len);
-        let Ok(r) = h.store.put(&ns(), &data[..], None, None).await else {
+        let Ok(r) = h.store.put(&ns(), &data[..]).await else {
             assert!(expected_tier(&h, len as u64).is_none());
             continue;
         };
@@ -287,7 +329,7 @@ pub async fn delete_semantics(spec: Spec) {
     let h = Harness::open(spec).await;
     for len in [50usize, THRESHOLD as usize + 50] {
         let data = content(9, len);
-        let Ok(r) = h.store.put(&ns(), &data[..], None, None).await else {
+        let Ok(r) = h.store.put(&ns(), &data[..]).await else {
             continue;
         };
         let key = r.key().clone();
@@ -315,7 +357,14 @@ pub async fn expected_digest(spec: Spec) {
         let wrong = Digest::of(b"something else");
         let res = h
             .store
-            .put(&ns(), &data[..], Some(len as u64), Some(wrong))
+            .put_opts(
+                &ns(),
+                &data[..],
+                store_core::PutOptions {
+                    len: Some(len as u64),
+                    expect: Some(wrong),
+                },
+            )
             .await;
         if expected_tier(&h, len as u64).is_none() {
             assert!(matches!(res, Err(Error::TooLarge { .. })));
@@ -328,7 +377,14 @@ pub async fn expected_digest(spec: Spec) {
         assert_absent(&h, &Key::new(ns(), Digest::of(&data))).await;
         let ok = h
             .store
-            .put(&ns(), &data[..], None, Some(Digest::of(&data)))
+            .put_opts(
+                &ns(),
+                &data[..],
+                store_core::PutOptions {
+                    expect: Some(Digest::of(&data)),
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         assert_eq!(ok.digest, Digest::of(&data));
@@ -350,7 +406,17 @@ pub async fn put_bytes_matches_put(spec: Spec) {
     ] {
         let data = bytes::Bytes::from(content(16, len));
         let wrong = Digest::of(b"something else");
-        let res = h.store.put_bytes(&ns(), data.clone(), Some(wrong)).await;
+        let res = h
+            .store
+            .put_bytes_opts(
+                &ns(),
+                data.clone(),
+                store_core::PutOptions {
+                    expect: Some(wrong),
+                    ..Default::default()
+                },
+            )
+            .await;
         let Some(tier) = expected_tier(&h, len as u64) else {
             assert!(
                 matches!(res, Err(Error::TooLarge { got, .. }) if got == len as u64),
@@ -366,7 +432,14 @@ pub async fn put_bytes_matches_put(spec: Spec) {
         assert_absent(&h, &key).await;
         let r = h
             .store
-            .put_bytes(&ns(), data.clone(), Some(key.digest))
+            .put_bytes_opts(
+                &ns(),
+                data.clone(),
+                store_core::PutOptions {
+                    expect: Some(key.digest),
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         assert_eq!((r.digest, r.size, r.tier), (key.digest, len as u64, tier));
@@ -380,12 +453,12 @@ pub async fn put_bytes_matches_put(spec: Spec) {
             assert_eq!(got.as_ptr(), data.as_ptr(), "len {len}");
         }
         // The same body through `put` finds it, and `put_bytes` again too.
-        let again = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+        let again = h.store.put(&ns(), &data[..]).await.unwrap();
         assert!(
             again.deduplicated && again.digest == key.digest,
             "len {len}"
         );
-        let again = h.store.put_bytes(&ns(), data, None).await.unwrap();
+        let again = h.store.put_bytes(&ns(), data).await.unwrap();
         assert!(again.deduplicated && again.tier == tier, "len {len}");
     }
 }
@@ -404,7 +477,17 @@ pub async fn lying_lengths(spec: Spec) {
             lies.push(0);
         }
         for declared in lies {
-            let res = h.store.put(&ns(), &data[..], Some(declared), None).await;
+            let res = h
+                .store
+                .put_opts(
+                    &ns(),
+                    &data[..],
+                    store_core::PutOptions {
+                        len: Some(declared),
+                        ..Default::default()
+                    },
+                )
+                .await;
             let rejected_by_mode = expected_tier(&h, declared).is_none();
             assert!(
                 matches!(res, Err(Error::LengthMismatch { declared: d, .. }) if d == declared)
@@ -424,7 +507,7 @@ pub async fn corruption_detected(spec: Spec) {
     // beyond that too, so it streams and hashes on its read-ahead thread.
     for len in [0usize, 200, THRESHOLD as usize + 1000, 300 << 10, 2 << 20] {
         let data = content(13, len);
-        let Ok(r) = h.store.put(&ns(), &data[..], None, None).await else {
+        let Ok(r) = h.store.put(&ns(), &data[..]).await else {
             continue;
         };
         let key = r.key().clone();
@@ -483,11 +566,13 @@ pub async fn failing_reader_leaves_nothing(spec: Spec) {
         for declared in [Some(len), None] {
             let res = h
                 .store
-                .put(
+                .put_opts(
                     &ns(),
                     PatternReader::failing_at(14, len, at),
-                    declared,
-                    None,
+                    store_core::PutOptions {
+                        len: declared,
+                        ..Default::default()
+                    },
                 )
                 .await;
             let rejected_by_mode = expected_tier(&h, len).is_none();
@@ -506,10 +591,7 @@ pub async fn large_streamed_blob(spec: Spec) {
     let h = Harness::open(spec).await;
     let len = 64u64 << 20;
     let digest = PatternReader::digest(15, len);
-    let res = h
-        .store
-        .put(&ns(), PatternReader::new(15, len), None, None)
-        .await;
+    let res = h.store.put(&ns(), PatternReader::new(15, len)).await;
     if expected_tier(&h, len).is_none() {
         assert!(
             matches!(res, Err(Error::TooLarge { limit: THRESHOLD, got }) if got == THRESHOLD + 1)
@@ -560,7 +642,7 @@ pub async fn concurrent_identical_puts(spec: Spec) {
             .map(|_| {
                 let h = h.clone();
                 let data = data.clone();
-                tokio::spawn(async move { h.store.put(&ns(), &data[..], None, None).await })
+                tokio::spawn(async move { h.store.put(&ns(), &data[..]).await })
             })
             .collect();
         let mut receipts = Vec::new();

@@ -37,11 +37,7 @@ pub async fn sweep_without_sources_aborts(spec: Spec) {
         },
     )
     .await;
-    let r = h
-        .store
-        .put(&ns(), &b"orphan"[..], None, None)
-        .await
-        .unwrap();
+    let r = h.store.put(&ns(), &b"orphan"[..]).await.unwrap();
     let key = r.key().clone();
     drop(r);
     let live = LiveSet::new();
@@ -69,16 +65,8 @@ pub async fn namespace_without_source_never_swept(spec: Spec) {
     )
     .await;
     let other = Namespace::new("unwatched").unwrap();
-    let a = h
-        .store
-        .put(&ns(), &b"watched"[..], None, None)
-        .await
-        .unwrap();
-    let b = h
-        .store
-        .put(&other, &b"unwatched"[..], None, None)
-        .await
-        .unwrap();
+    let a = h.store.put(&ns(), &b"watched"[..]).await.unwrap();
+    let b = h.store.put(&other, &b"unwatched"[..]).await.unwrap();
     let (ka, kb) = (a.key().clone(), b.key().clone());
     drop((a, b));
     h.store
@@ -106,7 +94,7 @@ pub async fn protect_failure_aborts(spec: Spec) {
         },
     )
     .await;
-    let r = h.store.put(&ns(), &b"x"[..], None, None).await.unwrap();
+    let r = h.store.put(&ns(), &b"x"[..]).await.unwrap();
     let key = r.key().clone();
     drop(r);
     h.store
@@ -147,7 +135,7 @@ pub async fn protect_failure_aborts(spec: Spec) {
 /// A second sweep while one runs reports SweeperLock.
 pub async fn concurrent_sweep_reports_lock(spec: Spec) {
     let h = Arc::new(Harness::open(spec).await);
-    let r = h.store.put(&ns(), &b"held"[..], None, None).await.unwrap();
+    let r = h.store.put(&ns(), &b"held"[..]).await.unwrap();
     drop(r);
     let gate = Arc::new((Notify::new(), Notify::new()));
     h.store
@@ -181,7 +169,7 @@ pub async fn direct_delete_refusals(spec: Spec) {
     h.store.set_protect(Arc::new(protector.clone()));
     for big in [false, true] {
         let data = content(if big { 21 } else { 20 }, size_of(&h, big));
-        let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+        let r = h.store.put(&ns(), &data[..]).await.unwrap();
         let key = r.key().clone();
         let refuse = |res: Result<(), Error>, want: ProtectReason| match res {
             Err(Error::GcRefuse { key: k, reason }) => {
@@ -259,7 +247,7 @@ pub async fn run_scenario(spec: Spec, window: Duration, steps: &[Step]) {
             Step::Put(name, big) => {
                 let seed = blake3::hash(name.as_bytes()).as_bytes()[0] as u64 + 1000;
                 let data = content(seed, size_of(&h, *big));
-                let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+                let r = h.store.put(&ns(), &data[..]).await.unwrap();
                 keys.insert(name, (r.key().clone(), r.size));
                 pins.entry(name).or_default().push(r.pin);
             }
@@ -465,14 +453,7 @@ pub async fn window_survives_restart(spec: Spec) {
     let mut keys = Vec::new();
     for (i, big) in [false, true, false].into_iter().enumerate() {
         let data = content(40 + i as u64, size_of(&h, big));
-        keys.push(
-            h.store
-                .put(&ns(), &data[..], None, None)
-                .await
-                .unwrap()
-                .key()
-                .clone(),
-        );
+        keys.push(h.store.put(&ns(), &data[..]).await.unwrap().key().clone());
     }
     assert_eq!(sweep(&h).await.total.staged, 3);
     live.set(&keys[1], true);
@@ -552,7 +533,7 @@ pub async fn concurrent_puts_and_sweeps(spec: Spec) {
                     state ^= state >> 7;
                     state ^= state << 17;
                     let data = &pool[(state % pool.len() as u64) as usize];
-                    let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+                    let r = h.store.put(&ns(), &data[..]).await.unwrap();
                     // While pinned, the entry must stay whole.
                     tokio::task::yield_now().await;
                     let got = h.store.get(r.key()).await.unwrap();
@@ -595,7 +576,7 @@ pub async fn concurrent_puts_and_sweeps(spec: Spec) {
 /// live set and stages it with a zero window: the next sweep deletes it.
 async fn staged_big_blob(h: &Harness, seed: u64) -> (Vec<u8>, Key, LiveSet) {
     let data = content(seed, size_of(h, true));
-    let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+    let r = h.store.put(&ns(), &data[..]).await.unwrap();
     let key = r.key().clone();
     drop(r);
     let live = LiveSet::new();
@@ -626,7 +607,7 @@ async fn hooked_with_staged_blob(
 async fn reput_during_held_delete(h: &Harness, hook: &crate::hook::DeleteHook, data: &[u8]) {
     let store = h.store.clone();
     let bytes = data.to_vec();
-    let reput = tokio::spawn(async move { store.put(&ns(), &bytes[..], None, None).await });
+    let reput = tokio::spawn(async move { store.put(&ns(), &bytes[..]).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     hook.release();
     let receipt = reput.await.unwrap().expect("re-put");
@@ -660,7 +641,7 @@ pub async fn cancelled_delete_keeps_protection(spec: Spec) {
     let hook = crate::hook::DeleteHook::new();
     let h = Harness::open_hooked(spec, Opts::default(), hook.clone()).await;
     let data = content(1102, size_of(&h, true));
-    let r = h.store.put(&ns(), &data[..], None, None).await.unwrap();
+    let r = h.store.put(&ns(), &data[..]).await.unwrap();
     let key = r.key().clone();
     drop(r);
     hook.arm();
@@ -764,7 +745,7 @@ pub async fn failure_after_committed_batches_reports_counts(spec: Spec) {
     )
     .await;
     for i in 0..3u8 {
-        drop(h.store.put(&ns(), &[i; 9][..], None, None).await.unwrap());
+        drop(h.store.put(&ns(), &[i; 9][..]).await.unwrap());
     }
     // Probes: mark (3 pages of 1) succeed, then execute batch 1 succeeds
     // and execute batch 2 fails.

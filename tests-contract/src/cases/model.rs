@@ -109,7 +109,7 @@ async fn run(spec: Spec, ops: Vec<Op>) {
     for (step, op) in ops.iter().enumerate() {
         match *op {
             Op::Put(i) => {
-                let r = h.store.put(&ns(), &data[i][..], None, None).await.unwrap();
+                let r = h.store.put(&ns(), &data[i][..]).await.unwrap();
                 assert_eq!(r.deduplicated, model[i].exists, "step {step} {op:?}");
                 pins.entry(i).or_default().push(r.pin);
                 model[i].exists = true;

@@ -26,7 +26,7 @@ fn accepted(h: &Harness, len: u64) -> bool {
 
 /// Puts `data`, or asserts the mode rejects it (`None`).
 async fn put_or_rejected(h: &Harness, data: &[u8]) -> Option<Key> {
-    let res = h.store.put(&ns(), data, None, None).await;
+    let res = h.store.put(&ns(), data).await;
     if accepted(h, data.len() as u64) {
         Some(res.expect("put").key().clone())
     } else {

@@ -222,7 +222,7 @@ pub async fn crash_between_pin_and_rename() {
     let healthy = env.node("b", &ns_named(NS)).await;
     let data = content(90, THRESHOLD as usize * 2);
     let key = Key::new(ns_named(NS), Digest::of(&data));
-    let res = crashing.put(&ns_named(NS), &data[..], None, None).await;
+    let res = crashing.put(&ns_named(NS), &data[..]).await;
     assert!(matches!(res, Err(Error::Io(_))), "{res:?}");
     assert!(!healthy.has(&key).await.unwrap(), "nothing visible");
     assert_eq!(probe.stage_file_count().unwrap(), 0, "no stage file left");
@@ -247,7 +247,7 @@ pub async fn crash_between_pin_and_rename() {
     // A healthy put of the same bytes works afterwards.
     assert!(
         !healthy
-            .put(&ns_named(NS), &data[..], None, None)
+            .put(&ns_named(NS), &data[..])
             .await
             .unwrap()
             .deduplicated
@@ -283,7 +283,7 @@ pub async fn crash_between_stage_and_pin() {
         .unwrap();
     let data = content(91, THRESHOLD as usize * 2);
     let key = Key::new(ns_named(NS), Digest::of(&data));
-    let res = failing.put(&ns_named(NS), &data[..], None, None).await;
+    let res = failing.put(&ns_named(NS), &data[..]).await;
     assert!(matches!(res, Err(Error::Backend(_))), "{res:?}");
     assert!(!failing.has(&key).await.unwrap());
     assert_eq!(env.pin_rows(&key).await, 0);
@@ -297,7 +297,7 @@ pub async fn fault_inside_joint_transaction() {
     for len in [100usize, THRESHOLD as usize * 3] {
         let data = content(92 + len as u64, len);
         let key = Key::new(ns_named(NS), Digest::of(&data));
-        let res = node.put(&ns_named(NS), &data[..], None, None).await;
+        let res = node.put(&ns_named(NS), &data[..]).await;
         assert!(matches!(res, Err(Error::Backend(_))), "len {len}: {res:?}");
         assert!(
             !node.has(&key).await.unwrap(),
@@ -307,10 +307,7 @@ pub async fn fault_inside_joint_transaction() {
     }
     env.fail_pin_inserts(false).await;
     let data = content(99, THRESHOLD as usize * 3);
-    let r = node
-        .put(&ns_named(NS), &data[..], None, None)
-        .await
-        .unwrap();
+    let r = node.put(&ns_named(NS), &data[..]).await.unwrap();
     assert!(!r.deduplicated);
     assert_eq!(env.pin_rows(r.key()).await, 1);
 }
@@ -399,7 +396,7 @@ async fn run_case(ops: Vec<Op>) {
         match *op {
             Op::Put(i, n) => {
                 let r = nodes[usize::from(n)]
-                    .put(&ns_named(NS), &data[i][..], None, None)
+                    .put(&ns_named(NS), &data[i][..])
                     .await
                     .unwrap();
                 assert_eq!(r.deduplicated, m[i].exists, "step {step} {op:?}");
