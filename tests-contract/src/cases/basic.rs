@@ -494,6 +494,18 @@ pub async fn lying_lengths(spec: Spec) {
                     || (rejected_by_mode && matches!(res, Err(Error::TooLarge { .. }))),
                 "len {len} declared {declared}: {res:?}"
             );
+            // A body in memory is checked against the declaration first.
+            let options = store_core::PutOptions {
+                len: Some(declared),
+                ..Default::default()
+            };
+            let bytes = bytes::Bytes::copy_from_slice(&data);
+            let res = h.store.put_bytes_opts(&ns(), bytes, options).await;
+            assert!(
+                matches!(res, Err(Error::LengthMismatch { declared: d, actual })
+                    if d == declared && actual == len as u64),
+                "put_bytes_opts: len {len} declared {declared}: {res:?}"
+            );
             assert_absent(&h, &Key::new(ns(), Digest::of(&data))).await;
         }
     }
