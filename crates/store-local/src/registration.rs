@@ -27,9 +27,11 @@ fn options(options: &Options) -> Result<LocalOptions> {
         fsync: options.fsync,
         ..LocalOptions::default()
     };
-    if let Some(n) = options.parsed("local", "open_files", |v| {
-        v.parse::<usize>().map_err(|e| e.to_string())
-    })? {
+    if let Some(n) = options.parsed(
+        "local",
+        "open_files",
+        store_types::registry::parse_count_param,
+    )? {
         o.open_files = n;
     }
     Ok(o)

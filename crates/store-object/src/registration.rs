@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use store_types::registry::{parse_size_param, EngineFactory, EngineUrl, Opened, Options};
+use store_types::registry::{
+    parse_count_param, parse_size_param, EngineFactory, EngineUrl, Opened, Options, ParamError,
+};
 use store_types::{Error, LargeEngine, Result, Sharing, Tier};
 
 use crate::{ObjectEngine, ObjectOptions};
@@ -70,20 +72,16 @@ fn config_prefix(url: &EngineUrl) -> Option<&'static str> {
     }
 }
 
-fn parse_bool(v: &str) -> std::result::Result<bool, String> {
+fn parse_bool(v: &str) -> std::result::Result<bool, ParamError> {
     match v.to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err("expected true or false".to_string()),
+        _ => Err(ParamError::NotABool),
     }
 }
 
-fn parse_count(v: &str) -> std::result::Result<usize, String> {
-    v.parse::<usize>().map_err(|e| e.to_string())
-}
-
-fn parse_usize_size(v: &str) -> std::result::Result<usize, String> {
-    usize::try_from(parse_size_param(v)?).map_err(|e| e.to_string())
+fn parse_usize_size(v: &str) -> std::result::Result<usize, ParamError> {
+    usize::try_from(parse_size_param(v)?).map_err(|_| ParamError::TooLarge(v.to_string()))
 }
 
 /// The engine options and object_store configuration of `options`.
@@ -96,19 +94,19 @@ fn split(url: &EngineUrl, options: &Options) -> Result<(ObjectOptions, Vec<(Stri
     if let Some(n) = p("part_size", parse_usize_size)? {
         o.part_size = n;
     }
-    if let Some(n) = options.parsed("object", "upload_concurrency", parse_count)? {
+    if let Some(n) = options.parsed("object", "upload_concurrency", parse_count_param)? {
         o.upload_concurrency = n;
     }
-    if let Some(n) = options.parsed("object", "request_concurrency", parse_count)? {
+    if let Some(n) = options.parsed("object", "request_concurrency", parse_count_param)? {
         o.request_concurrency = n;
     }
-    if let Some(n) = options.parsed("object", "list_min_group", parse_count)? {
+    if let Some(n) = options.parsed("object", "list_min_group", parse_count_param)? {
         o.list_min_group = n;
     }
     if let Some(s) = options.parsed("object", "staging_grace", |v| {
         v.trim_end_matches('s')
             .parse::<u64>()
-            .map_err(|e| format!("seconds: {e}"))
+            .map_err(ParamError::NotSeconds)
     })? {
         o.staging_grace = Duration::from_secs(s);
     }

@@ -28,14 +28,18 @@ impl SqliteFactory {
             match v.to_ascii_lowercase().as_str() {
                 "full" => Ok(Durability::Full),
                 "normal" => Ok(Durability::Normal),
-                _ => Err("expected full or normal".to_string()),
+                _ => Err(store_types::registry::ParamError::NotOneOf(
+                    "full or normal",
+                )),
             }
         })? {
             o.durability = d;
         }
-        if let Some(n) = options.parsed("sqlite", "readers", |v| {
-            v.parse::<usize>().map_err(|e| e.to_string())
-        })? {
+        if let Some(n) = options.parsed(
+            "sqlite",
+            "readers",
+            store_types::registry::parse_count_param,
+        )? {
             o.readers = n;
         }
         if let Some(n) = options.parsed(

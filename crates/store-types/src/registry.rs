@@ -233,7 +233,7 @@ impl Options {
         &self,
         engine: &str,
         key: &str,
-        parse: impl FnOnce(&str) -> std::result::Result<T, String>,
+        parse: impl FnOnce(&str) -> std::result::Result<T, ParamError>,
     ) -> Result<Option<T>> {
         match self.params.get(key) {
             None => Ok(None),
@@ -244,15 +244,53 @@ impl Options {
     }
 }
 
+/// Why an engine option's value was refused ([`Options::parsed`] names
+/// the engine and the option around it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ParamError {
+    /// Not a size: digits with an optional unit.
+    #[error("{0:?} is not a size (bytes, or e.g. 64KiB, 16MiB)")]
+    NotASize(String),
+    /// A size with a unit this parser does not know.
+    #[error("{input:?}: unknown size unit {unit:?}")]
+    UnknownUnit {
+        /// The value as given.
+        input: String,
+        /// The unit part of it.
+        unit: String,
+    },
+    /// A size or count beyond what the setting can hold.
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+    /// Not `true`/`false` (or `1`/`0`, `yes`/`no`, `on`/`off`).
+    #[error("expected true or false")]
+    NotABool,
+    /// Not a whole number.
+    #[error("{0}")]
+    NotACount(#[from] std::num::ParseIntError),
+    /// Not a whole number of seconds (an `s` suffix is allowed).
+    #[error("seconds: {0}")]
+    NotSeconds(std::num::ParseIntError),
+    /// Not one of the words the setting takes.
+    #[error("expected {0}")]
+    NotOneOf(&'static str),
+}
+
+/// Parses a count setting (a whole number).
+pub fn parse_count_param(s: &str) -> std::result::Result<usize, ParamError> {
+    Ok(s.parse::<usize>()?)
+}
+
 /// Parses a size setting: bytes, or a binary/decimal unit (`64KiB`,
 /// `16MiB`, `1GB`).
-pub fn parse_size_param(s: &str) -> std::result::Result<u64, String> {
+pub fn parse_size_param(s: &str) -> std::result::Result<u64, ParamError> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("{s:?} is not a size (bytes, or e.g. 64KiB, 16MiB)"))?;
+        .map_err(|_| ParamError::NotASize(s.to_string()))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "kib" => 1 << 10,
@@ -261,10 +299,15 @@ pub fn parse_size_param(s: &str) -> std::result::Result<u64, String> {
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
-        _ => return Err(format!("{s:?}: unknown size unit {unit:?}")),
+        _ => {
+            return Err(ParamError::UnknownUnit {
+                input: s.to_string(),
+                unit: unit.to_string(),
+            })
+        }
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
+        .ok_or_else(|| ParamError::TooLarge(s.to_string()))
 }
 
 /// An engine opened by a factory, with its test hooks when the engine was
