@@ -312,47 +312,20 @@ impl<S: StagedWrite + ?Sized> StagedWrite for LayeredStage<S> {
     }
 
     async fn publish(self: Box<Self>, key: &Key) -> Result<PublishOutcome> {
-        let LayeredStage {
-            inner,
-            layer,
-            kind,
-            tier,
-            ns,
-            ..
-        } = *self;
-        let mut call = Call::new(crate::Op::Publish, kind, tier);
-        call.ns = Some(&ns);
-        call.digest = Some(&key.digest);
-        let reply = layer
-            .around(
-                call,
-                Box::pin(async move { inner.publish(key).await.map(Reply::Published) }),
-            )
+        let reply = self
+            .finish(crate::Op::Publish, Some(&key.digest), |inner| {
+                Box::pin(async move { inner.publish(key).await.map(Reply::Published) })
+            })
             .await?;
-        match reply {
-            Reply::Published(outcome) => Ok(outcome),
-            other => Err(wrong_reply(crate::Op::Publish, &other)),
-        }
+        published(crate::Op::Publish, reply)
     }
 
     async fn abort(self: Box<Self>) -> Result<()> {
-        let LayeredStage {
-            inner,
-            layer,
-            kind,
-            tier,
-            ns,
-            expected,
-            ..
-        } = *self;
-        let mut call = Call::new(crate::Op::Abort, kind, tier);
-        call.ns = Some(&ns);
-        call.digest = expected.as_ref();
-        let reply = layer
-            .around(
-                call,
-                Box::pin(async move { inner.abort().await.map(|()| Reply::Done) }),
-            )
+        let expected = self.expected;
+        let reply = self
+            .finish(crate::Op::Abort, expected.as_ref(), |inner| {
+                Box::pin(async move { inner.abort().await.map(|()| Reply::Done) })
+            })
             .await?;
         match reply {
             Reply::Done => Ok(()),
@@ -365,6 +338,27 @@ impl<S: StagedWrite + ?Sized> StagedWrite for LayeredStage<S> {
 #[async_trait]
 impl<S: JointStagedWrite + ?Sized> JointStagedWrite for LayeredStage<S> {
     async fn publish_pinned(self: Box<Self>, key: &Key, pin: &PinIntent) -> Result<PublishOutcome> {
+        let reply = self
+            .finish(crate::Op::PublishPinned, Some(&key.digest), |inner| {
+                Box::pin(async move { inner.publish_pinned(key, pin).await.map(Reply::Published) })
+            })
+            .await?;
+        published(crate::Op::PublishPinned, reply)
+    }
+}
+
+impl<S: ?Sized> LayeredStage<S> {
+    /// Runs the stage's last operation `op` (`run` on the inner stage)
+    /// through the layer, addressing `digest`.
+    async fn finish<'a>(
+        self: Box<Self>,
+        op: crate::Op,
+        digest: Option<&'a Digest>,
+        run: impl FnOnce(Box<S>) -> crate::layer::Next<'a>,
+    ) -> Result<Reply>
+    where
+        S: 'a,
+    {
         let LayeredStage {
             inner,
             layer,
@@ -373,19 +367,18 @@ impl<S: JointStagedWrite + ?Sized> JointStagedWrite for LayeredStage<S> {
             ns,
             ..
         } = *self;
-        let mut call = Call::new(crate::Op::PublishPinned, kind, tier);
+        let mut call = Call::new(op, kind, tier);
         call.ns = Some(&ns);
-        call.digest = Some(&key.digest);
-        let reply = layer
-            .around(
-                call,
-                Box::pin(async move { inner.publish_pinned(key, pin).await.map(Reply::Published) }),
-            )
-            .await?;
-        match reply {
-            Reply::Published(outcome) => Ok(outcome),
-            other => Err(wrong_reply(crate::Op::PublishPinned, &other)),
-        }
+        call.digest = digest;
+        layer.around(call, run(inner)).await
+    }
+}
+
+/// The outcome a publish answered, or the wrong-reply error.
+fn published(op: crate::Op, reply: Reply) -> Result<PublishOutcome> {
+    match reply {
+        Reply::Published(outcome) => Ok(outcome),
+        other => Err(wrong_reply(op, &other)),
     }
 }
 
