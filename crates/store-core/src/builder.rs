@@ -2,7 +2,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use store_gc::{Clock, Collector, GcConfig, InProcessWindow, SystemClock};
-use store_types::{Error, KvEngine, LargeEngine, Result, Sharing, WindowClauses};
+use store_types::{
+    Capabilities, Error, GcSeam, InstanceLock, KvEngine, LargeEngine, Result, Sharing,
+    WindowClauses,
+};
 
 use crate::fleet;
 use crate::store::{Inner, Store};
@@ -183,43 +186,7 @@ impl StoreBuilder {
             .ok_or_else(|| Error::Config("a kv engine is required".into()))?;
         let kv_caps = kv.capabilities();
         let large_caps = self.large.as_ref().map(|l| l.capabilities());
-        let mode = self.mode.unwrap_or(match self.large {
-            Some(_) => Mode::DualTier {
-                threshold: DEFAULT_THRESHOLD,
-            },
-            None => Mode::KvOnly {
-                threshold: DEFAULT_THRESHOLD,
-            },
-        });
-        match mode {
-            Mode::MemOnly => {
-                if self.large.is_some() {
-                    return Err(Error::Config(
-                        "mem-only mode has no large tier; use dual-tier to add one".into(),
-                    ));
-                }
-                if kv_caps.sharing != Sharing::ProcessLocal {
-                    return Err(Error::Config(format!(
-                        "mem-only mode needs an in-memory kv engine, got `{}`",
-                        kv_caps.kind
-                    )));
-                }
-            }
-            Mode::KvOnly { threshold } => {
-                check_threshold(threshold)?;
-                if self.large.is_some() {
-                    return Err(Error::Config(
-                        "kv-only mode has no large tier; use dual-tier to add one".into(),
-                    ));
-                }
-            }
-            Mode::DualTier { threshold } => {
-                check_threshold(threshold)?;
-                if self.large.is_none() {
-                    return Err(Error::Config("dual-tier mode needs a large engine".into()));
-                }
-            }
-        }
+        let mode = check_mode(self.mode, &kv_caps, large_caps.as_ref())?;
         let kv_seam = kv_caps.seam.clone();
         let large_seam = large_caps.as_ref().and_then(|l| l.seam.clone());
         if self.fleet && self.pin_ttl.is_zero() {
@@ -237,39 +204,12 @@ impl StoreBuilder {
         } else {
             None
         };
-        // The instance lock: a non-fleet store holds its data exclusively
-        // (its pins are in-process, invisible to any other instance), taken
-        // before anything writes. A fleet is declared and shares its GC
-        // state in PostgreSQL, so fleet members do not lock.
-        let mut instance_locks = Vec::new();
-        if !self.fleet {
-            if let Some(lock) = kv.lock_instance().await? {
-                instance_locks.push(lock);
-            }
-            if let Some(l) = &self.large {
-                if let Some(lock) = l.lock_instance().await? {
-                    instance_locks.push(lock);
-                }
-            }
-            for lock in &instance_locks {
-                tracing::debug!(lock = lock.describe(), "instance lock taken");
-            }
-        }
-        // The one-window-host rule (ADR-012 §5): the kv engine when it is
-        // SQL-backed, otherwise the large engine when it is, otherwise
-        // in-process. Only the host's schema is ensured, so an instance
-        // never has two window tables.
-        let window_host: Arc<dyn WindowClauses> = match (&kv_seam, &large_seam) {
-            (Some(seam), _) if seam.window.is_some() => {
-                seam.schema.ensure_gc_schema().await?;
-                seam.window.clone().expect("checked")
-            }
-            (_, Some(seam)) if seam.window.is_some() => {
-                seam.schema.ensure_gc_schema().await?;
-                seam.window.clone().expect("checked")
-            }
-            _ => Arc::new(InProcessWindow::new()),
+        let instance_locks = if self.fleet {
+            Vec::new()
+        } else {
+            lock_instances(kv.as_ref(), self.large.as_deref()).await?
         };
+        let window_host = window_host(kv_seam.as_ref(), large_seam.as_ref()).await?;
         let mut tiers: Vec<Arc<dyn store_types::Engine>> = vec![kv.clone()];
         if let Some(l) = &self.large {
             tiers.push(l.clone());
@@ -304,6 +244,89 @@ impl StoreBuilder {
             cache_keys: Default::default(),
         }))
     }
+}
+
+/// The mode asked for (dual-tier with a large engine, else kv-only, at
+/// the default threshold, when none was), checked against the engines.
+fn check_mode(mode: Option<Mode>, kv: &Capabilities, large: Option<&Capabilities>) -> Result<Mode> {
+    let mode = mode.unwrap_or(match large {
+        Some(_) => Mode::DualTier {
+            threshold: DEFAULT_THRESHOLD,
+        },
+        None => Mode::KvOnly {
+            threshold: DEFAULT_THRESHOLD,
+        },
+    });
+    match mode {
+        Mode::MemOnly => {
+            if large.is_some() {
+                return Err(Error::Config(
+                    "mem-only mode has no large tier; use dual-tier to add one".into(),
+                ));
+            }
+            if kv.sharing != Sharing::ProcessLocal {
+                return Err(Error::Config(format!(
+                    "mem-only mode needs an in-memory kv engine, got `{}`",
+                    kv.kind
+                )));
+            }
+        }
+        Mode::KvOnly { threshold } => {
+            check_threshold(threshold)?;
+            if large.is_some() {
+                return Err(Error::Config(
+                    "kv-only mode has no large tier; use dual-tier to add one".into(),
+                ));
+            }
+        }
+        Mode::DualTier { threshold } => {
+            check_threshold(threshold)?;
+            if large.is_none() {
+                return Err(Error::Config("dual-tier mode needs a large engine".into()));
+            }
+        }
+    }
+    Ok(mode)
+}
+
+/// The instance locks of a non-fleet store: its pins are in-process,
+/// invisible to any other instance, so it holds its data exclusively,
+/// taken before anything writes. (A fleet is declared and shares its GC
+/// state in PostgreSQL, so fleet members do not lock.)
+async fn lock_instances(
+    kv: &dyn KvEngine,
+    large: Option<&dyn LargeEngine>,
+) -> Result<Vec<InstanceLock>> {
+    let mut locks = Vec::new();
+    if let Some(lock) = kv.lock_instance().await? {
+        locks.push(lock);
+    }
+    if let Some(l) = large {
+        if let Some(lock) = l.lock_instance().await? {
+            locks.push(lock);
+        }
+    }
+    for lock in &locks {
+        tracing::debug!(lock = lock.describe(), "instance lock taken");
+    }
+    Ok(locks)
+}
+
+/// The one-window-host rule (ADR-012 §5): the kv engine when it is
+/// SQL-backed, otherwise the large engine when it is, otherwise
+/// in-process. Only the host's schema is ensured, so an instance never has
+/// two window tables.
+async fn window_host(
+    kv: Option<&GcSeam>,
+    large: Option<&GcSeam>,
+) -> Result<Arc<dyn WindowClauses>> {
+    for seam in [kv, large].into_iter().flatten() {
+        if let Some(window) = &seam.window {
+            seam.schema.ensure_gc_schema().await?;
+            return Ok(window.clone());
+        }
+    }
+    Ok(Arc::new(InProcessWindow::new()))
 }
 
 fn check_threshold(threshold: u64) -> Result<()> {

@@ -480,25 +480,7 @@ impl Store {
         }
         // One quarantine at a time: the only removal that ignores pins.
         let one_at_a_time = Arc::clone(&self.inner.quarantine_lock).lock_owned().await;
-        let keys = [key.clone()];
-        let pins = self.inner.gc.pins();
-        let hold = loop {
-            let (gate, states) = pins.gate(&keys);
-            match states[0] {
-                GateState::Gated => break Hold::Gate { _gate: gate },
-                // Pinned: pin it ourselves, so the copy stays protected from
-                // sweeps and deletes until the removal even if the other
-                // pins go.
-                GateState::Pinned => {
-                    drop(gate);
-                    break Hold::Pin {
-                        _pin: pins.pin(key.clone()).await,
-                    };
-                }
-                // A delete or sweep is deciding about this key: let it.
-                GateState::Busy => tokio::time::sleep(Duration::from_millis(1)).await,
-            }
-        };
+        let hold = self.hold_for_quarantine(key).await;
         let mut found = None;
         for (tier, engine) in self.inspect_tiers() {
             if let Some(r) = engine.read_stored(key).await? {
@@ -534,10 +516,52 @@ impl Store {
         if actual == key.digest {
             return Ok(QuarantineOutcome::Sound { tier, size });
         }
+        self.remove_quarantined(key, tier, actual, size, (hold, one_at_a_time))
+            .await?;
+        Ok(QuarantineOutcome::Removed { tier, size, actual })
+    }
+
+    /// What holds `key`'s copy for a quarantine until its removal: the
+    /// delete gate when unpinned, else a pin of the quarantine's own (so the
+    /// copy stays protected from sweeps and deletes even if the other pins
+    /// go). A delete or sweep deciding about the key is let finish first.
+    async fn hold_for_quarantine(&self, key: &Key) -> Hold {
+        let keys = [key.clone()];
+        let pins = self.inner.gc.pins();
+        loop {
+            let (gate, states) = pins.gate(&keys);
+            match states[0] {
+                GateState::Gated => break Hold::Gate { _gate: gate },
+                // Pinned: pin it ourselves, so the copy stays protected from
+                // sweeps and deletes until the removal even if the other
+                // pins go.
+                GateState::Pinned => {
+                    drop(gate);
+                    break Hold::Pin {
+                        _pin: pins.pin(key.clone()).await,
+                    };
+                }
+                // A delete or sweep is deciding about this key: let it.
+                GateState::Busy => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    }
+
+    /// Removes the corrupt copy of `key` from `tier` (and unstages it), in a
+    /// task of its own that keeps `hold` to the end: a started removal runs
+    /// to completion whoever awaits it.
+    async fn remove_quarantined(
+        &self,
+        key: &Key,
+        tier: Tier,
+        actual: Digest,
+        size: u64,
+        hold: (Hold, tokio::sync::OwnedMutexGuard<()>),
+    ) -> Result<()> {
         let this = self.clone();
         let key = key.clone();
         let removal = tokio::spawn(async move {
-            let _hold = (hold, one_at_a_time);
+            let _hold = hold;
             let engine = this
                 .inspect_tiers()
                 .into_iter()
@@ -562,8 +586,7 @@ impl Store {
         });
         removal.await.map_err(|e| {
             Error::backend(store_types::ErrorKind::Other, "run quarantine task").with_source(e)
-        })??;
-        Ok(QuarantineOutcome::Removed { tier, size, actual })
+        })?
     }
 
     /// Re-reads every entry (or every entry of one namespace) through the

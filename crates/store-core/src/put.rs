@@ -501,7 +501,7 @@ where
         PutHasher::Outboard(b) => b,
         plain @ PutHasher::Plain(_) => return stream_plain(stage, body, prefix, len, plain).await,
     };
-    let mut in_flight = std::collections::VecDeque::new();
+    let mut in_flight = InFlight::new();
     // Bytes read but not yet handed on; starts with the kv probe's buffer.
     let mut pending = prefix;
     let mut total = 0u64;
@@ -536,24 +536,7 @@ where
                 });
             }
         }
-        if piece.len() == HASH_BATCH && !inline {
-            // A full, aligned batch: hashed on the pool.
-            if in_flight.len() >= MAX_BATCHES_IN_FLIGHT {
-                push_next(&mut builder, &mut in_flight).await?;
-            }
-            in_flight.push_back(store_types::outboard::HashedGroups::spawn(
-                at,
-                piece.clone(),
-            ));
-        } else {
-            // The entry's last piece (or its only one): hashed here, after
-            // every batch before it.
-            while !in_flight.is_empty() {
-                push_next(&mut builder, &mut in_flight).await?;
-            }
-            builder.update(&piece);
-            inline = true;
-        }
+        hash_piece(&mut builder, &mut in_flight, &mut inline, at, &piece).await?;
         stage.write(piece).await?;
     }
     if let Some(n) = len {
@@ -569,6 +552,36 @@ where
     }
     let (digest, outboard) = builder.finalize();
     Ok((digest, total, Some(outboard)))
+}
+
+/// Hands `piece`, at offset `at` of the entry, to the outboard: a full,
+/// aligned batch is hashed on the pool (after waiting for the oldest one
+/// when [`MAX_BATCHES_IN_FLIGHT`] are unpushed); any other piece — the
+/// entry's last, or its only one — is hashed here after every batch before
+/// it, and so is every later byte (`inline`).
+async fn hash_piece(
+    builder: &mut store_types::outboard::OutboardBuilder,
+    in_flight: &mut InFlight,
+    inline: &mut bool,
+    at: u64,
+    piece: &Bytes,
+) -> Result<()> {
+    if piece.len() == HASH_BATCH && !*inline {
+        if in_flight.len() >= MAX_BATCHES_IN_FLIGHT {
+            push_next(builder, in_flight).await?;
+        }
+        in_flight.push_back(store_types::outboard::HashedGroups::spawn(
+            at,
+            piece.clone(),
+        ));
+        return Ok(());
+    }
+    while !in_flight.is_empty() {
+        push_next(builder, in_flight).await?;
+    }
+    builder.update(piece);
+    *inline = true;
+    Ok(())
 }
 
 type InFlight = std::collections::VecDeque<
