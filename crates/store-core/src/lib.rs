@@ -4,7 +4,7 @@
 //! ```no_run
 //! # async fn demo(kv: impl store_types::KvEngine, large: impl store_types::LargeEngine)
 //! # -> Result<(), store_types::Error> {
-//! use store_core::{Mode, Store};
+//! use store_core::{Mode, PutOptions, Store};
 //! use store_types::{Key, Namespace};
 //!
 //! let store = Store::builder()
@@ -14,7 +14,10 @@
 //!     .build()
 //!     .await?;
 //! let ns = Namespace::new("docs")?;
-//! let receipt = store.put(&ns, &b"hello"[..], Some(5), None).await?;
+//! let receipt = store.put(&ns, &b"hello"[..]).await?;
+//! // Checked against a declared length (or an expected digest):
+//! let len = Some(5);
+//! store.put_opts(&ns, &b"hello"[..], PutOptions { len, ..Default::default() }).await?;
 //! let blob = store.get(&Key::new(ns, receipt.digest)).await?.expect("just stored");
 //! assert_eq!(&blob.bytes().await?[..], b"hello");
 //! # Ok(()) }
