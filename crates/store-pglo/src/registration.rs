@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use store_postgres::registration::target;
+use store_pg::url::target;
 use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
 use store_types::{LargeEngine, Result, Tier};
 
@@ -81,7 +81,7 @@ mod hooks {
     use std::time::Duration;
 
     use async_trait::async_trait;
-    use store_postgres::testing::{advance_db_clock, set_db_clock};
+    use store_pg::testing::{advance_db_clock, set_db_clock};
     use store_types::registry::Testing;
     use store_types::{Key, Result, Timestamp};
 
