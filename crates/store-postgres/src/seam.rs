@@ -47,7 +47,7 @@ pub const GC_HOST_COMPONENTS: &[Component] = &[
     ),
 ];
 
-/// The `postgres` row's [`GcSchema`]: `gc_window`, then
+/// The `postgres` row's [`GcSchema`](store_types::GcSchema): `gc_window`, then
 /// [`GC_HOST_COMPONENTS`] (the `pg-lo` row is
 /// [`PgGcSchema::window_only`]).
 pub fn host_gc_schema(pool: PgPool, schema: impl Into<String>) -> PgGcSchema {
