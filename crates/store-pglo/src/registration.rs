@@ -36,10 +36,6 @@ impl EngineFactory for PgLoFactory {
         "pglo://…[?schema=S] (or postgres+lo://…)"
     }
 
-    fn networked(&self, _url: &EngineUrl) -> bool {
-        true
-    }
-
     fn store_id(&self, url: &EngineUrl, options: &Options) -> String {
         let (driver, schema) = target(url, options);
         format!("{driver}#schema={schema}")

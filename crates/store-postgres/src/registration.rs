@@ -36,10 +36,6 @@ impl EngineFactory for PostgresFactory {
         "postgres://…[?schema=S]"
     }
 
-    fn networked(&self, _url: &EngineUrl) -> bool {
-        true
-    }
-
     fn store_id(&self, url: &EngineUrl, options: &Options) -> String {
         let (driver, schema) = target(url, options);
         format!("{driver}#schema={schema}")
