@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use store_core::{Mode, Namespace, Store, MAX_THRESHOLD};
-use store_postgres::plumbing::sql;
+use store_pg::plumbing::sql;
 use store_postgres::PostgresEngine;
 use store_sqlite::{Durability, SqliteEngine, SqliteOptions};
 
@@ -364,7 +364,7 @@ impl PgScope {
             std::process::id(),
             crate::data::unique()
         );
-        store_postgres::plumbing::create_schema(&pool, &schema)
+        store_pg::plumbing::create_schema(&pool, &schema)
             .await
             .map_err(err)?;
         Ok(PgScope {

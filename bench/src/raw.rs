@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension};
 use sqlx::postgres::types::Oid;
-use store_postgres::plumbing::sql;
+use store_pg::plumbing::sql;
 use store_sqlite::Durability;
 
 use crate::data::unique;

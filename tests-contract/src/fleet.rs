@@ -16,8 +16,8 @@ use sqlx::Connection;
 use store_core::{Clock, ManualClock, Mode, Store, StoreBuilder};
 use store_local::{LocalEngine, LocalOptions};
 use store_object::s3_testing::TestBucket;
+use store_pg::testing::{advance_db_clock, set_db_clock};
 use store_pglo::PgLoEngine;
-use store_postgres::testing::{advance_db_clock, set_db_clock};
 use store_postgres::PostgresEngine;
 use store_types::{Digest, Key, KvEngine, LargeEngine, LivenessTable, Namespace, Timestamp};
 

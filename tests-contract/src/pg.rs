@@ -2,7 +2,7 @@
 //! store-postgres's shared `testing::TestSchema`).
 
 use sqlx::Connection;
-use store_postgres::testing::{database_url, unreachable_msg, TestSchema};
+use store_pg::testing::{database_url, unreachable_msg, TestSchema};
 
 /// A pair of fresh schemas (kv engine and pg-lo engine) in the test
 /// database. Dropping it unlinks the large objects they own and drops both.

@@ -59,7 +59,7 @@ async fn kill_lock_holders(url: String, schema: String, key: Key) {
         .expect("database name");
     let ids = vec![
         store_postgres::PgSweepLock::lock_key(&db, &schema),
-        store_postgres::plumbing::key_lock(&schema, &key),
+        store_pg::plumbing::key_lock(&schema, &key),
     ];
     let _: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(l.pid) FROM pg_locks l

@@ -7,8 +7,9 @@
 //!
 //! - `store-types` depends on no workspace crate;
 //! - `store-gc`, `store-layers` and every engine crate (see [`ENGINES`])
-//!   depend on `store-types` only; `store-pglo` may also use
-//!   `store-postgres`'s plumbing;
+//!   depend on `store-types` only; the two PostgreSQL engines,
+//!   `store-postgres` and `store-pglo`, may also use `store-pg`, their
+//!   shared internals (not an engine), which depends on `store-types` only;
 //! - `store-registry` depends on `store-types` and engine crates only
 //!   (never `store-core`, `store-gc` or `store-ops`);
 //! - `store-core` depends on `store-types` and `store-gc`, `store-ops` on
@@ -78,7 +79,8 @@ fn rule(krate: &str) -> Option<Rule> {
     Some(match krate {
         "store-types" => only(&[]),
         "store-gc" | "store-layers" => only(&["store-types"]),
-        "store-pglo" => only(&["store-types", "store-postgres"]),
+        "store-pg" => only(&["store-types"]),
+        "store-postgres" | "store-pglo" => only(&["store-types", "store-pg"]),
         e if ENGINES.contains(&e) => only(&["store-types"]),
         "store-registry" => {
             let mut allowed = vec!["store-types"];
@@ -476,13 +478,7 @@ fn room_extras(krate: &str) -> &'static [&'static str] {
     match krate {
         "store-sqlite" => &["sql.rs", "cache.rs", "cache_tests.rs"],
         "store-local" => &["fsio.rs", "cache.rs"],
-        "store-postgres" => &[
-            "batch.rs",
-            "fence.rs",
-            "fleet.rs",
-            "plumbing.rs",
-            "policy.rs",
-        ],
+        "store-postgres" => &["batch.rs", "fence.rs", "fleet.rs", "policy.rs"],
         "store-object" => &["url.rs", "retry.rs"],
         _ => &[],
     }

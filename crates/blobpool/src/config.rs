@@ -1301,7 +1301,7 @@ mod tests {
     /// host (same `node_name`) neither replaces nor removes them.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_the_node_writes_its_fleet_policy_rows() {
-        let schema = store_postgres::testing::TestSchema::new();
+        let schema = store_pg::testing::TestSchema::new();
         let sep = if schema.url.contains('?') { '&' } else { '?' };
         let cfg = |node: &str, policy: Option<&str>| {
             let mut text = format!(

@@ -482,7 +482,7 @@ fn pg_url(base: &str, scheme: &str, schema: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_and_files_copy_into_postgres_and_pglo() {
-    let schema = store_postgres::testing::TestSchema::new();
+    let schema = store_pg::testing::TestSchema::new();
     let tmp = tempfile::tempdir().unwrap();
     let src = SqliteLocal::new(&tmp.path().join("src"), 1024);
     let entries = mixed(5);
@@ -716,7 +716,7 @@ async fn copy_throughput() {
     let src = SqliteLocal::new(&tmp.path().join("src"), 65536);
     src.fill(&small).await;
     src.fill(&large).await;
-    let schema = store_postgres::testing::TestSchema::new();
+    let schema = store_pg::testing::TestSchema::new();
     let pg = tmp.path().join("pg.toml");
     std::fs::write(
         &pg,

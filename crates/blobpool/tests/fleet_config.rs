@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use store_postgres::testing::TestSchema;
+use store_pg::testing::TestSchema;
 
 const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
 

@@ -14,9 +14,9 @@ mod common;
 use common::bytes_of;
 use sqlx::postgres::types::Oid;
 use store_core::{Mode, Store, VerifyOptions};
+use store_pg::plumbing::sql;
+use store_pg::testing::TestSchema;
 use store_pglo::PgLoEngine;
-use store_postgres::plumbing::sql;
-use store_postgres::testing::TestSchema;
 use store_postgres::PostgresEngine;
 use store_types::{Digest, Error, Key, Namespace, Tier};
 
@@ -25,12 +25,7 @@ const THRESHOLD: u64 = 1024;
 async fn open(schema: &TestSchema) -> Store {
     let kv = PostgresEngine::connect(&schema.url, &schema.name)
         .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}",
-                store_postgres::testing::unreachable_msg(&schema.url, &e)
-            )
-        });
+        .unwrap_or_else(|e| panic!("{}", store_pg::testing::unreachable_msg(&schema.url, &e)));
     let large = PgLoEngine::connect(&schema.url, &schema.name)
         .await
         .unwrap();

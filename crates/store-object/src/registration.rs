@@ -183,10 +183,6 @@ impl EngineFactory for ObjectFactory {
         url.scheme() == "object+memory"
     }
 
-    fn networked(&self, url: &EngineUrl) -> bool {
-        !matches!(url.scheme(), "object+memory" | "object+file")
-    }
-
     fn check(&self, url: &EngineUrl, _tier: Tier, options: &Options) -> Result<()> {
         if url.scheme() == "object+file" && !url.rest().starts_with('/') {
             return Err(Error::Config(format!(

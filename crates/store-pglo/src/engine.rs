@@ -8,11 +8,11 @@ use async_trait::async_trait;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
-use store_postgres::plumbing::{
+use store_pg::plumbing::{
     connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces, migrate,
     present_many, scan_entries, size_col, sql, to_i64, validate_schema, PgWindow,
 };
-use store_postgres::PgGcSchema;
+use store_pg::PgGcSchema;
 use store_types::{
     BlobReader, Capabilities, Digest, Engine, EntryMeta, GcSeam, Instance, InstanceLock, Key,
     LargeEngine, Namespace, ReadOptions, Result, Sharing, SizedRead, Stage, Timestamp, CHUNK_SIZE,
@@ -336,10 +336,10 @@ impl Engine for PgLoEngine {
             "the PostgreSQL large-object tier in schema {} of database {database}",
             self.inner.schema
         );
-        store_postgres::instance_lock::lock_instance(
+        store_pg::instance_lock::lock_instance(
             &self.inner.pool,
             &self.inner.schema,
-            store_postgres::instance_lock::PGLO_INSTANCE,
+            store_pg::instance_lock::PGLO_INSTANCE,
             &data,
         )
         .await

@@ -3,7 +3,7 @@
 //! [`PgLoEngine`] keeps each entry's bytes in a PostgreSQL large object and
 //! names it from a companion row. It shares pool, schema, identity and
 //! migration plumbing (and the `gc_window` clauses) with the `postgres`
-//! engine through [`store_postgres::plumbing`]; a `postgres` and a `pg-lo`
+//! engine through [`store_pg::plumbing`]; a `postgres` and a `pg-lo`
 //! engine may share one schema (their entry tables differ, `gc_window` is
 //! one table).
 //!
@@ -34,7 +34,7 @@
 //!   is true): `publish_pinned` checks that the pin's GC host is a schema
 //!   of this engine's database (else `Error::Config`), then, in the same
 //!   staging transaction, takes the key's shared fleet lock
-//!   (`pg_advisory_xact_lock_shared(store_postgres::plumbing::key_lock(host_schema, key))`),
+//!   (`pg_advisory_xact_lock_shared(store_pg::plumbing::key_lock(host_schema, key))`),
 //!   inserts the companion row `ON CONFLICT DO NOTHING` — on a dedup hit
 //!   `lo_unlink`s the stage's large object instead of rolling back —
 //!   upserts the pin row into `<host_schema>.gc_pins` and commits: large

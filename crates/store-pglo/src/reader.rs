@@ -9,7 +9,7 @@ use futures::stream::{self, Stream};
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
-use store_postgres::plumbing::{db_err, size_col, to_i64};
+use store_pg::plumbing::{db_err, size_col, to_i64};
 use store_types::{BlobReader, Key, Result, CHUNK_SIZE};
 
 use crate::PgLoEngine;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use store_postgres::registration::target;
+use store_pg::url::target;
 use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
 use store_types::{LargeEngine, Result, Tier};
 
@@ -34,10 +34,6 @@ impl EngineFactory for PgLoFactory {
 
     fn usage(&self, _tier: Tier) -> &'static str {
         "pglo://…[?schema=S] (or postgres+lo://…)"
-    }
-
-    fn networked(&self, _url: &EngineUrl) -> bool {
-        true
     }
 
     fn store_id(&self, url: &EngineUrl, options: &Options) -> String {
@@ -81,7 +77,7 @@ mod hooks {
     use std::time::Duration;
 
     use async_trait::async_trait;
-    use store_postgres::testing::{advance_db_clock, set_db_clock};
+    use store_pg::testing::{advance_db_clock, set_db_clock};
     use store_types::registry::Testing;
     use store_types::{Key, Result, Timestamp};
 

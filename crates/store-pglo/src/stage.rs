@@ -5,8 +5,8 @@ use bytes::Bytes;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Row, Transaction};
-use store_postgres::fence::wait_unfenced;
-use store_postgres::plumbing::{
+use store_pg::fence::wait_unfenced;
+use store_pg::plumbing::{
     db_err, lock_key_shared, now_ms, sql, to_i64, upsert_pin, validate_schema,
 };
 use store_types::{

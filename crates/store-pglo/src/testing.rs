@@ -2,7 +2,7 @@
 //! large objects exist and which this engine's table references.
 
 use sqlx::postgres::types::Oid;
-use store_postgres::plumbing::db_err;
+use store_pg::plumbing::db_err;
 use store_types::{Key, Result};
 
 use crate::PgLoEngine;

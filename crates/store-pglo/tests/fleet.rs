@@ -25,7 +25,7 @@ async fn host(s: &TestSchema) -> (PostgresEngine, Arc<dyn PinClauses>) {
     let h = PostgresEngine::connect(&s.url, &s.name).await.unwrap();
     let seam = h.capabilities().seam.unwrap();
     seam.schema.ensure_gc_schema().await.unwrap();
-    store_postgres::testing::set_db_clock(h.pool(), &s.name, NOW)
+    store_pg::testing::set_db_clock(h.pool(), &s.name, NOW)
         .await
         .unwrap();
     (h, seam.pins.unwrap())

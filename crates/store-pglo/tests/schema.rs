@@ -3,8 +3,8 @@
 mod common;
 
 use common::{blob, key_of, put, read_all, OpenEngine, TestSchema};
+use store_pg::plumbing::schema_version;
 use store_pglo::{PGLO_COMPONENT, PGLO_STEPS};
-use store_postgres::plumbing::schema_version;
 use store_types::EngineExt as _;
 use store_types::{Engine, PublishOutcome, StagedCandidate, Timestamp};
 
@@ -31,12 +31,12 @@ async fn gc_seam_is_window_only() {
     w.stage(std::slice::from_ref(&c)).await.unwrap();
     // Due by the database's clock (the `now` argument is not used).
     let pool = e.pool();
-    store_postgres::testing::set_db_clock(pool, &s.name, Timestamp(4))
+    store_pg::testing::set_db_clock(pool, &s.name, Timestamp(4))
         .await
         .unwrap();
     assert!(w.take_due(Timestamp(5), None, 10).await.unwrap().is_empty());
     assert_eq!(w.now().await.unwrap(), Some(Timestamp(4)));
-    store_postgres::testing::set_db_clock(pool, &s.name, Timestamp(5))
+    store_pg::testing::set_db_clock(pool, &s.name, Timestamp(5))
         .await
         .unwrap();
     assert_eq!(w.take_due(Timestamp(0), None, 10).await.unwrap(), [c]);

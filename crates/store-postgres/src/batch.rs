@@ -26,10 +26,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sqlx::postgres::PgPool;
 use sqlx::SqlStr;
+use store_pg::plumbing::{db_err, digest_col, has_sqlstate, namespace_col, sql, to_i64};
 use store_types::{Digest, Error, Key, Namespace, PublishOutcome, Result};
 use tokio::sync::{mpsc, oneshot, Mutex};
-
-use crate::plumbing::{db_err, digest_col, has_sqlstate, namespace_col, sql, to_i64};
 
 /// Most puts committed together.
 pub const MAX_BATCH: usize = 500;

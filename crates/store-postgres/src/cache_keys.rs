@@ -30,12 +30,11 @@
 
 use sqlx::postgres::PgPool;
 use sqlx::Row;
+use store_pg::plumbing::{db_err, digest_col, digest_params, named_in, namespace_col, sql};
 use store_types::{
     CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, LivenessTable, Namespace, RefName,
     Result, Timestamp,
 };
-
-use crate::plumbing::{db_err, digest_col, digest_params, named_in, namespace_col, sql};
 
 /// Migration component of the cache-key table.
 pub const CACHE_COMPONENT: &str = "cache";

@@ -7,6 +7,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
+use store_pg::plumbing::{
+    connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces, migrate,
+    now_ms, present_many, scan_entries, size_col, sql, to_i64, validate_schema,
+};
+use store_pg::PgWindow;
 use store_types::{
     BlobReader, Capabilities, Digest, EntryMeta, GcSeam, Instance, InstanceLock, Key, Namespace,
     PublishOutcome, Result, Sharing, Timestamp,
@@ -14,13 +19,8 @@ use store_types::{
 use store_types::{Engine, KvEngine, ReadOptions, SizedRead};
 
 use crate::batch::{GroupCommit, PutStats};
-use crate::plumbing::{
-    connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces, migrate,
-    now_ms, present_many, scan_entries, size_col, sql, to_i64, validate_schema,
-};
 use crate::refs::{PgRefs, REFS_COMPONENT, REFS_STEPS};
-use crate::seam::{PgGcSchema, PgPins, PgSweepLock};
-use crate::window::PgWindow;
+use crate::seam::{host_gc_schema, PgPins, PgSweepLock};
 
 /// Migration component of the kv tables.
 pub const KV_COMPONENT: &str = "kv";
@@ -181,7 +181,7 @@ impl PostgresEngine {
             _ => String::new(),
         };
         GcSeam {
-            schema: Arc::new(PgGcSchema::new(pool.clone(), schema.clone())),
+            schema: Arc::new(host_gc_schema(pool.clone(), schema.clone())),
             window: Some(Arc::new(PgWindow::new(pool.clone(), schema.clone()))),
             pins: Some(Arc::new(PgPins::new(
                 pool.clone(),
@@ -279,7 +279,7 @@ impl Engine for PostgresEngine {
     }
 
     /// A session-level advisory lock on a dedicated connection (see the
-    /// [`instance_lock`](crate::instance_lock) module; lost if that
+    /// [`instance_lock`](store_pg::instance_lock) module; lost if that
     /// session dies).
     async fn lock_instance(&self) -> Result<Option<InstanceLock>> {
         let data = format!(
@@ -287,10 +287,10 @@ impl Engine for PostgresEngine {
             self.inner.schema,
             database_of(&self.inner.instance)
         );
-        crate::instance_lock::lock_instance(
+        store_pg::instance_lock::lock_instance(
             &self.inner.pool,
             &self.inner.schema,
-            crate::instance_lock::KV_INSTANCE,
+            store_pg::instance_lock::KV_INSTANCE,
             &data,
         )
         .await

@@ -16,10 +16,15 @@
 //! transaction and commits; only then are the media deleted, and the fences
 //! cleared (`PinClauses::unfence`) once every delete has finished. Every fleet put,
 //! pin and joint publish takes the key's shared lock and then checks the
-//! fence: a fenced key is waited out ([`wait_unfenced`]), never deduplicated
+//! fence: a fenced key is waited out
+//! ([`wait_unfenced`](store_pg::fence::wait_unfenced)), never deduplicated
 //! onto. A fence whose sweeper never cleared it (crash) is older than the
 //! grace by the database's clock and is finished — media deleted again,
 //! idempotently, then cleared — by the next sweep (`PinClauses::stale_fences`).
+//!
+//! This module is the GC host's side: the tables, writing, clearing and
+//! finishing fences. The put's side (checking and waiting out a fence) is
+//! [`store_pg::fence`], which the `pg-lo` engine's joint publish shares.
 //!
 //! # The liveness-table registry (`gc_liveness`)
 //!
@@ -27,13 +32,12 @@
 //! in the shared engine". Registrations are rows here, so every node's
 //! sweep consults every table registered for a namespace, by any node.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
-use store_types::{BoundLivenessTable, Error, Key, LivenessTable, Namespace, Result};
-
-use crate::plumbing::{db_err, digest_col, sql};
+use store_pg::plumbing::{db_err, digest_col, sql, GC_NOW_STATEMENT};
+use store_types::{BoundLivenessTable, Key, LivenessTable, Namespace, Result};
 
 /// Migration component of the fence and registry tables (on the pin host).
 pub const GC_FENCE_COMPONENT: &str = "gc_fence";
@@ -57,66 +61,6 @@ pub const GC_FENCE_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_de
         registered_at bigint NOT NULL,
         PRIMARY KEY (ns, table_schema, table_name, digest_column, namespace_column, registrant)
     )"];
-
-/// How long a fleet put waits for a fence to clear before it gives up with
-/// a transient error (the sweeper normally clears it within one batch's
-/// media deletes; a crashed sweeper's fence lasts until the next sweep
-/// after the grace).
-pub const FENCE_WAIT: Duration = Duration::from_secs(30);
-
-/// Whether `key` is fenced, on `conn` (a fresh statement: under
-/// `READ COMMITTED` it sees every fence committed before it).
-pub async fn is_fenced(conn: &mut PgConnection, host_schema: &str, key: &Key) -> Result<bool> {
-    let hit: Option<i32> = sqlx::query_scalar(sql(
-        host_schema,
-        "SELECT 1 FROM {schema}.gc_deleting WHERE ns = $1 AND digest = $2",
-    ))
-    .bind(key.namespace.as_str())
-    .bind(&key.digest.as_bytes()[..])
-    .fetch_optional(conn)
-    .await
-    .map_err(db_err)?;
-    Ok(hit.is_some())
-}
-
-/// The error of a put that waited [`FENCE_WAIT`] for a fence.
-pub fn fence_timeout(key: &Key) -> Error {
-    Error::backend(
-        store_types::ErrorKind::TimedOut,
-        "postgres: wait for deletion fence",
-    )
-    .with_key(key)
-    .with_source(format!(
-        "the key is being deleted by a sweep (fence held for more than {}s); retry the put",
-        FENCE_WAIT.as_secs()
-    ))
-}
-
-/// The pause between two looks at a fence: 2 ms doubling to 100 ms.
-pub fn fence_backoff(attempt: u32) -> Duration {
-    Duration::from_millis((2u64 << attempt.min(6)).min(100))
-}
-
-/// Waits, on `conn` (inside the caller's transaction, which already holds
-/// the key's shared lock), until `key` is not fenced; [`fence_timeout`]
-/// after [`FENCE_WAIT`]. Used where the transaction cannot be given up
-/// (pg-lo's joint publish holds the staged large object); other callers
-/// roll back and retry so a waiting put holds no connection.
-///
-/// Cancel-safe: dropping the future leaves the caller's transaction as it
-/// was (the caller's drop rolls it back).
-pub async fn wait_unfenced(conn: &mut PgConnection, host_schema: &str, key: &Key) -> Result<()> {
-    let started = Instant::now();
-    let mut attempt = 0;
-    while is_fenced(conn, host_schema, key).await? {
-        if started.elapsed() >= FENCE_WAIT {
-            return Err(fence_timeout(key));
-        }
-        tokio::time::sleep(fence_backoff(attempt)).await;
-        attempt += 1;
-    }
-    Ok(())
-}
 
 fn key_arrays(keys: &[Key]) -> (Vec<&str>, Vec<&[u8]>) {
     (
@@ -147,15 +91,8 @@ pub(crate) async fn fenced_many(
     .fetch_all(conn)
     .await
     .map_err(db_err)?;
-    Ok(crate::plumbing::ordinal_mask(hits, keys.len()))
+    Ok(store_pg::plumbing::ordinal_mask(hits, keys.len()))
 }
-
-/// The database's clock at this *statement* (not at the transaction's
-/// start): `gc_now()` moved on by the time the transaction has run so far.
-/// For times written late in a long transaction (a fence after the lock
-/// wait, a pin row at the end of a pg-lo upload), so they do not start in
-/// the past.
-pub const GC_NOW_STATEMENT: &str = "{schema}.gc_now_statement()";
 
 /// Writes the fences of `keys` on `conn` (the batch transaction).
 pub(crate) async fn fence(conn: &mut PgConnection, host_schema: &str, keys: &[Key]) -> Result<()> {

@@ -39,7 +39,7 @@
 //! with one `OR` term per bound table whose namespace occurs among the
 //! keys (`$3`, `$4`, … are those namespaces). Pin expiry is judged by the
 //! host's clock `gc_now()` (the database's, see
-//! [`GC_WINDOW_STEPS`](crate::plumbing::GC_WINDOW_STEPS)), never by a
+//! [`GC_WINDOW_STEPS`](store_pg::plumbing::GC_WINDOW_STEPS)), never by a
 //! node's. Identifiers are validated
 //! (`[A-Za-z_][A-Za-z0-9_]{0,62}`) and double-quoted, so they match the
 //! catalog names exactly (case-sensitive).
@@ -50,16 +50,17 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::postgres::{PgConnection, PgPool, Postgres};
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, Transaction};
+use store_pg::fence::{fence_backoff, fence_timeout, is_fenced, FENCE_WAIT};
+use store_pg::plumbing::{
+    db_err, digest_col, digest_params, key_lock, lock_key_shared, now_ms, quote_schema, size_col,
+    sql, to_i64, upsert_pin,
+};
 use store_types::{
     BoundLivenessTable, Digest, Error, FleetBatch, Instance, Key, LivenessTable, Namespace,
     PinIntent, ProtectReason, PublishOutcome, Result, Timestamp,
 };
 
 use crate::fence;
-use crate::plumbing::{
-    db_err, digest_col, digest_params, key_lock, lock_key_shared, now_ms, quote_schema, size_col,
-    sql, to_i64, upsert_pin,
-};
 
 /// How fleet transactions begin: the lock protocol needs each statement's
 /// fresh snapshot, whatever the server's `default_transaction_isolation`.
@@ -116,7 +117,7 @@ pub(crate) fn check_host(host: &Instance, pin: &PinIntent) -> Result<()> {
 /// Begins a fleet put's `READ COMMITTED` transaction holding `key`'s
 /// shared lock, once no deletion fence (`crate::fence`) stands on the key:
 /// a fenced key is waited out with the transaction rolled back (a waiting
-/// put holds no connection), for at most [`fence::FENCE_WAIT`].
+/// put holds no connection), for at most [`FENCE_WAIT`].
 ///
 /// Cancel-safe: a transaction dropped before its commit rolls back.
 async fn begin_unfenced(
@@ -132,14 +133,14 @@ async fn begin_unfenced(
             .await
             .map_err(db_err)?;
         lock_key_shared(&mut tx, schema, key).await?;
-        if !fence::is_fenced(&mut tx, schema, key).await? {
+        if !is_fenced(&mut tx, schema, key).await? {
             return Ok(tx);
         }
         tx.rollback().await.map_err(db_err)?;
-        if started.elapsed() >= fence::FENCE_WAIT {
-            return Err(fence::fence_timeout(key));
+        if started.elapsed() >= FENCE_WAIT {
+            return Err(fence_timeout(key));
         }
-        tokio::time::sleep(fence::fence_backoff(attempt)).await;
+        tokio::time::sleep(fence_backoff(attempt)).await;
         attempt += 1;
     }
 }

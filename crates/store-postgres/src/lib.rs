@@ -2,7 +2,9 @@
 //!
 //! [`PostgresEngine`] stores each entry as one row; it is the fleet host of
 //! ADR-012 §4 (`gc_pins`, `gc_window` and the advisory sweep lock live
-//! here). The [`plumbing`] module is shared with the `pg-lo` engine.
+//! here). What it shares with the `pg-lo` engine (pool, migrations,
+//! identity, the `gc_window` clauses, the instance lock, the fleet key
+//! lock) lives in the store-pg crate ([`store_pg`]).
 //!
 //! # Layout
 //!
@@ -37,11 +39,11 @@
 //! the collector stages by it too. The `now` parameters of the clause traits
 //! are not used. `gc_clock` moves that clock in tests (the `testing`
 //! feature's `set_db_clock` / `advance_db_clock`); see
-//! [`plumbing::GC_WINDOW_STEPS`].
+//! [`store_pg::plumbing::GC_WINDOW_STEPS`].
 //!
 //! # Migrations
 //!
-//! [`plumbing::migrate`] keeps one version per component (`kv`, `refs`,
+//! [`store_pg::plumbing::migrate`] keeps one version per component (`kv`, `refs`,
 //! `cache`, `gc_window`, `gc_pins`, `gc_policy`, `pglo`) in `schema_version` and applies each
 //! missing step in its own transaction under a per-schema advisory lock, so
 //! reconnecting is idempotent, concurrent connects are safe and an older
@@ -59,7 +61,7 @@
 //!   every window/pin clause included), so each is atomic on its own —
 //!   except the fleet clauses, which are explicit transactions under the
 //!   per-key advisory-lock protocol (`PinClauses::put_pinned`, `pin_first`,
-//!   `begin_batch`; see [`plumbing::key_lock`]): a fleet put is one
+//!   `begin_batch`; see [`store_pg::plumbing::key_lock`]): a fleet put is one
 //!   transaction of its own (shared key lock, entry insert, pin upsert),
 //!   not batched through group commit.
 //! - Durability is PostgreSQL's: an acknowledged put is committed, which
@@ -68,7 +70,7 @@
 //! # Fleet mode (ADR-012 §3, §4)
 //!
 //! GC safety across a fleet rests on one advisory lock per key in this
-//! database, id [`plumbing::key_lock`]`(schema, key)`. Fleet puts
+//! database, id [`store_pg::plumbing::key_lock`]`(schema, key)`. Fleet puts
 //! (`PinClauses::put_pinned`, `pin_first`, pg-lo's `publish_pinned`) take
 //! it shared in the transaction that commits their pin row; a sweep's
 //! execute batch (`PinClauses::begin_batch`) takes it exclusive for every
@@ -91,23 +93,18 @@
 mod batch;
 pub mod cache_keys;
 mod engine;
-mod error;
 pub mod fence;
 mod fleet;
-pub mod instance_lock;
-pub mod plumbing;
 pub mod policy;
 pub mod refs;
 pub mod registration;
 mod seam;
-#[cfg(feature = "testing")]
-pub mod testing;
-mod window;
 
 pub use batch::{PutStats, MAX_BATCH, MAX_BATCH_BYTES, WRITERS};
 pub use cache_keys::{PgCacheKeys, CACHE_COMPONENT, CACHE_STEPS, CACHE_TABLE};
 pub use engine::{PostgresEngine, KV_COMPONENT, KV_STEPS};
 pub use refs::{PgRefs, REFS_COMPONENT, REFS_STEPS};
 pub use registration::REGISTRATION;
-pub use seam::{PgGcSchema, PgPins, PgSweepLock, GC_PINS_COMPONENT, GC_PINS_STEPS};
-pub use window::PgWindow;
+pub use seam::{
+    host_gc_schema, PgPins, PgSweepLock, GC_HOST_COMPONENTS, GC_PINS_COMPONENT, GC_PINS_STEPS,
+};

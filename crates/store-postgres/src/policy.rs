@@ -19,9 +19,8 @@
 
 use sqlx::postgres::PgPool;
 use sqlx::Row;
+use store_pg::plumbing::{db_err, namespace_col, sql};
 use store_types::{Error, ErrorKind, FleetPolicy, Namespace, PolicyRow, Result};
-
-use crate::plumbing::{db_err, namespace_col, sql};
 
 /// Migration component of `gc_policies` (on the pin host).
 pub const GC_POLICY_COMPONENT: &str = "gc_policy";

@@ -60,12 +60,11 @@
 use async_trait::async_trait;
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Row, Transaction};
+use store_pg::plumbing::{db_err, digest_col, lock_key_shared, named_in, namespace_col, sql};
 use store_types::{
     ref_conflict, Digest, Error, Key, LivenessTable, Namespace, RefEntry, RefExpect, RefName,
     RefStore, Result,
 };
-
-use crate::plumbing::{db_err, digest_col, lock_key_shared, named_in, namespace_col, sql};
 
 /// Migration component of the reference tables.
 pub const REFS_COMPONENT: &str = "refs";

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use store_pg::url::target;
 use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
 use store_types::{KvEngine, Result, Tier};
 
@@ -16,39 +17,6 @@ pub static REGISTRATION: &dyn EngineFactory = &PostgresFactory;
 
 /// The factory behind [`REGISTRATION`].
 struct PostgresFactory;
-
-/// Splits `schema=` out of a PostgreSQL URL's query string: the URL for
-/// the driver and the schema, if given. pg-lo URLs share it.
-pub fn split_schema(url: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_string(), None);
-    };
-    let mut schema = None;
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|p| {
-            if let Some(v) = p.strip_prefix("schema=") {
-                schema = Some(v.to_string());
-                false
-            } else {
-                !p.is_empty()
-            }
-        })
-        .collect();
-    let url = if rest.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    (url, schema)
-}
-
-/// The driver URL (`postgres://`, without `schema=`) and the schema of a
-/// URL, the default schema from `options`.
-pub fn target(url: &EngineUrl, options: &Options) -> (String, String) {
-    let (driver, schema) = split_schema(&format!("postgres://{}", url.rest()));
-    (driver, schema.unwrap_or_else(|| options.schema.clone()))
-}
 
 #[async_trait]
 impl EngineFactory for PostgresFactory {
@@ -66,10 +34,6 @@ impl EngineFactory for PostgresFactory {
 
     fn usage(&self, _tier: Tier) -> &'static str {
         "postgres://…[?schema=S]"
-    }
-
-    fn networked(&self, _url: &EngineUrl) -> bool {
-        true
     }
 
     fn store_id(&self, url: &EngineUrl, options: &Options) -> String {
@@ -124,12 +88,12 @@ mod hooks {
         }
 
         async fn set_clock(&self, at: Timestamp) -> Result<bool> {
-            crate::testing::set_db_clock(self.0.pool(), self.0.schema(), at).await?;
+            store_pg::testing::set_db_clock(self.0.pool(), self.0.schema(), at).await?;
             Ok(true)
         }
 
         async fn advance_clock(&self, d: Duration) -> Result<bool> {
-            crate::testing::advance_db_clock(self.0.pool(), self.0.schema(), d).await?;
+            store_pg::testing::advance_db_clock(self.0.pool(), self.0.schema(), d).await?;
             Ok(true)
         }
     }

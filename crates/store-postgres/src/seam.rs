@@ -1,6 +1,7 @@
-//! The GC seam clauses of ADR-012 §5's postgres row: schema management,
-//! fleet pin rows (`gc_pins`) and the advisory sweep lock. The window
-//! clauses live in [`crate::window`].
+//! The GC seam clauses of ADR-012 §5's postgres row: schema management
+//! ([`host_gc_schema`]), fleet pin rows (`gc_pins`) and the advisory sweep
+//! lock. The window clauses ([`store_pg::PgWindow`]) and the
+//! [`PgGcSchema`] clause are shared with the `pg-lo` row, in store-pg.
 
 use std::time::Duration;
 
@@ -8,17 +9,15 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Connection;
+use store_pg::plumbing::{db_err, duration_ms, sql, stable_key};
+use store_pg::{Component, PgGcSchema};
 use store_types::{
-    BoundLivenessTable, FleetBatch, FleetPolicy, GcSchema, Instance, Key, LivenessTable, Namespace,
+    BoundLivenessTable, FleetBatch, FleetPolicy, Instance, Key, LivenessTable, Namespace,
     PinClauses, PinIntent, PolicyRow, ProtectReason, PublishOutcome, Result, SweepLockClause,
     SweepLockGuard, Timestamp,
 };
 
 use crate::fleet;
-
-use crate::plumbing::{
-    db_err, duration_ms, gc_tables, migrate, sql, stable_key, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS,
-};
 
 /// Migration component of `gc_pins`.
 pub const GC_PINS_COMPONENT: &str = "gc_pins";
@@ -33,78 +32,36 @@ pub const GC_PINS_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_pin
     );
     CREATE INDEX IF NOT EXISTS gc_pins_expiry ON {schema}.gc_pins (expires_at)"];
 
-/// [`GcSchema`] for a PostgreSQL schema: creates `gc_window`, plus
-/// `gc_pins` for the fleet host (the `postgres` engine).
-#[derive(Clone, Debug)]
-pub struct PgGcSchema {
-    pool: PgPool,
-    schema: String,
-    pins: bool,
-}
+/// The fleet host's GC components beyond `gc_window`, in migration order:
+/// `gc_pins`, the fences and liveness registry (`gc_deleting`,
+/// `gc_liveness`), the policies (`gc_policies`).
+pub const GC_HOST_COMPONENTS: &[Component] = &[
+    (GC_PINS_COMPONENT, GC_PINS_STEPS),
+    (
+        crate::fence::GC_FENCE_COMPONENT,
+        crate::fence::GC_FENCE_STEPS,
+    ),
+    (
+        crate::policy::GC_POLICY_COMPONENT,
+        crate::policy::GC_POLICY_STEPS,
+    ),
+];
 
-impl PgGcSchema {
-    /// The `postgres` row: `gc_pins` + `gc_window`.
-    pub fn new(pool: PgPool, schema: impl Into<String>) -> Self {
-        PgGcSchema {
-            pool,
-            schema: schema.into(),
-            pins: true,
-        }
-    }
-
-    /// The `pg-lo` row: `gc_window` only.
-    pub fn window_only(pool: PgPool, schema: impl Into<String>) -> Self {
-        PgGcSchema {
-            pool,
-            schema: schema.into(),
-            pins: false,
-        }
-    }
-}
-
-#[async_trait]
-impl GcSchema for PgGcSchema {
-    async fn ensure_gc_schema(&self) -> Result<()> {
-        migrate(
-            &self.pool,
-            &self.schema,
-            GC_WINDOW_COMPONENT,
-            GC_WINDOW_STEPS,
-        )
-        .await?;
-        if self.pins {
-            migrate(&self.pool, &self.schema, GC_PINS_COMPONENT, GC_PINS_STEPS).await?;
-            migrate(
-                &self.pool,
-                &self.schema,
-                crate::fence::GC_FENCE_COMPONENT,
-                crate::fence::GC_FENCE_STEPS,
-            )
-            .await?;
-            migrate(
-                &self.pool,
-                &self.schema,
-                crate::policy::GC_POLICY_COMPONENT,
-                crate::policy::GC_POLICY_STEPS,
-            )
-            .await?;
-        }
-        Ok(())
-    }
-
-    async fn gc_tables(&self) -> Result<Vec<String>> {
-        gc_tables(&self.pool, &self.schema).await
-    }
+/// The `postgres` row's [`GcSchema`](store_types::GcSchema): `gc_window`, then
+/// [`GC_HOST_COMPONENTS`] (the `pg-lo` row is
+/// [`PgGcSchema::window_only`]).
+pub fn host_gc_schema(pool: PgPool, schema: impl Into<String>) -> PgGcSchema {
+    PgGcSchema::with_host(pool, schema, GC_HOST_COMPONENTS)
 }
 
 /// [`PinClauses`] over `<schema>.gc_pins`. A row is live while
 /// `expires_at > {schema}.gc_now()`: rows are written and judged by the
-/// database's clock (see [`GC_WINDOW_STEPS`](crate::plumbing::GC_WINDOW_STEPS)),
+/// database's clock (see [`GC_WINDOW_STEPS`](store_pg::plumbing::GC_WINDOW_STEPS)),
 /// so the `now` parameters of the trait (a node's clock) are not used and
 /// TTLs are bound as durations.
 ///
 /// The fleet clauses (`put_pinned`, `pin_first`, `arbitrate`,
-/// `begin_batch`; the lock protocol is described at [`crate::plumbing::key_lock`])
+/// `begin_batch`; the lock protocol is described at [`store_pg::plumbing::key_lock`])
 /// also use the engine's `<schema>.entries` and `<schema>.gc_window`.
 /// `put_pinned` is one transaction of its own per put, not batched through
 /// the engine's group commit.
@@ -194,7 +151,7 @@ impl PinClauses for PgPins {
         .fetch_all(&self.pool)
         .await
         .map_err(db_err)?;
-        Ok(crate::plumbing::ordinal_mask(hits, keys.len()))
+        Ok(store_pg::plumbing::ordinal_mask(hits, keys.len()))
     }
 
     async fn reap_expired(&self, _now: Timestamp) -> Result<u64> {

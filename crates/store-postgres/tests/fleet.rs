@@ -10,8 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{blob, key_of, ns, read_all, OpenEngine, TestSchema};
 use sqlx::AssertSqlSafe;
-use store_postgres::plumbing::key_lock;
-use store_postgres::testing::set_db_clock;
+use store_pg::plumbing::key_lock;
+use store_pg::testing::set_db_clock;
 use store_postgres::PostgresEngine;
 use store_types::EngineExt as _;
 use store_types::{

@@ -196,7 +196,7 @@ async fn descriptor_names_the_cluster_database_and_schema() {
 
 #[tokio::test]
 async fn invalid_schema_names_are_config_errors() {
-    let url = store_postgres::testing::database_url();
+    let url = store_pg::testing::database_url();
     for bad in [
         "",
         "Bad",

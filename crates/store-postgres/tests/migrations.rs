@@ -3,7 +3,7 @@
 mod common;
 
 use common::{blob, key_of, read_all, OpenEngine, TestSchema};
-use store_postgres::plumbing::{migrate, schema_version};
+use store_pg::plumbing::{migrate, schema_version};
 use store_postgres::{KV_COMPONENT, KV_STEPS};
 use store_types::EngineExt as _;
 use store_types::{Engine, Error, KvEngine, PublishOutcome};

@@ -9,7 +9,7 @@ use common::{blob, key_of, ns, TestSchema};
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Row};
-use store_postgres::plumbing::{present_sql, sql};
+use store_pg::plumbing::{present_sql, sql};
 use store_postgres::PostgresEngine;
 use store_types::{Digest, Engine, KvEngine};
 

@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use common::{key_of, ns, OpenEngine, TestSchema};
-use store_postgres::plumbing::schema_version;
-use store_postgres::testing::set_db_clock;
+use store_pg::plumbing::schema_version;
+use store_pg::testing::set_db_clock;
 use store_postgres::{REFS_COMPONENT, REFS_STEPS};
 use store_types::{
     Digest, Engine, Error, KvEngine, ProtectReason, RefExpect, RefName, RefStore, Timestamp,

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{key_of, ns, OpenEngine, TestSchema};
-use store_postgres::testing::{advance_db_clock, db_now, set_db_clock};
+use store_pg::testing::{advance_db_clock, db_now, set_db_clock};
 use store_postgres::PostgresEngine;
 use store_types::{Digest, Engine, Key, StagedCandidate, Timestamp};
 
@@ -255,7 +255,7 @@ async fn gc_clock_is_the_database_clock() {
 /// place: staged rows are kept and judged by the new clock.
 #[tokio::test]
 async fn gc_window_v1_migrates_to_the_gc_clock() {
-    use store_postgres::plumbing::{migrate, schema_version, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS};
+    use store_pg::plumbing::{migrate, schema_version, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS};
     let s = TestSchema::new();
     let e = s.engine().await;
     migrate(

@@ -293,11 +293,6 @@ impl EngineSpec {
         self.factory.private(&self.url)
     }
 
-    /// Whether every operation is a network round trip.
-    pub fn is_networked(&self) -> bool {
-        self.factory.networked(&self.url)
-    }
-
     /// Whether `self` and `other` name the same stored data: the same
     /// engine and [`EngineFactory::store_id`], and not private (two opens
     /// of `mem://` are two stores).

@@ -91,7 +91,7 @@ fn urls_resolve_to_their_engines() {
     assert_eq!(spec.options().params["part_size"], "1MiB");
     assert!(spec.is_private() && !spec.same_store(&spec.clone()));
     let spec = r().resolve("sqlite://x", Tier::Kv, &o).unwrap();
-    assert!(spec.same_store(&spec.clone()) && !spec.is_networked());
+    assert!(spec.same_store(&spec.clone()));
     let unsynced = Options {
         fsync: false,
         ..Options::default()

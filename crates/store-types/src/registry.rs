@@ -404,13 +404,6 @@ pub trait EngineFactory: Send + Sync + 'static {
         url.as_str().to_string()
     }
 
-    /// Whether every operation is a network round trip (PostgreSQL, object
-    /// stores): test suites size their loops by it.
-    fn networked(&self, url: &EngineUrl) -> bool {
-        let _ = url;
-        false
-    }
-
     /// Checks `url` and the options without I/O. The registry has already
     /// checked the scheme, the tier and the param keys.
     fn check(&self, url: &EngineUrl, tier: Tier, options: &Options) -> Result<()>;

@@ -88,10 +88,18 @@ impl Tree {
                 "store-sqlite",
                 &[("store-types", None), ("store-mem", Some("dev"))],
             ),
-            self.krate("store-postgres", &[("store-types", None)]),
+            self.krate("store-pg", &[("store-types", None), ("sqlx", None)]),
+            self.krate(
+                "store-postgres",
+                &[("store-types", None), ("store-pg", None)],
+            ),
             self.krate(
                 "store-pglo",
-                &[("store-types", None), ("store-postgres", None)],
+                &[
+                    ("store-types", None),
+                    ("store-pg", None),
+                    ("store-postgres", Some("dev")),
+                ],
             ),
             self.krate("blobpool", &[("store-core", None), ("store-sqlite", None)]),
         ];
@@ -145,6 +153,47 @@ fn an_engine_depending_on_the_facade_is_caught() {
         [
             "store-example [dependencies] names store-core; it may name only [\"store-types\"]",
             "store-example [build-dependencies] names store-gc; it may name only [\"store-types\"]",
+        ]
+    );
+}
+
+#[test]
+fn only_the_postgresql_engines_share_their_internals() {
+    let t = Tree::new();
+    let types = t.krate("store-types", &[]);
+    let gc = t.krate("store-gc", &[("store-types", None)]);
+    let core = t.krate("store-core", &[("store-types", None)]);
+    let ops = t.krate("store-ops", &[("store-types", None)]);
+    // store-pg is shared internals, not a way for one engine to reach another.
+    let pg = t.krate(
+        "store-pg",
+        &[("store-types", None), ("store-postgres", None)],
+    );
+    let postgres = t.krate(
+        "store-postgres",
+        &[("store-types", None), ("store-pg", None)],
+    );
+    // pg-lo's tests may use a postgres engine as their GC host; its code may not.
+    let pglo = t.krate(
+        "store-pglo",
+        &[
+            ("store-pg", None),
+            ("store-postgres", None),
+            ("store-postgres", Some("dev")),
+        ],
+    );
+    let example = t.krate(
+        "store-example",
+        &[("store-types", None), ("store-pg", None)],
+    );
+    let crates = vec![types, gc, core, ops, pg, postgres, pglo, example];
+    let bad = t.violations(&t.metadata(crates));
+    assert_eq!(
+        bad,
+        [
+            "store-pg [dependencies] names store-postgres; it may name only [\"store-types\"]",
+            "store-pglo [dependencies] names store-postgres; it may name only [\"store-types\", \"store-pg\"]",
+            "store-example [dependencies] names store-pg; it may name only [\"store-types\"]",
         ]
     );
 }

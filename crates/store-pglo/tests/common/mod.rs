@@ -6,8 +6,8 @@ use bytes::Bytes;
 use store_pglo::PgLoEngine;
 use store_types::{LargeEngine, PublishOutcome};
 
-use store_postgres::testing::unreachable_msg;
-pub use store_postgres::testing::{blob, key_of, ns, read_all, TestSchema};
+use store_pg::testing::unreachable_msg;
+pub use store_pg::testing::{blob, key_of, ns, read_all, TestSchema};
 
 /// Opens this crate's engine on a test schema.
 pub trait OpenEngine {

@@ -4,8 +4,8 @@
 
 use store_postgres::PostgresEngine;
 
-use store_postgres::testing::unreachable_msg;
-pub use store_postgres::testing::{blob, key_of, ns, read_all, TestSchema};
+use store_pg::testing::unreachable_msg;
+pub use store_pg::testing::{blob, key_of, ns, read_all, TestSchema};
 
 /// Opens this crate's engine on a test schema.
 pub trait OpenEngine {

@@ -105,6 +105,13 @@ pub const GC_WINDOW_STEPS: &[&str] = &[
         'Blobpool GC clock at the current statement (gc_now() is at the transaction start).'",
 ];
 
+/// The database's clock at this *statement* (not at the transaction's
+/// start): `gc_now()` moved on by the time the transaction has run so far.
+/// For times written late in a long transaction (a fence after the lock
+/// wait, a pin row at the end of a pg-lo upload), so they do not start in
+/// the past.
+pub const GC_NOW_STATEMENT: &str = "{schema}.gc_now_statement()";
+
 /// Turns the 1-based `WITH ORDINALITY` indexes a batched `EXISTS` query
 /// returned into an index-aligned mask over `len` keys.
 pub fn ordinal_mask(hits: Vec<i64>, len: usize) -> Vec<bool> {
@@ -237,7 +244,7 @@ pub async fn upsert_pin(
           VALUES ($1, $2, $3, {now} + $4)
           ON CONFLICT (ns, digest, owner)
           DO UPDATE SET expires_at = GREATEST(p.expires_at, EXCLUDED.expires_at)"
-            .replace("{now}", crate::fence::GC_NOW_STATEMENT),
+            .replace("{now}", GC_NOW_STATEMENT),
     ))
     .bind(key.namespace.as_str())
     .bind(&key.digest.as_bytes()[..])
