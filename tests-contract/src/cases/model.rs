@@ -66,7 +66,14 @@ pub fn gc_model(spec: Spec) {
     let cases = if spec.uses_postgres() { 8 } else { 24 };
     let mut runner = TestRunner::new(Config {
         cases,
-        failure_persistence: None,
+        // Failures are saved beside the crate and replayed first on every
+        // run; the file is committed (it starts with no case).
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/proptest-regressions/gc_model.txt"
+            )),
+        )),
         ..Config::default()
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,9 +1,10 @@
 //! Named references at the engine level (issue 13, ADR-024): the
 //! [`RefStore`] a composite's kv engine answers `KvEngine::refs` with.
 //!
-//! Every case runs against any kv engine that holds references and is
-//! skipped — with a note on stderr, never a silent pass — where
-//! `KvEngine::refs` is `None`. The cases name no engine.
+//! Every case runs against any kv engine that holds references
+//! (`refs_suite!` is invoked only for those) and fails where
+//! `KvEngine::refs` is `None`: a case that cannot run never passes. The
+//! cases name no engine.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -13,21 +14,18 @@ use tokio::sync::Barrier;
 
 use crate::harness::{ns, Harness, Spec};
 
-/// The composite's references, or `None` (after a note on stderr) when its
-/// kv engine holds none. The harness is returned to keep the storage alive.
-async fn open(spec: Spec, case: &str) -> Option<(Harness, Arc<dyn RefStore>)> {
+/// The composite's references; fails the case when its kv engine holds
+/// none. The harness is returned to keep the storage alive.
+async fn open(spec: Spec, case: &str) -> (Harness, Arc<dyn RefStore>) {
     let h = Harness::open(spec).await;
-    match h.kv_refs() {
-        Some(refs) => Some((h, refs)),
-        None => {
-            eprintln!(
-                "SKIPPED refs::{case} on {}: its kv engine holds no references \
-                 (KvEngine::refs is None)",
-                spec.name
-            );
-            None
-        }
-    }
+    let refs = h.kv_refs().unwrap_or_else(|| {
+        panic!(
+            "refs::{case} on {}: its kv engine holds no references (KvEngine::refs \
+             is None); invoke refs_suite! only for composites whose kv engine does",
+            spec.name
+        )
+    });
+    (h, refs)
 }
 
 fn name(s: &str) -> RefName {
@@ -69,9 +67,7 @@ async fn names(refs: &dyn RefStore, ns: &Namespace, prefix: &str) -> Vec<String>
 
 /// set / get / delete round trip; namespaces are independent.
 pub async fn refs_set_get_delete(spec: Spec) {
-    let Some((_h, refs)) = open(spec, "refs_set_get_delete").await else {
-        return;
-    };
+    let (_h, refs) = open(spec, "refs_set_get_delete").await;
     let (n, x, y) = (name("builds/2026-12-01/app.tar"), d(1), d(2));
     assert_eq!(refs.get(&ns(), &n).await.unwrap(), None);
     assert_eq!(
@@ -123,9 +119,7 @@ pub async fn refs_set_get_delete(spec: Spec) {
 /// Compare-and-swap on `set`: a failed precondition reports the current
 /// digest and changes nothing.
 pub async fn refs_compare_and_swap(spec: Spec) {
-    let Some((_h, refs)) = open(spec, "refs_compare_and_swap").await else {
-        return;
-    };
+    let (_h, refs) = open(spec, "refs_compare_and_swap").await;
     let (n, old, new, wrong) = (name("tip"), d(1), d(2), d(3));
     refs.set(&ns(), &n, old, RefExpect::Absent).await.unwrap();
 
@@ -180,9 +174,7 @@ pub async fn refs_compare_and_swap(spec: Spec) {
 
 /// Compare-and-swap on `delete`.
 pub async fn refs_delete_with_expectation(spec: Spec) {
-    let Some((_h, refs)) = open(spec, "refs_delete_with_expectation").await else {
-        return;
-    };
+    let (_h, refs) = open(spec, "refs_delete_with_expectation").await;
     let (n, x, wrong) = (name("release"), d(10), d(11));
     refs.set(&ns(), &n, x, RefExpect::Any).await.unwrap();
     assert_conflict(
@@ -206,9 +198,7 @@ pub async fn refs_delete_with_expectation(spec: Spec) {
 /// Listing: name (byte) order, pages with `after` + `limit`, prefixes
 /// taken literally (`_`, `.`, `/` are no wildcards).
 pub async fn refs_list_pagination_and_prefixes(spec: Spec) {
-    let Some((_h, refs)) = open(spec, "refs_list_pagination_and_prefixes").await else {
-        return;
-    };
+    let (_h, refs) = open(spec, "refs_list_pagination_and_prefixes").await;
     let all = [
         "a",
         "a.b",
@@ -337,9 +327,7 @@ pub async fn refs_list_pagination_and_prefixes(spec: Spec) {
 /// `referenced` over more than 500 digests (engines may batch), index
 /// aligned, per namespace, with duplicates in the question.
 pub async fn refs_referenced_many(spec: Spec) {
-    let Some((_h, refs)) = open(spec, "refs_referenced_many").await else {
-        return;
-    };
+    let (_h, refs) = open(spec, "refs_referenced_many").await;
     const N: u64 = 1234;
     let ask: Vec<Digest> = (0..N).map(d).collect();
     // Referenced positions straddle every chunk boundary an engine might
@@ -389,9 +377,7 @@ pub async fn refs_referenced_many(spec: Spec) {
 /// facade marks after a committed, privileged set, ADR-045);
 /// `mark_uses_refs` marks the namespace for good.
 pub async fn refs_namespaces_stay_marked(spec: Spec) {
-    let Some((_h, refs)) = open(spec, "refs_namespaces_stay_marked").await else {
-        return;
-    };
+    let (_h, refs) = open(spec, "refs_namespaces_stay_marked").await;
     assert!(refs.ref_namespaces().await.unwrap().is_empty());
     assert!(!refs.uses_refs(&ns()).await.unwrap());
     let n = name("only");
@@ -418,9 +404,7 @@ pub async fn refs_namespaces_stay_marked(spec: Spec) {
 
 /// Names are opaque bytes: no case folding, byte order.
 pub async fn refs_names_are_opaque(spec: Spec) {
-    let Some((_h, refs)) = open(spec, "refs_names_are_opaque").await else {
-        return;
-    };
+    let (_h, refs) = open(spec, "refs_names_are_opaque").await;
     let (upper, lower) = (name("A"), name("a"));
     refs.set(&ns(), &upper, d(1), RefExpect::Absent)
         .await
@@ -455,9 +439,7 @@ type Outcome = Result<Digest, Option<Digest>>;
 /// round (exactly one wins, the others see the winner's digest), then
 /// CAS-increment a counter with retries (no update is lost).
 pub async fn refs_concurrent_compare_and_swap(spec: Spec) {
-    let Some((_h, refs)) = open(spec, "refs_concurrent_compare_and_swap").await else {
-        return;
-    };
+    let (_h, refs) = open(spec, "refs_concurrent_compare_and_swap").await;
     const TASKS: u64 = 16;
     const ROUNDS: u64 = 6;
     const INCREMENTS: u64 = 4;

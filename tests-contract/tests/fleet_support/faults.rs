@@ -340,7 +340,14 @@ fn op() -> impl Strategy<Value = Op> {
 pub fn run_fleet_model() {
     let mut runner = TestRunner::new(Config {
         cases: 6,
-        failure_persistence: None,
+        // Failures are saved beside the crate and replayed first on every
+        // run; the file is committed (it starts with no case).
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/proptest-regressions/fleet_model.txt"
+            )),
+        )),
         ..Config::default()
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
