@@ -1,4 +1,4 @@
-//! Probe of the mem engine's 64 MiB put (issue 16, ADR-039/042): a fresh
+//! Probe of the mem engine's 64 MiB put (issue 16, TUNING.md §puts-hashed-while-read, §owned-bodies): a fresh
 //! 64 MiB body put into a `MemOnly` store — from a reader with its declared
 //! length (`Store::put`), and as an owned buffer (`Store::put_bytes`) —
 //! then deleted, against single-thread `blake3::hash` of the same bytes, in

@@ -1,4 +1,4 @@
-//! Probe of the SQLite NORMAL put path (ADR-038): the store's put, the
+//! Probe of the SQLite NORMAL put path (TUNING.md §sqlite-normal-puts): the store's put, the
 //! engine's put alone, 16 concurrent store putters, and the raw rusqlite
 //! `INSERT` (one transaction each), measured in interleaved rounds of one
 //! process so their ratios mean something on a noisy machine.
@@ -9,7 +9,7 @@
 //! ratio to the raw insert. Per round it also prints the CPU time per put of
 //! the process and of the engine's writer thread, and the writer's sleeps
 //! (voluntary context switches) per put, from `/proc` (Linux): unlike
-//! rates, these hardly move with other load on the machine (ADR-038). Also
+//! rates, these hardly move with other load on the machine (TUNING.md §sqlite-normal-puts). Also
 //! handy under `perf record -g` (pass `store`, `engine`, `16` or `raw` as a
 //! fourth argument to run that one only).
 

@@ -159,7 +159,7 @@ pub async fn local_store(dir: &Path, fsync: bool) -> BenchResult<Store> {
 }
 
 /// [`local_store`] with the local engine's open-file cache off
-/// (`open_files = 0`, ADR-036): every small read opens its file in one
+/// (`open_files = 0`, TUNING.md §local-small-reads): every small read opens its file in one
 /// blocking call — the path the cached rows are shown beside.
 pub async fn local_store_uncached(dir: &Path, fsync: bool) -> BenchResult<Store> {
     let options = store_registry::Options {
@@ -256,7 +256,7 @@ async fn sqlite_local_store(
 }
 
 /// [`composite_store`] with the SQLite engine's hot-entry cache turned off
-/// (`cache_bytes: 0`, ADR-037): every small get reads the file on a reader
+/// (`cache_bytes: 0`, TUNING.md §sqlite-hot-cache): every small get reads the file on a reader
 /// connection — the cold path the "hot" rows are shown beside.
 pub async fn composite_store_uncached(dir: &Path) -> BenchResult<Store> {
     let kv = SqliteOptions {

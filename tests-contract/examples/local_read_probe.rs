@@ -1,4 +1,4 @@
-//! Probe for ADR-036 (not a test): verified 4 KiB `read_range` of a 64 MiB
+//! Probe for TUNING.md §local-small-reads (not a test): verified 4 KiB `read_range` of a 64 MiB
 //! local entry and verified 1 KiB gets, with the open-file cache on (inline
 //! reads) and off (one blocking call), against open+pread / a whole-file
 //! read, in alternating rounds of one run.

@@ -1,4 +1,4 @@
-//! Probe for ADR-043 (not a test): what a verified 4 KiB `read_range`
+//! Probe for TUNING.md §small-outboards (not a test): what a verified 4 KiB `read_range`
 //! costs when the store has no validated outboard cached (cache budget 0,
 //! so every read misses), for a local entry of exactly 1 MiB — which keeps
 //! no outboard and has it computed from one verified whole read — against

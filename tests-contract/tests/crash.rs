@@ -98,7 +98,7 @@ fn scratch() -> tempfile::TempDir {
 }
 
 /// Seeded content: small (kv) or large (local); one large blob in four is
-/// over 1 MiB, so that its put publishes an outboard (ADR-043) and the
+/// over 1 MiB, so that its put publishes an outboard (TUNING.md §small-outboards) and the
 /// crash models cover the outboard's stage, rename and sync too.
 fn blob(rng: &mut StdRng, large: bool) -> Vec<u8> {
     let kept = OUTBOARD_KEPT_ABOVE as usize;

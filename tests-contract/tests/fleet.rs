@@ -589,7 +589,7 @@ async fn outboards_are_shared_by_the_fleet() {
             env.node("a", &ns_named(NS)).await,
             env.node("b", &ns_named(NS)).await,
         );
-        // Over 1 MiB, so that an outboard is kept (ADR-043).
+        // Over 1 MiB, so that an outboard is kept (TUNING.md §small-outboards).
         let data = content(300, 70 * 16_384 + 5);
         let key = a.put(&ns_named(NS), &data[..]).await.unwrap().key().clone();
         let want = store_types::outboard::compute(&data).1;

@@ -76,7 +76,7 @@ async fn files_changed_behind_the_engine_fail_verification_through_the_facade() 
             "{what}: {err:?}"
         );
         // A range read, with no outboard cached or kept (at most 1 MiB,
-        // ADR-043), computes one from the damaged file: refused too.
+        // TUNING.md §small-outboards), computes one from the damaged file: refused too.
         let err = match store.read_range(&key, 0..10).await {
             Ok(blob) => blob.bytes().await.unwrap_err(),
             Err(e) => e,

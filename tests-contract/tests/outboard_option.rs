@@ -21,7 +21,7 @@ async fn store(large: MemEngine, at_put: bool) -> Store {
 
 #[tokio::test]
 async fn outboards_at_put_on_and_off() {
-    // Over 1 MiB: smaller entries keep no outboard either way (ADR-043).
+    // Over 1 MiB: smaller entries keep no outboard either way (TUNING.md §small-outboards).
     let data: Vec<u8> = (0..1_200_000u32).map(|i| (i % 253) as u8).collect();
     let (_, want) = compute(&data);
     let ns = Namespace::new("o").unwrap();

@@ -1,4 +1,4 @@
-//! The SQLite engine's hot-entry cache seen through the store (ADR-037):
+//! The SQLite engine's hot-entry cache seen through the store (TUNING.md §sqlite-hot-cache):
 //! `verify` and `quarantine` judge the stored bytes, not the cached copy;
 //! a store's delete and sweep leave nothing cached behind.
 

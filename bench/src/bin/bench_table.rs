@@ -305,7 +305,7 @@ async fn mem_section(ctx: &mut Ctx) -> BenchResult<()> {
         let mut fig = get_op(store.clone(), key, size);
         mem_blake3_row(ctx, &format!("get {sz}"), size, &mut fig).await;
     }
-    // A body the caller already owns (`put_bytes`, ADR-042): no copy into
+    // A body the caller already owns (`put_bytes`, TUNING.md §owned-bodies): no copy into
     // fresh memory, hashed on every core.
     let mut fig = owned_put_op(store.clone(), RANGE_BLOB);
     let label = "put 64 MiB (owned `Bytes`, `put_bytes`)";
@@ -421,7 +421,7 @@ async fn local_section(ctx: &mut Ctx) -> BenchResult<()> {
             let path = fs.put(&unique_body(RANGE_BLOB), false).map_err(err)?;
             let fig = range_op(store.clone(), key.clone());
             range_vs_pread_row(ctx, engine, "read_range 4 KiB of 64 MiB", fig, &path).await;
-            // The same reads with the open-file cache off (ADR-036): one
+            // The same reads with the open-file cache off (TUNING.md §local-small-reads): one
             // blocking call each (open, fstat, pread) instead of none.
             let cold = fixtures::local_store_uncached(&dir.join("cold"), fsync).await?;
             let cold_key = put_one(&cold, RANGE_BLOB).await?;
@@ -581,7 +581,7 @@ async fn sqlite_section(ctx: &mut Ctx) -> BenchResult<()> {
                     peers: None,
                 };
                 // One key re-read: entries up to 256 KiB are then served
-                // by the hot-entry cache (ADR-037).
+                // by the hot-entry cache (TUNING.md §sqlite-hot-cache).
                 let label = if size <= 256 * KIB {
                     format!("get {sz} (verified, hot)")
                 } else {
@@ -722,7 +722,7 @@ async fn composite_section(ctx: &mut Ctx) -> BenchResult<()> {
         };
         // Every get row re-reads one key (so do the peers' and the raw
         // reference's): a kv-tier entry is then served by SQLite's
-        // hot-entry cache (ADR-037), hence "hot"; the cold row follows.
+        // hot-entry cache (TUNING.md §sqlite-hot-cache), hence "hot"; the cold row follows.
         let label = if kv {
             format!("get {sz} (verified, hot)")
         } else {

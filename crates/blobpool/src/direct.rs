@@ -134,7 +134,7 @@ impl Direct {
         let copied = async {
             let mut n: u64 = 0;
             // The engine's own read-ahead chunks where it has them, with no
-            // copy (ADR-044); verified as they pass, the call after the last
+            // copy (TUNING.md §response-chunks); verified as they pass, the call after the last
             // one failing on a bad digest (the file sink is then discarded).
             while let Some(chunk) = blob
                 .next_chunk()

@@ -154,7 +154,7 @@ fn direct_mode_put_get_round_trips_byte_exactly() {
     assert_eq!(v["aborted"], "no_liveness_sources");
 }
 
-/// A direct-mode get streams the engine's chunks (ADR-044) and still
+/// A direct-mode get streams the engine's chunks (TUNING.md §response-chunks) and still
 /// fails with `verification` on a corrupt entry: a file output is never
 /// created, and nothing is committed.
 #[test]
@@ -427,7 +427,7 @@ async fn server_mode_get_is_a_verified_stream() {
     .unwrap();
 
     // An entry without a kept outboard (stored before outboards; over
-    // 1 MiB, so that it had one to forget, ADR-043), corrupt before the
+    // 1 MiB, so that it had one to forget, TUNING.md §small-outboards), corrupt before the
     // server ever computed one: refused before the stream starts (its
     // outboard needs a verified whole read), nothing on stdout.
     let other = bytes_of(70 * G, 62);
@@ -1482,7 +1482,7 @@ async fn a_large_put_falls_back_to_a_plain_put_without_upload_sessions() {
 #[tokio::test(flavor = "multi_thread")]
 async fn get_range_is_verified_directly_and_over_a_server() {
     const G: u64 = 16 * 1024;
-    // Over 1 MiB, so that the entry keeps its outboard (ADR-043) and a
+    // Over 1 MiB, so that the entry keeps its outboard (TUNING.md §small-outboards) and a
     // range away from the flip is served by a fresh server.
     let data = bytes_of(70 * G + 99, 64);
     // Directly, on the default store in the working directory.

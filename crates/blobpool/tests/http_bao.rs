@@ -287,7 +287,7 @@ async fn a_corrupt_entry_never_decodes_to_wrong_bytes() {
     );
 
     // An entry without a kept outboard (stored before outboards; over
-    // 1 MiB, so that it had one to forget, ADR-043), corrupt before one
+    // 1 MiB, so that it had one to forget, TUNING.md §small-outboards), corrupt before one
     // was ever computed: the whole read that computes it fails, so any
     // stream is refused up front.
     let other = bytes_of(70 * G, 7);

@@ -427,7 +427,7 @@ async fn a_corrupt_small_body_is_answered_422_before_any_byte() {
             .send()
     };
     // A range read before the damage caches the entry's outboard: at
-    // 100 KiB it keeps none (ADR-043), and one computed after the flip
+    // 100 KiB it keeps none (TUNING.md §small-outboards), and one computed after the flip
     // would fail every range.
     let resp = ranged("bytes=0-9".into()).await.unwrap();
     assert_eq!(resp.status(), 206);

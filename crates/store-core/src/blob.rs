@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 /// Buffers at least this large are hashed on several cores (rayon's pool
 /// through the outboard builder). Below it the pool's hand-off costs what
 /// it saves: measured on 2 cores, 1 MiB hashes at 4.4–5.3 GiB/s on the pool
-/// against 5.0–5.8 single-threaded, 4 MiB at 7.5–7.8 (ADR-035).
+/// against 5.0–5.8 single-threaded, 4 MiB at 7.5–7.8 (TUNING.md §multi-core-hashing).
 pub(crate) const PARALLEL_HASH_MIN: u64 = 4 << 20;
 
 /// The BLAKE3 digest of `bytes`, on several cores when they are large
@@ -299,7 +299,7 @@ impl Blob {
     /// reads) they are handed on without a copy; an entry the engine holds
     /// in memory comes as one chunk, verified first, when the engine hashed
     /// it or it is shorter than 4 MiB; any other read is copied out of the
-    /// reader in chunks of up to [`CHUNK_SIZE`] bytes (ADR-044).
+    /// reader in chunks of up to [`CHUNK_SIZE`] bytes (TUNING.md §response-chunks).
     ///
     /// Verified like the [`AsyncRead`] view: the bytes are hashed (or
     /// counted against the engine's digest) as they pass, and the call

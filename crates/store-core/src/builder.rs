@@ -155,7 +155,7 @@ impl StoreBuilder {
 
     /// Whether a large put builds the entry's BLAKE3 outboard while it
     /// streams and publishes it with the entry (ADR-032; entries over
-    /// [`crate::OUTBOARD_KEPT_ABOVE`] only, ADR-043). Default `true`.
+    /// [`crate::OUTBOARD_KEPT_ABOVE`] only, TUNING.md §small-outboards). Default `true`.
     /// `false` hashes with a plain BLAKE3 hasher and publishes no outboard:
     /// such entries get theirs lazily, on their first range read (one
     /// verified whole read). For stores whose large entries are only ever

@@ -48,9 +48,9 @@ impl PutReceipt {
 /// measured 6.6–6.9 GiB/s against 5.0–5.8 single-threaded, but raised the
 /// 1 GiB put + get peak RSS from 1.25 to 9.96 MiB above baseline (batches
 /// queued behind the engine's writer), past the memory target of
-/// threshold + 4 MiB; so puts stay at one chunk per batch (ADR-035), and
+/// threshold + 4 MiB; so puts stay at one chunk per batch (TUNING.md §multi-core-hashing), and
 /// use the second core by hashing each batch on the pool while the next is
-/// read (ADR-039).
+/// read (TUNING.md §puts-hashed-while-read).
 const HASH_BATCH: usize = CHUNK_SIZE;
 
 /// The most a put with a declared length allocates for its kv buffer before
@@ -58,7 +58,7 @@ const HASH_BATCH: usize = CHUNK_SIZE;
 const PREALLOCATE_MAX: usize = 64 << 20;
 
 /// Bytes of a kv-path put hashed as one task on rayon's pool while the next
-/// ones are read (ADR-039).
+/// ones are read (TUNING.md §puts-hashed-while-read).
 const KV_REGION: usize = 1 << 20;
 
 /// Declared lengths from which a kv-path put hashes while it reads
@@ -67,7 +67,7 @@ const OVERLAP_MIN: u64 = 2 * KV_REGION as u64;
 
 /// Large-tier batches hashed on the pool but not yet pushed into the
 /// outboard builder: bounds the chunks a put keeps alive for hashing
-/// beyond what the stage holds (ADR-039).
+/// beyond what the stage holds (TUNING.md §puts-hashed-while-read).
 const MAX_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Reads from `body` into `buf` until EOF or until `buf` holds `cap` bytes.
@@ -95,7 +95,7 @@ async fn fill<R: AsyncRead + Unpin + ?Sized>(
 /// Reads a body of declared length `len` into one buffer (allocated once,
 /// huge-page backed when large: [`store_types::buffer::entry_buffer`]),
 /// hashing each full [`KV_REGION`] on rayon's pool while the next one is
-/// read (ADR-039). The regions travel to the pool and back as handles of
+/// read (TUNING.md §puts-hashed-while-read). The regions travel to the pool and back as handles of
 /// the one allocation and are joined again without a copy. Fails with
 /// [`Error::LengthMismatch`] when the body is shorter or longer than `len`.
 async fn fill_hashing<R: AsyncRead + Unpin + ?Sized>(
@@ -181,7 +181,7 @@ impl Store {
     /// declared length, the expected digest; see [`PutOptions`]).
     ///
     /// Memory stays bounded by the threshold plus one chunk (and up to
-    /// four 256 KiB batches being hashed on rayon's pool, ADR-039) whatever
+    /// four 256 KiB batches being hashed on rayon's pool, TUNING.md §puts-hashed-while-read) whatever
     /// the body's size. The receipt's [`Pin`] protects the entry from GC until
     /// dropped; a put that finds the entry already stored pins it and
     /// reports `deduplicated: true`.
@@ -388,7 +388,7 @@ impl Store {
                 }
                 // The outboard is published with the entry (ADR-032) —
                 // unless the entry is at most 1 MiB: a range read computes
-                // that from one whole read when it needs it (ADR-043), and
+                // that from one whole read when it needs it (TUNING.md §small-outboards), and
                 // the engine saves an outboard file, object or row per put.
                 if let Some(outboard) =
                     outboard.filter(|_| size > crate::verified::OUTBOARD_KEPT_ABOVE)
@@ -486,7 +486,7 @@ impl PutHasher {
 /// With an outboard builder the body is cut into [`HASH_BATCH`]es at
 /// batch-aligned offsets of the entry; each full batch goes to the stage
 /// and, as a handle of the same buffer, to rayon's pool to be hashed while
-/// the next one is read (at most [`MAX_BATCHES_IN_FLIGHT`] unpushed, ADR-039).
+/// the next one is read (at most [`MAX_BATCHES_IN_FLIGHT`] unpushed, TUNING.md §puts-hashed-while-read).
 async fn stream_into<R>(
     stage: &mut Stage,
     body: &mut R,

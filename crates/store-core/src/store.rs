@@ -168,7 +168,7 @@ impl Store {
     /// against the digest and cached: the engine's for entries over 1 MiB
     /// (computed from one verified whole read for an entry that has none,
     /// and handed to the engine to keep); computed from one whole read, and
-    /// only cached, up to 1 MiB (ADR-043). A corrupt group the range touches
+    /// only cached, up to 1 MiB (TUNING.md §small-outboards). A corrupt group the range touches
     /// fails the read with [`Error::Verification`] (inside the `io::Error`
     /// of the read that reached it) before any of its bytes are yielded;
     /// corruption outside the covering groups is not read and does not fail
@@ -179,7 +179,7 @@ impl Store {
     /// future leaves nothing behind.
     pub async fn read_range(&self, key: &Key, range: Range<u64>) -> Result<Blob> {
         // One engine call answers the size and opens the read of what
-        // verification needs (ADR-036): the whole entry up to 64 KiB, else
+        // verification needs (TUNING.md §local-small-reads): the whole entry up to 64 KiB, else
         // the chunk groups covering the range.
         let request =
             store_types::RangeRequest::new(range.clone(), crate::verified::WHOLE_VERIFY_MAX);
@@ -214,7 +214,7 @@ impl Store {
     /// bao-tree's post-order encoding, 16 KiB chunk groups), or `None` when
     /// absent. Loaded from the engine and checked against the digest, or
     /// computed from a verified whole read (kv entries, large entries of at
-    /// most 1 MiB — ADR-043 — and entries stored before outboards) — what
+    /// most 1 MiB — TUNING.md §small-outboards — and entries stored before outboards) — what
     /// a bao stream for clients is encoded with.
     ///
     /// Cancel-safe: it only reads (see [`Store::read_range`]).

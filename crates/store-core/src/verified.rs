@@ -15,7 +15,7 @@
 //!   ([`Engine::store_outboard`]; over [`OUTBOARD_KEPT_ABOVE`] only) and
 //!   cached.
 //! - Entries of at most [`OUTBOARD_KEPT_ABOVE`] bytes keep no outboard
-//!   (ADR-043): theirs is computed from one verified whole read when it is
+//!   (TUNING.md §small-outboards): theirs is computed from one verified whole read when it is
 //!   not cached, and only cached.
 
 use std::io;
@@ -37,7 +37,7 @@ pub const WHOLE_VERIFY_MAX: u64 = 64 * 1024;
 
 /// Large-tier entries larger than this keep their outboard with them: a put
 /// publishes it with the entry, and a range read loads it. Up to this size
-/// none is kept (ADR-043): a range read that finds no validated outboard in
+/// none is kept (TUNING.md §small-outboards): a range read that finds no validated outboard in
 /// the cache computes it from one read of the whole entry (at most 1 MiB;
 /// one hash, whose root must be the digest) and caches it. This saves
 /// each such put a second file, object or row — on the local engine a
@@ -115,7 +115,7 @@ impl OutboardCache {
 /// The validated outboard of `key` (an entry of `size` bytes on `engine`):
 /// cached, else the engine's (checked), else computed from a verified whole
 /// read — and handed to the engine to keep for entries over
-/// [`OUTBOARD_KEPT_ABOVE`] (ADR-043); only cached up to it.
+/// [`OUTBOARD_KEPT_ABOVE`] (TUNING.md §small-outboards); only cached up to it.
 pub(crate) async fn group_hashes(
     cache: &OutboardCache,
     engine: &dyn Engine,
@@ -129,7 +129,7 @@ pub(crate) async fn group_hashes(
         }
     }
     // Kv entries, and large entries of at most 1 MiB, keep no outboard
-    // (ADR-032, ADR-043): theirs is computed each time it is not cached,
+    // (ADR-032, TUNING.md §small-outboards): theirs is computed each time it is not cached,
     // from a read that is cheap at their size.
     let keeps = tier == store_types::Tier::Large && size > OUTBOARD_KEPT_ABOVE;
     let kept = match keeps {
@@ -184,7 +184,7 @@ async fn compute_from_entry(engine: &dyn Engine, key: &Key, size: u64) -> Result
 }
 
 /// [`compute_from_entry`] for an entry of at most [`OUTBOARD_KEPT_ABOVE`]
-/// bytes (ADR-043): its raw bytes in one engine read (a range read over all
+/// bytes (TUNING.md §small-outboards): its raw bytes in one engine read (a range read over all
 /// of it, which engines do not hash), then one hash — on rayon's pool, off
 /// the runtime's workers — that builds the outboard; the outboard's root
 /// equal to the key's digest is the verification. A whole verified read

@@ -102,7 +102,7 @@ pub(crate) async fn buffered_body(blob: Blob, ops: &Ops) -> Result<Body, OpsErro
 
 /// A blob response body, streamed (larger ones than [`BUFFERED_MAX`]): the
 /// blob's chunks as [`Blob::next_chunk`] gives them — the engine's own
-/// read-ahead buffers where it has them, with no copy (ADR-044).
+/// read-ahead buffers where it has them, with no copy (TUNING.md §response-chunks).
 ///
 /// It holds each chunk back until the next read succeeds, so a failure at
 /// EOF — a verified read whose bytes do not hash to the digest — withholds

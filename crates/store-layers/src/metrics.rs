@@ -413,7 +413,7 @@ struct CountBytes {
 }
 
 /// Counts the bytes a reader yields. A body already in memory, or owned
-/// chunks (TUNING.md §zero-copy-reads), is counted whole up front and
+/// chunks (TUNING.md §multi-core-hashing, §response-chunks), is counted whole up front and
 /// passed through unwrapped, so observing it never costs the engines'
 /// zero-copy read paths (a byte count is all this layer needs).
 fn count_bytes(r: BlobReader, stats: &Arc<EngineStats>) -> BlobReader {

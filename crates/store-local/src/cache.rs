@@ -1,4 +1,4 @@
-//! The open-file cache (ADR-036): descriptors of recently read entry
+//! The open-file cache (TUNING.md §local-small-reads): descriptors of recently read entry
 //! files, so a repeated small read needs no `open(2)` — which may block on
 //! a cold directory or inode — and can be served in the calling task when
 //! its bytes are in the page cache (`reader.rs`, `RWF_NOWAIT`).
@@ -21,7 +21,7 @@
 //! file it opened, so every such removal invalidates the key **after** the
 //! name is gone and **before** the call returns, in every cache of the
 //! same root in this process (a per-root registry, as for SQLite's hot
-//! cache, ADR-037). Invalidation and insertion serialise on the cache's
+//! cache, TUNING.md §sqlite-hot-cache). Invalidation and insertion serialise on the cache's
 //! lock:
 //!
 //! - an invalidation bumps the epoch and removes the keys;

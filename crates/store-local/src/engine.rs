@@ -146,7 +146,7 @@ impl Engine for LocalEngine {
 
     /// Removes the files in one blocking task, then (with `fsync` on)
     /// fsyncs each affected fan-out directory once, then drops the keys'
-    /// cached descriptors in every engine on this root (ADR-036) — also
+    /// cached descriptors in every engine on this root (TUNING.md §local-small-reads) — also
     /// when it fails part-way, and even when the future is dropped (the
     /// blocking task runs to its end). A key found absent
     /// counts as affected too: another process may have unlinked it and

@@ -74,7 +74,7 @@
 //!    (invisible: every read looks for the entry first; `maintain` removes
 //!    it after [`ORPHAN_OUTBOARD_GRACE`]), or the entry with its outboard —
 //!    never the entry without it (entries of at most 1 MiB are handed no
-//!    outboard and keep none, ADR-043). A publish that deduplicates onto an
+//!    outboard and keep none, TUNING.md §small-outboards). A publish that deduplicates onto an
 //!    entry without an outboard (stored before outboards) gives it this one;
 //! 4. with `fsync` on, the fan-out directory is fsynced, and — once per
 //!    process for each directory not yet known durable — its parents too.
@@ -140,7 +140,7 @@
 //! small bounded channel, so the facade's verification overlaps with disk
 //! reads. Reads of at most one chunk are read in one go and returned from
 //! memory, and their descriptor is kept in the **open-file cache**
-//! (ADR-036, [`LocalOptions::open_files`]): the next small read of the
+//! (TUNING.md §local-small-reads, [`LocalOptions::open_files`]): the next small read of the
 //! entry runs in the calling task — `fstat` of the descriptor, then
 //! `preadv2(…, RWF_NOWAIT)`, which copies the bytes only if all are in the
 //! page cache and otherwise fails at once, sending the read to the
@@ -253,7 +253,7 @@ pub struct LocalOptions {
     /// `false` is the like-for-like setting for comparisons with
     /// non-fsyncing peers and is **not crash-safe**.
     pub fsync: bool,
-    /// How many entry files the open-file cache keeps open (ADR-036):
+    /// How many entry files the open-file cache keeps open (TUNING.md §local-small-reads):
     /// small reads of a cached entry need no `open(2)` and, when their
     /// bytes are in the page cache, no hand-off to the blocking pool.
     /// Default [`DEFAULT_OPEN_FILES`]; `0` turns the cache off. Ignored
@@ -301,7 +301,7 @@ pub(crate) struct Inner {
     /// The file-system calls a crash model watches (plain `std::fs` calls
     /// without one).
     seam: Seam,
-    /// The open-file cache (ADR-036; empty when off).
+    /// The open-file cache (TUNING.md §local-small-reads; empty when off).
     open_files: Arc<cache::OpenFiles>,
     /// Whether small reads of cached entries may run inline.
     inline: reader::Inline,

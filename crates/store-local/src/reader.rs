@@ -1,6 +1,6 @@
 //! Reads: none, one or a few hand-offs.
 //!
-//! - **Inline** (ADR-036): a read of at most one chunk of an entry whose
+//! - **Inline** (TUNING.md §local-small-reads): a read of at most one chunk of an entry whose
 //!   descriptor is in the open-file cache (`cache.rs`) is done in the
 //!   calling task — `fstat` of the open descriptor, then
 //!   `preadv2(…, RWF_NOWAIT)`, which copies the bytes only if every one
@@ -15,7 +15,7 @@
 //!   `pread` (the descriptor then goes into the cache).
 //! - Otherwise an async read-ahead task sending owned chunks
 //!   ([`BlobReader::from_chunks`]: read as bytes, or taken as they are by a
-//!   consumer that forwards them, ADR-044).
+//!   consumer that forwards them, TUNING.md §response-chunks).
 //!   The task waits for the consumer in async code and reads in short
 //!   blocking calls (`spawn_blocking`) that each fill only the room
 //!   already free in the channel to the reader and then return, so a
@@ -474,7 +474,7 @@ async fn read_ahead(mut state: ReadAhead, mut tx: mpsc::Sender<io::Result<Bytes>
 ///
 /// Chunks are `Vec`s sent as `Bytes` that hand their buffer back through
 /// `recycled` once the consumer drops them — copied out by the byte view,
-/// or written to a socket by a consumer that took them whole (ADR-044);
+/// or written to a socket by a consumer that took them whole (TUNING.md §response-chunks);
 /// they are read into again, so a read allocates (and initialises) only
 /// the few buffers in flight at once, and fresh ones are read into
 /// without zero-filling them first ([`fill_chunk`]).

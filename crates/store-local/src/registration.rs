@@ -12,7 +12,7 @@ use crate::{LocalEngine, LocalOptions};
 /// `file://PATH` (relative to the working directory; `file:///abs` for
 /// an absolute one). Takes [`Options::shared_media`] and
 /// [`Options::fsync`]; setting `open_files = N` (the open-file cache,
-/// ADR-036; `0` turns it off).
+/// TUNING.md §local-small-reads; `0` turns it off).
 pub static REGISTRATION: &dyn EngineFactory = &LocalFactory;
 
 /// The factory behind [`REGISTRATION`].

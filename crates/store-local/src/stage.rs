@@ -348,7 +348,7 @@ fn replace_unusable(
     })?;
     stage.gone = true;
     // A descriptor a read cached of the unusable file must not outlive its
-    // name (ADR-036).
+    // name (TUNING.md §local-small-reads).
     inner.open_files.invalidate(std::slice::from_ref(key));
     if inner.options.fsync {
         make_durable(inner, fan_dir)?;

@@ -21,7 +21,7 @@ impl LocalEngine {
         Ok(n)
     }
 
-    /// Descriptors the open-file cache holds now (ADR-036).
+    /// Descriptors the open-file cache holds now (TUNING.md §local-small-reads).
     pub fn open_file_count(&self) -> usize {
         self.inner.open_files.len()
     }

@@ -40,7 +40,7 @@ impl MemStage {
             0 => Bytes::new(),
             1 => self.chunks.pop().expect("one chunk"),
             _ => {
-                // Huge-page backed when large (ADR-039): the join writes
+                // Huge-page backed when large (TUNING.md §puts-hashed-while-read): the join writes
                 // the whole entry into fresh memory.
                 let mut buf = store_types::buffer::entry_buffer(self.len);
                 for c in &self.chunks {

@@ -59,7 +59,7 @@
 //!
 //! Every publish first writes the entry's outboard object (when the facade
 //! handed one over, [`store_types::StagedWrite::set_outboard`]: entries
-//! over 1 MiB, ADR-043), and only once that write has succeeded makes the
+//! over 1 MiB, TUNING.md §small-outboards), and only once that write has succeeded makes the
 //! entry's name appear: a visible entry given one always has it, and a crash in between leaves an
 //! outboard without its entry, which is invisible (reads look for the
 //! entry first) and is overwritten by the next put of that content. Not

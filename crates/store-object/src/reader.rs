@@ -1,6 +1,6 @@
 //! Reads: one (ranged) GET, drained by a read-ahead task into owned chunks
 //! ([`BlobReader::from_chunks`]: read as bytes, or taken as they are by a
-//! consumer that forwards them, ADR-044). For a whole-object read the task
+//! consumer that forwards them, TUNING.md §response-chunks). For a whole-object read the task
 //! also hashes each chunk before handing it over, overlapping the BLAKE3
 //! work of a verified get with the consumer's
 //! ([`BlobReader::yielded_digest`]).

@@ -32,7 +32,7 @@ pub const PGLO_COMPONENT: &str = "pglo";
 /// - v3: the `outboard` column: the entry's BLAKE3 outboard (ADR-032),
 ///   inserted with the row in the publishing transaction, so an entry
 ///   given one is never visible without it; `NULL` for entries of at most
-///   1 MiB (the facade hands none over, ADR-043) and for entries stored
+///   1 MiB (the facade hands none over, TUNING.md §small-outboards) and for entries stored
 ///   before outboards until their first range read gives them one.
 pub const PGLO_STEPS: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS {schema}.lo_entries (

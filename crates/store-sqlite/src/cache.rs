@@ -1,4 +1,4 @@
-//! The hot-entry cache (ADR-037): recently read entries' bytes, so a
+//! The hot-entry cache (TUNING.md §sqlite-hot-cache): recently read entries' bytes, so a
 //! repeated `read`, `meta` or `has_many` of a hot key is answered in the
 //! calling task, without a hand-off to the blocking pool.
 //!

@@ -1,4 +1,4 @@
-//! The hot-entry cache (ADR-037): hits without the reader pool, exact
+//! The hot-entry cache (TUNING.md §sqlite-hot-cache): hits without the reader pool, exact
 //! invalidation by deletes (also from another engine on the same file, and
 //! racing reads), `read_stored` past the cache, the size limits.
 

@@ -244,7 +244,7 @@ impl Engine for SqliteEngine {
         let digests = digests.to_vec();
         let cost = digests.len() * 64;
         // After the commit (or failure), before the answer: no cache of
-        // this file answers for a deleted key once this returns (ADR-037).
+        // this file answers for a deleted key once this returns (TUNING.md §sqlite-hot-cache).
         let cache = self.inner.cache.clone();
         let gone: Vec<Key> = digests.iter().map(|d| Key::new(ns.clone(), *d)).collect();
         let invalidate: crate::writer::AfterCommit = Box::new(move || cache.invalidate(&gone));

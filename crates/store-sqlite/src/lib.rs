@@ -167,7 +167,7 @@ pub struct SqliteOptions {
     /// SQLite's default VFS. The crash model's tests set it to
     /// `store_sqlite::crash::CrashModel::vfs_name` (feature `crash-model`).
     pub vfs: Option<String>,
-    /// Capacity in bytes of the hot-entry cache (ADR-037): entries read
+    /// Capacity in bytes of the hot-entry cache (TUNING.md §sqlite-hot-cache): entries read
     /// recently (each at most 256 KiB and 1/16 of the capacity) are
     /// answered by `read`, `meta` and `has_many` without a hand-off to the
     /// blocking pool. 0 turns it off. Default [`DEFAULT_CACHE_BYTES`].

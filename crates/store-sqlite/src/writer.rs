@@ -202,7 +202,7 @@ impl Writer {
     /// the job's transaction has committed or failed (whatever the outcome,
     /// and whether or not anyone still awaits the answer), before the
     /// answer is sent. It must not block. The hot-entry cache's
-    /// invalidation of deleted keys runs here (ADR-037).
+    /// invalidation of deleted keys runs here (TUNING.md §sqlite-hot-cache).
     pub(crate) fn submit_then<T, F>(
         &self,
         cost: usize,

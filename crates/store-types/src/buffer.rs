@@ -1,10 +1,10 @@
-//! Buffers for whole entries held in memory (ADR-039).
+//! Buffers for whole entries held in memory (TUNING.md §puts-hashed-while-read).
 //!
 //! An entry the facade or an in-memory engine keeps whole (a kv-path put,
 //! the mem engine's published stage) needs fresh memory the size of the
 //! entry. On Linux every 4 KiB page of it costs a page fault on first
 //! touch — on a VM several times more than on bare metal (a third of a
-//! 64 MiB put's time, ADR-035). [`entry_buffer`] allocates large buffers
+//! 64 MiB put's time, TUNING.md §multi-core-hashing). [`entry_buffer`] allocates large buffers
 //! 2 MiB-aligned and advises the kernel to back them with transparent huge
 //! pages (`madvise(MADV_HUGEPAGE)`; honoured when
 //! `/sys/kernel/mm/transparent_hugepage/enabled` is `always` or

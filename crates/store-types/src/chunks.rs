@@ -1,4 +1,4 @@
-//! A streamed read whose bytes arrive as owned chunks (ADR-044): readable
+//! A streamed read whose bytes arrive as owned chunks (TUNING.md §response-chunks): readable
 //! as bytes through [`BlobReader::reader`](crate::BlobReader::reader) (one
 //! copy into the caller's buffer), or taken chunk by chunk through
 //! [`BlobReader::chunks`](crate::BlobReader::chunks) (no copy) by a

@@ -232,7 +232,7 @@ pub trait Engine: Send + Sync + 'static {
     /// The entry's BLAKE3 outboard ([`crate::outboard`], ADR-032): exactly
     /// the bytes published with it, or `None` when the entry is absent or
     /// has none (kv engines keep none; the facade hands none over for large
-    /// entries of at most 1 MiB, ADR-043; an entry stored before outboards
+    /// entries of at most 1 MiB, TUNING.md §small-outboards; an entry stored before outboards
     /// has none until [`Engine::store_outboard`] gives it one).
     ///
     /// The facade validates what this returns against the key's digest

@@ -23,7 +23,7 @@ use crate::{Chunks, Digest};
 ///   if any, is there up front.
 /// - [`BlobReader::Chunks`]: owned chunks from a read-ahead task; an HTTP
 ///   response body forwards them without copying (TUNING.md
-///   §response-bodies-take-the-engines-chunks).
+///   §response-chunks).
 /// - [`BlobReader::Stream`]: any other `AsyncRead`. A reader that wraps
 ///   another one to observe or change its bytes (a layer's hook) is always
 ///   a `Stream` ([`BlobReader::wrap`]), so no view can bypass it.
@@ -313,7 +313,7 @@ pub struct ReadOptions {
     /// ([`RangeRequest::span`]) — the whole entry when it is small enough.
     pub range: Option<RangeRequest>,
     /// Read the storage itself, never an in-memory copy the engine may
-    /// keep (the SQLite hot-entry cache, TUNING.md §sqlite-hot-entry-cache):
+    /// keep (the SQLite hot-entry cache, TUNING.md §sqlite-hot-cache):
     /// what `verify` and `quarantine` read, so they judge the stored bytes.
     pub from_storage: bool,
 }

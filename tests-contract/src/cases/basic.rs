@@ -537,7 +537,7 @@ pub async fn corruption_detected(spec: Spec) {
             matches!(err, Error::Verification { expected, .. } if expected == key.digest),
             "len {len}, streamed: {err:?}"
         );
-        // Taken chunk by chunk (ADR-044: the engine's own buffers where it
+        // Taken chunk by chunk (TUNING.md §response-chunks: the engine's own buffers where it
         // reads ahead), the call that would end the read fails instead.
         let blob = h.store.get(&key).await.unwrap().expect("still present");
         let err = read_chunks(blob, 0).await.unwrap_err();

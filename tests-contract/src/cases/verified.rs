@@ -81,7 +81,7 @@ async fn tier_engine(h: &Harness, key: &Key) -> Arc<dyn Engine> {
 /// read the right bytes, ranges whose covering groups include group 7 fail
 /// with Verification. A fresh store, which has no cached outboard, fails
 /// every range when the engine keeps none — always for a 20-group entry
-/// (at most 1 MiB: none is kept, ADR-043), and for a 70-group one (over
+/// (at most 1 MiB: none is kept, TUNING.md §small-outboards), and for a 70-group one (over
 /// 1 MiB, which keeps its outboard) on an engine that keeps none (the outboard is then computed from a
 /// verified whole read, which the flip fails).
 pub async fn range_corruption_is_caught_only_in_covering_groups(spec: Spec) {
@@ -159,7 +159,7 @@ async fn range_corruption_in(spec: Spec, groups: u64) {
         .read_outboard(&key)
         .await
         .unwrap();
-    // Entries of at most 1 MiB keep none, on every engine (ADR-043); larger
+    // Entries of at most 1 MiB keep none, on every engine (TUNING.md §small-outboards); larger
     // large-tier ones keep theirs where the engine keeps outboards.
     let kind = tier_engine(&h, &key).await.capabilities().kind;
     if n <= OUTBOARD_KEPT_ABOVE {
@@ -199,7 +199,7 @@ pub async fn outboards_match_bao_tree(spec: Spec) {
         (44, g + 1),
         (45, 3 * g + 1),
         (46, (1 << 20) + 4321),
-        // The last size that keeps no outboard (ADR-043), and the first
+        // The last size that keeps no outboard (TUNING.md §small-outboards), and the first
         // that keeps one.
         (47, 1 << 20),
         (48, (1 << 20) + 1),
@@ -230,7 +230,7 @@ async fn check_outboards(h: &Harness, keys: &[(Key, Vec<u8>)], when: &str) {
         let stat = h.store.stat(key).await.unwrap().expect("present");
         let engine = tier_engine(h, key).await;
         let kept = engine.read_outboard(key).await.unwrap();
-        // Entries of at most 1 MiB keep none (ADR-032, ADR-043).
+        // Entries of at most 1 MiB keep none (ADR-032, TUNING.md §small-outboards).
         let needs = stat.size > OUTBOARD_KEPT_ABOVE;
         if stat.tier == Tier::Large
             && needs
