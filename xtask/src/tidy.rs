@@ -6,7 +6,8 @@
 //! target-specific and inherited dependencies count as cargo sees them):
 //!
 //! - `store-types` depends on no workspace crate;
-//! - `store-gc`, `store-layers` and every engine crate (see [`ENGINES`])
+//! - `store-gc`, `store-layers` and every engine crate (the crates
+//!   `store-registry` registers, see [`engines`])
 //!   depend on `store-types` only; the two PostgreSQL engines,
 //!   `store-postgres` and `store-pglo`, may also use `store-pg`, their
 //!   shared internals (not an engine), which depends on `store-types` only;
@@ -51,54 +52,72 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// The engine crates, present or still to come.
-pub const ENGINES: [&str; 7] = [
-    "store-mem",
-    "store-sqlite",
-    "store-local",
-    "store-postgres",
-    "store-pglo",
-    "store-object",
-    "store-example",
+/// Workspace crates that are never engines, whatever depends on them.
+const NOT_ENGINES: [&str; 10] = [
+    "store-types",
+    "store-gc",
+    "store-core",
+    "store-ops",
+    "store-http",
+    "store-layers",
+    "store-pg",
+    "store-registry",
+    "tests-contract",
+    "blobpool",
 ];
+
+/// The engine crates: the workspace crates `store-registry` registers (its
+/// dependencies, every table), so a new engine is one registry line and
+/// tidy knows it. Crates of [`NOT_ENGINES`] never count (a registry
+/// depending on one is a violation of its own rule).
+pub fn engines(crates: &[Crate]) -> Vec<String> {
+    let names: BTreeSet<&str> = crates.iter().map(|c| c.name.as_str()).collect();
+    let Some(registry) = crates.iter().find(|c| c.name == "store-registry") else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = registry
+        .deps
+        .iter()
+        .map(|(d, _)| d.clone())
+        .filter(|d| names.contains(d.as_str()) && !NOT_ENGINES.contains(&d.as_str()))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
 
 /// What a workspace crate may depend on.
 struct Rule {
     /// The workspace crates its normal and build dependencies may name.
-    allowed: Vec<&'static str>,
+    allowed: Vec<String>,
     /// Whether it must name no engine anywhere: no dependency table
     /// (dev-dependencies included), no source file.
     names_no_engine: bool,
 }
 
-fn rule(krate: &str) -> Option<Rule> {
-    let only = |allowed: &[&'static str]| Rule {
-        allowed: allowed.to_vec(),
-        names_no_engine: false,
+fn rule(krate: &str, engines: &[String]) -> Option<Rule> {
+    let rule = |allowed: &[&str], names_no_engine| Rule {
+        allowed: allowed.iter().map(|a| a.to_string()).collect(),
+        names_no_engine,
     };
+    let only = |allowed: &[&str]| rule(allowed, false);
     Some(match krate {
         "store-types" => only(&[]),
         "store-gc" | "store-layers" => only(&["store-types"]),
         "store-pg" => only(&["store-types"]),
-        "store-postgres" | "store-pglo" => only(&["store-types", "store-pg"]),
-        e if ENGINES.contains(&e) => only(&["store-types"]),
         "store-registry" => {
-            let mut allowed = vec!["store-types"];
-            allowed.extend(ENGINES);
-            only(&allowed)
+            let mut allowed = only(&["store-types"]);
+            allowed.allowed.extend(engines.iter().cloned());
+            allowed
         }
-        "store-core" => Rule {
-            allowed: vec!["store-types", "store-gc"],
-            names_no_engine: true,
-        },
-        "store-ops" => Rule {
-            allowed: vec!["store-types", "store-gc", "store-core"],
-            names_no_engine: true,
-        },
-        "store-http" => Rule {
-            allowed: vec!["store-types", "store-gc", "store-core", "store-ops"],
-            names_no_engine: true,
-        },
+        "store-core" => rule(&["store-types", "store-gc"], true),
+        "store-ops" => rule(&["store-types", "store-gc", "store-core"], true),
+        "store-http" => rule(
+            &["store-types", "store-gc", "store-core", "store-ops"],
+            true,
+        ),
+        "store-postgres" | "store-pglo" => only(&["store-types", "store-pg"]),
+        e if engines.iter().any(|n| n == e) => only(&["store-types"]),
         _ => return None,
     })
 }
@@ -232,23 +251,23 @@ fn dependency_violations(root: &Path, crates: &[Crate]) -> Result<Vec<String>, S
             ));
         }
     }
+    let engines = engines(crates);
     for c in crates {
-        let Some(rule) = rule(&c.name) else {
+        let Some(rule) = rule(&c.name, &engines) else {
             continue;
         };
         for (dep, kind) in &c.deps {
             if !names.contains(dep.as_str()) {
                 continue;
             }
-            if *kind != Kind::Dev && !rule.allowed.contains(&dep.as_str()) {
+            if *kind != Kind::Dev && !rule.allowed.contains(dep) {
                 bad.push(format!(
                     "{} {} names {dep}; it may name only {:?}",
                     c.name,
                     kind.table(),
                     rule.allowed
                 ));
-            } else if *kind == Kind::Dev && rule.names_no_engine && ENGINES.contains(&dep.as_str())
-            {
+            } else if *kind == Kind::Dev && rule.names_no_engine && engines.contains(dep) {
                 bad.push(format!(
                     "{} {} names the engine {dep}: its engine-backed tests belong in \
                      tests-contract or crates/blobpool",
@@ -259,7 +278,7 @@ fn dependency_violations(root: &Path, crates: &[Crate]) -> Result<Vec<String>, S
         }
         if rule.names_no_engine {
             for (f, src) in sources(c.dir())? {
-                for engine in ENGINES {
+                for engine in &engines {
                     let ident = engine.replace('-', "_");
                     let pats = [
                         format!("{ident}::"),
@@ -500,7 +519,8 @@ fn room_for(name: &str) -> Option<&'static str> {
 /// Engine crates whose `src/` strays from the room names.
 fn room_violations(root: &Path, crates: &[Crate]) -> Result<Vec<String>, String> {
     let mut bad = Vec::new();
-    for c in crates.iter().filter(|c| ENGINES.contains(&c.name.as_str())) {
+    let engines = engines(crates);
+    for c in crates.iter().filter(|c| engines.contains(&c.name)) {
         let src = c.dir().join("src");
         let read = std::fs::read_dir(&src).map_err(|e| format!("{}: {e}", src.display()))?;
         let mut entries = Vec::new();

@@ -5,6 +5,18 @@ use serde_json::json;
 
 use super::*;
 
+/// The engine crates the test trees register (the real list is what
+/// store-registry depends on).
+const TEST_ENGINES: [&str; 7] = [
+    "store-mem",
+    "store-sqlite",
+    "store-local",
+    "store-postgres",
+    "store-pglo",
+    "store-object",
+    "store-example",
+];
+
 /// A throwaway workspace root.
 struct Tree(PathBuf);
 
@@ -46,7 +58,7 @@ impl Tree {
             &format!("[package]\nname = \"{name}\"\n[lints]\nworkspace = true\n"),
         );
         self.write(&format!("crates/{name}/src/lib.rs"), "//! A crate.\n");
-        if ENGINES.contains(&name) {
+        if TEST_ENGINES.contains(&name) {
             for room in ["engine.rs", "registration.rs"] {
                 self.write(&format!("crates/{name}/src/{room}"), "//! A room.\n");
             }
@@ -69,8 +81,11 @@ impl Tree {
         json!({ "packages": packages, "workspace_members": ids }).to_string()
     }
 
-    /// The seed workspace's crates, plus `extra`.
+    /// The seed workspace's crates, plus `extra`, plus (unless `extra` has
+    /// one) a `store-registry` registering every engine of [`TEST_ENGINES`]
+    /// (those the tree lacks do not count).
     fn standard(&self, extra: Vec<Value>) -> String {
+        let has_registry = extra.iter().any(|p| p["name"] == "store-registry");
         let mut p = vec![
             self.krate("store-types", &[("serde", None)]),
             self.krate("store-gc", &[("store-types", None)]),
@@ -104,7 +119,19 @@ impl Tree {
             self.krate("blobpool", &[("store-core", None), ("store-sqlite", None)]),
         ];
         p.extend(extra);
+        if !has_registry {
+            p.push(self.registry(&[]));
+        }
         self.metadata(p)
+    }
+
+    /// A `store-registry` depending on store-types, every engine of
+    /// [`TEST_ENGINES`] and `more`.
+    fn registry(&self, more: &[(&str, Option<&str>)]) -> Value {
+        let mut deps = vec![("store-types", None)];
+        deps.extend(TEST_ENGINES.iter().map(|e| (*e, None)));
+        deps.extend(more.iter().copied());
+        self.krate("store-registry", &deps)
     }
 
     fn violations(&self, metadata: &str) -> Vec<String> {
@@ -186,7 +213,17 @@ fn only_the_postgresql_engines_share_their_internals() {
         "store-example",
         &[("store-types", None), ("store-pg", None)],
     );
-    let crates = vec![types, gc, core, ops, pg, postgres, pglo, example];
+    let crates = vec![
+        types,
+        gc,
+        core,
+        ops,
+        pg,
+        postgres,
+        pglo,
+        example,
+        t.registry(&[]),
+    ];
     let bad = t.violations(&t.metadata(crates));
     assert_eq!(
         bad,
@@ -239,6 +276,7 @@ fn a_facade_naming_an_engine_is_caught() {
         t.krate("store-local", &[("store-types", None)]),
     ];
     p.push(t.krate("store-object", &[("store-types", None)]));
+    p.push(t.registry(&[]));
     t.write(
         "crates/store-core/src/put.rs",
         "use std::sync::Arc;\nuse store_local::LocalEngine;\n",
@@ -253,6 +291,35 @@ fn a_facade_naming_an_engine_is_caught() {
     assert!(bad[1].contains("crates/store-core/src/put.rs names the engine crate store-local"));
     assert!(bad[2].contains("store-ops [dependencies] names store-sqlite"));
     assert!(bad[3].contains("crates/store-ops/tests/it.rs names the engine crate store-object"));
+}
+
+/// The engine list is what the registry registers: a crate it does not
+/// register is not held to the engine rules, and one it registers is.
+#[test]
+fn the_engines_are_what_the_registry_registers() {
+    let t = Tree::new();
+    let registry = t.krate(
+        "store-registry",
+        &[
+            ("store-types", None),
+            ("store-mem", None),
+            ("store-new", Some("dev")),
+        ],
+    );
+    let fresh = t.krate("store-new", &[("store-types", None), ("store-core", None)]);
+    let bad = t.violations(&t.standard(vec![registry, fresh]));
+    assert_eq!(
+        bad,
+        [
+            "store-new [dependencies] names store-core; it may name only [\"store-types\"]",
+            "crates/store-new/src has no engine.rs (every engine crate has lib.rs, engine.rs, registration.rs; docs/ENGINES.md)",
+            "crates/store-new/src has no registration.rs (every engine crate has lib.rs, engine.rs, registration.rs; docs/ENGINES.md)",
+        ]
+    );
+    let m = t.standard(vec![]);
+    let crates = crates_from_metadata(&m).unwrap();
+    assert!(engines(&crates).contains(&"store-sqlite".to_string()));
+    assert!(!engines(&crates).contains(&"store-types".to_string()));
 }
 
 #[test]
