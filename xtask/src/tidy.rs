@@ -45,6 +45,12 @@
 //!   `stage.rs`, `error.rs`, …) or one of the crate's own extras
 //!   ([`room_extras`]), and every folder is `testing/` or `tests/`; so a
 //!   `readers.rs` or an `errors.rs` fails, naming the room it should be.
+//!
+//! From the documents (README.md, docs/, docs/adr/, deploy/; `docs.rs`):
+//!
+//! - every repository path they name in backticks exists;
+//! - docs/ENGINES.md's rooms table lists exactly the rooms above, and
+//!   names every engine's extras.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -577,6 +583,8 @@ pub fn violations(root: &Path, metadata: &str) -> Result<Vec<String>, String> {
     bad.extend(lint_violations(root, &crates)?);
     bad.extend(adr_violations(root, &crates)?);
     bad.extend(room_violations(root, &crates)?);
+    bad.extend(docs::rooms_violations(root, &engines(&crates)));
+    bad.extend(docs::path_violations(root));
     Ok(bad)
 }
 
@@ -619,5 +627,6 @@ pub fn check() -> Result<(), String> {
     }
 }
 
+mod docs;
 #[cfg(test)]
 mod tests;

@@ -436,3 +436,42 @@ fn the_workspace_keeps_its_dependency_rules() {
         Vec::<String>::new()
     );
 }
+
+/// The documents name only paths that exist, and docs/ENGINES.md's rooms
+/// table is the one tidy enforces.
+#[test]
+fn documents_name_existing_paths_and_the_enforced_rooms() {
+    let t = Tree::new();
+    let m = t.standard(vec![]);
+    let table: String = ROOMS
+        .iter()
+        .filter(|r| **r != "crash.rs")
+        .map(|r| format!("| `{r}` | … | … |\n"))
+        .collect();
+    let extras = "Extras: `batch.rs` `fence.rs` `fleet.rs` `policy.rs` `sql.rs` `cache.rs` \
+                  `cache_tests.rs` `fsio.rs` `url.rs` `retry.rs`.\n";
+    t.write(
+        "docs/ENGINES.md",
+        &format!("{table}| `helpers.rs` | … | … |\n\n{extras}"),
+    );
+    t.write(
+        "README.md",
+        "See `crates/store-mem/src/lib.rs`, `crates/store-mem/src/gone.rs:12`, \
+         `crates/store-NAME` and `crates/*/src`.\n",
+    );
+    assert_eq!(
+        t.violations(&m),
+        [
+            "docs/ENGINES.md: the rooms table lacks `crash.rs`, a room tidy allows",
+            "docs/ENGINES.md: the rooms table has `helpers.rs`, which tidy does not allow",
+            "README.md:1: names `crates/store-mem/src/gone.rs`, which does not exist",
+        ]
+    );
+    let table: String = ROOMS
+        .iter()
+        .map(|r| format!("| `{r}` | … | … |\n"))
+        .collect();
+    t.write("docs/ENGINES.md", &format!("{table}\n{extras}"));
+    t.write("README.md", "See `crates/store-mem/src/lib.rs`.\n");
+    assert_eq!(t.violations(&m), Vec::<String>::new());
+}
