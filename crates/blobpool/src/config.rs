@@ -531,6 +531,28 @@ impl Layers<'_> {
     }
 }
 
+/// The storage tiers as the configuration resolves them.
+struct Tiers {
+    /// The root of the embedded default (`data_dir`).
+    root: PathBuf,
+    kv: EngineSpec,
+    large: Option<EngineSpec>,
+    /// `kv` as set, with its origin (`None`: the embedded default).
+    kv_url: Option<(String, Origin)>,
+    /// `large` as set, with its origin.
+    large_url: Option<(String, Origin)>,
+    shared_media: bool,
+    fsync: bool,
+}
+
+/// Pin and token lifetimes and caps.
+struct TokenSettings {
+    pin_ttl: Duration,
+    token_ttl: Option<Duration>,
+    max_tokens: usize,
+    max_tokens_per_identity: usize,
+}
+
 /// The server's log format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LogFormat {
@@ -811,6 +833,100 @@ impl Config {
     fn resolve(fc: FileConfig, l: &Layers) -> Result<Config, String> {
         let f = l.flags;
         let text = |s: Scalar| s.text();
+        let tiers = Self::resolve_tiers(&fc, l)?;
+        let Tiers {
+            root,
+            kv,
+            large,
+            kv_url,
+            shared_media,
+            fsync,
+            ..
+        } = &tiers;
+        let mode = Self::resolve_mode(&fc, l, &tiers)?;
+        let fleet = l
+            .get("fleet", f.fleet.as_ref(), &fc.fleet, Scalar::boolean)?
+            .is_some_and(|(b, _)| b);
+        let node_name = Self::resolve_node_name(&fc, l, root)?;
+        let tokens = Self::resolve_tokens(&fc, l, fleet)?;
+        let log_format = l
+            .get("log_format", None, &fc.log_format, |s| {
+                s.text()?.parse::<LogFormat>()
+            })?
+            .map_or(LogFormat::Text, |(f, _)| f);
+        let default_max_blob = if mode == Mode::MemOnly {
+            DEFAULT_MEM_ONLY_MAX_BLOB_SIZE
+        } else {
+            store_ops::DEFAULT_MAX_BLOB_SIZE
+        };
+        let (gc, unreferenced_namespaces) = Self::resolve_gc(&fc, l, fleet)?;
+        let flag = |key: &str, file: &Option<Spanned<Scalar>>, default: bool| {
+            l.get(key, None, file, Scalar::boolean)
+                .map(|v| v.map_or(default, |(b, _)| b))
+        };
+        Ok(Config {
+            kv: kv.clone(),
+            large: large.clone(),
+            mode,
+            fleet,
+            window: l
+                .get("window", f.window.as_ref(), &fc.window, Scalar::duration)?
+                .map_or(Duration::from_secs(3600), |(d, _)| d),
+            pin_ttl: tokens.pin_ttl,
+            node_name,
+            shared_media: *shared_media,
+            fsync: *fsync,
+            listen: l
+                .get("listen", None, &fc.listen, text)?
+                .map_or_else(|| DEFAULT_LISTEN.to_string(), |(s, _)| s),
+            max_blob_size: l
+                .get(
+                    "max_blob_size",
+                    f.max_blob_size.as_ref(),
+                    &fc.max_blob_size,
+                    Scalar::size,
+                )?
+                .map_or(default_max_blob, |(n, _)| n),
+            token_ttl: tokens.token_ttl,
+            max_tokens: tokens.max_tokens,
+            max_tokens_per_identity: tokens.max_tokens_per_identity,
+            unreferenced_namespaces,
+            gc,
+            insecure_no_auth: flag("insecure_no_auth", &fc.insecure_no_auth, false)?,
+            log_format,
+            uploads_dir: l
+                .get("uploads_dir", None, &fc.uploads_dir, text)?
+                .map_or_else(|| root.join("uploads"), |(s, _)| PathBuf::from(s)),
+            upload_idle_timeout: Self::resolve_upload_idle_timeout(&fc, l)?,
+            umask: Self::resolve_umask(&fc, l)?,
+            default_root: kv_url.is_none().then(|| root.clone()),
+            upload_max_bytes: positive_size(
+                l,
+                "upload_max_bytes",
+                &fc.upload_max_bytes,
+                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES,
+            )?,
+            upload_max_bytes_per_identity: positive_size(
+                l,
+                "upload_max_bytes_per_identity",
+                &fc.upload_max_bytes_per_identity,
+                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
+            )?,
+            sections: crate::security::Sections {
+                auth: fc.auth,
+                http: fc.http,
+                tls: fc.tls,
+                limits: fc.limits,
+            }
+            .with_env(l.env)?,
+        })
+    }
+
+    /// The storage tiers: `schema`, `kv`, `large`, `data_dir` (the root
+    /// of the embedded default), `shared_media` and `fsync`.
+    fn resolve_tiers(fc: &FileConfig, l: &Layers) -> Result<Tiers, String> {
+        let f = l.flags;
+        let text = |s: Scalar| s.text();
         let schema = l
             .get("schema", None, &fc.schema, text)?
             .map_or_else(|| DEFAULT_SCHEMA.to_string(), |(s, _)| s);
@@ -865,6 +981,29 @@ impl Config {
             ),
             (Some(_), None) => None,
         };
+        Ok(Tiers {
+            root,
+            kv,
+            large,
+            kv_url,
+            large_url,
+            shared_media,
+            fsync,
+        })
+    }
+
+    /// The dispatch mode: `mode` and `threshold`, checked against the
+    /// tiers, else what the tiers imply.
+    fn resolve_mode(fc: &FileConfig, l: &Layers, tiers: &Tiers) -> Result<Mode, String> {
+        let f = l.flags;
+        let text = |s: Scalar| s.text();
+        let Tiers {
+            kv,
+            large,
+            kv_url,
+            large_url,
+            ..
+        } = tiers;
         let threshold = l
             .get(
                 "threshold",
@@ -873,10 +1012,10 @@ impl Config {
                 Scalar::size,
             )?
             .map_or(DEFAULT_THRESHOLD, |(t, _)| t);
-        let mode = match l.get("mode", f.mode.as_ref(), &fc.mode, text)? {
+        Ok(match l.get("mode", f.mode.as_ref(), &fc.mode, text)? {
             Some((m, origin)) => {
                 let mode = parse_mode(&m, threshold).map_err(|e| origin.err(e))?;
-                check_mode_tiers(mode, &origin, &kv_url, &large_url, large.is_some())?;
+                check_mode_tiers(mode, &origin, kv_url, large_url, large.is_some())?;
                 mode
             }
             // A kv tier private to the process (mem://) and no large
@@ -886,40 +1025,31 @@ impl Config {
                 (_, None) => Mode::KvOnly { threshold },
                 (_, Some(_)) => Mode::DualTier { threshold },
             },
-        };
-        let unreferenced = match (l.env)("BLOBPOOL_GC_UNREFERENCED_NAMESPACES") {
-            Some(list) => (
-                list.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect(),
-                Origin::Env("BLOBPOOL_GC_UNREFERENCED_NAMESPACES".into()),
-            ),
-            None => (
-                fc.gc
-                    .as_ref()
-                    .and_then(|g| g.unreferenced_namespaces.clone())
-                    .unwrap_or_default(),
-                l.section("gc"),
-            ),
-        };
-        let fleet = l
-            .get("fleet", f.fleet.as_ref(), &fc.fleet, Scalar::boolean)?
-            .is_some_and(|(b, _)| b);
-        let node_name = match l.get("node_name", None, &fc.node_name, |s| {
-            let n = s.text()?;
-            let n = n.trim();
-            if n.is_empty() || n.len() > 200 || n.chars().any(|c| c.is_control()) {
-                return Err(
-                    "node_name must be 1 to 200 characters without control characters".into(),
-                );
-            }
-            Ok(n.to_string())
-        })? {
-            Some((n, _)) => n,
-            None => default_node_name(&root),
-        };
+        })
+    }
+
+    /// `node_name`, else the default name of this host and data root.
+    fn resolve_node_name(fc: &FileConfig, l: &Layers, root: &Path) -> Result<String, String> {
+        Ok(
+            match l.get("node_name", None, &fc.node_name, |s| {
+                let n = s.text()?;
+                let n = n.trim();
+                if n.is_empty() || n.len() > 200 || n.chars().any(|c| c.is_control()) {
+                    return Err(
+                        "node_name must be 1 to 200 characters without control characters".into(),
+                    );
+                }
+                Ok(n.to_string())
+            })? {
+                Some((n, _)) => n,
+                None => default_node_name(root),
+            },
+        )
+    }
+
+    /// `pin_ttl`, `token_ttl` (at most `pin_ttl` in a fleet) and the token
+    /// caps.
+    fn resolve_tokens(fc: &FileConfig, l: &Layers, fleet: bool) -> Result<TokenSettings, String> {
         let (pin_ttl, pin_origin) = l
             .get("pin_ttl", None, &fc.pin_ttl, Scalar::duration)?
             .unwrap_or((Duration::from_secs(900), Origin::Default));
@@ -965,15 +1095,37 @@ impl Config {
             Some((n, _)) => n,
             None => DEFAULT_MAX_TOKENS_PER_IDENTITY,
         };
-        let log_format = l
-            .get("log_format", None, &fc.log_format, |s| {
-                s.text()?.parse::<LogFormat>()
-            })?
-            .map_or(LogFormat::Text, |(f, _)| f);
-        let default_max_blob = if mode == Mode::MemOnly {
-            DEFAULT_MEM_ONLY_MAX_BLOB_SIZE
-        } else {
-            store_ops::DEFAULT_MAX_BLOB_SIZE
+        Ok(TokenSettings {
+            pin_ttl,
+            token_ttl,
+            max_tokens,
+            max_tokens_per_identity,
+        })
+    }
+
+    /// `[gc]` (with `BLOBPOOL_GC_INTERVAL`) and the unreferenced
+    /// namespaces (with `BLOBPOOL_GC_UNREFERENCED_NAMESPACES`).
+    fn resolve_gc(
+        fc: &FileConfig,
+        l: &Layers,
+        fleet: bool,
+    ) -> Result<(crate::gc::GcSettings, Vec<Namespace>), String> {
+        let unreferenced = match (l.env)("BLOBPOOL_GC_UNREFERENCED_NAMESPACES") {
+            Some(list) => (
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+                Origin::Env("BLOBPOOL_GC_UNREFERENCED_NAMESPACES".into()),
+            ),
+            None => (
+                fc.gc
+                    .as_ref()
+                    .and_then(|g| g.unreferenced_namespaces.clone())
+                    .unwrap_or_default(),
+                l.section("gc"),
+            ),
         };
         let interval_env = (l.env)("BLOBPOOL_GC_INTERVAL");
         let gc_origin = match &interval_env {
@@ -999,40 +1151,13 @@ impl Config {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Config {
-            kv,
-            large,
-            mode,
-            fleet,
-            window: l
-                .get("window", f.window.as_ref(), &fc.window, Scalar::duration)?
-                .map_or(Duration::from_secs(3600), |(d, _)| d),
-            pin_ttl,
-            node_name,
-            shared_media,
-            fsync,
-            listen: l
-                .get("listen", None, &fc.listen, text)?
-                .map_or_else(|| DEFAULT_LISTEN.to_string(), |(s, _)| s),
-            max_blob_size: l
-                .get(
-                    "max_blob_size",
-                    f.max_blob_size.as_ref(),
-                    &fc.max_blob_size,
-                    Scalar::size,
-                )?
-                .map_or(default_max_blob, |(n, _)| n),
-            token_ttl,
-            max_tokens,
-            max_tokens_per_identity,
-            unreferenced_namespaces,
-            gc,
-            insecure_no_auth: flag("insecure_no_auth", &fc.insecure_no_auth, false)?,
-            log_format,
-            uploads_dir: l
-                .get("uploads_dir", None, &fc.uploads_dir, text)?
-                .map_or_else(|| root.join("uploads"), |(s, _)| PathBuf::from(s)),
-            upload_idle_timeout: match l.get(
+        Ok((gc, unreferenced_namespaces))
+    }
+
+    /// `upload_idle_timeout` (positive).
+    fn resolve_upload_idle_timeout(fc: &FileConfig, l: &Layers) -> Result<Duration, String> {
+        Ok(
+            match l.get(
                 "upload_idle_timeout",
                 None,
                 &fc.upload_idle_timeout,
@@ -1040,13 +1165,20 @@ impl Config {
             )? {
                 Some((d, origin)) if d.is_zero() => {
                     return Err(origin.err(
-                        "upload_idle_timeout = 0 would reap every upload session at once;                          it must be positive",
+                        "upload_idle_timeout = 0 would reap every upload session at once; \
+                     it must be positive",
                     ))
                 }
                 Some((d, _)) => d,
                 None => store_ops::uploads::DEFAULT_UPLOAD_IDLE_TIMEOUT,
             },
-            umask: match l.get("umask", None, &fc.umask, |s| {
+        )
+    }
+
+    /// `umask` (octal, at most 0777).
+    fn resolve_umask(fc: &FileConfig, l: &Layers) -> Result<u32, String> {
+        Ok(
+            match l.get("umask", None, &fc.umask, |s| {
                 let t = s.text()?;
                 let t = t.trim();
                 match u32::from_str_radix(t.trim_start_matches("0o"), 8) {
@@ -1059,27 +1191,7 @@ impl Config {
                 Some((m, _)) => m,
                 None => DEFAULT_UMASK,
             },
-            default_root: kv_url.is_none().then(|| root.clone()),
-            upload_max_bytes: positive_size(
-                l,
-                "upload_max_bytes",
-                &fc.upload_max_bytes,
-                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES,
-            )?,
-            upload_max_bytes_per_identity: positive_size(
-                l,
-                "upload_max_bytes_per_identity",
-                &fc.upload_max_bytes_per_identity,
-                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
-            )?,
-            sections: crate::security::Sections {
-                auth: fc.auth,
-                http: fc.http,
-                tls: fc.tls,
-                limits: fc.limits,
-            }
-            .with_env(l.env)?,
-        })
+        )
     }
 
     /// The store's shape in one line, passwords redacted, e.g. `store: kv
