@@ -475,6 +475,32 @@ pub fn present_sql(table: &str) -> String {
     )
 }
 
+/// Size and creation time of `key`'s row in `<schema>.<table>` (columns
+/// `ns`, `digest`, `size`, `created_at`), or `None`. Cancel-safe: it only
+/// reads.
+pub async fn entry_meta(
+    pool: &PgPool,
+    schema: &str,
+    table: &str,
+    key: &store_types::Key,
+) -> Result<Option<store_types::EntryMeta>> {
+    let query =
+        format!("SELECT size, created_at FROM {{schema}}.{table} WHERE ns = $1 AND digest = $2");
+    let row = sqlx::query(sql(schema, &query))
+        .bind(key.namespace.as_str())
+        .bind(&key.digest.as_bytes()[..])
+        .fetch_optional(pool)
+        .await
+        .map_err(db_err)?;
+    row.map(|r| {
+        Ok(store_types::EntryMeta {
+            size: size_col(&r, 0)?,
+            created_at: store_types::Timestamp(r.try_get(1).map_err(db_err)?),
+        })
+    })
+    .transpose()
+}
+
 /// Presence of each of `digests` under `ns` in `<schema>.<table>`,
 /// index-aligned, in one statement ([`present_sql`]).
 pub async fn present_many(

@@ -15,7 +15,7 @@ use store_pg::plumbing::{
 use store_pg::PgGcSchema;
 use store_types::{
     BlobReader, Capabilities, Digest, Engine, EntryMeta, GcSeam, Instance, InstanceLock, Key,
-    LargeEngine, Namespace, ReadOptions, Result, Sharing, SizedRead, Stage, Timestamp, CHUNK_SIZE,
+    LargeEngine, Namespace, ReadOptions, Result, Sharing, SizedRead, Stage, CHUNK_SIZE,
 };
 
 use crate::reader::inline_reader;
@@ -216,22 +216,7 @@ impl Engine for PgLoEngine {
     }
 
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
-        let row =
-            sqlx::query(self.sql(
-                "SELECT size, created_at FROM {schema}.lo_entries WHERE ns = $1 AND digest = $2",
-            ))
-            .bind(key.namespace.as_str())
-            .bind(&key.digest.as_bytes()[..])
-            .fetch_optional(self.pool())
-            .await
-            .map_err(db_err)?;
-        row.map(|r| {
-            Ok(EntryMeta {
-                size: size_col(&r, 0)?,
-                created_at: Timestamp(r.try_get(1).map_err(db_err)?),
-            })
-        })
-        .transpose()
+        store_pg::plumbing::entry_meta(self.pool(), &self.inner.schema, "lo_entries", key).await
     }
 
     async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::postgres::PgPool;
-use sqlx::Row;
 use store_pg::plumbing::{
     connect_pool, db_err, digest_col, digest_params, instance_identity, list_namespaces, migrate,
     now_ms, present_many, scan_entries, size_col, sql, to_i64, validate_schema,
@@ -14,7 +13,7 @@ use store_pg::plumbing::{
 use store_pg::PgWindow;
 use store_types::{
     BlobReader, Capabilities, Digest, EntryMeta, GcSeam, Instance, InstanceLock, Key, Namespace,
-    PublishOutcome, Result, Sharing, Timestamp,
+    PublishOutcome, Result, Sharing,
 };
 use store_types::{Engine, KvEngine, ReadOptions, SizedRead};
 
@@ -210,21 +209,7 @@ impl Engine for PostgresEngine {
     }
 
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
-        let row = sqlx::query(
-            self.sql("SELECT size, created_at FROM {schema}.entries WHERE ns = $1 AND digest = $2"),
-        )
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .fetch_optional(self.pool())
-        .await
-        .map_err(db_err)?;
-        row.map(|r| {
-            Ok(EntryMeta {
-                size: size_col(&r, 0)?,
-                created_at: Timestamp(r.try_get(1).map_err(db_err)?),
-            })
-        })
-        .transpose()
+        store_pg::plumbing::entry_meta(self.pool(), &self.inner.schema, "entries", key).await
     }
 
     async fn has_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
