@@ -1,7 +1,6 @@
 //! The engine's registry entry (ADR-027): `file://PATH`, large tier.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
@@ -96,15 +95,7 @@ impl EngineFactory for LocalFactory {
         options: &Options,
     ) -> Result<Opened<dyn LargeEngine>> {
         let engine = LocalEngine::open(root(url)?, self::options(options)?).await?;
-        #[cfg(feature = "testing")]
-        let testing: Option<Arc<dyn store_types::registry::Testing>> =
-            Some(Arc::new(hooks::LocalTesting(engine.clone())));
-        #[cfg(not(feature = "testing"))]
-        let testing = None;
-        Ok(Opened {
-            engine: Arc::new(engine),
-            testing,
-        })
+        Ok(store_types::opened!(engine, hooks::LocalTesting))
     }
 }
 

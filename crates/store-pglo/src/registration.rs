@@ -1,8 +1,6 @@
 //! The engine's registry entry (ADR-027): `pglo://…[?schema=S]` (also
 //! `postgres+lo://`, `postgresql+lo://`), large tier.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use store_pg::url::target;
 use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
@@ -60,15 +58,7 @@ impl EngineFactory for PgLoFactory {
     ) -> Result<Opened<dyn LargeEngine>> {
         let (driver, schema) = target(url, options);
         let engine = PgLoEngine::connect(&driver, &schema).await?;
-        #[cfg(feature = "testing")]
-        let testing: Option<Arc<dyn store_types::registry::Testing>> =
-            Some(Arc::new(hooks::PgLoTesting(engine.clone())));
-        #[cfg(not(feature = "testing"))]
-        let testing = None;
-        Ok(Opened {
-            engine: Arc::new(engine),
-            testing,
-        })
+        Ok(store_types::opened!(engine, hooks::PgLoTesting))
     }
 }
 

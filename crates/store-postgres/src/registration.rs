@@ -1,8 +1,6 @@
 //! The engine's registry entry (ADR-027): `postgres://…[?schema=S]`
 //! (also `postgresql://`), kv tier.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use store_pg::url::target;
 use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
@@ -56,15 +54,7 @@ impl EngineFactory for PostgresFactory {
     async fn open_kv(&self, url: &EngineUrl, options: &Options) -> Result<Opened<dyn KvEngine>> {
         let (driver, schema) = target(url, options);
         let engine = PostgresEngine::connect(&driver, &schema).await?;
-        #[cfg(feature = "testing")]
-        let testing: Option<Arc<dyn store_types::registry::Testing>> =
-            Some(Arc::new(hooks::PgTesting(engine.clone())));
-        #[cfg(not(feature = "testing"))]
-        let testing = None;
-        Ok(Opened {
-            engine: Arc::new(engine),
-            testing,
-        })
+        Ok(store_types::opened!(engine, hooks::PgTesting))
     }
 }
 

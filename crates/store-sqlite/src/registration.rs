@@ -1,7 +1,6 @@
 //! The engine's registry entry (ADR-027): `sqlite://PATH`, kv tier.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use store_types::registry::{EngineFactory, EngineUrl, Opened, Options};
@@ -107,15 +106,7 @@ impl EngineFactory for SqliteFactory {
 
     async fn open_kv(&self, url: &EngineUrl, options: &Options) -> Result<Opened<dyn KvEngine>> {
         let engine = SqliteEngine::open(Self::path(url)?, Self::options(options)?).await?;
-        #[cfg(feature = "testing")]
-        let testing: Option<Arc<dyn store_types::registry::Testing>> =
-            Some(Arc::new(hooks::SqliteTesting(engine.clone())));
-        #[cfg(not(feature = "testing"))]
-        let testing = None;
-        Ok(Opened {
-            engine: Arc::new(engine),
-            testing,
-        })
+        Ok(store_types::opened!(engine, hooks::SqliteTesting))
     }
 }
 

@@ -310,6 +310,26 @@ pub fn parse_size_param(s: &str) -> std::result::Result<u64, ParamError> {
         .ok_or_else(|| ParamError::TooLarge(s.to_string()))
 }
 
+/// `Opened { engine, testing }` for an engine crate's registration: the
+/// test hooks are `$hooks(engine.clone())` when the invoking crate is built
+/// with its `testing` feature (the `cfg` is the invoking crate's), none
+/// otherwise. One line instead of the same six in every engine.
+#[macro_export]
+macro_rules! opened {
+    ($engine:expr, $hooks:expr) => {{
+        let engine = $engine;
+        #[cfg(feature = "testing")]
+        let testing: Option<std::sync::Arc<dyn $crate::registry::Testing>> =
+            Some(std::sync::Arc::new($hooks(engine.clone())));
+        #[cfg(not(feature = "testing"))]
+        let testing = None;
+        $crate::registry::Opened {
+            engine: std::sync::Arc::new(engine),
+            testing,
+        }
+    }};
+}
+
 /// An engine opened by a factory, with its test hooks when the engine was
 /// built with them.
 pub struct Opened<E: ?Sized> {
