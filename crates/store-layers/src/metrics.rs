@@ -294,13 +294,23 @@ type Series = (
 /// labelled `engine`, `tier` (`kv`, `large` or `unknown`) and `op`.
 pub fn render_prometheus(snapshot: &MetricsSnapshot) -> String {
     let mut out = String::new();
-    let labels = |e: &EngineSnapshot| {
-        format!(
-            "engine=\"{}\",tier=\"{}\"",
-            e.engine,
-            e.tier.map_or("unknown".to_string(), |t| t.to_string())
-        )
-    };
+    render_latencies(&mut out, snapshot);
+    render_errors(&mut out, snapshot);
+    render_counters(&mut out, snapshot);
+    out
+}
+
+/// The `engine` and `tier` labels of `e`.
+fn labels(e: &EngineSnapshot) -> String {
+    format!(
+        "engine=\"{}\",tier=\"{}\"",
+        e.engine,
+        e.tier.map_or("unknown".to_string(), |t| t.to_string())
+    )
+}
+
+/// `blobpool_engine_op_duration_seconds`, per engine and operation called.
+fn render_latencies(out: &mut String, snapshot: &MetricsSnapshot) {
     out.push_str("# HELP blobpool_engine_op_duration_seconds Engine operation latency.\n");
     out.push_str("# TYPE blobpool_engine_op_duration_seconds histogram\n");
     for e in &snapshot.engines {
@@ -331,6 +341,10 @@ pub fn render_prometheus(snapshot: &MetricsSnapshot) -> String {
             );
         }
     }
+}
+
+/// `blobpool_engine_op_errors_total`, per operation and error variant.
+fn render_errors(out: &mut String, snapshot: &MetricsSnapshot) {
     out.push_str("# HELP blobpool_engine_op_errors_total Engine operation errors by variant.\n");
     out.push_str("# TYPE blobpool_engine_op_errors_total counter\n");
     for e in &snapshot.engines {
@@ -345,6 +359,10 @@ pub fn render_prometheus(snapshot: &MetricsSnapshot) -> String {
             }
         }
     }
+}
+
+/// The byte counters and the open-stage gauge, per engine.
+fn render_counters(out: &mut String, snapshot: &MetricsSnapshot) {
     let gauges: [Series; 4] = [
         (
             "blobpool_engine_read_bytes_total",
@@ -377,7 +395,6 @@ pub fn render_prometheus(snapshot: &MetricsSnapshot) -> String {
             let _ = writeln!(out, "{name}{{{}}} {}", labels(e), value(e));
         }
     }
-    out
 }
 
 impl EngineLayer for MetricsLayer {

@@ -324,35 +324,46 @@ impl CrashModel {
             live_names.iter().map(PathBuf::as_path).collect();
         report.names_restored = image.iter().filter(|p| !live.contains(*p)).count();
 
-        for entry in fs::read_dir(&root)? {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                fs::remove_dir_all(entry.path())?;
-            } else {
-                fs::remove_file(entry.path())?;
-            }
-        }
-        for (rel, planned) in plan {
-            let path = root.join(&rel);
-            match planned {
-                Planned::Dir => {
-                    fs::create_dir(&path)?;
-                    report.dirs += 1;
-                }
-                Planned::File(bytes) => {
-                    fs::write(&path, bytes)?;
-                    report.files += 1;
-                }
-                Planned::Link(first) => fs::hard_link(root.join(first), &path)?,
-                Planned::Symlink(target) => std::os::unix::fs::symlink(target, &path)?,
-            }
-        }
+        write_image(&root, plan, &mut report)?;
         st.data.clear();
         st.dirs.clear();
         st.gens.clear();
         st.committed.clear();
         Ok((root, report))
     }
+}
+
+/// Replaces everything under `root` by the durable image `plan` (in
+/// creation order), counting what it writes into `report`.
+fn write_image(
+    root: &Path,
+    plan: Vec<(PathBuf, Planned)>,
+    report: &mut RestoreReport,
+) -> io::Result<()> {
+    for entry in fs::read_dir(root)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            fs::remove_dir_all(entry.path())?;
+        } else {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    for (rel, planned) in plan {
+        let path = root.join(&rel);
+        match planned {
+            Planned::Dir => {
+                fs::create_dir(&path)?;
+                report.dirs += 1;
+            }
+            Planned::File(bytes) => {
+                fs::write(&path, bytes)?;
+                report.files += 1;
+            }
+            Planned::Link(first) => fs::hard_link(root.join(first), &path)?,
+            Planned::Symlink(target) => std::os::unix::fs::symlink(target, &path)?,
+        }
+    }
+    Ok(())
 }
 
 /// One entry of the rebuilt image.

@@ -231,6 +231,45 @@ pub(crate) fn place_outboard(inner: &Inner, outboard: &Bytes, dest: &Path) -> Re
     rename_outboard(inner, tmp, dest)
 }
 
+/// Makes the stage's bytes durable (with `fsync`) and stages `outboard`
+/// beside it, both at once: the entry's bytes and its outboard's are
+/// synced together (the outboard's on a second thread), so two fdatasyncs
+/// cost about one. Returns the staged outboard file.
+fn sync_with_outboard(
+    inner: &Inner,
+    stage: &StageFile,
+    outboard: Option<&Bytes>,
+) -> Result<Option<StageFile>> {
+    let fsync = inner.options.fsync;
+    // The entry's bytes and its outboard's are synced at once (the
+    // outboard's on a second thread): two fdatasyncs cost about one.
+    let sync_stage = || -> Result<()> {
+        if fsync {
+            inner
+                .seam
+                .sync_data(&stage.file, &stage.path, "local: publish: fdatasync stage")
+                .map_err(|e| io_err("fsyncing stage file", &stage.path, e))?;
+        }
+        Ok(())
+    };
+    match outboard {
+        Some(ob) if fsync => std::thread::scope(|s| {
+            let ob_thread = s.spawn(|| stage_outboard(inner, ob));
+            let synced = sync_stage();
+            let staged = ob_thread.join().unwrap_or_else(|_| {
+                Err(Error::io(store_types::ErrorKind::Other, "stage outboard")
+                    .with_source("the outboard's thread panicked"))
+            });
+            synced.and(staged.map(Some))
+        }),
+        Some(ob) => Ok(Some(stage_outboard(inner, ob)?)),
+        None => {
+            sync_stage()?;
+            Ok(None)
+        }
+    }
+}
+
 /// Publishes a fully written stage of `size` bytes under `key` (steps 1–4
 /// of the crate docs), with its outboard (step 3a) when given.
 fn publish(
@@ -253,33 +292,7 @@ fn publish(
         }
         return already_present(inner, &fan_dir); // `stage` drops: removed.
     }
-    // The entry's bytes and its outboard's are synced at once (the
-    // outboard's on a second thread): two fdatasyncs cost about one.
-    let sync_stage = || -> Result<()> {
-        if fsync {
-            inner
-                .seam
-                .sync_data(&stage.file, &stage.path, "local: publish: fdatasync stage")
-                .map_err(|e| io_err("fsyncing stage file", &stage.path, e))?;
-        }
-        Ok(())
-    };
-    let staged_outboard = match &outboard {
-        Some(ob) if fsync => std::thread::scope(|s| {
-            let ob_thread = s.spawn(|| stage_outboard(inner, ob));
-            let synced = sync_stage();
-            let staged = ob_thread.join().unwrap_or_else(|_| {
-                Err(Error::io(store_types::ErrorKind::Other, "stage outboard")
-                    .with_source("the outboard's thread panicked"))
-            });
-            synced.and(staged.map(Some))
-        })?,
-        Some(ob) => Some(stage_outboard(inner, ob)?),
-        None => {
-            sync_stage()?;
-            None
-        }
-    };
+    let staged_outboard = sync_with_outboard(inner, &stage, outboard.as_ref())?;
     inner
         .seam
         .create_dir_all(&fan_dir)

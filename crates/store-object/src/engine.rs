@@ -188,31 +188,8 @@ impl Engine for ObjectEngine {
                 }
             }
         }
-        // The entries first, their outboards second, in one bulk delete
-        // (an absent outboard is fine).
-        let outboards: Vec<Path> = digests
-            .iter()
-            .zip(&freed)
-            .filter(|(_, f)| f.is_some())
-            .map(|(d, _)| inner.outboard_path(&Key::new(ns.clone(), *d)))
-            .collect();
-        let results: Vec<object_store::Result<Path>> = inner
-            .store
-            .delete_stream(futures::stream::iter(outboards.into_iter().map(Ok)).boxed())
-            .collect()
-            .await;
-        for r in results {
-            match r {
-                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => {
-                    return Err(store_types::Error::backend(
-                        store_types::ErrorKind::Other,
-                        "object store: deleting outboards",
-                    )
-                    .with_source(e))
-                }
-            }
-        }
+        // The entries first, their outboards second.
+        inner.delete_outboards(ns, digests, &freed).await?;
         Ok(freed)
     }
 
@@ -280,6 +257,41 @@ impl LargeEngine for ObjectEngine {
 }
 
 impl Inner {
+    /// Deletes the outboards of the `digests` of `ns` whose entries were
+    /// deleted (`freed` is `Some`), in one bulk delete (an absent outboard
+    /// is fine).
+    async fn delete_outboards(
+        &self,
+        ns: &Namespace,
+        digests: &[Digest],
+        freed: &[Option<u64>],
+    ) -> Result<()> {
+        let outboards: Vec<Path> = digests
+            .iter()
+            .zip(freed)
+            .filter(|(_, f)| f.is_some())
+            .map(|(d, _)| self.outboard_path(&Key::new(ns.clone(), *d)))
+            .collect();
+        let results: Vec<object_store::Result<Path>> = self
+            .store
+            .delete_stream(futures::stream::iter(outboards.into_iter().map(Ok)).boxed())
+            .collect()
+            .await;
+        for r in results {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    return Err(store_types::Error::backend(
+                        store_types::ErrorKind::Other,
+                        "object store: deleting outboards",
+                    )
+                    .with_source(e))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Size and last-modified time of the object at `path`, if any.
     pub(crate) async fn meta(&self, path: &Path) -> Result<Option<EntryMeta>> {
         match self

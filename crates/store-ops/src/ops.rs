@@ -397,17 +397,16 @@ impl Ops {
             .await
     }
 
-    async fn put_owned<R>(
+    /// A put's namespace, its body limited to the largest accepted blob
+    /// (refused at once when `len` says it is larger) and what the store
+    /// checks it against.
+    fn put_request<R>(
         &self,
-        owner: &str,
         namespace: &str,
         body: R,
         len: Option<u64>,
         expect: Option<&str>,
-    ) -> Result<PutOutcome, OpsError>
-    where
-        R: AsyncRead + Unpin + Send,
-    {
+    ) -> Result<(Namespace, Limited<R>, store_core::PutOptions), OpsError> {
         let ns = parse_ns(namespace)?;
         let expect = expect
             .map(|d| Digest::parse(d.trim()))
@@ -424,14 +423,25 @@ impl Ops {
             seen: 0,
             limit,
         };
+        Ok((ns, body, store_core::PutOptions { len, expect }))
+    }
+
+    async fn put_owned<R>(
+        &self,
+        owner: &str,
+        namespace: &str,
+        body: R,
+        len: Option<u64>,
+        expect: Option<&str>,
+    ) -> Result<PutOutcome, OpsError>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        let (ns, body, options) = self.put_request(namespace, body, len, expect)?;
         if self.is_cache_namespace(&ns) {
             // No token (ADR-048): the cache key protects the entry once
             // written; the receipt's pin protects it until then.
-            let receipt = self
-                .inner
-                .store
-                .put_opts(&ns, body, store_core::PutOptions { len, expect })
-                .await?;
+            let receipt = self.inner.store.put_opts(&ns, body, options).await?;
             self.inner.metrics.put(receipt.size, receipt.deduplicated);
             self.record_cache_key(&ns, &crate::cache::cas_key(&receipt.digest), &receipt)
                 .await?;
@@ -453,11 +463,7 @@ impl Ops {
             .tokens
             .reserve(owner)
             .map_err(|e| self.cap_reached(e))?;
-        let receipt = self
-            .inner
-            .store
-            .put_opts(&ns, body, store_core::PutOptions { len, expect })
-            .await?;
+        let receipt = self.inner.store.put_opts(&ns, body, options).await?;
         self.inner.metrics.put(receipt.size, receipt.deduplicated);
         let digest = receipt.digest;
         let (size, tier, deduplicated) = (receipt.size, receipt.tier, receipt.deduplicated);

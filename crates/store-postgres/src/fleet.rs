@@ -194,19 +194,9 @@ pub(crate) async fn pin_first(
     tx.commit().await.map_err(db_err)
 }
 
-/// Checks the table reference against the catalog and binds it to `ns`.
-///
-/// Accepts tables, partitioned tables, views, materialized views and
-/// foreign tables the role may `SELECT` from. The digest column must be
-/// `bytea` or `text`/`varchar` (domains resolve to their base type); the
-/// namespace column, if named, `text`/`varchar`.
-pub(crate) async fn bind_liveness_table(
-    pool: &PgPool,
-    ns: &Namespace,
-    table: &LivenessTable,
-) -> Result<BoundLivenessTable> {
-    validate_table(table)?;
-    let name = format!("{}.{}", table.schema, table.table);
+/// `table` exists, is a table or view of a kind the arbitration can read,
+/// and the role may `SELECT` from it.
+async fn check_relation(pool: &PgPool, table: &LivenessTable, name: &str) -> Result<()> {
     let rel = sqlx::query(
         "SELECT c.relkind::text, has_table_privilege(c.oid, 'SELECT')
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -234,6 +224,11 @@ pub(crate) async fn bind_liveness_table(
             "liveness table {name} is not readable (no SELECT privilege)"
         )));
     }
+    Ok(())
+}
+
+/// The (base) type of each column of `table`.
+async fn column_types(pool: &PgPool, table: &LivenessTable) -> Result<HashMap<String, String>> {
     let rows = sqlx::query(
         "SELECT a.attname::text, format_type(coalesce(nullif(ty.typbasetype, 0), ty.oid), NULL)
          FROM pg_attribute a
@@ -253,6 +248,24 @@ pub(crate) async fn bind_liveness_table(
         let ty: String = r.try_get(1).map_err(db_err)?;
         types.insert(col, ty);
     }
+    Ok(types)
+}
+
+/// Checks the table reference against the catalog and binds it to `ns`.
+///
+/// Accepts tables, partitioned tables, views, materialized views and
+/// foreign tables the role may `SELECT` from. The digest column must be
+/// `bytea` or `text`/`varchar` (domains resolve to their base type); the
+/// namespace column, if named, `text`/`varchar`.
+pub(crate) async fn bind_liveness_table(
+    pool: &PgPool,
+    ns: &Namespace,
+    table: &LivenessTable,
+) -> Result<BoundLivenessTable> {
+    validate_table(table)?;
+    let name = format!("{}.{}", table.schema, table.table);
+    check_relation(pool, table, &name).await?;
+    let types = column_types(pool, table).await?;
     let is_text = |ty: &str| matches!(ty, "text" | "character varying");
     let digest_is_text = match types.get(&table.digest_column).map(String::as_str) {
         None => {
