@@ -51,6 +51,9 @@
 //! - every repository path they name in backticks exists;
 //! - docs/ENGINES.md's rooms table lists exactly the rooms above, and
 //!   names every engine's extras.
+//!
+//! From the sources of every crate but the test and measurement ones
+//! (`fns.rs`): no function outside tests spans more than 80 lines.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -585,6 +588,7 @@ pub fn violations(root: &Path, metadata: &str) -> Result<Vec<String>, String> {
     bad.extend(room_violations(root, &crates)?);
     bad.extend(docs::rooms_violations(root, &engines(&crates)));
     bad.extend(docs::path_violations(root));
+    bad.extend(fns::violations(root, &crates)?);
     Ok(bad)
 }
 
@@ -628,5 +632,6 @@ pub fn check() -> Result<(), String> {
 }
 
 mod docs;
+mod fns;
 #[cfg(test)]
 mod tests;

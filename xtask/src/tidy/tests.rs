@@ -475,3 +475,21 @@ fn documents_name_existing_paths_and_the_enforced_rooms() {
     t.write("README.md", "See `crates/store-mem/src/lib.rs`.\n");
     assert_eq!(t.violations(&m), Vec::<String>::new());
 }
+
+/// A function over 80 lines is caught outside tests, with its line and
+/// length; declarations, one-line bodies and test modules are not counted.
+#[test]
+fn long_functions_are_caught_outside_tests() {
+    let body = |n: usize| "    let x = 1;\n".repeat(n);
+    let src = format!(
+        "trait T {{\n    fn declared(&self)\n        -> u8;\n}}\n\
+         pub async fn short() {{}}\n\
+         pub(crate) fn long() {{\n{}}}\n\
+         impl S {{\n    fn fits(&self) {{\n{}    }}\n}}\n\
+         #[cfg(test)]\nmod tests {{\n    fn huge() {{\n{}    }}\n}}\n",
+        body(79),
+        body(78),
+        body(200)
+    );
+    assert_eq!(fns::long_fns(&src), [(6, "long".to_string(), 81)]);
+}
