@@ -171,25 +171,7 @@ pub fn resolve(
         let ns = Namespace::new(n.clone()).map_err(|e| format!("gc.namespaces.{n}: {e}"))?;
         let p = parse_policy(n, e)?;
         if let Some(path) = &e.http_path {
-            if !matches!(p, GcPolicy::Cache(_)) {
-                return Err(format!(
-                    "gc.namespaces.{n}.http_path goes with policy = \"cache\" (the build-cache routes)"
-                ));
-            }
-            store_ops::cache::check_cache_path(path).map_err(|e| {
-                format!(
-                    "gc.namespaces.{n}.{}",
-                    e.to_string().trim_start_matches("configuration error: ")
-                )
-            })?;
-            if cache_paths.iter().any(|(p, _): &(String, Namespace)| {
-                p.trim_end_matches('/') == path.trim_end_matches('/')
-            }) {
-                return Err(format!(
-                    "gc.namespaces.{n}.http_path {path:?}: another namespace has it"
-                ));
-            }
-            cache_paths.push((path.trim_end_matches('/').to_string(), ns.clone()));
+            check_http_path(n, &ns, path, p, &mut cache_paths)?;
         }
         if let Some(prev) = policies.insert(ns, p) {
             if prev != p {
@@ -205,8 +187,56 @@ pub fn resolve(
             ));
         }
     }
+    let tables = liveness_tables(&section.liveness_tables, fleet)?;
+    let interval = interval(interval_env.or(section.interval))?;
+    Ok(GcSettings {
+        policies: policies.into_iter().collect(),
+        tables,
+        interval,
+        cache_paths,
+    })
+}
+
+/// A cache namespace's `http_path`: only with policy `cache`, a valid
+/// route, and no other namespace's; recorded into `cache_paths`.
+fn check_http_path(
+    n: &str,
+    ns: &Namespace,
+    path: &str,
+    p: GcPolicy,
+    cache_paths: &mut Vec<(String, Namespace)>,
+) -> Result<(), String> {
+    if !matches!(p, GcPolicy::Cache(_)) {
+        return Err(format!(
+            "gc.namespaces.{n}.http_path goes with policy = \"cache\" (the build-cache routes)"
+        ));
+    }
+    store_ops::cache::check_cache_path(path).map_err(|e| {
+        format!(
+            "gc.namespaces.{n}.{}",
+            e.to_string().trim_start_matches("configuration error: ")
+        )
+    })?;
+    if cache_paths
+        .iter()
+        .any(|(p, _): &(String, Namespace)| p.trim_end_matches('/') == path.trim_end_matches('/'))
+    {
+        return Err(format!(
+            "gc.namespaces.{n}.http_path {path:?}: another namespace has it"
+        ));
+    }
+    cache_paths.push((path.trim_end_matches('/').to_string(), ns.clone()));
+    Ok(())
+}
+
+/// `[[gc.liveness_tables]]` (fleet only), their names plain SQL
+/// identifiers.
+fn liveness_tables(
+    entries: &[LivenessTableEntry],
+    fleet: bool,
+) -> Result<Vec<(Namespace, LivenessTable)>, String> {
     let mut tables = Vec::new();
-    for t in &section.liveness_tables {
+    for t in entries {
         if !fleet {
             return Err(
                 "gc.liveness_tables are the fleet form of liveness (fleet = true); a single \
@@ -240,7 +270,13 @@ pub fn resolve(
         }
         tables.push((ns, table));
     }
-    let interval = match interval_env.or(section.interval) {
+    Ok(tables)
+}
+
+/// `gc.interval` (or its variable): a duration of at least 1s, `off`, or
+/// unset for the default.
+fn interval(value: Option<String>) -> Result<Option<Duration>, String> {
+    Ok(match value {
         None => Some(DEFAULT_INTERVAL),
         Some(s) if matches!(s.trim(), "off" | "none" | "never") => None,
         Some(s) => {
@@ -250,12 +286,6 @@ pub fn resolve(
             }
             Some(d)
         }
-    };
-    Ok(GcSettings {
-        policies: policies.into_iter().collect(),
-        tables,
-        interval,
-        cache_paths,
     })
 }
 

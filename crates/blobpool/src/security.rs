@@ -206,29 +206,7 @@ impl Sections {
             .collect::<Result<Vec<_>, String>>()?;
         let anonymous = Grant::parse_all(&auth_section.anonymous)
             .map_err(|e| format!("auth.anonymous: {e}"))?;
-        let tls = match &self.tls {
-            None => None,
-            Some(t) => {
-                let client_auth = match t.client_auth.as_deref().map(str::trim) {
-                    None | Some("optional") => ClientAuth::Optional,
-                    Some("required") => ClientAuth::Required,
-                    Some(other) => {
-                        return Err(format!(
-                            "tls.client_auth = {other:?}: expected \"optional\" or \"required\""
-                        ))
-                    }
-                };
-                if t.client_ca.is_none() && t.client_auth.is_some() {
-                    return Err("tls.client_auth needs tls.client_ca (the CA that signs client certificates)".into());
-                }
-                Some(TlsSettings {
-                    cert: t.cert.clone(),
-                    key: t.key.clone(),
-                    client_ca: t.client_ca.clone(),
-                    client_auth,
-                })
-            }
-        };
+        let tls = self.tls_settings()?;
         if !certs.is_empty() && tls.as_ref().is_none_or(|t| t.client_ca.is_none()) {
             return Err("auth.clients (certificate identities) need [tls] with client_ca".into());
         }
@@ -268,6 +246,34 @@ impl Sections {
             cors_origins: http.cors_origins,
             limits: self.limits()?,
             tls,
+        })
+    }
+
+    /// `[tls]` as the server's settings: `client_auth` is optional or
+    /// required, and needs `client_ca`.
+    fn tls_settings(&self) -> Result<Option<TlsSettings>, String> {
+        Ok(match &self.tls {
+            None => None,
+            Some(t) => {
+                let client_auth = match t.client_auth.as_deref().map(str::trim) {
+                    None | Some("optional") => ClientAuth::Optional,
+                    Some("required") => ClientAuth::Required,
+                    Some(other) => {
+                        return Err(format!(
+                            "tls.client_auth = {other:?}: expected \"optional\" or \"required\""
+                        ))
+                    }
+                };
+                if t.client_ca.is_none() && t.client_auth.is_some() {
+                    return Err("tls.client_auth needs tls.client_ca (the CA that signs client certificates)".into());
+                }
+                Some(TlsSettings {
+                    cert: t.cert.clone(),
+                    key: t.key.clone(),
+                    client_ca: t.client_ca.clone(),
+                    client_auth,
+                })
+            }
         })
     }
 
@@ -392,7 +398,24 @@ impl Sections {
     /// [`SECTION_VARIABLES`] applied over the file's values; an error names
     /// the variable (`environment BLOBPOOL_…: …`).
     pub fn with_env(mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<Sections, String> {
-        let err = |name: &str, m: String| format!("environment {name}: {m}");
+        self.auth_env(env)?;
+        if let Some(v) = env("BLOBPOOL_HTTP_ALLOWED_HOSTS") {
+            self.http.get_or_insert_with(Default::default).allowed_hosts = Some(list(&v));
+        }
+        if let Some(v) = env("BLOBPOOL_HTTP_CORS_ORIGINS") {
+            self.http.get_or_insert_with(Default::default).cors_origins = list(&v);
+        }
+        self.tls_env(env)?;
+        self.limits_env(env)?;
+        if self.limits == Some(LimitsSection::default()) {
+            self.limits = None;
+        }
+        Ok(self)
+    }
+
+    /// `BLOBPOOL_AUTH_*` over `[auth]`.
+    fn auth_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+        let err = env_err;
         if let Some(v) = env("BLOBPOOL_AUTH_ANONYMOUS") {
             let anonymous = list(&v);
             Grant::parse_all(&anonymous).map_err(|e| err("BLOBPOOL_AUTH_ANONYMOUS", e))?;
@@ -426,12 +449,13 @@ impl Sections {
                 .collect::<Result<Vec<_>, String>>()?;
             self.auth.get_or_insert_with(Default::default).clients = clients;
         }
-        if let Some(v) = env("BLOBPOOL_HTTP_ALLOWED_HOSTS") {
-            self.http.get_or_insert_with(Default::default).allowed_hosts = Some(list(&v));
-        }
-        if let Some(v) = env("BLOBPOOL_HTTP_CORS_ORIGINS") {
-            self.http.get_or_insert_with(Default::default).cors_origins = list(&v);
-        }
+        Ok(())
+    }
+
+    /// `BLOBPOOL_TLS_*` over `[tls]`; without a `[tls]` in the file the
+    /// certificate and key variables are both needed.
+    fn tls_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+        let err = env_err;
         let tls_var = |k: &str| env(&format!("BLOBPOOL_TLS_{k}"));
         let (cert, key) = (tls_var("CERT"), tls_var("KEY"));
         let (ca, auth) = (tls_var("CLIENT_CA"), tls_var("CLIENT_AUTH"));
@@ -475,6 +499,12 @@ impl Sections {
             }
             self.tls = Some(t);
         }
+        Ok(())
+    }
+
+    /// `BLOBPOOL_LIMITS_*` over `[limits]`.
+    fn limits_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+        let err = env_err;
         let duration = |name: &str| -> Result<Option<DurationValue>, String> {
             let var = format!("BLOBPOOL_LIMITS_{name}");
             env(&var)
@@ -523,11 +553,13 @@ impl Sections {
                     .map_err(|e| err("BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS", e.to_string()))?,
             );
         }
-        if self.limits == Some(LimitsSection::default()) {
-            self.limits = None;
-        }
-        Ok(self)
+        Ok(())
     }
+}
+
+/// An error in the variable `name`.
+fn env_err(name: &str, m: String) -> String {
+    format!("environment {name}: {m}")
 }
 
 #[cfg(test)]
