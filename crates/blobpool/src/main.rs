@@ -25,6 +25,7 @@
 
 // config, gc and security live in the library target (src/lib.rs) so the
 // fuzz targets can parse configurations; the binary uses them from there.
+use blobpool::error::Invalid;
 use blobpool::{config, gc, security};
 mod copy;
 mod direct;
@@ -357,7 +358,7 @@ enum KeyCommand {
     Hash,
 }
 
-fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+fn parse_log_format(s: &str) -> Result<LogFormat, Invalid> {
     s.parse()
 }
 
@@ -367,7 +368,7 @@ struct TimeLimit(Option<Duration>);
 
 /// A duration flag: plain seconds or a number with `ms`, `s`, `m` or `h`;
 /// `0` means no limit.
-fn parse_duration(s: &str) -> Result<TimeLimit, String> {
+fn parse_duration(s: &str) -> Result<TimeLimit, Invalid> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -381,10 +382,10 @@ fn parse_duration(s: &str) -> Result<TimeLimit, String> {
         "ms" => n / 1000.0,
         "m" | "min" | "mins" => n * 60.0,
         "h" => n * 3600.0,
-        u => return Err(format!("{s:?}: unknown unit {u:?} (use ms, s, m or h)")),
+        u => return Err(format!("{s:?}: unknown unit {u:?} (use ms, s, m or h)").into()),
     };
     if !secs.is_finite() || secs > 1e9 {
-        return Err(format!("{s:?} is too long"));
+        return Err(format!("{s:?} is too long").into());
     }
     Ok(TimeLimit(
         (secs > 0.0).then(|| Duration::from_secs_f64(secs)),
@@ -835,7 +836,7 @@ fn main() -> ExitCode {
 }
 
 /// `--range START-END` (inclusive) as `START..END+1`.
-fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
+fn parse_range(s: &str) -> Result<std::ops::Range<u64>, Invalid> {
     let bad = || format!("{s:?} is not START-END (inclusive byte offsets, START <= END)");
     let (a, b) = s.split_once('-').ok_or_else(bad)?;
     let (a, b): (u64, u64) = (
@@ -843,7 +844,7 @@ fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
         b.trim().parse().map_err(|_| bad())?,
     );
     if a > b || b == u64::MAX {
-        return Err(bad());
+        return Err(bad().into());
     }
     Ok(a..b + 1)
 }
