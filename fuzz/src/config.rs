@@ -44,7 +44,7 @@ pub fn check(input: Input) {
             assert!(!line.is_empty(), "an empty description");
         }
         Err(msg) => {
-            assert!(!msg.is_empty(), "an empty error message");
+            assert!(!msg.to_string().is_empty(), "an empty error message");
         }
     }
 }

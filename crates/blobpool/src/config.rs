@@ -63,8 +63,9 @@
 //! their query (`s3://bucket/pool?part_size=16MiB`); an unknown one is an
 //! error naming it.
 //!
-//! Every error names where the bad value came from: `config file
-//! PATH:LINE:COL: key`, `environment BLOBPOOL_…` or `flag --…`.
+//! Every error is a [`ConfigError`] ([`crate::error`]) that names where the
+//! bad value came from: `config file PATH:LINE:COL: key`, `environment
+//! BLOBPOOL_…` or `flag --…`, and carries the setting's key.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -73,6 +74,8 @@ use serde::Deserialize;
 use store_core::{Mode, Store, DEFAULT_THRESHOLD};
 use store_types::{Error, Namespace};
 use toml::Spanned;
+
+pub use crate::error::{ConfigError, Invalid, Origin};
 
 /// The `BLOBPOOL_*` variables of the top-level keys and `[gc]` (the
 /// sections' are [`crate::security::SECTION_VARIABLES`]).
@@ -131,7 +134,7 @@ const DEVELOPMENT_PREFIXES: [&str; 5] = [
 /// Refuses a set `BLOBPOOL_*` variable that no setting reads (a typo such
 /// as `BLOBPOOL_LIMIT_IDLE_TIMEOUT` would otherwise be ignored silently),
 /// naming it and the nearest known one.
-pub fn check_environment(names: impl IntoIterator<Item = String>) -> Result<(), String> {
+pub fn check_environment(names: impl IntoIterator<Item = String>) -> Result<(), ConfigError> {
     let known = || {
         KEY_VARIABLES
             .iter()
@@ -149,9 +152,12 @@ pub fn check_environment(names: impl IntoIterator<Item = String>) -> Result<(), 
             .min_by_key(|k| strsim::levenshtein(k, &name))
             .copied()
             .unwrap_or_default();
-        return Err(format!(
-            "environment {name}: not a Blobpool setting (did you mean {nearest}? every variable \
-             is listed in docs/SERVER.md, Configuration)"
+        return Err(Origin::Env(name.clone()).err(
+            &name,
+            format!(
+                "not a Blobpool setting (did you mean {nearest}? every variable \
+                 is listed in docs/SERVER.md, Configuration)"
+            ),
         ));
     }
     Ok(())
@@ -204,56 +210,63 @@ impl<'de> Deserialize<'de> for Scalar {
 }
 
 impl Scalar {
-    fn text(self) -> Result<String, String> {
+    fn text(self) -> Result<String, Invalid> {
         match self {
             Scalar::Str(s) => Ok(s),
-            other => Err(format!("expected a string, got {}", other.shown())),
+            other => Err(format!("expected a string, got {}", other.shown()).into()),
         }
     }
 
-    fn boolean(self) -> Result<bool, String> {
+    fn boolean(self) -> Result<bool, Invalid> {
         match self {
             Scalar::Bool(b) => Ok(b),
             Scalar::Str(v) => match v.trim().to_ascii_lowercase().as_str() {
                 "1" | "true" | "yes" | "on" => Ok(true),
                 "0" | "false" | "no" | "off" => Ok(false),
-                _ => Err(format!("{v:?}: expected true or false")),
+                _ => Err(format!("{v:?}: expected true or false").into()),
             },
-            other => Err(format!("expected true or false, got {}", other.shown())),
+            other => Err(format!("expected true or false, got {}", other.shown()).into()),
         }
     }
 
-    fn size(self) -> Result<u64, String> {
+    fn size(self) -> Result<u64, Invalid> {
         match self {
             Scalar::Int(n) => {
-                u64::try_from(n).map_err(|_| format!("{n}: a size cannot be negative"))
+                u64::try_from(n).map_err(|_| Invalid(format!("{n}: a size cannot be negative")))
             }
             Scalar::Str(s) => parse_size(&s),
             other => Err(format!(
                 "expected a size (bytes, or e.g. \"64KiB\"), got {}",
                 other.shown()
-            )),
+            )
+            .into()),
         }
     }
 
-    fn duration(self) -> Result<Duration, String> {
+    fn duration(self) -> Result<Duration, Invalid> {
         match self {
             Scalar::Int(n) => u64::try_from(n)
                 .map(Duration::from_secs)
-                .map_err(|_| format!("{n}: a duration cannot be negative")),
+                .map_err(|_| Invalid(format!("{n}: a duration cannot be negative"))),
             Scalar::Str(s) => crate::security::parse_duration(&s),
             other => Err(format!(
                 "expected a duration (seconds, or e.g. \"15m\"), got {}",
                 other.shown()
-            )),
+            )
+            .into()),
         }
     }
 
-    fn count(self) -> Result<usize, String> {
+    fn count(self) -> Result<usize, Invalid> {
         match self {
-            Scalar::Int(n) => usize::try_from(n).map_err(|_| format!("{n}: must not be negative")),
-            Scalar::Str(s) => s.trim().parse::<usize>().map_err(|e| format!("{s:?}: {e}")),
-            other => Err(format!("expected an integer, got {}", other.shown())),
+            Scalar::Int(n) => {
+                usize::try_from(n).map_err(|_| Invalid(format!("{n}: must not be negative")))
+            }
+            Scalar::Str(s) => s
+                .trim()
+                .parse::<usize>()
+                .map_err(|e| Invalid(format!("{s:?}: {e}"))),
+            other => Err(format!("expected an integer, got {}", other.shown()).into()),
         }
     }
 
@@ -268,7 +281,7 @@ impl Scalar {
 
 /// Parses a size: plain bytes or a `bytesize` string (`"64KiB"`,
 /// `"4 GiB"`, `"1.5MB"`; `KiB` = 1024, `KB` = 1000).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, Invalid> {
     let t = s.trim();
     if let Ok(n) = t.parse::<u64>() {
         return Ok(n);
@@ -281,7 +294,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .as_u64();
     // bytesize saturates on overflow.
     if n == u64::MAX {
-        return Err(format!("{s:?} is too large"));
+        return Err(format!("{s:?} is too large").into());
     }
     Ok(n)
 }
@@ -314,11 +327,12 @@ fn positive_size(
     key: &str,
     file: &Option<Spanned<Scalar>>,
     default: u64,
-) -> Result<u64, String> {
+) -> Result<u64, ConfigError> {
     match l.get(key, None, file, Scalar::size)? {
-        Some((0, origin)) => Err(origin.err(format!(
-            "{key} = 0 would refuse every upload chunk; it must be positive"
-        ))),
+        Some((0, origin)) => Err(origin.err(
+            key,
+            format!("{key} = 0 would refuse every upload chunk; it must be positive"),
+        )),
         Some((n, _)) => Ok(n),
         None => Ok(default),
     }
@@ -431,36 +445,6 @@ pub struct StoreFlags {
     pub max_blob_size: Option<String>,
 }
 
-/// Where a value came from, for error messages.
-#[derive(Clone, Debug)]
-enum Origin {
-    /// `config file PATH:LINE:COL: key`.
-    File(String),
-    /// `environment NAME`.
-    Env(String),
-    /// `flag --NAME`.
-    Flag(String),
-    /// The built-in default.
-    Default,
-}
-
-impl std::fmt::Display for Origin {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        match self {
-            Origin::File(at) => write!(f, "config file {at}"),
-            Origin::Env(name) => write!(f, "environment {name}"),
-            Origin::Flag(name) => write!(f, "flag {name}"),
-            Origin::Default => f.write_str("the default"),
-        }
-    }
-}
-
-impl Origin {
-    fn err(&self, e: impl std::fmt::Display) -> String {
-        format!("{self}: {e}")
-    }
-}
-
 /// 1-based line and column of byte `offset` in `text`.
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
@@ -513,13 +497,13 @@ impl Layers<'_> {
         key: &str,
         flag: Option<&String>,
         file: &Option<Spanned<Scalar>>,
-        parse: impl FnOnce(Scalar) -> Result<T, String>,
-    ) -> Result<Option<(T, Origin)>, String> {
+        parse: impl FnOnce(Scalar) -> Result<T, Invalid>,
+    ) -> Result<Option<(T, Origin)>, ConfigError> {
         match self.pick(key, flag, file) {
             None => Ok(None),
             Some((v, origin)) => match parse(v) {
                 Ok(t) => Ok(Some((t, origin))),
-                Err(e) => Err(origin.err(e)),
+                Err(e) => Err(origin.err(key, e)),
             },
         }
     }
@@ -564,13 +548,13 @@ pub enum LogFormat {
 }
 
 impl std::str::FromStr for LogFormat {
-    type Err = String;
+    type Err = Invalid;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, Invalid> {
         match s.trim() {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            other => Err(format!("log format {other:?}: expected text or json")),
+            other => Err(format!("log format {other:?}: expected text or json").into()),
         }
     }
 }
@@ -597,11 +581,11 @@ pub fn registry() -> &'static store_registry::Registry {
 
 /// The registry's message for a configuration error (its `Display` adds
 /// a "configuration error:" prefix the origin already implies).
-fn config_message(e: Error) -> String {
-    match e {
+fn config_message(e: Error) -> Invalid {
+    Invalid(match e {
         Error::Config(m) => m,
         other => other.to_string(),
-    }
+    })
 }
 
 /// The registry options of a configuration: its `schema`,
@@ -681,7 +665,7 @@ pub struct Config {
 /// Parses a kv engine URL (`sqlite://PATH`, `postgres://…[?schema=S]`,
 /// `mem://`, … any kv engine of [`registry`]) with the configuration's
 /// `options`.
-pub fn parse_kv(url: &str, options: &store_registry::Options) -> Result<EngineSpec, String> {
+pub fn parse_kv(url: &str, options: &store_registry::Options) -> Result<EngineSpec, Invalid> {
     registry()
         .resolve(url, store_types::Tier::Kv, options)
         .map_err(config_message)
@@ -691,20 +675,20 @@ pub fn parse_kv(url: &str, options: &store_registry::Options) -> Result<EngineSp
 pub fn parse_large(
     url: &str,
     options: &store_registry::Options,
-) -> Result<Option<EngineSpec>, String> {
+) -> Result<Option<EngineSpec>, Invalid> {
     registry()
         .resolve_large(url, options)
         .map_err(config_message)
 }
 
-fn parse_mode(s: &str, threshold: u64) -> Result<Mode, String> {
+fn parse_mode(s: &str, threshold: u64) -> Result<Mode, Invalid> {
     match s.trim() {
         "mem-only" => Ok(Mode::MemOnly),
         "kv-only" => Ok(Mode::KvOnly { threshold }),
         "dual-tier" => Ok(Mode::DualTier { threshold }),
-        other => Err(format!(
-            "unknown mode {other:?}: expected mem-only, kv-only or dual-tier"
-        )),
+        other => {
+            Err(format!("unknown mode {other:?}: expected mem-only, kv-only or dual-tier").into())
+        }
     }
 }
 
@@ -716,7 +700,7 @@ fn check_mode_tiers(
     kv_url: &Option<(String, Origin)>,
     large_url: &Option<(String, Origin)>,
     has_large: bool,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     let name = match mode {
         Mode::MemOnly => "mem-only",
         Mode::KvOnly { .. } => "kv-only",
@@ -732,16 +716,20 @@ fn check_mode_tiers(
                 ),
                 (None, None) => "there is none".to_string(),
             };
-            Err(origin.err(format!("mode dual-tier needs a large tier, but {why}")))
+            Err(origin.err(
+                "mode",
+                format!("mode dual-tier needs a large tier, but {why}"),
+            ))
         }
         (Mode::MemOnly | Mode::KvOnly { .. }, true) => {
             let why = match large_url {
                 Some((_, o)) => format!("large is set ({o})"),
                 None => "the default store has one (set large = \"none\")".to_string(),
             };
-            Err(origin.err(format!(
-                "mode {name} has no large tier, but {why}; use dual-tier or drop large"
-            )))
+            Err(origin.err(
+                "mode",
+                format!("mode {name} has no large tier, but {why}; use dual-tier or drop large"),
+            ))
         }
         _ => Ok(()),
     }
@@ -753,7 +741,7 @@ impl Config {
     pub fn load(
         file: Option<&Path>,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Config, String> {
+    ) -> Result<Config, ConfigError> {
         Self::load_with(file, env, &StoreFlags::default())
     }
 
@@ -762,7 +750,7 @@ impl Config {
         file: Option<&Path>,
         env: &dyn Fn(&str) -> Option<String>,
         flags: &StoreFlags,
-    ) -> Result<Config, String> {
+    ) -> Result<Config, ConfigError> {
         let (fc, path, text) = match file {
             Some(p) => Self::read_file(p)?,
             None if Path::new(DEFAULT_CONFIG_FILE).is_file() => {
@@ -794,7 +782,7 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
         flags: &StoreFlags,
     ) -> Result<Config, String> {
-        let fc = Self::parse_file(text, "<toml>")?;
+        let fc = Self::parse_file(text, "<toml>").map_err(|e| e.to_string())?;
         Self::resolve(
             fc,
             &Layers {
@@ -804,11 +792,12 @@ impl Config {
                 flags,
             },
         )
+        .map_err(|e| e.to_string())
     }
 
     /// Parses a config file's text; a syntax or type error reads `config
     /// file PATH:LINE:COL: message` on one line.
-    fn parse_file(text: &str, path: &str) -> Result<FileConfig, String> {
+    fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
         toml::from_str(text).map_err(|e: toml::de::Error| {
             let at = match e.span() {
                 Some(span) => {
@@ -818,19 +807,21 @@ impl Config {
                 None => path.to_string(),
             };
             let msg = e.message().trim().replace('\n', "; ");
-            format!("config file {at}: {msg}")
+            Origin::File(at).err("", msg)
         })
     }
 
-    fn read_file(p: &Path) -> Result<(FileConfig, String, String), String> {
+    fn read_file(p: &Path) -> Result<(FileConfig, String, String), ConfigError> {
         let path = p.display().to_string();
-        let text = std::fs::read_to_string(p)
-            .map_err(|e| format!("cannot read config file {path}: {e}"))?;
+        let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Unreadable {
+            path: path.clone(),
+            source,
+        })?;
         let fc = Self::parse_file(&text, &path)?;
         Ok((fc, path, text))
     }
 
-    fn resolve(fc: FileConfig, l: &Layers) -> Result<Config, String> {
+    fn resolve(fc: FileConfig, l: &Layers) -> Result<Config, ConfigError> {
         let f = l.flags;
         let text = |s: Scalar| s.text();
         let tiers = Self::resolve_tiers(&fc, l)?;
@@ -924,7 +915,7 @@ impl Config {
 
     /// The storage tiers: `schema`, `kv`, `large`, `data_dir` (the root
     /// of the embedded default), `shared_media` and `fsync`.
-    fn resolve_tiers(fc: &FileConfig, l: &Layers) -> Result<Tiers, String> {
+    fn resolve_tiers(fc: &FileConfig, l: &Layers) -> Result<Tiers, ConfigError> {
         let f = l.flags;
         let text = |s: Scalar| s.text();
         let schema = l
@@ -935,7 +926,7 @@ impl Config {
         let data_dir = l.get("data_dir", f.data_dir.as_ref(), &fc.data_dir, |s| {
             let d = s.text()?;
             if d.trim().is_empty() {
-                return Err("data_dir must not be empty".to_string());
+                return Err("data_dir must not be empty".into());
             }
             Ok(PathBuf::from(d.trim()))
         })?;
@@ -954,29 +945,34 @@ impl Config {
         let options = engine_options(&schema, shared_media, fsync);
         let sqlite = |path: PathBuf| {
             parse_kv(&format!("sqlite://{}", path.display()), &options)
-                .map_err(|e| Origin::Default.err(e))
+                .map_err(|e| Origin::Default.err("kv", e))
         };
         let kv = match &kv_url {
             Some((url, origin)) => {
                 if let Some((_, dir_origin)) = &data_dir {
-                    return Err(dir_origin.err(format!(
-                        "data_dir has no effect because kv is set ({origin}): data_dir is the \
+                    return Err(dir_origin.err(
+                        "data_dir",
+                        format!(
+                            "data_dir has no effect because kv is set ({origin}): data_dir is the \
                          root of the default SQLite kv and local-file large tier; drop one of \
                          them (for a large tier next to that kv, set large = \"file://DIR/large\")"
-                    )));
+                        ),
+                    ));
                 }
-                parse_kv(url, &options).map_err(|e| origin.err(e))?
+                parse_kv(url, &options).map_err(|e| origin.err("kv", e))?
             }
             None => sqlite(root.join("kv.sqlite"))?,
         };
         let large = match (&kv_url, &large_url) {
-            (_, Some((url, origin))) => parse_large(url, &options).map_err(|e| origin.err(e))?,
+            (_, Some((url, origin))) => {
+                parse_large(url, &options).map_err(|e| origin.err("large", e))?
+            }
             (None, None) => Some(
                 parse_large(
                     &format!("file://{}", root.join("large").display()),
                     &options,
                 )
-                .map_err(|e| Origin::Default.err(e))?
+                .map_err(|e| Origin::Default.err("large", e))?
                 .expect("a file:// URL names a large tier"),
             ),
             (Some(_), None) => None,
@@ -994,7 +990,7 @@ impl Config {
 
     /// The dispatch mode: `mode` and `threshold`, checked against the
     /// tiers, else what the tiers imply.
-    fn resolve_mode(fc: &FileConfig, l: &Layers, tiers: &Tiers) -> Result<Mode, String> {
+    fn resolve_mode(fc: &FileConfig, l: &Layers, tiers: &Tiers) -> Result<Mode, ConfigError> {
         let f = l.flags;
         let text = |s: Scalar| s.text();
         let Tiers {
@@ -1014,7 +1010,7 @@ impl Config {
             .map_or(DEFAULT_THRESHOLD, |(t, _)| t);
         Ok(match l.get("mode", f.mode.as_ref(), &fc.mode, text)? {
             Some((m, origin)) => {
-                let mode = parse_mode(&m, threshold).map_err(|e| origin.err(e))?;
+                let mode = parse_mode(&m, threshold).map_err(|e| origin.err("mode", e))?;
                 check_mode_tiers(mode, &origin, kv_url, large_url, large.is_some())?;
                 mode
             }
@@ -1029,7 +1025,7 @@ impl Config {
     }
 
     /// `node_name`, else the default name of this host and data root.
-    fn resolve_node_name(fc: &FileConfig, l: &Layers, root: &Path) -> Result<String, String> {
+    fn resolve_node_name(fc: &FileConfig, l: &Layers, root: &Path) -> Result<String, ConfigError> {
         Ok(
             match l.get("node_name", None, &fc.node_name, |s| {
                 let n = s.text()?;
@@ -1049,7 +1045,11 @@ impl Config {
 
     /// `pin_ttl`, `token_ttl` (at most `pin_ttl` in a fleet) and the token
     /// caps.
-    fn resolve_tokens(fc: &FileConfig, l: &Layers, fleet: bool) -> Result<TokenSettings, String> {
+    fn resolve_tokens(
+        fc: &FileConfig,
+        l: &Layers,
+        fleet: bool,
+    ) -> Result<TokenSettings, ConfigError> {
         let (pin_ttl, pin_origin) = l
             .get("pin_ttl", None, &fc.pin_ttl, Scalar::duration)?
             .unwrap_or((Duration::from_secs(900), Origin::Default));
@@ -1057,26 +1057,31 @@ impl Config {
         match &token_ttl {
             Some((t, origin)) if t.is_zero() => {
                 return Err(origin.err(
+                    "token_ttl",
                     "token_ttl = 0: the idle lifetime must be at least 1 second \
                      (leave token_ttl unset for no idle expiry outside a fleet)",
                 ))
             }
             Some((t, origin)) if fleet && *t > pin_ttl => {
-                return Err(origin.err(format!(
-                    "token_ttl = {} exceeds pin_ttl = {} ({pin_origin}): in fleet mode a pin \
+                return Err(origin.err(
+                    "token_ttl",
+                    format!(
+                        "token_ttl = {} exceeds pin_ttl = {} ({pin_origin}): in fleet mode a pin \
                      token must not outlive the pin row it renews (ADR-018)",
-                    humantime::format_duration(*t),
-                    humantime::format_duration(pin_ttl),
-                )))
+                        humantime::format_duration(*t),
+                        humantime::format_duration(pin_ttl),
+                    ),
+                ))
             }
             _ => {}
         }
         let token_ttl = token_ttl.map(|(t, _)| t);
         let max_tokens = match l.get("max_tokens", None, &fc.max_tokens, Scalar::count)? {
             Some((0, origin)) => {
-                return Err(
-                    origin.err("max_tokens = 0 would refuse every put; it must be at least 1")
-                )
+                return Err(origin.err(
+                    "max_tokens",
+                    "max_tokens = 0 would refuse every put; it must be at least 1",
+                ))
             }
             Some((n, _)) => n,
             None => store_ops::DEFAULT_MAX_TOKENS,
@@ -1089,6 +1094,7 @@ impl Config {
         )? {
             Some((0, origin)) => {
                 return Err(origin.err(
+                    "max_tokens_per_identity",
                     "max_tokens_per_identity = 0 would refuse every put; it must be at least 1",
                 ))
             }
@@ -1109,7 +1115,7 @@ impl Config {
         fc: &FileConfig,
         l: &Layers,
         fleet: bool,
-    ) -> Result<(crate::gc::GcSettings, Vec<Namespace>), String> {
+    ) -> Result<(crate::gc::GcSettings, Vec<Namespace>), ConfigError> {
         let unreferenced = match (l.env)("BLOBPOOL_GC_UNREFERENCED_NAMESPACES") {
             Some(list) => (
                 list.split(',')
@@ -1134,10 +1140,10 @@ impl Config {
         };
         let gc = crate::gc::resolve(fc.gc.clone(), unreferenced.0.clone(), interval_env, fleet)
             .map_err(|e| {
-                if e.starts_with("gc.interval") {
-                    gc_origin.err(e)
+                if e.key().is_some_and(|k| k.starts_with("gc.interval")) {
+                    e.from_origin(&gc_origin)
                 } else {
-                    l.section("gc").err(e)
+                    e.from_origin(&l.section("gc"))
                 }
             })?;
         let unreferenced_namespaces = unreferenced
@@ -1145,9 +1151,10 @@ impl Config {
             .into_iter()
             .map(|n| {
                 Namespace::new(n.clone()).map_err(|e| {
-                    unreferenced
-                        .1
-                        .err(format!("gc.unreferenced_namespaces: {n:?}: {e}"))
+                    unreferenced.1.err(
+                        "gc.unreferenced_namespaces",
+                        format!("gc.unreferenced_namespaces: {n:?}: {e}"),
+                    )
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -1155,7 +1162,7 @@ impl Config {
     }
 
     /// `upload_idle_timeout` (positive).
-    fn resolve_upload_idle_timeout(fc: &FileConfig, l: &Layers) -> Result<Duration, String> {
+    fn resolve_upload_idle_timeout(fc: &FileConfig, l: &Layers) -> Result<Duration, ConfigError> {
         Ok(
             match l.get(
                 "upload_idle_timeout",
@@ -1165,6 +1172,7 @@ impl Config {
             )? {
                 Some((d, origin)) if d.is_zero() => {
                     return Err(origin.err(
+                        "upload_idle_timeout",
                         "upload_idle_timeout = 0 would reap every upload session at once; \
                      it must be positive",
                     ))
@@ -1176,7 +1184,7 @@ impl Config {
     }
 
     /// `umask` (octal, at most 0777).
-    fn resolve_umask(fc: &FileConfig, l: &Layers) -> Result<u32, String> {
+    fn resolve_umask(fc: &FileConfig, l: &Layers) -> Result<u32, ConfigError> {
         Ok(
             match l.get("umask", None, &fc.umask, |s| {
                 let t = s.text()?;
@@ -1185,7 +1193,8 @@ impl Config {
                     Ok(m) if m <= 0o777 && !t.is_empty() => Ok(m),
                     _ => Err(format!(
                         "umask = {t:?}: expected an octal mode like \"0077\" (at most 0777)"
-                    )),
+                    )
+                    .into()),
                 }
             })? {
                 Some((m, _)) => m,
@@ -1385,9 +1394,13 @@ mod tests {
 
     #[test]
     fn url_errors_never_print_passwords() {
-        let e = Config::from_toml("kv = \"mysql://u:s3cret@h/db\"").unwrap_err();
+        let e = Config::from_toml("kv = \"mysql://u:s3cret@h/db\"")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("s3cret") && e.contains("u:***@h"), "{e}");
-        let e = Config::from_toml("large = \"ftp://u:s3cret@h/x\"").unwrap_err();
+        let e = Config::from_toml("large = \"ftp://u:s3cret@h/x\"")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("s3cret"), "{e}");
     }
 
@@ -1586,7 +1599,7 @@ mod tests {
         let c = Config::from_layers("", &env, &StoreFlags::default()).unwrap();
         assert_eq!(c.node_name, "edge-2");
         for bad in ["node_name = \"\"", "node_name = \"a\\nb\""] {
-            let e = Config::from_toml(bad).unwrap_err();
+            let e = Config::from_toml(bad).unwrap_err().to_string();
             assert!(e.contains("node_name"), "{e}");
         }
     }
@@ -1603,16 +1616,18 @@ mod tests {
         // Fleet: at most pin_ttl, refused (not clamped) beyond.
         let c = Config::from_toml("fleet = true\npin_ttl = 60\ntoken_ttl = 60").unwrap();
         assert_eq!(c.token_ttl, Some(Duration::from_secs(60)));
-        let e = Config::from_toml("fleet = true\npin_ttl = 60\ntoken_ttl = 61").unwrap_err();
+        let e = Config::from_toml("fleet = true\npin_ttl = 60\ntoken_ttl = 61")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("<toml>:3:13: token_ttl: token_ttl = 1m 1s exceeds pin_ttl = 1m (config file <toml>:2:11: pin_ttl)"),
             "{e}"
         );
         let env = env_of(&[("BLOBPOOL_FLEET", "true"), ("BLOBPOOL_TOKEN_TTL", "901")]);
         assert!(Config::from_layers("", &env, &StoreFlags::default()).is_err());
-        let e = Config::from_toml("token_ttl = 0").unwrap_err();
+        let e = Config::from_toml("token_ttl = 0").unwrap_err().to_string();
         assert!(e.contains("token_ttl = 0"), "{e}");
-        let e = Config::from_toml("max_tokens = 0").unwrap_err();
+        let e = Config::from_toml("max_tokens = 0").unwrap_err().to_string();
         assert!(e.contains("max_tokens = 0"), "{e}");
     }
 
@@ -1688,30 +1703,37 @@ mod tests {
     #[test]
     fn errors_name_the_file_line_and_column() {
         let text = "kv = \"mem://\"\n\n  window = \"soon\"\n";
-        let e = Config::from_toml(text).unwrap_err();
+        let e = Config::from_toml(text).unwrap_err().to_string();
         assert!(
             e.starts_with("config file <toml>:3:12: window: \"soon\""),
             "{e}"
         );
-        let e = Config::from_toml("mode = \"fast\"").unwrap_err();
+        let e = Config::from_toml("mode = \"fast\"")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("config file <toml>:1:8: mode: unknown mode \"fast\""),
             "{e}"
         );
-        let e = Config::from_toml("threshold = true").unwrap_err();
+        let e = Config::from_toml("threshold = true")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("config file <toml>:1:13: threshold: expected a size"),
             "{e}"
         );
-        let e = Config::from_toml("max_blob_size = -1").unwrap_err();
+        let e = Config::from_toml("max_blob_size = -1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("<toml>:1:17: max_blob_size"), "{e}");
-        let e = Config::from_toml("fleet = 1").unwrap_err();
+        let e = Config::from_toml("fleet = 1").unwrap_err().to_string();
         assert!(
             e.contains("<toml>:1:9: fleet: expected true or false"),
             "{e}"
         );
-        let e =
-            Config::from_toml("kv = \"postgres://u:pw@h/db\"\nmode = \"dual-tier\"").unwrap_err();
+        let e = Config::from_toml("kv = \"postgres://u:pw@h/db\"\nmode = \"dual-tier\"")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("config file <toml>:2:8: mode: mode dual-tier needs a large tier")
                 && e.contains("kv is set (config file <toml>:1:6: kv)"),
@@ -1723,7 +1745,7 @@ mod tests {
             ("kv = [1]", "<toml>:1:6: invalid type"),
             ("kv = ", "<toml>:1:"),
         ] {
-            let e = Config::from_toml(text).unwrap_err();
+            let e = Config::from_toml(text).unwrap_err().to_string();
             assert!(e.starts_with(&format!("config file {at}")), "{text:?}: {e}");
             assert!(!e.contains('\n'), "{e}");
         }
@@ -1732,37 +1754,49 @@ mod tests {
     #[test]
     fn errors_name_the_environment_variable_or_the_flag() {
         let env = env_of(&[("BLOBPOOL_THRESHOLD", "lots")]);
-        let e = Config::from_layers("threshold = 5", &env, &flags()).unwrap_err();
+        let e = Config::from_layers("threshold = 5", &env, &flags())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("environment BLOBPOOL_THRESHOLD: \"lots\""),
             "{e}"
         );
         let env = env_of(&[("BLOBPOOL_FLEET", "maybe")]);
-        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        let e = Config::from_layers("", &env, &flags())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("environment BLOBPOOL_FLEET: \"maybe\""),
             "{e}"
         );
         let env = env_of(&[("BLOBPOOL_KV", "redis://u:secret@h")]);
-        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        let e = Config::from_layers("", &env, &flags())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("environment BLOBPOOL_KV: unsupported kv URL"),
             "{e}"
         );
         assert!(!e.contains("secret"), "{e}");
         let env = env_of(&[("BLOBPOOL_GC_INTERVAL", "soon")]);
-        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        let e = Config::from_layers("", &env, &flags())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("environment BLOBPOOL_GC_INTERVAL: gc.interval"),
             "{e}"
         );
-        let e = Config::from_toml("[gc]\nunreferenced_namespaces = [\"../x\"]").unwrap_err();
+        let e = Config::from_toml("[gc]\nunreferenced_namespaces = [\"../x\"]")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("config file <toml>: [gc]: gc.unreferenced_namespaces"),
             "{e}"
         );
         let env = env_of(&[("BLOBPOOL_TOKEN_TTL", "0")]);
-        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        let e = Config::from_layers("", &env, &flags())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("environment BLOBPOOL_TOKEN_TTL: token_ttl = 0"),
             "{e}"
@@ -1773,13 +1807,15 @@ mod tests {
             mode: Some("turbo".into()),
             ..flags()
         };
-        let e = Config::from_layers("", &env, &f).unwrap_err();
+        let e = Config::from_layers("", &env, &f).unwrap_err().to_string();
         assert!(e.starts_with("flag --mode: unknown mode \"turbo\""), "{e}");
         let f = StoreFlags {
             max_blob_size: Some("4 parsecs".into()),
             ..flags()
         };
-        let e = Config::from_layers("", &env_of(&[]), &f).unwrap_err();
+        let e = Config::from_layers("", &env_of(&[]), &f)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("flag --max-blob-size: \"4 parsecs\""), "{e}");
         let f = StoreFlags {
             fleet: Some("false".into()),
@@ -1811,12 +1847,16 @@ mod tests {
         assert_eq!(large_url(&c), Some("s3://bucket/pool"));
         // kv set: data_dir would have no effect, which is an error naming both.
         let env = env_of(&[("BLOBPOOL_KV", "mem://")]);
-        let e = Config::from_layers("data_dir = \"/srv/bp\"", &env, &flags()).unwrap_err();
+        let e = Config::from_layers("data_dir = \"/srv/bp\"", &env, &flags())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("config file <toml>:1:12: data_dir: data_dir has no effect because kv is set (environment BLOBPOOL_KV)"),
             "{e}"
         );
-        let e = Config::from_toml("data_dir = \" \"").unwrap_err();
+        let e = Config::from_toml("data_dir = \" \"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("data_dir must not be empty"), "{e}");
     }
 
@@ -1861,7 +1901,9 @@ mod tests {
 
     #[test]
     fn engine_urls_and_settings_are_checked_at_load() {
-        let e = Config::from_toml("large = \"s3://b/p?part_sise=1MiB\"").unwrap_err();
+        let e = Config::from_toml("large = \"s3://b/p?part_sise=1MiB\"")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with(
                 "config file <toml>:1:9: large: \"s3://b/p\": unknown option \"part_sise\" \
@@ -1869,7 +1911,9 @@ mod tests {
             ),
             "{e}"
         );
-        let e = Config::from_toml("kv = \"file:///srv/x\"").unwrap_err();
+        let e = Config::from_toml("kv = \"file:///srv/x\"")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("kv: \"file:///srv/x\" is a large engine (local), not a kv engine"),
             "{e}"
@@ -1885,12 +1929,16 @@ mod tests {
 
     #[test]
     fn an_explicit_mode_must_fit_the_tiers() {
-        let e = Config::from_toml("mode = \"kv-only\"").unwrap_err();
+        let e = Config::from_toml("mode = \"kv-only\"")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("mode kv-only has no large tier, but the default store has one"),
             "{e}"
         );
-        let e = Config::from_toml("large = \"none\"\nmode = \"dual-tier\"").unwrap_err();
+        let e = Config::from_toml("large = \"none\"\nmode = \"dual-tier\"")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("but large is none (config file <toml>:1:9: large)"),
             "{e}"
@@ -1941,7 +1989,9 @@ mod tests {
             "BLOBPOOL_CRASH_SEEDS",
         ]))
         .unwrap();
-        let e = check_environment(names(&["BLOBPOOL_LIMIT_IDLE_TIMEOUT"])).unwrap_err();
+        let e = check_environment(names(&["BLOBPOOL_LIMIT_IDLE_TIMEOUT"]))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("environment BLOBPOOL_LIMIT_IDLE_TIMEOUT: not a Blobpool setting"),
             "{e}"
@@ -1985,7 +2035,9 @@ mod tests {
         assert_eq!(tls.cert, PathBuf::from("/c.pem"));
         let bad = |k: &'static str, v: &'static str| {
             let env = move |name: &str| (name == k).then(|| v.to_string());
-            Config::from_layers("", &env, &StoreFlags::default()).unwrap_err()
+            Config::from_layers("", &env, &StoreFlags::default())
+                .unwrap_err()
+                .to_string()
         };
         assert!(
             bad("BLOBPOOL_AUTH_KEYS", "just-a-name").starts_with("environment BLOBPOOL_AUTH_KEYS")

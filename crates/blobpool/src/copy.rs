@@ -466,27 +466,7 @@ pub async fn copy(src: &Store, dst: &Store, opts: &CopyOpts) -> CopySummary {
     keys.map(|key| {
         let (src, dst, tally, bars) = (src.clone(), dst.clone(), tally.clone(), bars.clone());
         tokio::spawn(async move {
-            match copy_one(&src, &dst, &key, &bars.bytes).await {
-                Ok((_, true)) => {
-                    // Appeared in the destination since the presence check.
-                    tally.skipped.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok((n, false)) => {
-                    tally.copied.fetch_add(1, Ordering::Relaxed);
-                    tally.bytes.fetch_add(n, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    tally.failed.fetch_add(1, Ordering::Relaxed);
-                    bars.println(&format!("blobpool: copy: {key}: failed: {e}"));
-                    tally.fail(Failure {
-                        namespace: key.namespace.to_string(),
-                        digest: key.digest.to_hex(),
-                        reference: None,
-                        code: e.code,
-                        error: e.message,
-                    });
-                }
-            }
+            copy_entry(&src, &dst, &key, &tally, &bars).await;
             bars.update(&tally, None);
         })
     })
@@ -528,6 +508,32 @@ pub async fn copy(src: &Store, dst: &Store, opts: &CopyOpts) -> CopySummary {
         seconds: started.elapsed().as_secs_f64(),
         failures,
         aborted,
+    }
+}
+
+/// Copies one missing entry and counts the outcome: copied, skipped (it
+/// appeared meanwhile) or failed (reported on the progress output).
+async fn copy_entry(src: &Store, dst: &Store, key: &Key, tally: &Tally, bars: &Bars) {
+    match copy_one(src, dst, key, &bars.bytes).await {
+        Ok((_, true)) => {
+            // Appeared in the destination since the presence check.
+            tally.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok((n, false)) => {
+            tally.copied.fetch_add(1, Ordering::Relaxed);
+            tally.bytes.fetch_add(n, Ordering::Relaxed);
+        }
+        Err(e) => {
+            tally.failed.fetch_add(1, Ordering::Relaxed);
+            bars.println(&format!("blobpool: copy: {key}: failed: {e}"));
+            tally.fail(Failure {
+                namespace: key.namespace.to_string(),
+                digest: key.digest.to_hex(),
+                reference: None,
+                code: e.code,
+                error: e.message,
+            });
+        }
     }
 }
 

@@ -32,6 +32,8 @@ use serde::Deserialize;
 use store_core::{CacheBounds, GcPolicy, LivenessTable, Namespace, Store};
 use store_types::Error;
 
+use crate::error::{ConfigError, Invalid};
+
 /// Default `gc.interval`: a sweep every 15 minutes. Safe by default: only
 /// namespaces with a policy, or that use references, are swept
 /// (ADR-024), and garbage waits out the delete window first.
@@ -56,7 +58,7 @@ enum SizeField {
 }
 
 impl SizeField {
-    fn bytes(&self) -> Result<u64, String> {
+    fn bytes(&self) -> Result<u64, Invalid> {
         match self {
             SizeField::Bytes(n) => Ok(*n),
             SizeField::Text(s) => crate::config::parse_size(s),
@@ -100,27 +102,36 @@ pub struct GcSettings {
     pub cache_paths: Vec<(String, Namespace)>,
 }
 
-fn parse_policy(ns: &str, e: &NamespacePolicyEntry) -> Result<GcPolicy, String> {
+fn parse_policy(ns: &str, e: &NamespacePolicyEntry) -> Result<GcPolicy, ConfigError> {
     let age = e
         .max_age
         .as_deref()
         .map(|a| {
-            crate::security::parse_duration(a)
-                .map_err(|m| format!("gc.namespaces.{ns}.max_age: {m}"))
+            crate::security::parse_duration(a).map_err(|m| {
+                ConfigError::setting(
+                    format!("gc.namespaces.{ns}.max_age"),
+                    format!("gc.namespaces.{ns}.max_age: {m}"),
+                )
+            })
         })
         .transpose()?;
     if e.policy.as_deref().map(str::trim) == Some("cache") {
         if age.is_some_and(|d| d.is_zero()) {
-            return Err(format!(
-                "gc.namespaces.{ns}.max_age must be greater than zero"
+            return Err(ConfigError::setting(
+                format!("gc.namespaces.{ns}.max_age"),
+                format!("gc.namespaces.{ns}.max_age must be greater than zero"),
             ));
         }
         let max_bytes = e
             .max_bytes
             .as_ref()
             .map(|v| {
-                v.bytes()
-                    .map_err(|m| format!("gc.namespaces.{ns}.max_bytes: {m}"))
+                v.bytes().map_err(|m| {
+                    ConfigError::setting(
+                        format!("gc.namespaces.{ns}.max_bytes"),
+                        format!("gc.namespaces.{ns}.max_bytes: {m}"),
+                    )
+                })
             })
             .transpose()?;
         return Ok(GcPolicy::Cache(CacheBounds {
@@ -129,25 +140,25 @@ fn parse_policy(ns: &str, e: &NamespacePolicyEntry) -> Result<GcPolicy, String> 
         }));
     }
     if e.max_bytes.is_some() {
-        return Err(format!(
+        return Err(ConfigError::setting(format!("gc.namespaces.{ns}.max_bytes"), format!(
             "gc.namespaces.{ns}: max_bytes goes with policy = \"cache\" (a size-bounded build cache)"
-        ));
+        )));
     }
     match (e.policy.as_deref().map(str::trim), age) {
         (None | Some("max_age"), Some(d)) if !d.is_zero() => Ok(GcPolicy::MaxAge(d)),
-        (_, Some(_)) if e.policy.as_deref().is_some_and(|p| p != "max_age") => Err(format!(
+        (_, Some(_)) if e.policy.as_deref().is_some_and(|p| p != "max_age") => Err(ConfigError::setting(format!("gc.namespaces.{ns}.max_age"), format!(
             "gc.namespaces.{ns}: max_age goes with no policy (or policy = \"max_age\"), not with policy = {:?}",
             e.policy.as_deref().unwrap_or_default()
-        )),
-        (_, Some(_)) => Err(format!("gc.namespaces.{ns}.max_age must be greater than zero")),
+        ))),
+        (_, Some(_)) => Err(ConfigError::setting(format!("gc.namespaces.{ns}.max_age"), format!("gc.namespaces.{ns}.max_age must be greater than zero"))),
         (Some("refs"), None) => Ok(GcPolicy::Refs),
         (Some("unreferenced"), None) => Ok(GcPolicy::Unreferenced),
         (Some("keep"), None) => Ok(GcPolicy::Keep),
-        (Some("max_age"), None) => Err(format!("gc.namespaces.{ns}: policy = \"max_age\" needs max_age = \"…\"")),
-        (Some(other), None) => Err(format!(
+        (Some("max_age"), None) => Err(ConfigError::setting(format!("gc.namespaces.{ns}.max_age"), format!("gc.namespaces.{ns}: policy = \"max_age\" needs max_age = \"…\""))),
+        (Some(other), None) => Err(ConfigError::setting(format!("gc.namespaces.{ns}.policy"), format!(
             "gc.namespaces.{ns}.policy = {other:?}: expected refs, unreferenced, keep, cache (or max_age = \"7d\")"
-        )),
-        (None, None) => Err(format!("gc.namespaces.{ns}: set policy or max_age")),
+        ))),
+        (None, None) => Err(ConfigError::setting(format!("gc.namespaces.{ns}.policy"), format!("gc.namespaces.{ns}: set policy or max_age"))),
     }
 }
 
@@ -158,104 +169,167 @@ pub fn resolve(
     unreferenced: Vec<String>,
     interval_env: Option<String>,
     fleet: bool,
-) -> Result<GcSettings, String> {
+) -> Result<GcSettings, ConfigError> {
     let section = section.unwrap_or_default();
     let mut policies: BTreeMap<Namespace, GcPolicy> = BTreeMap::new();
     for n in unreferenced {
-        let ns = Namespace::new(n.clone())
-            .map_err(|e| format!("gc.unreferenced_namespaces: {n:?}: {e}"))?;
+        let ns = Namespace::new(n.clone()).map_err(|e| {
+            ConfigError::setting(
+                "gc.unreferenced_namespaces",
+                format!("gc.unreferenced_namespaces: {n:?}: {e}"),
+            )
+        })?;
         policies.insert(ns, GcPolicy::Unreferenced);
     }
     let mut cache_paths = Vec::new();
     for (n, e) in &section.namespaces {
-        let ns = Namespace::new(n.clone()).map_err(|e| format!("gc.namespaces.{n}: {e}"))?;
+        let ns = Namespace::new(n.clone()).map_err(|e| {
+            ConfigError::setting(
+                format!("gc.namespaces.{n}"),
+                format!("gc.namespaces.{n}: {e}"),
+            )
+        })?;
         let p = parse_policy(n, e)?;
         if let Some(path) = &e.http_path {
-            if !matches!(p, GcPolicy::Cache(_)) {
-                return Err(format!(
-                    "gc.namespaces.{n}.http_path goes with policy = \"cache\" (the build-cache routes)"
-                ));
-            }
-            store_ops::cache::check_cache_path(path).map_err(|e| {
-                format!(
-                    "gc.namespaces.{n}.{}",
-                    e.to_string().trim_start_matches("configuration error: ")
-                )
-            })?;
-            if cache_paths.iter().any(|(p, _): &(String, Namespace)| {
-                p.trim_end_matches('/') == path.trim_end_matches('/')
-            }) {
-                return Err(format!(
-                    "gc.namespaces.{n}.http_path {path:?}: another namespace has it"
-                ));
-            }
-            cache_paths.push((path.trim_end_matches('/').to_string(), ns.clone()));
+            check_http_path(n, &ns, path, p, &mut cache_paths)?;
         }
         if let Some(prev) = policies.insert(ns, p) {
             if prev != p {
-                return Err(format!(
+                return Err(ConfigError::setting(format!("gc.namespaces.{n}"), format!(
                     "namespace {n}: listed in gc.unreferenced_namespaces and given policy {p} in gc.namespaces"
-                ));
+                )));
             }
         }
         if fleet && matches!(p, GcPolicy::MaxAge(_)) {
-            return Err(format!(
-                "gc.namespaces.{n}: max_age is not available in a fleet (the age check is an \
+            return Err(ConfigError::setting(
+                format!("gc.namespaces.{n}.max_age"),
+                format!(
+                    "gc.namespaces.{n}: max_age is not available in a fleet (the age check is an \
                  in-process probe other nodes could not consult)"
+                ),
             ));
         }
     }
+    let tables = liveness_tables(&section.liveness_tables, fleet)?;
+    let interval = interval(interval_env.or(section.interval))?;
+    Ok(GcSettings {
+        policies: policies.into_iter().collect(),
+        tables,
+        interval,
+        cache_paths,
+    })
+}
+
+/// A cache namespace's `http_path`: only with policy `cache`, a valid
+/// route, and no other namespace's; recorded into `cache_paths`.
+fn check_http_path(
+    n: &str,
+    ns: &Namespace,
+    path: &str,
+    p: GcPolicy,
+    cache_paths: &mut Vec<(String, Namespace)>,
+) -> Result<(), ConfigError> {
+    if !matches!(p, GcPolicy::Cache(_)) {
+        return Err(ConfigError::setting(
+            format!("gc.namespaces.{n}.http_path"),
+            format!(
+                "gc.namespaces.{n}.http_path goes with policy = \"cache\" (the build-cache routes)"
+            ),
+        ));
+    }
+    store_ops::cache::check_cache_path(path).map_err(|e| {
+        ConfigError::setting(
+            format!("gc.namespaces.{n}.http_path"),
+            format!(
+                "gc.namespaces.{n}.{}",
+                e.to_string().trim_start_matches("configuration error: ")
+            ),
+        )
+    })?;
+    if cache_paths
+        .iter()
+        .any(|(p, _): &(String, Namespace)| p.trim_end_matches('/') == path.trim_end_matches('/'))
+    {
+        return Err(ConfigError::setting(
+            format!("gc.namespaces.{n}.http_path"),
+            format!("gc.namespaces.{n}.http_path {path:?}: another namespace has it"),
+        ));
+    }
+    cache_paths.push((path.trim_end_matches('/').to_string(), ns.clone()));
+    Ok(())
+}
+
+/// `[[gc.liveness_tables]]` (fleet only), their names plain SQL
+/// identifiers.
+fn liveness_tables(
+    entries: &[LivenessTableEntry],
+    fleet: bool,
+) -> Result<Vec<(Namespace, LivenessTable)>, ConfigError> {
     let mut tables = Vec::new();
-    for t in &section.liveness_tables {
+    for t in entries {
         if !fleet {
-            return Err(
+            return Err(ConfigError::setting(
+                "gc.liveness_tables",
                 "gc.liveness_tables are the fleet form of liveness (fleet = true); a single \
-                 server uses references or the library's in-process sources"
-                    .into(),
-            );
+                 server uses references or the library's in-process sources",
+            ));
         }
-        let ns = Namespace::new(t.namespace.clone())
-            .map_err(|e| format!("gc.liveness_tables: namespace {:?}: {e}", t.namespace))?;
+        let ns = Namespace::new(t.namespace.clone()).map_err(|e| {
+            ConfigError::setting(
+                "gc.liveness_tables",
+                format!("gc.liveness_tables: namespace {:?}: {e}", t.namespace),
+            )
+        })?;
         for (what, v) in [
             ("schema", &t.schema),
             ("table", &t.table),
             ("digest_column", &t.digest_column),
         ] {
             if !is_identifier(v) {
-                return Err(format!(
-                    "gc.liveness_tables ({}): {what} {v:?} is not a plain SQL identifier",
-                    t.namespace
+                return Err(ConfigError::setting(
+                    "gc.liveness_tables",
+                    format!(
+                        "gc.liveness_tables ({}): {what} {v:?} is not a plain SQL identifier",
+                        t.namespace
+                    ),
                 ));
             }
         }
         let mut table = LivenessTable::new(&t.schema, &t.table, &t.digest_column);
         if let Some(c) = &t.namespace_column {
             if !is_identifier(c) {
-                return Err(format!(
+                return Err(ConfigError::setting(
+                    "gc.liveness_tables",
+                    format!(
                     "gc.liveness_tables ({}): namespace_column {c:?} is not a plain SQL identifier",
                     t.namespace
+                ),
                 ));
             }
             table = table.with_namespace_column(c);
         }
         tables.push((ns, table));
     }
-    let interval = match interval_env.or(section.interval) {
+    Ok(tables)
+}
+
+/// `gc.interval` (or its variable): a duration of at least 1s, `off`, or
+/// unset for the default.
+fn interval(value: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    Ok(match value {
         None => Some(DEFAULT_INTERVAL),
         Some(s) if matches!(s.trim(), "off" | "none" | "never") => None,
         Some(s) => {
-            let d = crate::security::parse_duration(&s).map_err(|e| format!("gc.interval: {e}"))?;
+            let d = crate::security::parse_duration(&s)
+                .map_err(|e| ConfigError::setting("gc.interval", format!("gc.interval: {e}")))?;
             if d < Duration::from_secs(1) {
-                return Err("gc.interval must be at least 1s".into());
+                return Err(ConfigError::setting(
+                    "gc.interval",
+                    "gc.interval must be at least 1s",
+                ));
             }
             Some(d)
         }
-    };
-    Ok(GcSettings {
-        policies: policies.into_iter().collect(),
-        tables,
-        interval,
-        cache_paths,
     })
 }
 
@@ -418,7 +492,7 @@ mod tests {
                 "identifier",
             ),
         ] {
-            let e = resolve(section(text), vec![], None, fleet).unwrap_err();
+            let e = resolve(section(text), vec![], None, fleet).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
         let e = resolve(
@@ -427,7 +501,8 @@ mod tests {
             None,
             false,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("unreferenced_namespaces"), "{e}");
     }
 }
@@ -447,7 +522,11 @@ mod cache_tests {
             caches.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
             ["ccache", "sccache"]
         );
-        let e = c.sections.http_config(&c.listen, false).unwrap_err();
+        let e = c
+            .sections
+            .http_config(&c.listen, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("insecure_no_auth") || e.contains("key"), "{e}");
         let with_key = text.replace(
             "# [[auth.keys]]\n# name = \"ci\"\n# hash = \"blake3:…\"\n# scopes = [\"read\", \"write\"]",
@@ -507,7 +586,9 @@ mod cache_tests {
             ),
         ] {
             let section: GcSection = toml::from_str(text).unwrap();
-            let e = resolve(Some(section), vec![], None, false).unwrap_err();
+            let e = resolve(Some(section), vec![], None, false)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
         for (text, want) in [
@@ -525,7 +606,9 @@ mod cache_tests {
             ),
         ] {
             let section: GcSection = toml::from_str(text).unwrap();
-            let e = resolve(Some(section), vec![], None, false).unwrap_err();
+            let e = resolve(Some(section), vec![], None, false)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
     }

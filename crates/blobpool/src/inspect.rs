@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use blobpool::error::Invalid;
+
 use clap::Args;
 use serde::Serialize;
 use store_core::{EntryPage, VerifyEvent, VerifyOptions, VerifySummary, MAX_LIST_LIMIT};
@@ -63,7 +65,7 @@ pub struct VerifyArgs {
 
 /// A byte rate: a number with an optional K, M or G suffix (powers of
 /// 1024), optionally followed by `B` or `/s`.
-fn parse_rate(s: &str) -> Result<u64, String> {
+fn parse_rate(s: &str) -> Result<u64, Invalid> {
     let t = s.trim().trim_end_matches("/s").trim_end_matches(['B', 'b']);
     let (num, mult) = match t.chars().last() {
         Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
@@ -77,9 +79,7 @@ fn parse_rate(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("{s:?} is not a rate (e.g. 50M, 1G, 100000)"))?;
     let v = n * mult as f64;
     if !(1.0..1e18).contains(&v) {
-        return Err(format!(
-            "{s:?}: the rate must be at least 1 byte per second"
-        ));
+        return Err(format!("{s:?}: the rate must be at least 1 byte per second").into());
     }
     Ok(v as u64)
 }

@@ -8,5 +8,6 @@
 //! stays in the binary target.
 
 pub mod config;
+pub mod error;
 pub mod gc;
 pub mod security;

@@ -25,6 +25,7 @@
 
 // config, gc and security live in the library target (src/lib.rs) so the
 // fuzz targets can parse configurations; the binary uses them from there.
+use blobpool::error::Invalid;
 use blobpool::{config, gc, security};
 mod copy;
 mod direct;
@@ -357,7 +358,7 @@ enum KeyCommand {
     Hash,
 }
 
-fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+fn parse_log_format(s: &str) -> Result<LogFormat, Invalid> {
     s.parse()
 }
 
@@ -367,7 +368,7 @@ struct TimeLimit(Option<Duration>);
 
 /// A duration flag: plain seconds or a number with `ms`, `s`, `m` or `h`;
 /// `0` means no limit.
-fn parse_duration(s: &str) -> Result<TimeLimit, String> {
+fn parse_duration(s: &str) -> Result<TimeLimit, Invalid> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -381,10 +382,10 @@ fn parse_duration(s: &str) -> Result<TimeLimit, String> {
         "ms" => n / 1000.0,
         "m" | "min" | "mins" => n * 60.0,
         "h" => n * 3600.0,
-        u => return Err(format!("{s:?}: unknown unit {u:?} (use ms, s, m or h)")),
+        u => return Err(format!("{s:?}: unknown unit {u:?} (use ms, s, m or h)").into()),
     };
     if !secs.is_finite() || secs > 1e9 {
-        return Err(format!("{s:?} is too long"));
+        return Err(format!("{s:?} is too long").into());
     }
     Ok(TimeLimit(
         (secs > 0.0).then(|| Duration::from_secs_f64(secs)),
@@ -470,20 +471,14 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             log_format,
             store,
         } => {
-            if cli.server.is_some() {
-                return Err(CliError::usage("serve does not take --server"));
-            }
-            let mut cfg = load_config_with(&cli, Some(store))?;
-            if let Some(l) = listen {
-                cfg.listen = l.clone();
-            }
-            if *insecure_no_auth {
-                cfg.insecure_no_auth = true;
-            }
-            if let Some(f) = log_format {
-                cfg.log_format = *f;
-            }
-            serve::run(cfg).await
+            serve_command(
+                &cli,
+                listen.as_deref(),
+                *insecure_no_auth,
+                *log_format,
+                store,
+            )
+            .await
         }
         Command::Put {
             file,
@@ -492,53 +487,19 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             release,
             ref_name,
         } => {
-            let ns = parse_ns(&ns.namespace)?;
-            let expect = expect.as_deref().map(parse_digest).transpose()?;
-            let src = Source::parse(file);
-            if let Some(name) = ref_name {
-                let r = match target(&cli).await? {
-                    Target::Direct(d) => {
-                        refcmd::direct_put_with_ref(&d, &ns, &src, expect, name, !cli.quiet).await?
-                    }
-                    Target::Remote(remote) => {
-                        refcmd::remote_put_with_ref(&remote, &ns, &src, expect, name).await?
-                    }
-                };
-                return emit(json, &r, |r| r.digest.clone());
-            }
-            match target(&cli).await? {
-                Target::Direct(d) => {
-                    let r = d.put(&ns, &src, expect).await?;
-                    emit(json, &r, |r| r.digest.clone())
-                }
-                Target::Remote(remote) => {
-                    let r = remote.put(&ns, &src, expect, *release).await?;
-                    report_remote_put(&remote, json, &r).await
-                }
-            }
+            put_command(
+                &cli,
+                file,
+                ns,
+                expect.as_deref(),
+                *release,
+                ref_name.as_deref(),
+            )
+            .await
         }
-        Command::Release { tokens } => {
-            let Some(url) = &cli.server else {
-                return Err(CliError::usage(
-                    "release needs --server URL: pin tokens are held by a server",
-                ));
-            };
-            let remote = remote(&cli, url)?;
-            for token in tokens {
-                remote.release(token).await?;
-                emit(
-                    json,
-                    &serde_json::json!({ "token": token, "released": true }),
-                    |_| format!("released {token}"),
-                )?;
-            }
-            Ok(())
-        }
+        Command::Release { tokens } => release_command(&cli, tokens).await,
         Command::Key(k) => key_command(k, json),
-        Command::Ref(a) => match target(&cli).await? {
-            Target::Direct(d) => refcmd::run(Some(&d), None, &a.command, json).await,
-            Target::Remote(r) => refcmd::run(None, Some(&r), &a.command, json).await,
-        },
+        Command::Ref(a) => ref_command(&cli, a).await,
         Command::Ls(a) => inspect::ls(&cli, a).await,
         Command::Du(a) => inspect::du(&cli, a).await,
         Command::Verify(a) => inspect::verify(&cli, a).await,
@@ -572,70 +533,183 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             ns,
             output,
             range,
-        } => {
-            let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
-            let t = target(&cli).await?;
-            let sink = Sink::open(output.as_deref()).await?;
-            let to_stdout = sink.path().is_none();
-            let r = match (t, range.clone()) {
-                (Target::Direct(d), None) => d.get(&key, sink).await?,
-                (Target::Direct(d), Some(r)) => d.get_range(&key, r, sink).await?,
-                (Target::Remote(r), None) => r.get(&key, sink).await?,
-                (Target::Remote(r), Some(range)) => r.get_range(&key, range, sink).await?,
-            };
-            if !to_stdout {
-                emit(json, &r, |_| String::new())?;
+        } => get_command(&cli, digest, ns, output.as_deref(), range.clone()).await,
+        Command::Stat { digest, ns } => stat_command(&cli, digest, ns).await,
+        Command::Has { digests, ns } => has_command(&cli, digests, ns).await,
+        Command::Rm { digest, ns } => rm_command(&cli, digest, ns).await,
+        Command::Sweep => sweep_command(&cli).await,
+    }
+}
+
+/// `serve`: the configuration with the command's own flags over it.
+async fn serve_command(
+    cli: &Cli,
+    listen: Option<&str>,
+    insecure_no_auth: bool,
+    log_format: Option<LogFormat>,
+    store: &config::StoreFlags,
+) -> Result<(), CliError> {
+    if cli.server.is_some() {
+        return Err(CliError::usage("serve does not take --server"));
+    }
+    let mut cfg = load_config_with(cli, Some(store))?;
+    if let Some(l) = listen {
+        cfg.listen = l.to_string();
+    }
+    if insecure_no_auth {
+        cfg.insecure_no_auth = true;
+    }
+    if let Some(f) = log_format {
+        cfg.log_format = f;
+    }
+    serve::run(cfg).await
+}
+
+/// `put`, with `--ref` or without.
+async fn put_command(
+    cli: &Cli,
+    file: &str,
+    ns: &NsArg,
+    expect: Option<&str>,
+    release: bool,
+    ref_name: Option<&str>,
+) -> Result<(), CliError> {
+    let json = cli.json;
+    let ns = parse_ns(&ns.namespace)?;
+    let expect = expect.map(parse_digest).transpose()?;
+    let src = Source::parse(file);
+    if let Some(name) = ref_name {
+        let r = match target(cli).await? {
+            Target::Direct(d) => {
+                refcmd::direct_put_with_ref(&d, &ns, &src, expect, name, !cli.quiet).await?
             }
-            Ok(())
-        }
-        Command::Stat { digest, ns } => {
-            let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
-            let s = match target(&cli).await? {
-                Target::Direct(d) => d.stat(&key).await?,
-                Target::Remote(r) => r.stat(&key).await?,
-            };
-            emit(json, &s, stat_text)
-        }
-        Command::Has { digests, ns } => {
-            let ns = parse_ns(&ns.namespace)?;
-            let digests = digests
-                .iter()
-                .map(|d| parse_digest(d))
-                .collect::<Result<Vec<_>, _>>()?;
-            let r = match target(&cli).await? {
-                Target::Direct(d) => d.has(&ns, &digests).await?,
-                Target::Remote(r) => r.has(&ns, &digests).await?,
-            };
-            emit(json, &r, |r| {
-                r.digests
-                    .iter()
-                    .zip(&r.present)
-                    .map(|(d, p)| format!("{d}\t{}", if *p { "present" } else { "absent" }))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
-        }
-        Command::Rm { digest, ns } => {
-            let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
-            match target(&cli).await? {
-                Target::Direct(d) => d.rm(&key).await?,
-                Target::Remote(r) => r.rm(&key).await?,
+            Target::Remote(remote) => {
+                refcmd::remote_put_with_ref(&remote, &ns, &src, expect, name).await?
             }
-            let r = RmResult {
-                namespace: key.namespace.to_string(),
-                digest: key.digest.to_hex(),
-                deleted: true,
-            };
-            emit(json, &r, |r| format!("deleted {}", r.digest))
+        };
+        return emit(json, &r, |r| r.digest.clone());
+    }
+    match target(cli).await? {
+        Target::Direct(d) => {
+            let r = d.put(&ns, &src, expect).await?;
+            emit(json, &r, |r| r.digest.clone())
         }
-        Command::Sweep => {
-            let report = match target(&cli).await? {
-                Target::Direct(d) => d.sweep().await?,
-                Target::Remote(r) => r.sweep().await?,
-            };
-            emit(json, &report, sweep_text)
+        Target::Remote(remote) => {
+            let r = remote.put(&ns, &src, expect, release).await?;
+            report_remote_put(&remote, json, &r).await
         }
     }
+}
+
+/// `release`: each token, on the server.
+async fn release_command(cli: &Cli, tokens: &[String]) -> Result<(), CliError> {
+    let json = cli.json;
+    let Some(url) = &cli.server else {
+        return Err(CliError::usage(
+            "release needs --server URL: pin tokens are held by a server",
+        ));
+    };
+    let remote = remote(cli, url)?;
+    for token in tokens {
+        remote.release(token).await?;
+        emit(
+            json,
+            &serde_json::json!({ "token": token, "released": true }),
+            |_| format!("released {token}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// `get`, whole or a range, to a file or stdout.
+async fn get_command(
+    cli: &Cli,
+    digest: &str,
+    ns: &NsArg,
+    output: Option<&std::path::Path>,
+    range: Option<std::ops::Range<u64>>,
+) -> Result<(), CliError> {
+    let json = cli.json;
+    let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
+    let t = target(cli).await?;
+    let sink = Sink::open(output).await?;
+    let to_stdout = sink.path().is_none();
+    let r = match (t, range) {
+        (Target::Direct(d), None) => d.get(&key, sink).await?,
+        (Target::Direct(d), Some(r)) => d.get_range(&key, r, sink).await?,
+        (Target::Remote(r), None) => r.get(&key, sink).await?,
+        (Target::Remote(r), Some(range)) => r.get_range(&key, range, sink).await?,
+    };
+    if !to_stdout {
+        emit(json, &r, |_| String::new())?;
+    }
+    Ok(())
+}
+
+/// `stat`: one entry's metadata.
+async fn stat_command(cli: &Cli, digest: &str, ns: &NsArg) -> Result<(), CliError> {
+    let json = cli.json;
+    let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
+    let s = match target(cli).await? {
+        Target::Direct(d) => d.stat(&key).await?,
+        Target::Remote(r) => r.stat(&key).await?,
+    };
+    emit(json, &s, stat_text)
+}
+
+/// `has`: which of the digests are present.
+async fn has_command(cli: &Cli, digests: &[String], ns: &NsArg) -> Result<(), CliError> {
+    let json = cli.json;
+    let ns = parse_ns(&ns.namespace)?;
+    let digests = digests
+        .iter()
+        .map(|d| parse_digest(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let r = match target(cli).await? {
+        Target::Direct(d) => d.has(&ns, &digests).await?,
+        Target::Remote(r) => r.has(&ns, &digests).await?,
+    };
+    emit(json, &r, |r| {
+        r.digests
+            .iter()
+            .zip(&r.present)
+            .map(|(d, p)| format!("{d}\t{}", if *p { "present" } else { "absent" }))
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+}
+
+/// `rm`: a direct delete.
+async fn rm_command(cli: &Cli, digest: &str, ns: &NsArg) -> Result<(), CliError> {
+    let json = cli.json;
+    let key = Key::new(parse_ns(&ns.namespace)?, parse_digest(digest)?);
+    match target(cli).await? {
+        Target::Direct(d) => d.rm(&key).await?,
+        Target::Remote(r) => r.rm(&key).await?,
+    }
+    let r = RmResult {
+        namespace: key.namespace.to_string(),
+        digest: key.digest.to_hex(),
+        deleted: true,
+    };
+    emit(json, &r, |r| format!("deleted {}", r.digest))
+}
+
+/// `ref`: a reference command, direct or on the server.
+async fn ref_command(cli: &Cli, a: &refcmd::RefArgs) -> Result<(), CliError> {
+    match target(cli).await? {
+        Target::Direct(d) => refcmd::run(Some(&d), None, &a.command, cli.json).await,
+        Target::Remote(r) => refcmd::run(None, Some(&r), &a.command, cli.json).await,
+    }
+}
+
+/// `sweep`: one GC pass, direct or on the server.
+async fn sweep_command(cli: &Cli) -> Result<(), CliError> {
+    let report = match target(cli).await? {
+        Target::Direct(d) => d.sweep().await?,
+        Target::Remote(r) => r.sweep().await?,
+    };
+    emit(cli.json, &report, sweep_text)
 }
 
 /// Prints a remote put's result (see `put`'s help). If printing fails, the
@@ -762,7 +836,7 @@ fn main() -> ExitCode {
 }
 
 /// `--range START-END` (inclusive) as `START..END+1`.
-fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
+fn parse_range(s: &str) -> Result<std::ops::Range<u64>, Invalid> {
     let bad = || format!("{s:?} is not START-END (inclusive byte offsets, START <= END)");
     let (a, b) = s.split_once('-').ok_or_else(bad)?;
     let (a, b): (u64, u64) = (
@@ -770,7 +844,7 @@ fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
         b.trim().parse().map_err(|_| bad())?,
     );
     if a > b || b == u64::MAX {
-        return Err(bad());
+        return Err(bad().into());
     }
     Ok(a..b + 1)
 }

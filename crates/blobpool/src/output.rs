@@ -50,8 +50,8 @@ impl CliError {
     }
 
     /// A configuration error.
-    pub fn config(message: impl Into<String>) -> Self {
-        CliError::new("config", message)
+    pub fn config(message: impl std::fmt::Display) -> Self {
+        CliError::new("config", message.to_string())
     }
 
     /// A local I/O failure: `what` failed, caused by `e`.

@@ -103,6 +103,10 @@ fn ref_path(ns: &Namespace, name: &RefName) -> String {
     format!("/v1/refs/{ns}/{name}")
 }
 
+/// The target of a `ref` subcommand: a store opened directly, or a
+/// server (exactly one is set).
+type Targets<'a> = (Option<&'a Direct>, Option<&'a Remote>);
+
 /// Runs a `ref` subcommand.
 pub async fn run(
     target_direct: Option<&Direct>,
@@ -110,6 +114,7 @@ pub async fn run(
     cmd: &RefCommand,
     json: bool,
 ) -> Result<(), CliError> {
+    let t = (target_direct, target_remote);
     match cmd {
         RefCommand::Set {
             name: n,
@@ -117,164 +122,196 @@ pub async fn run(
             ns,
             if_match,
             create,
-        } => {
-            let ns = Namespace::new(ns.namespace.as_str())?;
-            let nm = name(n)?;
-            let d = digest(d)?;
-            let expect = match (if_match, create) {
-                (Some(m), _) => RefExpect::Digest(digest(m)?),
-                (None, true) => RefExpect::Absent,
-                (None, false) => RefExpect::Any,
-            };
-            let previous = match (target_direct, target_remote) {
-                (Some(dir), _) => {
-                    let refs = dir.store().refs().ok_or_else(no_refs)?;
-                    refs.set(&ns, &nm, d, expect).await?.map(|p| p.to_hex())
-                }
-                (_, Some(r)) => remote_set(r, &ns, &nm, d, expect, None)
-                    .await?
-                    .get("previous")
-                    .and_then(|p| p.as_str())
-                    .map(str::to_string),
-                _ => unreachable!("a target"),
-            };
-            let line = RefLine {
-                namespace: ns.to_string(),
-                name: nm.to_string(),
-                digest: d.to_hex(),
-                previous,
-            };
-            emit(json, &line, |l| format!("{} -> {}", l.name, l.digest))
-        }
-        RefCommand::Get { name: n, ns } => {
-            let ns = Namespace::new(ns.namespace.as_str())?;
-            let nm = name(n)?;
-            let d = match (target_direct, target_remote) {
-                (Some(dir), _) => dir
-                    .store()
-                    .refs()
-                    .ok_or_else(no_refs)?
-                    .get(&ns, &nm)
-                    .await?
-                    .map(|d| d.to_hex())
-                    .ok_or_else(|| CliError::new("missing", "no such reference"))?,
-                (_, Some(r)) => r
-                    .send_json(reqwest::Method::GET, &ref_path(&ns, &nm), None, &[])
-                    .await?
-                    .and_then(|v| v["digest"].as_str().map(str::to_string))
-                    .ok_or_else(|| CliError::new("http", "the server answered no digest"))?,
-                _ => unreachable!("a target"),
-            };
-            let line = RefLine {
-                namespace: ns.to_string(),
-                name: nm.to_string(),
-                digest: d,
-                previous: None,
-            };
-            emit(json, &line, |l| l.digest.clone())
-        }
+        } => set(t, n, d, ns, if_match.as_deref(), *create, json).await,
+        RefCommand::Get { name: n, ns } => get(t, n, ns, json).await,
         RefCommand::Rm {
             name: n,
             ns,
             if_match,
-        } => {
-            let ns = Namespace::new(ns.namespace.as_str())?;
-            let nm = name(n)?;
-            let expect = match if_match {
-                Some(m) => RefExpect::Digest(digest(m)?),
-                None => RefExpect::Any,
-            };
-            match (target_direct, target_remote) {
-                (Some(dir), _) => {
-                    dir.store()
-                        .refs()
-                        .ok_or_else(no_refs)?
-                        .delete(&ns, &nm, expect)
-                        .await?
-                        .ok_or_else(|| CliError::new("missing", "no such reference"))?;
-                }
-                (_, Some(r)) => {
-                    let headers = match expect {
-                        RefExpect::Digest(d) => vec![("if-match", format!("\"{d}\""))],
-                        _ => vec![],
-                    };
-                    r.send_json(reqwest::Method::DELETE, &ref_path(&ns, &nm), None, &headers)
-                        .await?;
-                }
-                _ => unreachable!("a target"),
-            }
-            emit(
-                json,
-                &json!({"namespace": ns.to_string(), "name": nm.to_string(), "removed": true}),
-                |_| format!("removed {nm}"),
-            )
-        }
+        } => rm(t, n, ns, if_match.as_deref(), json).await,
         RefCommand::Ls {
             ns,
             prefix,
             after,
             limit,
-        } => {
-            let ns = Namespace::new(ns.namespace.as_str())?;
-            let mut after = after.as_deref().map(name).transpose()?;
-            let mut left = limit.unwrap_or(usize::MAX);
-            while left > 0 {
-                let page = left.min(1000);
-                let got: Vec<(String, String)> = match (target_direct, target_remote) {
-                    (Some(dir), _) => dir
-                        .store()
-                        .refs()
-                        .ok_or_else(no_refs)?
-                        .list(&ns, prefix, after.as_ref(), page)
-                        .await?
-                        .into_iter()
-                        .map(|e| (e.name.to_string(), e.digest.to_hex()))
-                        .collect(),
-                    (_, Some(r)) => {
-                        let mut q =
-                            format!("/v1/refs/{ns}?limit={page}&prefix={}", query_escape(prefix));
-                        if let Some(a) = &after {
-                            q.push_str(&format!("&after={}", query_escape(a.as_str())));
-                        }
-                        let v = r
-                            .send_json(reqwest::Method::GET, &q, None, &[])
-                            .await?
-                            .unwrap_or_default();
-                        v["refs"]
-                            .as_array()
-                            .map(|a| {
-                                a.iter()
-                                    .filter_map(|e| {
-                                        Some((
-                                            e["name"].as_str()?.to_string(),
-                                            e["digest"].as_str()?.to_string(),
-                                        ))
-                                    })
-                                    .collect()
-                            })
-                            .unwrap_or_default()
-                    }
-                    _ => unreachable!("a target"),
-                };
-                let n = got.len();
-                for (nm, d) in &got {
-                    let line = RefLine {
-                        namespace: ns.to_string(),
-                        name: nm.clone(),
-                        digest: d.clone(),
-                        previous: None,
-                    };
-                    emit(json, &line, |l| format!("{}  {}", l.digest, l.name))?;
-                }
-                left = left.saturating_sub(n);
-                if n < page {
-                    break;
-                }
-                after = got.last().map(|(nm, _)| name(nm)).transpose()?;
-            }
-            Ok(())
-        }
+        } => ls(t, ns, prefix, after.as_deref(), *limit, json).await,
     }
+}
+
+/// `ref set`.
+async fn set(
+    t: Targets<'_>,
+    n: &str,
+    d: &str,
+    ns: &crate::NsArg,
+    if_match: Option<&str>,
+    create: bool,
+    json: bool,
+) -> Result<(), CliError> {
+    let ns = Namespace::new(ns.namespace.as_str())?;
+    let nm = name(n)?;
+    let d = digest(d)?;
+    let expect = match (if_match, create) {
+        (Some(m), _) => RefExpect::Digest(digest(m)?),
+        (None, true) => RefExpect::Absent,
+        (None, false) => RefExpect::Any,
+    };
+    let previous = match t {
+        (Some(dir), _) => {
+            let refs = dir.store().refs().ok_or_else(no_refs)?;
+            refs.set(&ns, &nm, d, expect).await?.map(|p| p.to_hex())
+        }
+        (_, Some(r)) => remote_set(r, &ns, &nm, d, expect, None)
+            .await?
+            .get("previous")
+            .and_then(|p| p.as_str())
+            .map(str::to_string),
+        _ => unreachable!("a target"),
+    };
+    let line = RefLine {
+        namespace: ns.to_string(),
+        name: nm.to_string(),
+        digest: d.to_hex(),
+        previous,
+    };
+    emit(json, &line, |l| format!("{} -> {}", l.name, l.digest))
+}
+
+/// `ref get`.
+async fn get(t: Targets<'_>, n: &str, ns: &crate::NsArg, json: bool) -> Result<(), CliError> {
+    let ns = Namespace::new(ns.namespace.as_str())?;
+    let nm = name(n)?;
+    let d = match t {
+        (Some(dir), _) => dir
+            .store()
+            .refs()
+            .ok_or_else(no_refs)?
+            .get(&ns, &nm)
+            .await?
+            .map(|d| d.to_hex())
+            .ok_or_else(|| CliError::new("missing", "no such reference"))?,
+        (_, Some(r)) => r
+            .send_json(reqwest::Method::GET, &ref_path(&ns, &nm), None, &[])
+            .await?
+            .and_then(|v| v["digest"].as_str().map(str::to_string))
+            .ok_or_else(|| CliError::new("http", "the server answered no digest"))?,
+        _ => unreachable!("a target"),
+    };
+    let line = RefLine {
+        namespace: ns.to_string(),
+        name: nm.to_string(),
+        digest: d,
+        previous: None,
+    };
+    emit(json, &line, |l| l.digest.clone())
+}
+
+/// `ref rm`.
+async fn rm(
+    t: Targets<'_>,
+    n: &str,
+    ns: &crate::NsArg,
+    if_match: Option<&str>,
+    json: bool,
+) -> Result<(), CliError> {
+    let ns = Namespace::new(ns.namespace.as_str())?;
+    let nm = name(n)?;
+    let expect = match if_match {
+        Some(m) => RefExpect::Digest(digest(m)?),
+        None => RefExpect::Any,
+    };
+    match t {
+        (Some(dir), _) => {
+            dir.store()
+                .refs()
+                .ok_or_else(no_refs)?
+                .delete(&ns, &nm, expect)
+                .await?
+                .ok_or_else(|| CliError::new("missing", "no such reference"))?;
+        }
+        (_, Some(r)) => {
+            let headers = match expect {
+                RefExpect::Digest(d) => vec![("if-match", format!("\"{d}\""))],
+                _ => vec![],
+            };
+            r.send_json(reqwest::Method::DELETE, &ref_path(&ns, &nm), None, &headers)
+                .await?;
+        }
+        _ => unreachable!("a target"),
+    }
+    emit(
+        json,
+        &json!({"namespace": ns.to_string(), "name": nm.to_string(), "removed": true}),
+        |_| format!("removed {nm}"),
+    )
+}
+
+/// `ref ls`, page by page.
+async fn ls(
+    t: Targets<'_>,
+    ns: &crate::NsArg,
+    prefix: &str,
+    after: Option<&str>,
+    limit: Option<usize>,
+    json: bool,
+) -> Result<(), CliError> {
+    let ns = Namespace::new(ns.namespace.as_str())?;
+    let mut after = after.map(name).transpose()?;
+    let mut left = limit.unwrap_or(usize::MAX);
+    while left > 0 {
+        let page = left.min(1000);
+        let got: Vec<(String, String)> = match t {
+            (Some(dir), _) => dir
+                .store()
+                .refs()
+                .ok_or_else(no_refs)?
+                .list(&ns, prefix, after.as_ref(), page)
+                .await?
+                .into_iter()
+                .map(|e| (e.name.to_string(), e.digest.to_hex()))
+                .collect(),
+            (_, Some(r)) => {
+                let mut q = format!("/v1/refs/{ns}?limit={page}&prefix={}", query_escape(prefix));
+                if let Some(a) = &after {
+                    q.push_str(&format!("&after={}", query_escape(a.as_str())));
+                }
+                let v = r
+                    .send_json(reqwest::Method::GET, &q, None, &[])
+                    .await?
+                    .unwrap_or_default();
+                v["refs"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|e| {
+                                Some((
+                                    e["name"].as_str()?.to_string(),
+                                    e["digest"].as_str()?.to_string(),
+                                ))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            }
+            _ => unreachable!("a target"),
+        };
+        let n = got.len();
+        for (nm, d) in &got {
+            let line = RefLine {
+                namespace: ns.to_string(),
+                name: nm.clone(),
+                digest: d.clone(),
+                previous: None,
+            };
+            emit(json, &line, |l| format!("{}  {}", l.digest, l.name))?;
+        }
+        left = left.saturating_sub(n);
+        if n < page {
+            break;
+        }
+        after = got.last().map(|(nm, _)| name(nm)).transpose()?;
+    }
+    Ok(())
 }
 
 /// `application/x-www-form-urlencoded` escaping of a query value (names

@@ -41,6 +41,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::error::{ConfigError, Invalid, Origin};
 use store_http::{ClientAuth, HttpConfig, ServerLimits, TlsSettings};
 use store_ops::auth::{parse_key_hash, ApiKey, Auth, CertIdentity, Grant};
 
@@ -103,27 +105,30 @@ enum DurationValue {
 }
 
 impl DurationValue {
-    fn get(&self, name: &str) -> Result<Duration, String> {
+    fn get(&self, name: &str) -> Result<Duration, ConfigError> {
         let d = match self {
             DurationValue::Secs(s) => Duration::from_secs(*s),
-            DurationValue::Text(t) => {
-                parse_duration(t).map_err(|e| format!("limits.{name}: {e}"))?
-            }
+            DurationValue::Text(t) => parse_duration(t).map_err(|e| {
+                ConfigError::setting(format!("limits.{name}"), format!("limits.{name}: {e}"))
+            })?,
         };
         if d.is_zero() {
-            return Err(format!("limits.{name} must be greater than zero"));
+            return Err(ConfigError::setting(
+                format!("limits.{name}"),
+                format!("limits.{name} must be greater than zero"),
+            ));
         }
         Ok(d)
     }
 }
 
 /// Parses `"30s"`, `"2m"`, `"1h 30m"`, `"500ms"` or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, Invalid> {
     let s = s.trim();
     if let Ok(secs) = s.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. \"30s\", \"2m\")"))
+    humantime::parse_duration(s).map_err(|e| Invalid(format!("{s:?}: {e} (e.g. \"30s\", \"2m\")")))
 }
 
 /// `[limits]`.
@@ -170,6 +175,40 @@ pub fn is_loopback(listen: &str) -> bool {
 /// rebinding page's host name is none of these).
 pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
+/// The API keys and certificate identities of `[auth]`, their hashes and
+/// scopes parsed.
+fn identities(auth: &AuthSection) -> Result<(Vec<ApiKey>, Vec<CertIdentity>), ConfigError> {
+    let keys = auth
+        .keys
+        .iter()
+        .map(|k| {
+            Ok(ApiKey {
+                name: k.name.clone(),
+                hash: parse_key_hash(&k.hash).map_err(|e| {
+                    ConfigError::setting("auth.keys", format!("auth.keys {:?}: {e}", k.name))
+                })?,
+                grants: Grant::parse_all(&k.scopes).map_err(|e| {
+                    ConfigError::setting("auth.keys", format!("auth.keys {:?}: {e}", k.name))
+                })?,
+            })
+        })
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    let certs = auth
+        .clients
+        .iter()
+        .map(|c| {
+            Ok(CertIdentity {
+                name: c.name.clone(),
+                subject: c.subject.clone(),
+                grants: Grant::parse_all(&c.scopes).map_err(|e| {
+                    ConfigError::setting("auth.clients", format!("auth.clients {:?}: {e}", c.name))
+                })?,
+            })
+        })
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    Ok((keys, certs))
+}
+
 impl Sections {
     /// Builds the HTTP configuration for a server listening on `listen`.
     ///
@@ -177,84 +216,48 @@ impl Sections {
     /// identities without `tls.client_ca`; `client_auth` without
     /// `client_ca`; and — unless `insecure_no_auth` — a non-loopback
     /// `listen` with no identity configured.
-    pub fn http_config(&self, listen: &str, insecure_no_auth: bool) -> Result<HttpConfig, String> {
+    pub fn http_config(
+        &self,
+        listen: &str,
+        insecure_no_auth: bool,
+    ) -> Result<HttpConfig, ConfigError> {
         let auth_section = self.auth.clone().unwrap_or_default();
-        let keys = auth_section
-            .keys
-            .iter()
-            .map(|k| {
-                Ok(ApiKey {
-                    name: k.name.clone(),
-                    hash: parse_key_hash(&k.hash)
-                        .map_err(|e| format!("auth.keys {:?}: {e}", k.name))?,
-                    grants: Grant::parse_all(&k.scopes)
-                        .map_err(|e| format!("auth.keys {:?}: {e}", k.name))?,
-                })
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let certs = auth_section
-            .clients
-            .iter()
-            .map(|c| {
-                Ok(CertIdentity {
-                    name: c.name.clone(),
-                    subject: c.subject.clone(),
-                    grants: Grant::parse_all(&c.scopes)
-                        .map_err(|e| format!("auth.clients {:?}: {e}", c.name))?,
-                })
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+        let (keys, certs) = identities(&auth_section)?;
         let anonymous = Grant::parse_all(&auth_section.anonymous)
-            .map_err(|e| format!("auth.anonymous: {e}"))?;
-        let tls = match &self.tls {
-            None => None,
-            Some(t) => {
-                let client_auth = match t.client_auth.as_deref().map(str::trim) {
-                    None | Some("optional") => ClientAuth::Optional,
-                    Some("required") => ClientAuth::Required,
-                    Some(other) => {
-                        return Err(format!(
-                            "tls.client_auth = {other:?}: expected \"optional\" or \"required\""
-                        ))
-                    }
-                };
-                if t.client_ca.is_none() && t.client_auth.is_some() {
-                    return Err("tls.client_auth needs tls.client_ca (the CA that signs client certificates)".into());
-                }
-                Some(TlsSettings {
-                    cert: t.cert.clone(),
-                    key: t.key.clone(),
-                    client_ca: t.client_ca.clone(),
-                    client_auth,
-                })
-            }
-        };
+            .map_err(|e| ConfigError::setting("auth.anonymous", format!("auth.anonymous: {e}")))?;
+        let tls = self.tls_settings()?;
         if !certs.is_empty() && tls.as_ref().is_none_or(|t| t.client_ca.is_none()) {
-            return Err("auth.clients (certificate identities) need [tls] with client_ca".into());
+            return Err(ConfigError::setting(
+                "auth.clients",
+                "auth.clients (certificate identities) need [tls] with client_ca",
+            ));
         }
         let auth = if keys.is_empty() && certs.is_empty() {
             if !anonymous.is_empty() {
-                return Err(
+                return Err(ConfigError::setting(
+                    "auth.anonymous",
                     "auth.anonymous is set but no [[auth.keys]] or [[auth.clients]] exist: \
-                     without identities the server is open to everyone anyway"
-                        .into(),
-                );
+                     without identities the server is open to everyone anyway",
+                ));
             }
             let mtls_required = tls
                 .as_ref()
                 .is_some_and(|t| t.client_ca.is_some() && t.client_auth == ClientAuth::Required);
             if !is_loopback(listen) && !insecure_no_auth && !mtls_required {
-                return Err(format!(
+                return Err(ConfigError::setting(
+                    "listen",
+                    format!(
                     "refusing to serve on {listen} without authentication: anyone who can reach \
                      that address could read, write and delete blobs and run sweeps. Add API keys \
                      ([[auth.keys]], see `blobpool key new`) or client certificates, listen on \
                      127.0.0.1, or pass --insecure-no-auth (insecure_no_auth = true) if a proxy in \
                      front of the server authenticates"
+                ),
                 ));
             }
             Auth::open()
         } else {
-            Auth::new(keys, certs, anonymous)?
+            Auth::new(keys, certs, anonymous).map_err(|e| ConfigError::setting("auth", e))?
         };
         let http = self.http.clone().unwrap_or_default();
         let allowed_hosts = match http.allowed_hosts {
@@ -271,18 +274,54 @@ impl Sections {
         })
     }
 
-    fn limits(&self) -> Result<ServerLimits, String> {
+    /// `[tls]` as the server's settings: `client_auth` is optional or
+    /// required, and needs `client_ca`.
+    fn tls_settings(&self) -> Result<Option<TlsSettings>, ConfigError> {
+        Ok(match &self.tls {
+            None => None,
+            Some(t) => {
+                let client_auth = match t.client_auth.as_deref().map(str::trim) {
+                    None | Some("optional") => ClientAuth::Optional,
+                    Some("required") => ClientAuth::Required,
+                    Some(other) => {
+                        return Err(ConfigError::setting(
+                            "tls.client_auth",
+                            format!(
+                            "tls.client_auth = {other:?}: expected \"optional\" or \"required\""
+                        ),
+                        ))
+                    }
+                };
+                if t.client_ca.is_none() && t.client_auth.is_some() {
+                    return Err(ConfigError::setting(
+                        "tls.client_auth",
+                        "tls.client_auth needs tls.client_ca (the CA that signs client certificates)",
+                    ));
+                }
+                Some(TlsSettings {
+                    cert: t.cert.clone(),
+                    key: t.key.clone(),
+                    client_ca: t.client_ca.clone(),
+                    client_auth,
+                })
+            }
+        })
+    }
+
+    fn limits(&self) -> Result<ServerLimits, ConfigError> {
         let mut l = ServerLimits::default();
         let Some(s) = &self.limits else {
             return Ok(l);
         };
-        let set =
-            |v: &Option<DurationValue>, name: &str, into: &mut Duration| -> Result<(), String> {
-                if let Some(v) = v {
-                    *into = v.get(name)?;
-                }
-                Ok(())
-            };
+        let set = |v: &Option<DurationValue>,
+                   name: &str,
+                   into: &mut Duration|
+         -> Result<(), ConfigError> {
+            if let Some(v) = v {
+                *into = v.get(name)?;
+            }
+            Ok(())
+        };
         set(
             &s.header_read_timeout,
             "header_read_timeout",
@@ -298,7 +337,10 @@ impl Sections {
         set(&s.drain_timeout, "drain_timeout", &mut l.drain_timeout)?;
         if let Some(n) = s.max_connections {
             if n == 0 {
-                return Err("limits.max_connections must be at least 1".into());
+                return Err(ConfigError::setting(
+                    "limits.max_connections",
+                    "limits.max_connections must be at least 1",
+                ));
             }
             l.max_connections = n;
         }
@@ -348,15 +390,16 @@ fn identity_list(
     var: &str,
     form: &str,
     v: &str,
-) -> Result<Vec<(String, String, Vec<String>)>, String> {
+) -> Result<Vec<(String, String, Vec<String>)>, ConfigError> {
     let entries: Vec<&str> = v
         .split(';')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .collect();
     if entries.is_empty() {
-        return Err(format!(
-            "environment {var}: empty (expected {form};…); unset it to keep the file's"
+        return Err(env_err(
+            var,
+            format!("empty (expected {form};…); unset it to keep the file's"),
         ));
     }
     entries
@@ -373,7 +416,7 @@ fn identity_list(
                         scopes.map(list).unwrap_or_default(),
                     ))
                 }
-                _ => Err(format!("environment {var}: {entry:?}: expected {form}")),
+                _ => Err(env_err(var, format!("{entry:?}: expected {form}"))),
             }
         })
         .collect()
@@ -391,11 +434,30 @@ impl Sections {
     /// The sections with the `BLOBPOOL_*` variables of
     /// [`SECTION_VARIABLES`] applied over the file's values; an error names
     /// the variable (`environment BLOBPOOL_…: …`).
-    pub fn with_env(mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<Sections, String> {
-        let err = |name: &str, m: String| format!("environment {name}: {m}");
+    pub fn with_env(
+        mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Sections, ConfigError> {
+        self.auth_env(env)?;
+        if let Some(v) = env("BLOBPOOL_HTTP_ALLOWED_HOSTS") {
+            self.http.get_or_insert_with(Default::default).allowed_hosts = Some(list(&v));
+        }
+        if let Some(v) = env("BLOBPOOL_HTTP_CORS_ORIGINS") {
+            self.http.get_or_insert_with(Default::default).cors_origins = list(&v);
+        }
+        self.tls_env(env)?;
+        self.limits_env(env)?;
+        if self.limits == Some(LimitsSection::default()) {
+            self.limits = None;
+        }
+        Ok(self)
+    }
+
+    /// `BLOBPOOL_AUTH_*` over `[auth]`.
+    fn auth_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         if let Some(v) = env("BLOBPOOL_AUTH_ANONYMOUS") {
             let anonymous = list(&v);
-            Grant::parse_all(&anonymous).map_err(|e| err("BLOBPOOL_AUTH_ANONYMOUS", e))?;
+            Grant::parse_all(&anonymous).map_err(|e| env_err("BLOBPOOL_AUTH_ANONYMOUS", e))?;
             self.auth.get_or_insert_with(Default::default).anonymous = anonymous;
         }
         if let Some(v) = env("BLOBPOOL_AUTH_KEYS") {
@@ -404,11 +466,12 @@ impl Sections {
                 .into_iter()
                 .map(|(name, hash, scopes)| {
                     // Checked here too, so that the error names the variable.
-                    parse_key_hash(&hash).map_err(|e| err(var, format!("{name:?}: {e}")))?;
-                    Grant::parse_all(&scopes).map_err(|e| err(var, format!("{name:?}: {e}")))?;
+                    parse_key_hash(&hash).map_err(|e| env_err(var, format!("{name:?}: {e}")))?;
+                    Grant::parse_all(&scopes)
+                        .map_err(|e| env_err(var, format!("{name:?}: {e}")))?;
                     Ok(KeyEntry { name, hash, scopes })
                 })
-                .collect::<Result<Vec<_>, String>>()?;
+                .collect::<Result<Vec<_>, ConfigError>>()?;
             self.auth.get_or_insert_with(Default::default).keys = keys;
         }
         if let Some(v) = env("BLOBPOOL_AUTH_CLIENTS") {
@@ -416,22 +479,23 @@ impl Sections {
             let clients = identity_list(var, "name=subject=scope,scope", &v)?
                 .into_iter()
                 .map(|(name, subject, scopes)| {
-                    Grant::parse_all(&scopes).map_err(|e| err(var, format!("{name:?}: {e}")))?;
+                    Grant::parse_all(&scopes)
+                        .map_err(|e| env_err(var, format!("{name:?}: {e}")))?;
                     Ok(ClientEntry {
                         name,
                         subject,
                         scopes,
                     })
                 })
-                .collect::<Result<Vec<_>, String>>()?;
+                .collect::<Result<Vec<_>, ConfigError>>()?;
             self.auth.get_or_insert_with(Default::default).clients = clients;
         }
-        if let Some(v) = env("BLOBPOOL_HTTP_ALLOWED_HOSTS") {
-            self.http.get_or_insert_with(Default::default).allowed_hosts = Some(list(&v));
-        }
-        if let Some(v) = env("BLOBPOOL_HTTP_CORS_ORIGINS") {
-            self.http.get_or_insert_with(Default::default).cors_origins = list(&v);
-        }
+        Ok(())
+    }
+
+    /// `BLOBPOOL_TLS_*` over `[tls]`; without a `[tls]` in the file the
+    /// certificate and key variables are both needed.
+    fn tls_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         let tls_var = |k: &str| env(&format!("BLOBPOOL_TLS_{k}"));
         let (cert, key) = (tls_var("CERT"), tls_var("KEY"));
         let (ca, auth) = (tls_var("CLIENT_CA"), tls_var("CLIENT_AUTH"));
@@ -440,15 +504,15 @@ impl Sections {
                 Some(t) => t,
                 None => TlsSection {
                     cert: cert.clone().map(PathBuf::from).ok_or_else(|| {
-                        err(
+                        env_err(
                             "BLOBPOOL_TLS_CERT",
-                            "needed with the other BLOBPOOL_TLS_* (no [tls] in the file)".into(),
+                            "needed with the other BLOBPOOL_TLS_* (no [tls] in the file)",
                         )
                     })?,
                     key: key.clone().map(PathBuf::from).ok_or_else(|| {
-                        err(
+                        env_err(
                             "BLOBPOOL_TLS_KEY",
-                            "needed with the other BLOBPOOL_TLS_* (no [tls] in the file)".into(),
+                            "needed with the other BLOBPOOL_TLS_* (no [tls] in the file)",
                         )
                     })?,
                     client_ca: None,
@@ -466,7 +530,7 @@ impl Sections {
             }
             if let Some(a) = auth {
                 if !matches!(a.trim(), "optional" | "required") {
-                    return Err(err(
+                    return Err(env_err(
                         "BLOBPOOL_TLS_CLIENT_AUTH",
                         format!("{a:?}: expected \"optional\" or \"required\""),
                     ));
@@ -475,24 +539,29 @@ impl Sections {
             }
             self.tls = Some(t);
         }
-        let duration = |name: &str| -> Result<Option<DurationValue>, String> {
+        Ok(())
+    }
+
+    /// `BLOBPOOL_LIMITS_*` over `[limits]`.
+    fn limits_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let duration = |name: &str| -> Result<Option<DurationValue>, ConfigError> {
             let var = format!("BLOBPOOL_LIMITS_{name}");
             env(&var)
                 .map(|v| {
                     let d = DurationValue::Text(v);
                     d.get(&name.to_ascii_lowercase())
-                        .map_err(|m| err(&var, m))
+                        .map_err(|m| env_err(&var, m))
                         .map(|_| d)
                 })
                 .transpose()
         };
-        let number = |name: &str| -> Result<Option<u64>, String> {
+        let number = |name: &str| -> Result<Option<u64>, ConfigError> {
             let var = format!("BLOBPOOL_LIMITS_{name}");
             env(&var)
                 .map(|v| {
                     v.trim()
                         .parse::<u64>()
-                        .map_err(|e| err(&var, format!("{v:?}: {e}")))
+                        .map_err(|e| env_err(&var, format!("{v:?}: {e}")))
                 })
                 .transpose()
         };
@@ -510,9 +579,9 @@ impl Sections {
         }
         if let Some(n) = number("MAX_CONNECTIONS")? {
             if n == 0 {
-                return Err(err(
+                return Err(env_err(
                     "BLOBPOOL_LIMITS_MAX_CONNECTIONS",
-                    "limits.max_connections must be at least 1".into(),
+                    "limits.max_connections must be at least 1",
                 ));
             }
             l.max_connections = Some(usize::try_from(n).unwrap_or(usize::MAX));
@@ -520,14 +589,16 @@ impl Sections {
         if let Some(n) = number("HTTP2_MAX_STREAMS")? {
             l.http2_max_streams = Some(
                 u32::try_from(n)
-                    .map_err(|e| err("BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS", e.to_string()))?,
+                    .map_err(|e| env_err("BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS", e.to_string()))?,
             );
         }
-        if self.limits == Some(LimitsSection::default()) {
-            self.limits = None;
-        }
-        Ok(self)
+        Ok(())
     }
+}
+
+/// An error in the variable `name`.
+fn env_err(name: &str, m: impl std::fmt::Display) -> ConfigError {
+    Origin::Env(name.to_string()).err(name, m.to_string())
 }
 
 #[cfg(test)]
@@ -566,7 +637,10 @@ mod tests {
     #[test]
     fn an_open_server_off_loopback_is_refused_unless_insisted() {
         let s = Sections::default();
-        let e = s.http_config("0.0.0.0:7070", false).unwrap_err();
+        let e = s
+            .http_config("0.0.0.0:7070", false)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("without authentication") && e.contains("--insecure-no-auth"),
             "{e}"
@@ -645,7 +719,8 @@ mod tests {
         for (text, want) in bad {
             let e = sections(text)
                 .http_config("127.0.0.1:1", false)
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
     }
@@ -871,7 +946,8 @@ http2_max_streams = 7
         for (var, value) in &cases {
             let e = file_sections()
                 .with_env(&|k| (k == *var).then(|| value.clone()))
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.starts_with(&format!("environment {var}: ")),
                 "{var}={value:?}: {e}"
@@ -881,7 +957,8 @@ http2_max_streams = 7
         // and the key: the error names the missing one.
         let e = Sections::default()
             .with_env(&|k| (k == "BLOBPOOL_TLS_KEY").then(|| "/k.pem".into()))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("environment BLOBPOOL_TLS_CERT: "), "{e}");
         let tls = Sections::default()
             .with_env(&|k| match k {
