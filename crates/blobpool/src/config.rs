@@ -845,11 +845,6 @@ impl Config {
                 s.text()?.parse::<LogFormat>()
             })?
             .map_or(LogFormat::Text, |(f, _)| f);
-        let default_max_blob = if mode == Mode::MemOnly {
-            DEFAULT_MEM_ONLY_MAX_BLOB_SIZE
-        } else {
-            store_ops::DEFAULT_MAX_BLOB_SIZE
-        };
         let (gc, unreferenced_namespaces) = Self::resolve_gc(&fc, l, fleet)?;
         let flag = |key: &str, file: &Option<Spanned<Scalar>>, default: bool| {
             l.get(key, None, file, Scalar::boolean)
@@ -870,14 +865,7 @@ impl Config {
             listen: l
                 .get("listen", None, &fc.listen, text)?
                 .map_or_else(|| DEFAULT_LISTEN.to_string(), |(s, _)| s),
-            max_blob_size: l
-                .get(
-                    "max_blob_size",
-                    f.max_blob_size.as_ref(),
-                    &fc.max_blob_size,
-                    Scalar::size,
-                )?
-                .map_or(default_max_blob, |(n, _)| n),
+            max_blob_size: Self::resolve_max_blob_size(&fc, l, mode)?,
             token_ttl: tokens.token_ttl,
             max_tokens: tokens.max_tokens,
             max_tokens_per_identity: tokens.max_tokens_per_identity,
@@ -897,12 +885,7 @@ impl Config {
                 &fc.upload_max_bytes,
                 store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES,
             )?,
-            upload_max_bytes_per_identity: positive_size(
-                l,
-                "upload_max_bytes_per_identity",
-                &fc.upload_max_bytes_per_identity,
-                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
-            )?,
+            upload_max_bytes_per_identity: Self::resolve_upload_max_per_identity(&fc, l)?,
             sections: crate::security::Sections {
                 auth: fc.auth,
                 http: fc.http,
@@ -911,6 +894,33 @@ impl Config {
             }
             .with_env(l.env)?,
         })
+    }
+
+    /// `max_blob_size`; by default 64 MiB in mem-only mode (the store is
+    /// memory), else the ops layer's default.
+    fn resolve_max_blob_size(fc: &FileConfig, l: &Layers, mode: Mode) -> Result<u64, ConfigError> {
+        let default = if mode == Mode::MemOnly {
+            DEFAULT_MEM_ONLY_MAX_BLOB_SIZE
+        } else {
+            store_ops::DEFAULT_MAX_BLOB_SIZE
+        };
+        Ok(l.get(
+            "max_blob_size",
+            l.flags.max_blob_size.as_ref(),
+            &fc.max_blob_size,
+            Scalar::size,
+        )?
+        .map_or(default, |(n, _)| n))
+    }
+
+    /// `upload_max_bytes_per_identity` (positive).
+    fn resolve_upload_max_per_identity(fc: &FileConfig, l: &Layers) -> Result<u64, ConfigError> {
+        positive_size(
+            l,
+            "upload_max_bytes_per_identity",
+            &fc.upload_max_bytes_per_identity,
+            store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
+        )
     }
 
     /// The storage tiers: `schema`, `kv`, `large`, `data_dir` (the root
