@@ -51,6 +51,12 @@ impl From<String> for Invalid {
     }
 }
 
+impl From<store_ops::auth::AuthConfigError> for Invalid {
+    fn from(e: store_ops::auth::AuthConfigError) -> Self {
+        Invalid(e.to_string())
+    }
+}
+
 impl From<&str> for Invalid {
     fn from(s: &str) -> Self {
         Invalid(s.to_string())

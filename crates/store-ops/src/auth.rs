@@ -86,18 +86,17 @@ pub struct NsPattern(String);
 
 impl NsPattern {
     /// Parses a pattern: 1–64 characters of `[a-z0-9._-]` and `*`.
-    pub fn parse(s: &str) -> Result<NsPattern, String> {
+    pub fn parse(s: &str) -> Result<NsPattern, AuthConfigError> {
         if s.is_empty() || s.len() > 64 {
-            return Err(format!(
-                "namespace pattern {s:?}: 1 to 64 characters expected"
-            ));
+            return Err(AuthConfigError::PatternLength(s.to_string()));
         }
         if let Some(c) = s.chars().find(|c| {
             !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-' | '*'))
         }) {
-            return Err(format!(
-                "namespace pattern {s:?}: {c:?} is not allowed (namespaces are [a-z0-9._-], `*` matches any run)"
-            ));
+            return Err(AuthConfigError::PatternChar {
+                pattern: s.to_string(),
+                c,
+            });
         }
         Ok(NsPattern(s.to_string()))
     }
@@ -149,7 +148,7 @@ impl Grant {
     /// Parses `SCOPE` or `SCOPE:PATTERN` (`read`, `write:ci-*`,
     /// `delete:tmp`, `admin`). Without a pattern the grant covers every
     /// namespace; `admin` takes none.
-    pub fn parse(s: &str) -> Result<Grant, String> {
+    pub fn parse(s: &str) -> Result<Grant, AuthConfigError> {
         let (scope, pattern) = match s.split_once(':') {
             Some((a, b)) => (a, Some(b)),
             None => (s, None),
@@ -159,16 +158,10 @@ impl Grant {
             "write" => Scope::Write,
             "delete" => Scope::Delete,
             "admin" => Scope::Admin,
-            other => {
-                return Err(format!(
-                    "scope {other:?}: expected read, write, delete or admin, optionally followed by :NAMESPACE_PATTERN"
-                ))
-            }
+            other => return Err(AuthConfigError::UnknownScope(other.to_string())),
         };
         if scope == Scope::Admin && pattern.is_some() {
-            return Err(format!(
-                "scope {s:?}: admin applies to the whole server and takes no namespace pattern"
-            ));
+            return Err(AuthConfigError::AdminWithPattern(s.to_string()));
         }
         Ok(Grant {
             scope,
@@ -177,7 +170,7 @@ impl Grant {
     }
 
     /// Parses a list of grants.
-    pub fn parse_all<S: AsRef<str>>(list: &[S]) -> Result<Vec<Grant>, String> {
+    pub fn parse_all<S: AsRef<str>>(list: &[S]) -> Result<Vec<Grant>, AuthConfigError> {
         list.iter().map(|s| Grant::parse(s.as_ref())).collect()
     }
 
@@ -359,11 +352,9 @@ impl Auth {
         keys: Vec<ApiKey>,
         certs: Vec<CertIdentity>,
         anonymous: Vec<Grant>,
-    ) -> Result<Auth, String> {
+    ) -> Result<Auth, AuthConfigError> {
         if keys.is_empty() && certs.is_empty() {
-            return Err(
-                "auth: no [[auth.keys]] and no [[auth.clients]]: nobody could authenticate".into(),
-            );
+            return Err(AuthConfigError::NoIdentities);
         }
         let mut names: Vec<&str> = Vec::new();
         for name in keys
@@ -372,22 +363,19 @@ impl Auth {
             .chain(certs.iter().map(|c| c.name.as_str()))
         {
             if name.trim().is_empty() {
-                return Err("auth: an identity has an empty name".into());
+                return Err(AuthConfigError::EmptyName);
             }
             if name == ANONYMOUS {
-                return Err(format!("auth: the name {ANONYMOUS:?} is reserved"));
+                return Err(AuthConfigError::ReservedName);
             }
             if names.contains(&name) {
-                return Err(format!("auth: two identities are named {name:?}"));
+                return Err(AuthConfigError::DuplicateName(name.to_string()));
             }
             names.push(name);
         }
         for (i, k) in keys.iter().enumerate() {
             if keys[..i].iter().any(|o| o.hash == k.hash) {
-                return Err(format!(
-                    "auth: keys {:?} and another identity have the same hash (one key, two names)",
-                    k.name
-                ));
+                return Err(AuthConfigError::DuplicateHash(k.name.clone()));
             }
         }
         Ok(Auth {
@@ -508,12 +496,61 @@ pub fn hash_key(key: &str) -> String {
 }
 
 /// Parses the config form of a key hash ([`hash_key`]'s output).
-pub fn parse_key_hash(s: &str) -> Result<blake3::Hash, String> {
-    let hex = s.trim().strip_prefix("blake3:").ok_or_else(|| {
-        "a key hash is `blake3:<64 hex>` (from `blobpool key new` or `blobpool key hash`)"
-            .to_string()
-    })?;
-    blake3::Hash::from_hex(hex).map_err(|e| format!("key hash: {e}"))
+pub fn parse_key_hash(s: &str) -> Result<blake3::Hash, AuthConfigError> {
+    let hex = s
+        .trim()
+        .strip_prefix("blake3:")
+        .ok_or(AuthConfigError::NotAKeyHash)?;
+    blake3::Hash::from_hex(hex).map_err(AuthConfigError::KeyHash)
+}
+
+/// Why an authentication setting was refused (the messages name the
+/// setting's value; the caller adds where it came from).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthConfigError {
+    /// A namespace pattern of 0 or more than 64 characters.
+    #[error("namespace pattern {0:?}: 1 to 64 characters expected")]
+    PatternLength(String),
+    /// A namespace pattern with a character namespaces cannot have.
+    #[error(
+        "namespace pattern {pattern:?}: {c:?} is not allowed (namespaces are [a-z0-9._-], `*` matches any run)"
+    )]
+    PatternChar {
+        /// The pattern.
+        pattern: String,
+        /// The character.
+        c: char,
+    },
+    /// A scope that is not read, write, delete or admin.
+    #[error(
+        "scope {0:?}: expected read, write, delete or admin, optionally followed by :NAMESPACE_PATTERN"
+    )]
+    UnknownScope(String),
+    /// `admin:PATTERN`.
+    #[error("scope {0:?}: admin applies to the whole server and takes no namespace pattern")]
+    AdminWithPattern(String),
+    /// No key and no certificate identity.
+    #[error("auth: no [[auth.keys]] and no [[auth.clients]]: nobody could authenticate")]
+    NoIdentities,
+    /// An identity named by white space only.
+    #[error("auth: an identity has an empty name")]
+    EmptyName,
+    /// An identity named `anonymous`.
+    #[error("auth: the name \"anonymous\" is reserved")]
+    ReservedName,
+    /// Two identities of one name.
+    #[error("auth: two identities are named {0:?}")]
+    DuplicateName(String),
+    /// Two keys of one hash.
+    #[error("auth: keys {0:?} and another identity have the same hash (one key, two names)")]
+    DuplicateHash(String),
+    /// Not `blake3:<64 hex>`.
+    #[error("a key hash is `blake3:<64 hex>` (from `blobpool key new` or `blobpool key hash`)")]
+    NotAKeyHash,
+    /// `blake3:` followed by something else than 64 hex digits.
+    #[error("key hash: {0}")]
+    KeyHash(blake3::HexError),
 }
 
 /// A fresh API key: [`KEY_PREFIX`] plus 256 random bits as hex.

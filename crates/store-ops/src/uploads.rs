@@ -532,26 +532,24 @@ impl Uploads {
         Ok(())
     }
 
-    fn load_one(&self, id: &str) -> Result<Session, String> {
-        let meta: Meta = serde_json::from_slice(
-            &fs::read(self.path(id, "meta")).map_err(|e| format!("metadata: {e}"))?,
-        )
-        .map_err(|e| format!("metadata: {e}"))?;
-        let ns = Namespace::new(&meta.namespace).map_err(|e| format!("namespace: {e}"))?;
-        let offset = decode_offset(
-            &fs::read(self.path(id, "offset")).map_err(|e| format!("offset file: {e}"))?,
-        )
-        .ok_or("the offset file is torn")?;
+    fn load_one(&self, id: &str) -> Result<Session, Damaged> {
+        let meta: Meta =
+            serde_json::from_slice(&fs::read(self.path(id, "meta")).map_err(Damaged::MetaFile)?)
+                .map_err(Damaged::MetaJson)?;
+        let ns = Namespace::new(&meta.namespace).map_err(Damaged::Namespace)?;
+        let offset =
+            decode_offset(&fs::read(self.path(id, "offset")).map_err(Damaged::OffsetFile)?)
+                .ok_or(Damaged::TornOffset)?;
         let data = OpenOptions::new()
             .write(true)
             .open(self.path(id, "data"))
-            .map_err(|e| format!("data file: {e}"))?;
-        let len = data.metadata().map_err(|e| e.to_string())?.len();
+            .map_err(Damaged::DataFile)?;
+        let len = data.metadata().map_err(Damaged::DataFile)?.len();
         if len < offset {
-            return Err(format!("{len} bytes of data, {offset} committed"));
+            return Err(Damaged::Short { len, offset });
         }
         // Bytes past the committed offset were never acknowledged.
-        data.set_len(offset).map_err(|e| e.to_string())?;
+        data.set_len(offset).map_err(Damaged::DataFile)?;
         Ok(Session {
             id: id.to_string(),
             ns,
@@ -964,6 +962,26 @@ impl Uploads {
     pub(crate) fn reap_every(&self) -> Duration {
         (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(60))
     }
+}
+
+/// Why a spooled upload session cannot be resumed (it is dropped, with a
+/// warning naming this).
+#[derive(Debug, thiserror::Error)]
+enum Damaged {
+    #[error("metadata: {0}")]
+    MetaFile(std::io::Error),
+    #[error("metadata: {0}")]
+    MetaJson(serde_json::Error),
+    #[error("namespace: {0}")]
+    Namespace(store_types::Error),
+    #[error("offset file: {0}")]
+    OffsetFile(std::io::Error),
+    #[error("the offset file is torn")]
+    TornOffset,
+    #[error("data file: {0}")]
+    DataFile(std::io::Error),
+    #[error("{len} bytes of data, {offset} committed")]
+    Short { len: u64, offset: u64 },
 }
 
 #[cfg(test)]
