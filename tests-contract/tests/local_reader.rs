@@ -1,5 +1,5 @@
 //! Verification through the facade over the local engine, whose
-//! read-ahead thread hashes what it yields (`BlobReader::yielded_digest`):
+//! read-ahead thread hashes what it yields (the `digest` of a `BlobReader`):
 //! files changed behind the engine's back must still fail the read.
 
 use std::fs;

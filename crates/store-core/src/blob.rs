@@ -54,7 +54,7 @@ pub(crate) fn hashing_lost() -> Error {
 /// `io::Error`; convert it back with `Error::from`) if the bytes do not hash
 /// to the key's digest or the length is wrong. The bytes are hashed as they
 /// stream — by the engine when it supplies the digest of what it yields
-/// ([`BlobReader::yielded_digest`], e.g. on its read-ahead thread), else
+/// (the `digest` a [`BlobReader`] carries, e.g. from its read-ahead thread), else
 /// here, on the consumer's thread. Ranged reads from
 /// [`Store::read_range`](crate::Store::read_range) are verified too, before
 /// any byte is yielded, by chunk group against the entry's outboard
@@ -67,10 +67,10 @@ pub struct Blob {
     /// A range read whose reader checks every byte before yielding it.
     range_checked: bool,
     /// The entry's bytes, when the engine had them in memory
-    /// ([`BlobReader::in_memory`]): [`Blob::bytes`] hashes and returns them
+    /// ([`BlobReader::Bytes`]): [`Blob::bytes`] hashes and returns them
     /// without a copy.
     whole: Option<Bytes>,
-    /// The engine's owned chunks of a whole read ([`BlobReader::chunks`]):
+    /// The engine's owned chunks of a whole read ([`BlobReader::Chunks`]):
     /// [`Blob::next_chunk`] hands them on without a copy.
     chunks: Option<Chunks>,
     /// [`Blob::next_chunk`]'s buffer when it reads through `reader`.
@@ -295,7 +295,7 @@ impl Blob {
     /// The next chunk of the read; `None` at the end.
     ///
     /// When the engine reads ahead into owned buffers
-    /// ([`BlobReader::chunks`]: the local and object-storage engines' whole
+    /// ([`BlobReader::Chunks`]: the local and object-storage engines' whole
     /// reads) they are handed on without a copy; an entry the engine holds
     /// in memory comes as one chunk, verified first, when the engine hashed
     /// it or it is shorter than 4 MiB; any other read is copied out of the

@@ -179,7 +179,7 @@ impl<E: Engine + ?Sized> Engine for Layered<E> {
         })
     }
 
-    // The outboard hooks (ADR-032) pass straight through, like `gc_seam`:
+    // The outboard hooks (ADR-032) pass straight through, like `capabilities`:
     // the facade validates whatever they return against the digest, so a
     // layer has nothing to add to them yet (not yet layer operations).
     async fn read_outboard(&self, key: &Key) -> Result<Option<Bytes>> {

@@ -146,7 +146,7 @@
 //! page cache and otherwise fails at once, sending the read to the
 //! blocking pool (one `pread`, no open). Every delete drops the keys'
 //! cached descriptors in every engine on the root before it returns.
-//! [`store_types::Engine::read_range_sized`] answers the size and the
+//! A ranged [`store_types::Engine::read`] answers the size and the
 //! span's bytes in that one step.
 //!
 //! # Threads
@@ -185,7 +185,7 @@
 //! these at every durability point.
 //!
 //! `local` is not a GC seam member: its delete-window staging is
-//! in-process (`gc_seam` is `None`).
+//! in-process (its `Capabilities::seam` is `None`).
 
 mod cache;
 #[cfg(feature = "crash-model")]

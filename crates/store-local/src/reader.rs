@@ -24,7 +24,7 @@
 //!   and the open file. For a whole-entry read the blocking call also
 //!   hashes each chunk before it is handed over, so the BLAKE3 work of a
 //!   verified get overlaps the consumer's work
-//!   ([`BlobReader::yielded_digest`]).
+//!   (the `digest` of [`BlobReader::Chunks`]).
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};

@@ -1205,7 +1205,7 @@ fn a_whole_read_of_a_file_shorter_than_its_size_fails() {
 }
 
 /// A streamed whole read hands its chunks out as owned `Bytes`
-/// (`BlobReader::chunks`, TUNING.md §response-chunks) whose buffers go back to the read-ahead
+/// (`BlobReader::Chunks`, TUNING.md §response-chunks) whose buffers go back to the read-ahead
 /// task when dropped — on another thread too — so a long read reuses the
 /// few buffers in flight instead of allocating one per chunk.
 #[tokio::test]

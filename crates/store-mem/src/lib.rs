@@ -36,7 +36,7 @@
 //!
 //! None: the descriptor says `durable: false`, `Sharing::ProcessLocal`.
 //! Everything is lost when the last clone is dropped. `mem` is not a GC
-//! seam member (`gc_seam` is `None`).
+//! seam member (its `Capabilities::seam` is `None`).
 
 mod cache_keys;
 mod engine;

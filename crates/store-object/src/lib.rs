@@ -116,7 +116,7 @@
 //! attempt succeeded unseen yields `AlreadyExists`, i.e. `AlreadyPresent`:
 //! the entry is there either way.
 //!
-//! `object` is not a GC seam member (`gc_seam` is `None`): its delete
+//! `object` is not a GC seam member (its `Capabilities::seam` is `None`): its delete
 //! window lives in the facade, like `local`'s. In fleet mode it is shared
 //! by nature ([`Sharing::SharedService`] for S3 and other services) and
 //! the facade commits the pin row before calling the plain publish

@@ -3,7 +3,7 @@
 //! consumer that forwards them, TUNING.md §response-chunks). For a whole-object read the task
 //! also hashes each chunk before handing it over, overlapping the BLAKE3
 //! work of a verified get with the consumer's
-//! ([`BlobReader::yielded_digest`]).
+//! (the `digest` of [`store_types::BlobReader::Chunks`]).
 //!
 //! No blocking thread ever waits for the consumer: a body streamed from a
 //! service is forwarded by an async task, and a local file

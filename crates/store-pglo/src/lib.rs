@@ -30,8 +30,8 @@
 //!   commit, then finds the row. Abort, drop, a lost connection or a crash
 //!   roll the transaction back, so a failed put leaves neither a row nor a
 //!   large object, and there are no orphaned stages to clean at open.
-//! - Fleet mode ([`LargeEngine::joint_pin_publish`](store_types::LargeEngine::joint_pin_publish)
-//!   is true): `publish_pinned` checks that the pin's GC host is a schema
+//! - Fleet mode (its stages are [`Stage::Joint`](store_types::Stage::Joint)):
+//!   `publish_pinned` checks that the pin's GC host is a schema
 //!   of this engine's database (else `Error::Config`), then, in the same
 //!   staging transaction, takes the key's shared fleet lock
 //!   (`pg_advisory_xact_lock_shared(store_pg::plumbing::key_lock(host_schema, key))`),

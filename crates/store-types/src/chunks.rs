@@ -1,7 +1,7 @@
 //! A streamed read whose bytes arrive as owned chunks (TUNING.md §response-chunks): readable
 //! as bytes through [`BlobReader::reader`](crate::BlobReader::reader) (one
 //! copy into the caller's buffer), or taken chunk by chunk through
-//! [`BlobReader::chunks`](crate::BlobReader::chunks) (no copy) by a
+//! [`BlobReader::Chunks`](crate::BlobReader::Chunks) (no copy) by a
 //! consumer that forwards them, such as an HTTP response body.
 
 use std::io;

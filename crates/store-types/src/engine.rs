@@ -205,7 +205,7 @@ pub trait Engine: Send + Sync + 'static {
     ///
     /// Engines follow [`ReadOptions::plan`]: its whole-read path (which may
     /// hash, and may answer from an in-memory copy unless
-    /// [`ReadOptions::from_storage`]) for [`ReadPlan::Whole`], its range
+    /// [`ReadOptions::from_storage`]) for [`ReadPlan::Whole`](crate::ReadPlan::Whole), its range
     /// path for [`ReadPlan::Span`](crate::ReadPlan::Span). An engine whose calls each cost a
     /// hand-off answers both the size and the bytes in one (`local`: one
     /// blocking call, or none for a page-cached read). Conveniences over
