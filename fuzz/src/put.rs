@@ -330,7 +330,9 @@ async fn run(input: Input) {
             pended: false,
             fail_at: fail_at.map(|k| k as usize),
         };
-        let got = store.put(ns, body, len, expect).await;
+        let got = store
+            .put_opts(ns, body, store_core::PutOptions { len, expect })
+            .await;
         let what = format!(
             "{mode:?}: put of {n} bytes, len {len:?}, expect {expect:?}, fail at {fail_at:?}"
         );
