@@ -239,6 +239,28 @@ async fn sqlite_local_store(
     kv: SqliteOptions,
     large: &store_registry::Options,
 ) -> BenchResult<Store> {
+    sqlite_local_store_window(dir, kv, large, None).await
+}
+
+/// [`composite_store`] whose GC delete window is `window` (zero: a
+/// sweep's staged garbage is due at the next sweep) — the tail-latency
+/// rounds with a sweep.
+pub async fn composite_store_window(dir: &Path, window: std::time::Duration) -> BenchResult<Store> {
+    sqlite_local_store_window(
+        dir,
+        SqliteOptions::default(),
+        &store_registry::Options::default(),
+        Some(window),
+    )
+    .await
+}
+
+async fn sqlite_local_store_window(
+    dir: &Path,
+    kv: SqliteOptions,
+    large: &store_registry::Options,
+    window: Option<std::time::Duration>,
+) -> BenchResult<Store> {
     let kv = SqliteEngine::open(dir.join("kv.sqlite"), kv)
         .await
         .map_err(err)?;
@@ -247,12 +269,11 @@ async fn sqlite_local_store(
         .await
         .map_err(err)?
         .ok_or_else(|| err("file:// opened no large engine"))?;
-    Store::builder()
-        .kv(kv)
-        .large_shared(large)
-        .build()
-        .await
-        .map_err(err)
+    let mut b = Store::builder().kv(kv).large_shared(large);
+    if let Some(w) = window {
+        b = b.window(w);
+    }
+    b.build().await.map_err(err)
 }
 
 /// [`composite_store`] with the SQLite engine's hot-entry cache turned off

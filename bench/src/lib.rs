@@ -23,4 +23,7 @@ pub mod raw;
 pub mod sweep;
 pub mod sysinfo;
 pub mod table;
+pub mod tail;
 pub mod workloads;
+#[cfg(feature = "iroh")]
+pub mod workset;

@@ -307,37 +307,60 @@ pub async fn cacache_get_sync_op(c: &Cacache, size: usize) -> BenchResult<impl W
     }))
 }
 
-/// `n` iroh-blobs `add_bytes` of fresh content handed over without a copy,
+/// iroh-blobs' fastest put path: `n` fresh bodies handed over without a
+/// copy into one `Batch` (`add_bytes` under temporary tags, no tag rows),
 /// then one `sync_db`, so the batch pays for the metadata commit its puts
-/// queued (a put returns before it). The store is replaced by an empty one
-/// between batches (untimed).
+/// queued (a put returns before it). One store for the whole run; between
+/// batches (untimed) the reset waits until the store's own collector has
+/// deleted the last batch's blobs, as the other put rows delete theirs.
 #[cfg(feature = "iroh")]
 pub async fn iroh_put_op(root: &Path, size: usize) -> BenchResult<impl Workload> {
     use crate::measure::LocalFut;
     struct IrohPut {
         peer: crate::peer::IrohBlobs,
         payload: crate::data::BytesPayload,
+        last: Vec<iroh_blobs::Hash>,
     }
     impl Workload for IrohPut {
         fn run(&mut self, n: u64) -> LocalFut<'_> {
             Box::pin(async move {
-                for _ in 0..n {
-                    let body = self.payload.fresh();
-                    self.peer.put(body).await.expect("iroh-blobs put");
-                }
-                self.peer.sync().await.expect("iroh-blobs sync_db");
+                let payload = &mut self.payload;
+                let bodies = (0..n).map(|_| payload.fresh());
+                self.last = self
+                    .peer
+                    .put_batch(bodies)
+                    .await
+                    .expect("iroh-blobs batch put");
             })
         }
 
         fn reset(&mut self) -> LocalFut<'_> {
-            Box::pin(async move { self.peer.renew().await.expect("iroh-blobs renew") })
+            Box::pin(async move {
+                let gone = self
+                    .peer
+                    .wait_collected(&self.last, IROH_COLLECT_LIMIT)
+                    .await
+                    .expect("iroh-blobs has");
+                assert!(
+                    gone,
+                    "iroh-blobs' collector left the last batch's blobs for {IROH_COLLECT_LIMIT:?}"
+                );
+            })
         }
     }
     Ok(IrohPut {
-        peer: crate::peer::IrohBlobs::open(root).await?,
+        peer: crate::peer::IrohBlobs::open_collected(root, IROH_GC_INTERVAL).await?,
         payload: crate::data::BytesPayload::new(size),
+        last: Vec::new(),
     })
 }
+
+/// How often the put rows' iroh-blobs store runs its own collector.
+#[cfg(feature = "iroh")]
+const IROH_GC_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a reset waits for that collector to empty the store.
+#[cfg(feature = "iroh")]
+const IROH_COLLECT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// `n` verified iroh-blobs reads (`get_bytes`) of one blob.
 #[cfg(feature = "iroh")]

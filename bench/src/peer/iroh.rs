@@ -2,18 +2,18 @@
 //! networking.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use bytes::Bytes;
+use iroh_blobs::store::fs::options::Options;
 use iroh_blobs::store::fs::FsStore;
+use iroh_blobs::store::GcConfig;
 use iroh_blobs::Hash;
 
 use crate::fixtures::{err, BenchResult};
 
-/// One iroh-blobs `FsStore`, which [`IrohBlobs::renew`] replaces by an
-/// empty one in a fresh directory.
+/// One iroh-blobs `FsStore`.
 pub struct IrohBlobs {
-    root: PathBuf,
-    generation: u64,
     store: FsStore,
 }
 
@@ -22,15 +22,62 @@ impl IrohBlobs {
     pub async fn open(root: impl Into<PathBuf>) -> BenchResult<Self> {
         let root = root.into();
         let store = FsStore::load(root.join("0")).await.map_err(err)?;
-        Ok(IrohBlobs {
-            root,
-            generation: 0,
-            store,
-        })
+        Ok(IrohBlobs { store })
     }
 
-    fn dir(&self) -> PathBuf {
-        self.root.join(self.generation.to_string())
+    /// Opens a store under `root` whose own garbage collector runs every
+    /// `interval` (iroh-blobs' `GcConfig`): blobs no tag protects are
+    /// deleted by it, which is how the put rows empty the store between
+    /// timed batches without replacing it.
+    pub async fn open_collected(root: impl Into<PathBuf>, interval: Duration) -> BenchResult<Self> {
+        let root = root.into();
+        let dir = root.join("0");
+        std::fs::create_dir_all(&dir).map_err(err)?;
+        let mut options = Options::new(&dir);
+        options.gc = Some(GcConfig {
+            interval,
+            add_protected: None,
+        });
+        let store = FsStore::load_with_opts(dir.join("blobs.db"), options)
+            .await
+            .map_err(err)?;
+        Ok(IrohBlobs { store })
+    }
+
+    /// Its fastest put path for many blobs: one batch, each blob added
+    /// under a temporary tag (no tag row written), the metadata committed
+    /// once at the end (`sync_db`). The tags are released on return, so
+    /// the store's collector (see [`IrohBlobs::open_collected`]) may then
+    /// delete the blobs.
+    pub async fn put_batch(&self, bodies: impl Iterator<Item = Bytes>) -> BenchResult<Vec<Hash>> {
+        let batch = self.store.blobs().batch().await.map_err(err)?;
+        let mut tags = Vec::new();
+        for body in bodies {
+            tags.push(batch.add_bytes(body).temp_tag().await.map_err(err)?);
+        }
+        self.store.sync_db().await.map_err(err)?;
+        Ok(tags.iter().map(|t| t.hash()).collect())
+    }
+
+    /// Waits (up to `limit`) until the collector has deleted every blob of
+    /// `hashes`; whether it did.
+    pub async fn wait_collected(&self, hashes: &[Hash], limit: Duration) -> BenchResult<bool> {
+        let deadline = std::time::Instant::now() + limit;
+        let mut rest: Vec<Hash> = hashes.to_vec();
+        while std::time::Instant::now() < deadline {
+            let mut still = Vec::new();
+            for h in rest {
+                if self.store.blobs().has(h).await.map_err(err)? {
+                    still.push(h);
+                }
+            }
+            if still.is_empty() {
+                return Ok(true);
+            }
+            rest = still;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(false)
     }
 
     /// Stores `bytes` as a raw blob with a persistent tag (what awaiting
@@ -50,15 +97,5 @@ impl IrohBlobs {
     /// (`get_bytes`: a bao export of every chunk, validated).
     pub async fn get(&self, hash: Hash) -> BenchResult<Bytes> {
         self.store.blobs().get_bytes(hash).await.map_err(err)
-    }
-
-    /// Shuts the store down and replaces it by an empty one in a fresh
-    /// directory, then removes the old directory (the puts' reset).
-    pub async fn renew(&mut self) -> BenchResult<()> {
-        let old = self.dir();
-        self.store.shutdown().await.map_err(err)?;
-        self.generation += 1;
-        self.store = FsStore::load(self.dir()).await.map_err(err)?;
-        std::fs::remove_dir_all(&old).map_err(err)
     }
 }
