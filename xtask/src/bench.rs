@@ -28,6 +28,11 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
                         .to_string(),
                 );
             }
+            "--runs" => {
+                let n = it.next().ok_or("--runs needs a count")?;
+                pass.push(a.clone());
+                pass.push(n.clone());
+            }
             "--only" => {
                 let list = it.next().ok_or("--only needs a comma-separated list")?;
                 pass.push(a.clone());
@@ -35,7 +40,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             }
             other => {
                 return Err(format!(
-                    "unknown bench argument {other:?}; usage: cargo xtask bench [--quick] [--write] [--only mem,local,sqlite,composite,postgres,pglo,sweep,cross,memory]"
+                    "unknown bench argument {other:?}; usage: cargo xtask bench [--quick] [--runs N] [--write] [--only mem,local,sqlite,composite,postgres,pglo,sweep,cross,memory]"
                 ))
             }
         }
@@ -55,5 +60,31 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("bench-table failed ({status})"))
+    }
+}
+
+/// `cargo xtask bench-skeptic [ARGS]`: builds the bench binaries and runs
+/// `bench-skeptic all ARGS` (issue 33: working-set reads, tail latency
+/// with a sweep, the HTTP anchor; three runs each by default). See
+/// `bench/src/bin/bench_skeptic.rs` for the arguments and ADR-051.
+pub(crate) fn skeptic(args: &[String]) -> Result<(), String> {
+    crate::cargo(&["build", "--release", "-p", "bench", "--bins"])?;
+    crate::cargo(&["build", "--release", "-p", "blobpool"])?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let exe = target.join("release").join("bench-skeptic");
+    let mut pass = vec!["all".to_string()];
+    pass.extend(args.iter().cloned());
+    eprintln!("$ {} {}", exe.display(), pass.join(" "));
+    let status = Command::new(&exe)
+        .args(&pass)
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("bench-skeptic failed ({status})"))
     }
 }

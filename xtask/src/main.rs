@@ -12,6 +12,8 @@
 //! - `soak`: the long runs CI bounds: the crash-model tests over many
 //!   seeds, then every fuzz target for longer.
 //! - `bench [--quick]`: the benchmark suite and its ratio table.
+//! - `bench-skeptic [--quick] [--runs N] [--write]`: working-set reads,
+//!   tail latency with a sweep and the HTTP anchor (issue 33, ADR-051).
 //! - `bench-cache [--quick]`: the build-cache benchmarks (issue 31): a
 //!   ccache rebuild through `blobpool serve` against a local-directory
 //!   ccache, and HTTP GET/PUT against nginx (`bench/cache/run.sh`).
@@ -23,7 +25,7 @@ mod bench;
 mod fuzz;
 mod tidy;
 
-const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | soak [--time S] | bench [--quick] | bench-cache [--quick]";
+const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-skeptic [--quick] [--runs N] [--write]";
 
 /// `bench/cache/run.sh` with the given arguments (`--quick`).
 fn bench_cache(args: &[String]) -> Result<(), String> {
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
         Some("bench-cache") => bench_cache(&args[1..]),
+        Some("bench-skeptic") => bench::skeptic(&args[1..]),
         Some("tidy" | "arch") => tidy::check(),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("soak") => soak(&args[1..]),

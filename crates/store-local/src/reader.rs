@@ -7,6 +7,14 @@
 //!   of them is in the page cache and fails with `EAGAIN` rather than
 //!   wait for the disk. Linux only, and only on a root on local media
 //!   (see [`Inline`]).
+//! - **Inline, not yet cached** (Linux ≥ 5.12, TUNING.md
+//!   §local-uncached-reads): a read of at most one chunk whose descriptor
+//!   is not cached first tries `openat2(…, RESOLVE_CACHED)`, which opens
+//!   the file only if every path component is in the dentry cache and
+//!   otherwise fails with `EAGAIN` rather than wait for the disk; then
+//!   `fstat` of the new descriptor and the same `RWF_NOWAIT` read. A
+//!   descriptor so opened goes into the open-file cache; any miss goes to
+//!   the blocking pool below as before.
 //! - **One blocking call** for a read of at most one chunk otherwise, and
 //!   for a whole entry of at most [`WHOLE_READ_MAX`] (1 MiB; hashed in the
 //!   same call, so a verified get does not hash it again and takes the
@@ -116,6 +124,12 @@ pub(crate) struct Inline {
     /// Inline reads are on: Linux, a root on local media, an open-file
     /// cache. Cleared for good when the file system refuses `RWF_NOWAIT`.
     pub(crate) on: std::sync::atomic::AtomicBool,
+    /// Uncached reads may try an inline `openat2(RESOLVE_CACHED)`. Cleared
+    /// for good when the kernel refuses it (before Linux 5.12).
+    pub(crate) open_on: std::sync::atomic::AtomicBool,
+    /// Reads whose file was opened inline and read inline.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) opened_inline: std::sync::atomic::AtomicU64,
     /// Test hook: every inline attempt behaves as if it had hit `EAGAIN`.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) force_would_block: std::sync::atomic::AtomicBool,
@@ -132,10 +146,9 @@ impl Inline {
     /// cache exists) and the root is on local media.
     pub(crate) fn new(root: &Path, wanted: bool) -> Self {
         let me = Inline::default();
-        me.on.store(
-            wanted && local_media(root),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        let on = wanted && local_media(root);
+        me.on.store(on, std::sync::atomic::Ordering::Relaxed);
+        me.open_on.store(on, std::sync::atomic::Ordering::Relaxed);
         me
     }
 
@@ -177,6 +190,9 @@ pub(crate) async fn open_entry(inner: &Arc<Inner>, key: &Key, want: Want) -> Res
         }
     }
     let path = inner.content_path(key);
+    if let Some(found) = uncached_inline_read(inner, key, &path, &want) {
+        return Ok(Some(found));
+    }
     let (cache, k, w) = (inner.clone(), key.clone(), want.clone());
     let opening = path.clone();
     let Some(opened) = blocking(move || open_blocking(&cache, &k, &opening, &w)).await? else {
@@ -282,6 +298,114 @@ async fn cached_read(
         Ok(Some((size, span, reader)))
     })
     .await
+}
+
+/// A read of at most one chunk of an entry whose descriptor is not
+/// cached, done in the calling task when nothing in it can wait for the
+/// disk: `openat2(RESOLVE_CACHED)` (the path's dentries and the inode are
+/// in memory), `fstat` of the new descriptor, `preadv2(RWF_NOWAIT)`. The
+/// descriptor then goes into the open-file cache (unless a delete ran
+/// since the epoch was loaded, as on the blocking path). `None` on any
+/// miss, absence or error: the blocking path then does the read and
+/// reports what it finds.
+fn uncached_inline_read(inner: &Arc<Inner>, key: &Key, path: &Path, want: &Want) -> Option<Found> {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !inner.inline.on() || !inner.inline.open_on.load(Relaxed) {
+        return None;
+    }
+    let seen = inner.open_files.epoch();
+    let file = match open_cached(path) {
+        OpenCached::Opened(f) => f,
+        OpenCached::WouldBlock => return None,
+        OpenCached::Unsupported => {
+            inner.inline.open_on.store(false, Relaxed);
+            return None;
+        }
+    };
+    let give_up = |file: File| {
+        close_off_runtime(file);
+        None
+    };
+    let size = match file.metadata() {
+        Ok(m) if m.is_file() => m.len(),
+        _ => return give_up(file),
+    };
+    let span = match want.span(size) {
+        Ok(span) if read_at_once(want, size, &span) && span.end - span.start <= CHUNK_SIZE as u64 => {
+            span
+        }
+        _ => return give_up(file),
+    };
+    match read_nowait(inner, &file, span.start, (span.end - span.start) as usize) {
+        Nowait::Read(bytes) => {
+            #[cfg(any(test, feature = "testing"))]
+            inner.inline.opened_inline.fetch_add(1, Relaxed);
+            if inner.open_files.enabled() {
+                release(inner.open_files.offer(key, file, seen));
+            } else {
+                close_off_runtime(file);
+            }
+            Some((size, span, BlobReader::from_bytes(bytes)))
+        }
+        Nowait::WouldBlock => give_up(file),
+        Nowait::Unsupported => {
+            inner.inline.on.store(false, Relaxed);
+            give_up(file)
+        }
+    }
+}
+
+/// What [`open_cached`] did.
+enum OpenCached {
+    /// The file, opened read-only without waiting for the disk.
+    Opened(File),
+    /// Opening would have waited (a path component not in the dentry
+    /// cache), or failed: the blocking path opens and reports.
+    WouldBlock,
+    /// The kernel has no `openat2` or no `RESOLVE_CACHED`.
+    Unsupported,
+}
+
+/// `openat2(path, O_RDONLY | O_NOATIME | O_CLOEXEC, RESOLVE_CACHED)`:
+/// opens only from the dentry cache, never waiting for the disk.
+#[cfg(target_os = "linux")]
+fn open_cached(path: &Path) -> OpenCached {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return OpenCached::WouldBlock;
+    };
+    // SAFETY: `open_how` is plain data; all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOATIME) as u64;
+    how.resolve = libc::RESOLVE_CACHED;
+    // SAFETY: a NUL-terminated path, a valid `open_how` and its size; the
+    // call only returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: a descriptor the call just opened, owned by nobody else.
+        return OpenCached::Opened(unsafe { File::from_raw_fd(fd as i32) });
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        // No openat2 (before 5.6), or no RESOLVE_CACHED (before 5.12).
+        Some(libc::ENOSYS) | Some(libc::EINVAL) | Some(libc::E2BIG) => OpenCached::Unsupported,
+        // EAGAIN (not all cached), ENOENT, EPERM (O_NOATIME on a file the
+        // process does not own), ...: the blocking path decides.
+        _ => OpenCached::WouldBlock,
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_cached(_path: &Path) -> OpenCached {
+    OpenCached::Unsupported
 }
 
 /// What [`read_nowait`] did.

@@ -46,6 +46,15 @@ impl LocalEngine {
         )
     }
 
+    /// How many reads of a descriptor not yet cached were opened and read
+    /// inline (`openat2(RESOLVE_CACHED)`, then `RWF_NOWAIT`).
+    pub fn inline_open_count(&self) -> u64 {
+        self.inner
+            .inline
+            .opened_inline
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Makes every inline read attempt behave as if `preadv2` had answered
     /// `EAGAIN` (the bytes not in the page cache), to exercise the
     /// fallback.

@@ -1015,7 +1015,8 @@ async fn cached_small_reads_run_inline_and_fall_back_when_they_would_block() {
     );
     let data = content(200 * 1024, 3);
     let key = put(&engine, "a", &data).await;
-    // The first read opens the file on the blocking pool and caches it.
+    // The first read opens the file (inline: its dentry and bytes are
+    // cached since the put) and caches the descriptor.
     assert_eq!(
         read_range(&engine, &key, Some((100, 4196))).await,
         &data[100..4196]
@@ -1054,6 +1055,39 @@ async fn cached_small_reads_run_inline_and_fall_back_when_they_would_block() {
         matches!(err, Error::InvalidRange { size, .. } if size == data.len() as u64),
         "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn uncached_small_reads_open_inline_and_fall_back_when_they_would_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let (a, b, c) = (content(1000, 1), content(3000, 2), content(300 * 1024, 3));
+    let (ka, kb, kc) = (
+        put(&engine, "a", &a).await,
+        put(&engine, "a", &b).await,
+        put(&engine, "a", &c).await,
+    );
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    // Not cached yet, page-cached since the put: opened and read inline.
+    assert_eq!(read_range(&engine, &ka, None).await, a);
+    assert_eq!(engine.inline_open_count(), 1);
+    assert_eq!(engine.open_file_count(), 1);
+    // A whole entry longer than one chunk never goes inline.
+    assert_eq!(read_range(&engine, &kc, None).await, c);
+    assert_eq!(engine.inline_open_count(), 1);
+    // Would block: the blocking path reads it, and caches the descriptor.
+    engine.force_inline_would_block(true);
+    assert_eq!(read_range(&engine, &kb, Some((10, 20))).await, &b[10..20]);
+    assert_eq!(engine.inline_open_count(), 1);
+    engine.force_inline_would_block(false);
+    // A deleted entry is absent, whichever path looks.
+    let absent = Key::new(ns("a"), Digest::of(b"never stored"));
+    let opts = ReadOptions::whole();
+    assert!(engine.read(&absent, &opts).await.unwrap().is_none());
+    engine.delete_many(&ka.namespace, &[ka.digest]).await.unwrap();
+    assert!(engine.read(&ka, &opts).await.unwrap().is_none());
 }
 
 #[tokio::test]
