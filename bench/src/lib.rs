@@ -17,6 +17,7 @@
 
 pub mod data;
 pub mod fixtures;
+pub mod httpload;
 pub mod measure;
 pub mod peer;
 pub mod raw;

@@ -331,7 +331,9 @@ fn uncached_inline_read(inner: &Arc<Inner>, key: &Key, path: &Path, want: &Want)
         _ => return give_up(file),
     };
     let span = match want.span(size) {
-        Ok(span) if read_at_once(want, size, &span) && span.end - span.start <= CHUNK_SIZE as u64 => {
+        Ok(span)
+            if read_at_once(want, size, &span) && span.end - span.start <= CHUNK_SIZE as u64 =>
+        {
             span
         }
         _ => return give_up(file),

@@ -1086,7 +1086,10 @@ async fn uncached_small_reads_open_inline_and_fall_back_when_they_would_block() 
     let absent = Key::new(ns("a"), Digest::of(b"never stored"));
     let opts = ReadOptions::whole();
     assert!(engine.read(&absent, &opts).await.unwrap().is_none());
-    engine.delete_many(&ka.namespace, &[ka.digest]).await.unwrap();
+    engine
+        .delete_many(&ka.namespace, &[ka.digest])
+        .await
+        .unwrap();
     assert!(engine.read(&ka, &opts).await.unwrap().is_none());
 }
 

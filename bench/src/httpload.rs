@@ -1,0 +1,294 @@
+//! One HTTP load generator for every server the suite drives (Blobpool,
+//! nginx, the minimal hyper static-file server): `connections` clients,
+//! each with its own keep-alive HTTP/1.1 connection (hyper's client
+//! connection over a `TcpStream`), for a fixed time after a warm-up; every
+//! response body is read to its end and its length checked; latencies go
+//! into an HDR histogram per operation class. Failed requests are counted
+//! and reported, and a client whose connection broke reconnects.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use rand::SeedableRng;
+
+use crate::fixtures::{err, BenchResult};
+use crate::tail::Percentiles;
+
+/// One request a client makes.
+pub struct Req {
+    /// GET or PUT.
+    pub method: Method,
+    /// Path and query.
+    pub path: String,
+    /// A PUT's body.
+    pub body: Option<Bytes>,
+    /// Extra headers.
+    pub headers: Vec<(&'static str, String)>,
+    /// Its operation class (index into the result's classes).
+    pub class: usize,
+    /// The response body's length, when known.
+    pub expect_len: Option<u64>,
+}
+
+/// Makes each client's next request.
+pub type MakeReq = Arc<dyn Fn(&mut rand::rngs::StdRng) -> Req + Send + Sync>;
+
+/// What one class of operations did in the timed window.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct ClassResult {
+    /// Latencies.
+    pub latency: Percentiles,
+    /// Response body bytes read.
+    pub bytes: u64,
+    /// Failed requests (transport errors, non-2xx, wrong lengths).
+    pub errors: u64,
+}
+
+/// What a load run did.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct LoadResult {
+    /// Per class.
+    pub classes: Vec<ClassResult>,
+    /// Length of the timed window, seconds.
+    pub secs: f64,
+    /// First error seen, if any.
+    pub first_error: Option<String>,
+}
+
+impl LoadResult {
+    /// Successful operations of every class per second.
+    pub fn ops_per_sec(&self) -> f64 {
+        self.classes.iter().map(|c| c.latency.count).sum::<u64>() as f64 / self.secs
+    }
+
+    /// Failed requests of every class.
+    pub fn errors(&self) -> u64 {
+        self.classes.iter().map(|c| c.errors).sum()
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn connect(addr: SocketAddr) -> BenchResult<Sender> {
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(err)?;
+    stream.set_nodelay(true).map_err(err)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(err)?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// Sends `req` on `sender`; the response body's length, or why it failed.
+pub async fn send(
+    sender: &mut Sender,
+    addr: SocketAddr,
+    req: &Req,
+) -> Result<(u16, Bytes), String> {
+    let mut b = Request::builder()
+        .method(req.method.clone())
+        .uri(&req.path)
+        .header("host", addr.to_string());
+    for (k, v) in &req.headers {
+        b = b.header(*k, v);
+    }
+    let body = Full::new(req.body.clone().unwrap_or_default());
+    let request = b.body(body).map_err(err)?;
+    sender.ready().await.map_err(err)?;
+    let resp = sender.send_request(request).await.map_err(err)?;
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    // Small bodies are kept (the caller may parse them); large ones are
+    // counted and dropped frame by frame.
+    let mut kept = Vec::new();
+    let mut len = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(err)?.into_data() {
+            len += data.len() as u64;
+            if kept.len() < 64 * 1024 {
+                kept.extend_from_slice(&data[..data.len().min(64 * 1024 - kept.len())]);
+            }
+        }
+    }
+    if let Some(want) = req.expect_len {
+        if len != want && status < 300 {
+            return Err(format!(
+                "{} {}: {len} bytes, expected {want}",
+                req.method, req.path
+            ));
+        }
+    }
+    let _ = len;
+    Ok((status, Bytes::from(kept)))
+}
+
+/// Runs `connections` clients against `addr` for `warmup` (not recorded)
+/// then `window` (recorded), or until `stop` is set.
+#[allow(clippy::too_many_arguments)]
+pub async fn drive(
+    addr: SocketAddr,
+    connections: usize,
+    warmup: Duration,
+    window: Duration,
+    classes: usize,
+    make: MakeReq,
+    seed: u64,
+    stop: Option<Arc<AtomicBool>>,
+) -> BenchResult<LoadResult> {
+    let start = Instant::now();
+    let (record_from, stop_at) = (start + warmup, start + warmup + window);
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let (make, stop) = (make.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((c as u64) << 20));
+            let mut hist: Vec<Histogram<u64>> = (0..classes)
+                .map(|_| Histogram::new(3).expect("histogram"))
+                .collect();
+            let mut out = vec![ClassResult::default(); classes];
+            let mut first_error = None;
+            let mut sender = connect(addr).await?;
+            loop {
+                let now = Instant::now();
+                if now >= stop_at || stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+                    break;
+                }
+                let req = make(&mut rng);
+                let t = Instant::now();
+                let r = send(&mut sender, addr, &req).await;
+                let us = t.elapsed().as_micros() as u64;
+                let recording = t >= record_from;
+                match r {
+                    Ok((status, body)) if status < 300 => {
+                        if recording {
+                            hist[req.class].record(us.max(1)).map_err(err)?;
+                            out[req.class].bytes += req.expect_len.unwrap_or(body.len() as u64);
+                        }
+                    }
+                    Ok((status, body)) => {
+                        out[req.class].errors += 1;
+                        first_error.get_or_insert_with(|| {
+                            format!(
+                                "{} {}: {status} {}",
+                                req.method,
+                                req.path,
+                                String::from_utf8_lossy(&body)
+                            )
+                        });
+                    }
+                    Err(e) => {
+                        out[req.class].errors += 1;
+                        first_error.get_or_insert(e);
+                        sender = connect(addr).await?;
+                    }
+                }
+            }
+            for (o, h) in out.iter_mut().zip(&hist) {
+                o.latency = Percentiles::of(h);
+            }
+            Ok::<_, String>((out, hist, first_error))
+        }));
+    }
+    let mut merged: Vec<Histogram<u64>> = (0..classes)
+        .map(|_| Histogram::new(3).expect("histogram"))
+        .collect();
+    let mut classes_out = vec![ClassResult::default(); classes];
+    let mut first_error = None;
+    for t in tasks {
+        let (out, hist, fe) = t.await.map_err(err)??;
+        for i in 0..classes {
+            merged[i].add(&hist[i]).map_err(err)?;
+            classes_out[i].bytes += out[i].bytes;
+            classes_out[i].errors += out[i].errors;
+        }
+        if first_error.is_none() {
+            first_error = fe;
+        }
+    }
+    for (o, h) in classes_out.iter_mut().zip(&merged) {
+        o.latency = Percentiles::of(h);
+    }
+    let secs = Instant::now()
+        .saturating_duration_since(record_from)
+        .as_secs_f64();
+    Ok(LoadResult {
+        classes: classes_out,
+        secs: secs.min(window.as_secs_f64()).max(1e-3),
+        first_error,
+    })
+}
+
+/// CPU seconds (user + system) a process and its children-by-`ppid` have
+/// used, from `/proc/PID/stat` (for nginx: the master and its workers).
+pub fn cpu_secs(pid: u32) -> f64 {
+    let tick = 100.0; // USER_HZ on Linux
+    let mut pids = vec![pid];
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some((ppid, _)) = stat_fields(p) {
+                if ppid == pid {
+                    pids.push(p);
+                }
+            }
+        }
+    }
+    pids.iter()
+        .filter_map(|p| stat_fields(*p))
+        .map(|(_, t)| t as f64 / tick)
+        .sum()
+}
+
+/// `(ppid, utime + stime)` of a process.
+fn stat_fields(pid: u32) -> Option<(u32, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&s)
+}
+
+/// Parses `/proc/PID/stat`: fields after the `)` that ends the command
+/// name; ppid is the 4th field, utime and stime the 14th and 15th.
+pub fn parse_stat(s: &str) -> Option<(u32, u64)> {
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ppid = f.get(1)?.parse().ok()?;
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some((ppid, utime + stime))
+}
+
+/// CPU seconds this process has used (the load generator's own share).
+pub fn self_cpu_secs() -> f64 {
+    // SAFETY: `getrusage` fills a plain-data struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_proc_stat_with_spaces_in_the_name() {
+        let s = "1234 (nginx: worker) S 1200 1200 1200 0 -1 4194624 100 0 0 0 250 75 0 0 20 0 1 0 100 0 0";
+        assert_eq!(parse_stat(s), Some((1200, 325)));
+    }
+
+    #[test]
+    fn this_process_has_a_cpu_time() {
+        let _ = (0..100_000u64).map(|x| x * x).sum::<u64>();
+        assert!(cpu_secs(std::process::id()) >= 0.0);
+        assert!(self_cpu_secs() > 0.0);
+    }
+}
