@@ -53,7 +53,7 @@ impl TailPlan {
             read_pct: 90,
             garbage: 100_000,
             window: Duration::from_secs(5),
-            rounds: 3,
+            rounds: 2,
         }
     }
 

@@ -40,6 +40,7 @@ const LARGE: usize = 64 << 20;
 
 struct Opts {
     quick: bool,
+    only: Option<String>,
     json: Option<PathBuf>,
     blobpool: PathBuf,
     static_server: PathBuf,
@@ -49,6 +50,7 @@ fn parse() -> Result<Opts, String> {
     let exe = std::env::current_exe().map_err(err)?;
     let mut o = Opts {
         quick: false,
+        only: None,
         json: None,
         blobpool: exe.with_file_name("blobpool"),
         static_server: exe.with_file_name("static-server"),
@@ -58,10 +60,12 @@ fn parse() -> Result<Opts, String> {
         let mut value = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
             "--quick" => o.quick = true,
+            // For profiles: one part only (`4k`, `64m` or `tail`).
+            "--only" => o.only = Some(value()?),
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "--blobpool" => o.blobpool = PathBuf::from(value()?),
             "--static" => o.static_server = PathBuf::from(value()?),
-            _ => return Err(format!("usage: bench-http [--quick] [--json OUT] [--blobpool PATH] [--static PATH] (got {a:?})")),
+            _ => return Err(format!("usage: bench-http [--quick] [--only 4k|64m|tail] [--json OUT] [--blobpool PATH] [--static PATH] (got {a:?})")),
         }
     }
     Ok(o)
@@ -426,14 +430,18 @@ async fn anchor(
     small: &[String],
     large: &[String],
     quick: bool,
+    only: Option<&str>,
 ) -> BenchResult<Vec<Anchor>> {
     let (rounds, window) = if quick {
         (2, Duration::from_secs(1))
     } else {
-        (5, Duration::from_secs(3))
+        (3, Duration::from_secs(2))
     };
     let mut out = Vec::new();
     for (name, digests, size, conns) in [("4 KiB", small, SMALL, 16), ("64 MiB", large, LARGE, 2)] {
+        if only.is_some_and(|o| o != if size == SMALL { "4k" } else { "64m" }) {
+            continue;
+        }
         let n = digests.len();
         let bp_paths: Arc<Vec<String>> = Arc::new(
             digests
@@ -702,8 +710,12 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         let (small, large) = if o.quick { (200, 2) } else { (1000, 4) };
         let (servers, s_digests, l_digests) = start(&o, small, large).await?;
-        let anchor = anchor(&servers, &s_digests, &l_digests, o.quick).await?;
-        let tail = tail(&servers, o.quick).await?;
+        let only = o.only.as_deref();
+        let anchor = anchor(&servers, &s_digests, &l_digests, o.quick, only).await?;
+        let tail = match only {
+            None | Some("tail") => tail(&servers, o.quick).await?,
+            _ => vec![],
+        };
         let md = markdown(&anchor, &tail);
         println!("{md}");
         if let Some(p) = &o.json {

@@ -46,6 +46,8 @@ struct Opts {
     http: Option<PathBuf>,
     write: Option<PathBuf>,
     skip: Vec<String>,
+    reader: Option<usize>,
+    case: Option<String>,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -64,6 +66,8 @@ fn parse() -> Result<Opts, String> {
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "--runs" => o.runs = value()?.parse().map_err(err)?,
             "--http" => o.http = Some(PathBuf::from(value()?)),
+            "--case" => o.case = Some(value()?),
+            "--reader" => o.reader = Some(value()?.parse().map_err(err)?),
             "--skip" => o.skip = value()?.split(',').map(str::to_string).collect(),
             "--write" => {
                 o.write = Some(match args.peek() {
@@ -157,26 +161,52 @@ async fn workset_run(o: &Opts) -> BenchResult<WorksetRun> {
         class_entries.insert(*s, set.entries.len());
     }
     let mut cases = Vec::new();
+    let wanted = |label: &str| o.case.as_ref().is_none_or(|c| label.contains(c.as_str()));
     for cache in ["warm", "dropped"] {
-        // Once per phase: a pass over a million files takes minutes here.
-        // Uniform cases come first, so few of their keys repeat; the Zipf
-        // cases after them start cold and warm their hot keys as they go.
-        for d in &dirs {
+        let other_phase =
+            |c: &String| !c.contains(cache) && (c.contains("warm") || c.contains("dropped"));
+        if o.case.as_ref().is_some_and(other_phase) {
+            continue;
+        }
+        let chosen: Vec<&PathBuf> = dirs
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| o.reader.is_none_or(|r| r == *k))
+            .map(|(_, d)| d)
+            .collect();
+        if cache == "dropped" {
+            // Once for the phase: uniform cases come first, so few of
+            // their keys repeat; the Zipf cases after them start cold and
+            // warm their hot keys as they go.
             let t = Instant::now();
-            let what = if cache == "warm" {
-                format!("warmed ({} bytes)", workset::warm_cache(d))
-            } else {
-                format!("dropped ({} files)", workset::drop_cache(d))
-            };
+            let n: usize = chosen.iter().map(|d| workset::drop_cache(d)).sum();
             eprintln!(
-                "workset: {} {what} in {:.1} s",
-                d.display(),
+                "workset: dropped {n} files in {:.1} s",
                 t.elapsed().as_secs_f64()
             );
         }
         for keys in [Keys::Uniform, Keys::Zipf] {
             for (size, set) in &sets {
+                if !wanted(&format!("{} {cache}", workset::label(*size, keys))) {
+                    continue;
+                }
+                if cache == "warm" {
+                    // Before every warm case, every store at once: this
+                    // VM's DAMON pages out what has not been touched for
+                    // 60 s, so a store warmed a minute before another
+                    // would be colder when the rounds begin.
+                    let t = Instant::now();
+                    let bytes = workset::warm_all(&chosen);
+                    eprintln!(
+                        "workset: warmed {bytes} bytes in {:.1} s",
+                        t.elapsed().as_secs_f64()
+                    );
+                }
                 let mut group = workset::read_group(&readers, set, keys, 1000 + cases.len() as u64);
+                if let Some(k) = o.reader {
+                    // For profiles: one reader alone (no ratios).
+                    group = group.into_iter().skip(k).take(1).collect();
+                }
                 let mut refs: Vec<&mut dyn Workload> = Vec::new();
                 for w in group.iter_mut() {
                     refs.push(w.as_mut());
@@ -459,9 +489,13 @@ fn workset_md(runs: &[WorksetRun], out: &mut String) {
          ({} on disk). The largest Blobpool cache (SQLite's hot-entry cache) holds 32 MiB, the local \
          engine's open-file cache 256 files. One client reads whole entries, verified, with keys drawn \
          uniformly or by Zipf (s = {}) over a fixed random permutation of the class; every reader draws \
-         the same key sequence. **Page cache warm**: every file of every store read once before the warm \
-         cases. **Dropped**: every file of every store evicted with `posix_fadvise(DONTNEED)` before the \
-         dropped cases (uniform first, then Zipf, whose hot keys warm as it reads; root cannot write `/proc/sys/vm/drop_caches` in this VM; the host may still cache the \
+         the same key sequence. **Page cache warm**: right before each warm case every file of all four stores \
+         is read, the four stores at once. This VM's kernel runs DAMON with a `pageout` scheme that evicts \
+         pages not touched for 60 s (2 GiB/s at most), so a working set this size does not *stay* warm: \
+         warming the stores together keeps their pages the same age, and a uniform case reads partly from \
+         the (host-cached) virtual disk on every side. **Dropped**: every file of every store evicted with \
+         `posix_fadvise(DONTNEED)` before the dropped cases (uniform first, then Zipf, whose hot keys warm \
+         as it reads; root cannot write `/proc/sys/vm/drop_caches` here, and the host may still cache the \
          virtual disk, so a \"dropped\" read costs a trip to the host, not to a platter). Ratios are \
          Blobpool over the faster peer *in the same round*; {} runs × {} rounds each.\n",
         first.entries,
@@ -616,7 +650,38 @@ fn http_md(runs: &Runs, out: &mut String) {
             verdict_at_least(&s, target)
         );
     }
+    let pairs: Vec<Vec<f64>> = runs.http.iter().map(http_tail_ratios).collect();
+    if pairs.iter().any(|p| !p.is_empty()) {
+        let s = Spread::new(&pairs);
+        let _ = writeln!(
+            out,
+            "- HTTP mixed load, p99 GET with a sweep ÷ without (adjacent rounds): {} — target ≤ 2×: {}",
+            s.text(),
+            verdict_at_most(&s, 2.0)
+        );
+    }
     out.push('\n');
+}
+
+/// Per pair of adjacent tail rounds of a `bench-http --json` document:
+/// p99 GET with the sweep ÷ without.
+fn http_tail_ratios(v: &serde_json::Value) -> Vec<f64> {
+    let Some(rounds) = v.get("tail").and_then(|t| t.as_array()) else {
+        return vec![];
+    };
+    rounds
+        .chunks(2)
+        .filter(|c| c.len() == 2)
+        .filter_map(|c| {
+            let p99 = |r: &serde_json::Value| r["get"]["latency"]["p99_us"].as_f64();
+            let (q, s) = if c[0]["sweep"].as_bool()? {
+                (&c[1], &c[0])
+            } else {
+                (&c[0], &c[1])
+            };
+            Some(p99(s)? / p99(q)?.max(1.0))
+        })
+        .collect()
 }
 
 /// Per-round Blobpool ÷ nginx ops/s of `size` from a `bench-http --json`
