@@ -18,10 +18,23 @@ prof() { # name, command...
   local name=$1; shift
   perf record -e cpu-clock -F 1999 -a -o "$OUT/$name.data" -- "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"
   perf report -i "$OUT/$name.data" --no-children --sort comm,dso --stdio 2>/dev/null \
-    | grep -v '^#' | grep -v '^$' | head -25 >"$OUT/$name.by-process.txt"
+    | grep -v '^#' | grep -v '^$' | head -25 >"$OUT/$name.by-process.txt" || true
   perf report -i "$OUT/$name.data" --no-children --sort comm,sym --stdio 2>/dev/null \
-    | grep -v '^#' | grep -v '^$' | head -60 >"$OUT/$name.by-symbol.txt"
-  echo "profile: $OUT/$name.by-process.txt, $OUT/$name.by-symbol.txt"
+    | grep -v '^#' | grep -v '^$' | head -60 >"$OUT/$name.by-symbol.txt" || true
+  # bench-http names its servers' pids: one report per server (user and
+  # kernel time of that process; nginx by name, for its workers).
+  local pids
+  pids=$(grep -o 'pids blobpool=[0-9]* nginx=[0-9]* static-server=[0-9]*' "$OUT/$name.log" || true)
+  if [ -n "$pids" ]; then
+    local bp hy
+    bp=$(echo "$pids" | sed 's/.*blobpool=\([0-9]*\).*/\1/')
+    hy=$(echo "$pids" | sed 's/.*static-server=\([0-9]*\).*/\1/')
+    for who in "blobpool:--pid=$bp" "static-server:--pid=$hy" "nginx:--comm=nginx"; do
+      perf report -i "$OUT/$name.data" --no-children "${who#*:}" --sort dso,sym --stdio 2>/dev/null \
+        | grep -v '^#' | grep -v '^$' | head -40 >"$OUT/$name.${who%%:*}.txt" || true
+    done
+  fi
+  echo "profile: $OUT/$name.*.txt"
 }
 
 # HTTP GETs of 4 KiB and of 64 MiB against nginx and the hyper server.

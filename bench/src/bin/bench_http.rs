@@ -337,6 +337,12 @@ async fn start(
         hy,
         ng,
     };
+    eprintln!(
+        "bench-http: pids blobpool={} nginx={} static-server={}",
+        servers.blobpool.id(),
+        servers.nginx_pid,
+        servers.hyper.id()
+    );
     wait_for(bp, "/health").await?;
     let (mut small_digests, mut large_digests) = (Vec::new(), Vec::new());
     for (prefix, _, body) in &files {
