@@ -600,7 +600,10 @@ mod tests {
         m.merge_run(&other);
         assert_eq!(m.rounds.len(), 6);
         let md = markdown(&[m]);
-        assert!(md.contains("**not proven**") && md.contains("rounds 0.50–1.30×"), "{md}");
+        assert!(
+            md.contains("**not proven**") && md.contains("rounds 0.50–1.30×"),
+            "{md}"
+        );
         let mut sweep = Row::new("mem", "sweep", Unit::Entries(100_000), 0.5);
         sweep.targets = vec![Target::Rate(100_000.0)];
         assert_eq!(sweep.verdict(&sweep.targets[0]), Some((true, 2.0)));
