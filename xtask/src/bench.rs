@@ -46,20 +46,25 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         }
     }
     crate::cargo(&["build", "--release", "-p", "bench", "--bins"])?;
+    run_release_bin("bench-table", &pass)
+}
+
+/// Runs `target/release/NAME ARGS` from the workspace root.
+fn run_release_bin(name: &str, args: &[String]) -> Result<(), String> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
-    let exe = target.join("release").join("bench-table");
-    eprintln!("$ {} {}", exe.display(), pass.join(" "));
+    let exe = target.join("release").join(name);
+    eprintln!("$ {} {}", exe.display(), args.join(" "));
     let status = Command::new(&exe)
-        .args(&pass)
+        .args(args)
         .current_dir(workspace_root())
         .status()
         .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("bench-table failed ({status})"))
+        Err(format!("{name} failed ({status})"))
     }
 }
 
@@ -70,21 +75,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
 pub(crate) fn skeptic(args: &[String]) -> Result<(), String> {
     crate::cargo(&["build", "--release", "-p", "bench", "--bins"])?;
     crate::cargo(&["build", "--release", "-p", "blobpool"])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let exe = target.join("release").join("bench-skeptic");
     let mut pass = vec!["all".to_string()];
     pass.extend(args.iter().cloned());
-    eprintln!("$ {} {}", exe.display(), pass.join(" "));
-    let status = Command::new(&exe)
-        .args(&pass)
-        .current_dir(workspace_root())
-        .status()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("bench-skeptic failed ({status})"))
-    }
+    run_release_bin("bench-skeptic", &pass)
 }

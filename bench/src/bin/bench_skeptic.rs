@@ -373,17 +373,7 @@ async fn all(o: &Opts) -> BenchResult<Runs> {
 // ---------------------------------------------------------------- report
 
 fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    bench::table::median(v).unwrap_or(f64::NAN)
 }
 
 fn min(v: &[f64]) -> f64 {
