@@ -29,27 +29,28 @@ impl LivenessSource for NothingLive {
 /// Puts `n` tiny fresh entries into [`ns`] with `concurrency` putters and
 /// returns their keys (the receipts' pins are dropped: nothing is pinned).
 pub async fn fill(store: &Store, n: usize, concurrency: usize) -> BenchResult<Vec<Key>> {
-    let per = n.div_ceil(concurrency.max(1));
+    fill_ns(store, &ns(), n, 32, concurrency).await
+}
+
+/// Puts `n` fresh unique entries of `size` bytes into `ns` with
+/// `concurrency` putters; returns their keys (pins dropped).
+pub async fn fill_ns(
+    store: &Store,
+    ns: &store_core::Namespace,
+    n: usize,
+    size: usize,
+    concurrency: usize,
+) -> BenchResult<Vec<Key>> {
+    let writers = concurrency.max(1);
     let mut tasks = Vec::new();
-    for t in 0..concurrency.max(1) {
-        let store = store.clone();
-        let count = per.min(n.saturating_sub(t * per));
+    for t in 0..writers {
+        let (store, ns) = (store.clone(), ns.clone());
+        let count = n / writers + usize::from(t < n % writers);
         tasks.push(tokio::spawn(async move {
-            let ns = ns();
             let mut keys = Vec::with_capacity(count);
             for _ in 0..count {
-                let body = unique_body(32);
-                let r = store
-                    .put_opts(
-                        &ns,
-                        &body[..],
-                        store_core::PutOptions {
-                            len: Some(32),
-                            ..Default::default()
-                        },
-                    )
-                    .await
-                    .map_err(err)?;
+                let body = bytes::Bytes::from(unique_body(size));
+                let r = store.put_bytes(&ns, body).await.map_err(err)?;
                 keys.push(r.key().clone());
             }
             Ok::<_, String>(keys)

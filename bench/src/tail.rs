@@ -20,7 +20,7 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use store_core::{Key, LivenessSource, Namespace, Store, SweepOptions};
 
-use crate::data::{fill_random, unique, KIB};
+use crate::data::{unique_body, KIB};
 use crate::fixtures::{err, BenchResult};
 use crate::sweep::NothingLive;
 
@@ -139,35 +139,9 @@ fn garbage_ns() -> Namespace {
     Namespace::new("garbage").expect("valid namespace")
 }
 
-fn fresh(size: usize) -> bytes::Bytes {
-    let mut v = vec![0u8; size];
-    fill_random(&mut v, unique());
-    v[..8].copy_from_slice(&unique().to_le_bytes());
-    bytes::Bytes::from(v)
-}
-
-/// Puts `n` fresh entries of `size` into `ns` with 16 writers; returns
-/// their keys (pins dropped).
+/// Puts `n` fresh entries of `size` into `ns` with 16 writers.
 async fn fill(store: &Store, ns: Namespace, n: usize, size: usize) -> BenchResult<Vec<Key>> {
-    let writers = 16;
-    let mut tasks = Vec::new();
-    for t in 0..writers {
-        let (store, ns) = (store.clone(), ns.clone());
-        let count = n / writers + usize::from(t < n % writers);
-        tasks.push(tokio::spawn(async move {
-            let mut keys = Vec::with_capacity(count);
-            for _ in 0..count {
-                let r = store.put_bytes(&ns, fresh(size)).await.map_err(err)?;
-                keys.push(r.key().clone());
-            }
-            Ok::<_, String>(keys)
-        }));
-    }
-    let mut keys = Vec::with_capacity(n);
-    for t in tasks {
-        keys.extend(t.await.map_err(err)??);
-    }
-    Ok(keys)
+    crate::sweep::fill_ns(store, &ns, n, size, 16).await
 }
 
 /// Prepares `store` (whose delete window must be zero): the live set and
@@ -217,7 +191,7 @@ async fn clients(
                         return Err(format!("get answered {} bytes", bytes.len()));
                     }
                 } else {
-                    let body = fresh(size);
+                    let body = bytes::Bytes::from(unique_body(size));
                     let t = Instant::now();
                     store.put_bytes(&live_ns(), body).await.map_err(err)?;
                     puts.record(t.elapsed().as_micros() as u64).map_err(err)?;

@@ -3,7 +3,8 @@
 //! file under DIR: files up to 1 MiB are read whole (`tokio::fs::read`),
 //! larger ones streamed in 256 KiB chunks with a `Content-Length`.
 //! HTTP/1.1 keep-alive, tokio's multi-threaded runtime, no cache, no
-//! verification. Prints `listening ADDR` once bound.
+//! verification, no authentication: it refuses to listen anywhere but on
+//! loopback. Prints `listening ADDR` once bound.
 
 use std::convert::Infallible;
 use std::path::{Component, Path, PathBuf};
@@ -83,7 +84,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let root = Arc::new(root.ok_or("--root is required")?);
-    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    // A benchmark anchor with no authentication: loopback only.
+    let addr: std::net::SocketAddr = listen.parse()?;
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "static-server serves files unauthenticated: {addr} is not a loopback address"
+        )
+        .into());
+    }
+    let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening {}", listener.local_addr()?);
     loop {
         let (stream, _) = listener.accept().await?;

@@ -183,15 +183,21 @@ impl Inline {
 /// span is done or the reader is dropped. A streamed whole-entry read
 /// carries the task's digest of the bytes it yields.
 pub(crate) async fn open_entry(inner: &Arc<Inner>, key: &Key, want: Want) -> Result<Option<Found>> {
-    if let Some(file) = inner.open_files.get(key) {
+    let cached = inner.open_files.get(key);
+    let was_cached = cached.is_some();
+    if let Some(file) = cached {
         // `None`: longer than a chunk, streamed below.
         if let Some(found) = cached_read(inner, key, file, &want).await? {
             return Ok(Some(found));
         }
     }
     let path = inner.content_path(key);
-    if let Some(found) = uncached_inline_read(inner, key, &path, &want) {
-        return Ok(Some(found));
+    // A cached descriptor that could not answer means a long span: opening
+    // it again inline would only be closed again.
+    if !was_cached {
+        if let Some(found) = uncached_inline_read(inner, key, &path, &want) {
+            return Ok(Some(found));
+        }
     }
     let (cache, k, w) = (inner.clone(), key.clone(), want.clone());
     let opening = path.clone();

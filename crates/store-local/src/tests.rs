@@ -702,6 +702,25 @@ async fn a_stage_locked_through_another_open_file_is_kept_and_an_unheld_one_remo
     let _second = open(dir.path()).await;
     assert!(held.exists());
     drop(holder);
+    // Another test of this process may fork (a child process) at this
+    // moment: until the child execs, it shares `holder`'s open file
+    // description and with it the lock. Wait (bounded) until the lock is
+    // free, then the stage must be removed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&held)
+        .unwrap()
+        .try_lock()
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lock was never released"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(
         engine
             .maintain(store_types::Timestamp::now())
