@@ -216,8 +216,9 @@ pub(crate) struct Uploads {
     /// See [`Uploads::spool_reads`].
     spool_reads: AtomicU64,
     /// Bytes held by open sessions (committed, plus reserved by appends
-    /// in flight), in all and per owner.
-    usage: Mutex<Usage>,
+    /// in flight), in all and per owner. Shared with the reservations of
+    /// appends in flight (see [`Reservation`]).
+    usage: Arc<Mutex<Usage>>,
     /// Test hook: the commit step sets the flag, then waits on the lock
     /// (held by a test to drop the request inside the step).
     #[cfg(test)]
@@ -248,31 +249,49 @@ impl Usage {
     }
 }
 
-/// Bytes an append reserved: given back when dropped (a failed or dropped
-/// append) unless `committed` was set — by the blocking step that commits
-/// the offset, which then holds them for the session.
-struct Reservation<'a> {
-    uploads: &'a Uploads,
-    owner: &'a str,
+/// Bytes an append reserved. Dropping it gives them back, so it is
+/// dropped only where the bytes it covers are known not committed: by the
+/// append itself before its commit step starts, or inside the step's
+/// blocking call when the step fails before the in-memory offset moves.
+/// The commit step owns it (it is moved into the blocking call, which runs
+/// to its end even if the request is dropped) and hands the bytes to the
+/// session with [`Reservation::keep`] in the same call that advances the
+/// offset (issue 39: the append used to keep it in its own frame, so a
+/// request dropped during the step gave back bytes the step then
+/// committed, and the spool could grow past the caps).
+struct Reservation {
+    usage: Arc<Mutex<Usage>>,
+    owner: String,
+    /// The caps: all sessions, one owner.
+    max_bytes: u64,
+    max_bytes_per_owner: u64,
     bytes: u64,
-    committed: Arc<AtomicBool>,
 }
 
-impl Reservation<'_> {
+impl Reservation {
+    fn new(uploads: &Uploads, owner: &str) -> Self {
+        Reservation {
+            usage: uploads.usage.clone(),
+            owner: owner.to_string(),
+            max_bytes: uploads.cfg.max_bytes,
+            max_bytes_per_owner: uploads.cfg.max_bytes_per_owner,
+            bytes: 0,
+        }
+    }
+
     /// Reserves `n` more bytes, or `upload_quota` (nothing reserved).
     fn grow(&mut self, n: u64) -> Result<(), OpsError> {
-        let cfg = &self.uploads.cfg;
-        let mut u = lock(&self.uploads.usage);
-        let owned = u.per_owner.get(self.owner).copied().unwrap_or(0);
-        let over = if u.total + n > cfg.max_bytes {
+        let mut u = lock(&self.usage);
+        let owned = u.per_owner.get(&self.owner).copied().unwrap_or(0);
+        let over = if u.total + n > self.max_bytes {
             Some(format!(
                 "the server's upload sessions hold {} of {} bytes",
-                u.total, cfg.max_bytes
+                u.total, self.max_bytes
             ))
-        } else if owned + n > cfg.max_bytes_per_owner {
+        } else if owned + n > self.max_bytes_per_owner {
             Some(format!(
                 "the upload sessions of {} hold {owned} of {} bytes",
-                self.owner, cfg.max_bytes_per_owner
+                self.owner, self.max_bytes_per_owner
             ))
         } else {
             None
@@ -283,16 +302,22 @@ impl Reservation<'_> {
                 format!("{why}: finish or abort a session (nothing is dropped to make room)"),
             ));
         }
-        u.add(self.owner, n);
+        u.add(&self.owner, n);
         self.bytes += n;
         Ok(())
     }
+
+    /// The bytes are committed: the session holds them from now on (they
+    /// leave the count when it ends, with its offset).
+    fn keep(mut self) {
+        self.bytes = 0;
+    }
 }
 
-impl Drop for Reservation<'_> {
+impl Drop for Reservation {
     fn drop(&mut self) {
-        if self.bytes > 0 && !self.committed.load(Ordering::SeqCst) {
-            lock(&self.uploads.usage).sub(self.owner, self.bytes);
+        if self.bytes > 0 {
+            lock(&self.usage).sub(&self.owner, self.bytes);
         }
     }
 }
@@ -475,7 +500,7 @@ impl Uploads {
             node,
             sessions: Mutex::new(HashMap::new()),
             spool_reads: AtomicU64::new(0),
-            usage: Mutex::new(Usage::default()),
+            usage: Arc::new(Mutex::new(Usage::default())),
             #[cfg(test)]
             commit_pause: Default::default(),
         };
@@ -760,12 +785,9 @@ impl Uploads {
         // The committed bytes' hash, extended chunk by chunk and stored
         // back only with the offset.
         let mut hasher = lock(&session.hasher).clone();
-        let mut reserved = Reservation {
-            uploads: self,
-            owner: &session.owner,
-            bytes: 0,
-            committed: Arc::new(AtomicBool::new(false)),
-        };
+        // Given back if this append ends (or is dropped) before its commit
+        // step takes it over.
+        let mut reserved = Reservation::new(self, &session.owner);
         loop {
             let (buf, eof, broken) = read_chunk(&mut body).await;
             let end = offset + buf.len() as u64;
@@ -795,8 +817,7 @@ impl Uploads {
             }
         }
         if offset > committed {
-            let held = reserved.committed.clone();
-            self.commit(session, guard, &file, offset, hasher, held)
+            self.commit(session, guard, &file, offset, hasher, reserved)
                 .await?;
         }
         match failure {
@@ -807,10 +828,13 @@ impl Uploads {
 
     /// Commits the bytes written up to `offset`: fsyncs the data (when
     /// configured), writes the offset file, and advances the in-memory
-    /// offset, hash and reservation (`held`).
+    /// offset and hash, handing the append's reservation (`reserved`) to
+    /// the session.
     ///
-    /// Cancel-safe: all of it happens in one blocking call, which runs to
-    /// its end even if this future is dropped.
+    /// Cancel-safe: all of it happens in one blocking call, which owns the
+    /// reservation and runs to its end even if this future is dropped; the
+    /// reservation is given back only if the step fails before the offset
+    /// moves (or never starts).
     async fn commit(
         &self,
         session: &Arc<Session>,
@@ -818,7 +842,7 @@ impl Uploads {
         file: &Arc<File>,
         offset: u64,
         hasher: Option<blake3::Hasher>,
-        held: Arc<AtomicBool>,
+        reserved: Reservation,
     ) -> Result<(), OpsError> {
         let (f, g, s) = (file.clone(), guard.clone(), session.clone());
         let (offset_path, fsync) = (self.path(&session.id, "offset"), self.cfg.fsync);
@@ -852,7 +876,7 @@ impl Uploads {
             }
             *lock(&s.hasher) = hasher;
             s.offset.store(offset, Ordering::SeqCst);
-            held.store(true, Ordering::SeqCst);
+            reserved.keep();
             s.touch();
             Ok(())
         })
@@ -1050,6 +1074,132 @@ mod tests {
         let again = Uploads::open(cfg).unwrap();
         let s = again.find("up", &st.id, "o", false).expect("session kept");
         assert_eq!(s.offset(), 1024);
+    }
+
+    /// Issue 39: appends dropped inside their commit step, again and again,
+    /// against small byte caps. Every such step commits its bytes, so the
+    /// reservation must stay counted: after each drop the bytes held (in
+    /// all and per owner) are exactly the committed offsets on disk, never
+    /// past a cap, and the next append past a cap is refused. (The
+    /// reservation used to live in the append's frame: a drop during the
+    /// step gave it back, the step then committed the bytes, and each drop
+    /// let another buffer past the caps.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::await_holding_lock)] // as above: it stops a blocking thread
+    async fn appends_dropped_in_their_commit_step_keep_the_spool_bounded() {
+        const CHUNK: u64 = 1000;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = UploadConfig {
+            max_bytes: 4500,
+            max_bytes_per_owner: 3500,
+            ..UploadConfig::new(dir.path())
+        };
+        let uploads = Arc::new(Uploads::open(cfg.clone()).unwrap());
+        let ns = || Namespace::new("up").unwrap();
+        let mut sessions = Vec::new();
+        for owner in ["o", "p"] {
+            let st = uploads.create(owner, ns()).await.unwrap();
+            sessions.push(uploads.find("up", &st.id, owner, false).unwrap());
+        }
+        let claim = |s: Arc<Session>| {
+            let uploads = uploads.clone();
+            async move {
+                loop {
+                    match uploads.claim(&s) {
+                        Ok(g) => break g,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    }
+                }
+            }
+        };
+        let on_disk = |s: &Session| {
+            decode_offset(&fs::read(dir.path().join(format!("{}.offset", s.id))).unwrap()).unwrap()
+        };
+        // The count equals the committed bytes on the spool and stays
+        // within the caps.
+        let settled = |sessions: &[Arc<Session>], why: &str| {
+            let u = lock(&uploads.usage);
+            let mut total = 0;
+            for s in sessions {
+                let (disk, len) = (
+                    on_disk(s),
+                    fs::metadata(dir.path().join(format!("{}.data", s.id)))
+                        .unwrap()
+                        .len(),
+                );
+                assert_eq!(s.offset(), disk, "{why}: memory and offset file");
+                assert!(len >= disk, "{why}: data shorter than its offset");
+                let held = u.per_owner.get(&s.owner).copied().unwrap_or(0);
+                assert_eq!(held, disk, "{why}: bytes counted for {}", s.owner);
+                assert!(disk <= cfg.max_bytes_per_owner, "{why}: per-owner cap");
+                total += disk;
+            }
+            assert_eq!(u.total, total, "{why}: bytes counted in all");
+            assert!(total <= cfg.max_bytes, "{why}: total cap");
+            total
+        };
+        // One append of CHUNK bytes dropped inside its commit step: its
+        // result if it ran to its end, or `None` when it was dropped there.
+        let drop_mid_commit = |s: Arc<Session>| {
+            let uploads = uploads.clone();
+            async move {
+                uploads.commit_pause.1.store(false, Ordering::SeqCst);
+                let paused = lock(&uploads.commit_pause.0);
+                let task = tokio::spawn({
+                    let (uploads, s, guard) = (uploads.clone(), s.clone(), claim(s.clone()).await);
+                    async move {
+                        let chunk = vec![9u8; CHUNK as usize];
+                        uploads.append(&s, &guard, None, &chunk[..], u64::MAX).await
+                    }
+                });
+                while !uploads.commit_pause.1.load(Ordering::SeqCst) && !task.is_finished() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let dropped = !task.is_finished();
+                task.abort();
+                let r = task.await;
+                drop(paused);
+                // The claim frees once the blocking step has ended.
+                drop(claim(s).await);
+                match r {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        assert!(e.is_cancelled() && dropped);
+                        None
+                    }
+                }
+            }
+        };
+        let (o, p) = (sessions[0].clone(), sessions[1].clone());
+        // `o` reaches its cap (3 of 3.5 chunks) one dropped step at a time;
+        // the fourth append is refused before it writes.
+        for i in 1..=3 {
+            assert!(drop_mid_commit(o.clone()).await.is_none(), "dropped");
+            assert_eq!(settled(&sessions, &format!("drop {i}")), i * CHUNK);
+        }
+        let refused = drop_mid_commit(o.clone()).await.expect("refused at once");
+        assert_eq!(refused.unwrap_err().code, ErrorCode::UploadQuota);
+        assert_eq!(settled(&sessions, "o at its cap"), 3 * CHUNK);
+        // `p` fills the rest of the server's cap (4 of 4.5 chunks).
+        assert!(drop_mid_commit(p.clone()).await.is_none());
+        assert_eq!(settled(&sessions, "p's drop"), 4 * CHUNK);
+        let refused = drop_mid_commit(p.clone()).await.expect("refused at once");
+        assert_eq!(refused.unwrap_err().code, ErrorCode::UploadQuota);
+        assert_eq!(settled(&sessions, "the server at its cap"), 4 * CHUNK);
+        // Ending a session gives back exactly what it held.
+        let g = claim(o.clone()).await;
+        uploads.remove(&o, &g).await.unwrap();
+        drop(g);
+        sessions.remove(0);
+        assert_eq!(settled(&sessions, "o removed"), CHUNK);
+        // And a restart counts what the spool holds.
+        drop((o, p, sessions, uploads));
+        let again = Uploads::open(cfg).unwrap();
+        let u = lock(&again.usage);
+        assert_eq!(
+            (u.total, u.per_owner.get("p").copied()),
+            (CHUNK, Some(CHUNK))
+        );
     }
 
     #[test]
