@@ -10,15 +10,18 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use store_types::{
-    CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Namespace, RefName, Result, Timestamp,
+    ref_conflict, Author, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Namespace,
+    RefExpect, RefName, Result, Timestamp,
 };
 
-/// One key's row.
-#[derive(Clone, Copy, Debug)]
+/// One key's row. `owner`: the name of the author that wrote the digest
+/// (`None`: the embedding application; issue 39).
+#[derive(Clone, Debug)]
 struct Row {
     digest: Digest,
     size: u64,
     accessed_at: Timestamp,
+    owner: Option<String>,
 }
 
 /// The cache keys of one [`MemEngine`](crate::MemEngine) (shared by its
@@ -43,21 +46,37 @@ impl CacheIndex for MemCache {
         digest: Digest,
         size: u64,
         now: Timestamp,
-    ) -> Result<()> {
+        expect: RefExpect,
+        author: Author<'_>,
+    ) -> Result<Option<Digest>> {
         let mut t = self.lock();
-        let rows = t.entry(ns.clone()).or_default();
-        let accessed_at = rows
-            .get(key.as_str())
-            .map_or(now, |r| r.accessed_at.max(now));
-        rows.insert(
+        let previous = t.get(ns).and_then(|m| m.get(key.as_str()));
+        let current = previous.map(|r| r.digest);
+        if !expect.holds(current) {
+            return Err(ref_conflict(key, current));
+        }
+        author.check(
+            key,
+            previous.map(|r| (r.digest, r.owner.as_deref())),
+            Some(digest),
+        )?;
+        // The same digest keeps its owner; a new key or a replace is the
+        // author's.
+        let owner = match previous {
+            Some(r) if r.digest == digest => r.owner.clone(),
+            _ => author.name.map(str::to_owned),
+        };
+        let accessed_at = previous.map_or(now, |r| r.accessed_at.max(now));
+        t.entry(ns.clone()).or_default().insert(
             key.as_str().to_string(),
             Row {
                 digest,
                 size,
                 accessed_at,
+                owner,
             },
         );
-        Ok(())
+        Ok(current)
     }
 
     async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>> {

@@ -18,14 +18,23 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use store_types::{
-    ref_conflict, Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore, Result,
+    ref_conflict, Author, Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore, Result,
 };
+
+/// One reference: its digest and its owner, the name of the author that
+/// wrote that digest (`None`: the embedding application; issue 39). A set
+/// of the digest the row holds keeps the owner.
+#[derive(Clone, Debug)]
+struct Row {
+    digest: Digest,
+    owner: Option<String>,
+}
 
 /// The state behind the lock.
 #[derive(Default)]
 struct RefTables {
-    /// `(namespace, name) → digest`, in (namespace, name byte) order.
-    refs: BTreeMap<(Namespace, String), Digest>,
+    /// `(namespace, name) → row`, in (namespace, name byte) order.
+    refs: BTreeMap<(Namespace, String), Row>,
     /// Per namespace, how many references point at a digest (no zero
     /// counts, no empty maps are kept).
     by_digest: BTreeMap<Namespace, BTreeMap<Digest, usize>>,
@@ -92,20 +101,41 @@ impl RefStore for MemRefs {
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
+        author: Author<'_>,
         // A process-local engine never hosts a fleet (see the contract).
-        _pin_owner: Option<&str>,
+        _pin: Option<store_types::PinProof<'_>>,
     ) -> Result<Option<Digest>> {
         let mut t = self.lock();
         let key = (ns.clone(), name.as_str().to_owned());
-        let current = t.refs.get(&key).copied();
+        let row = t.refs.get(&key);
+        let current = row.map(|r| r.digest);
         if !expect.holds(current) {
             return Err(ref_conflict(name, current));
         }
-        t.refs.insert(key, digest);
-        if let Some(old) = current {
-            t.unlink(ns, old);
+        author.check(
+            name,
+            row.map(|r| (r.digest, r.owner.as_deref())),
+            Some(digest),
+        )?;
+        match current {
+            // The same digest: nothing changes, the owner stays.
+            Some(old) if old == digest => {}
+            // A new row, or a replace the author may make: the row is the
+            // author's from now on (it wrote what the row holds).
+            _ => {
+                t.refs.insert(
+                    key,
+                    Row {
+                        digest,
+                        owner: author.name.map(str::to_owned),
+                    },
+                );
+                if let Some(old) = current {
+                    t.unlink(ns, old);
+                }
+                t.link(ns, digest);
+            }
         }
-        t.link(ns, digest);
         Ok(current)
     }
 
@@ -114,7 +144,7 @@ impl RefStore for MemRefs {
             .lock()
             .refs
             .get(&(ns.clone(), name.as_str().to_owned()))
-            .copied())
+            .map(|r| r.digest))
     }
 
     async fn delete(
@@ -122,13 +152,16 @@ impl RefStore for MemRefs {
         ns: &Namespace,
         name: &RefName,
         expect: RefExpect,
+        author: Author<'_>,
     ) -> Result<Option<Digest>> {
         let mut t = self.lock();
         let key = (ns.clone(), name.as_str().to_owned());
-        let current = t.refs.get(&key).copied();
+        let row = t.refs.get(&key);
+        let current = row.map(|r| r.digest);
         if !expect.holds(current) {
             return Err(ref_conflict(name, current));
         }
+        author.check(name, row.map(|r| (r.digest, r.owner.as_deref())), None)?;
         if let Some(old) = current {
             t.refs.remove(&key);
             t.unlink(ns, old);
@@ -157,10 +190,10 @@ impl RefStore for MemRefs {
             .range((lower, Bound::Unbounded))
             .take_while(|((n, name), _)| n == ns && name.starts_with(prefix))
             .take(limit)
-            .map(|((_, name), digest)| {
+            .map(|((_, name), row)| {
                 Ok(RefEntry {
                     name: stored_name(name)?,
-                    digest: *digest,
+                    digest: row.digest,
                 })
             })
             .collect()

@@ -219,7 +219,7 @@ async fn references_are_shared_by_clones_only() {
 
 #[tokio::test]
 async fn reverse_counts_follow_moves_and_deletes() {
-    use store_types::{RefExpect, RefName};
+    use store_types::{Author, RefExpect, RefName};
     let refs = MemEngine::new().refs().unwrap();
     let (x, y) = (Digest::of(b"x"), Digest::of(b"y"));
     let (one, two) = (RefName::new("one").unwrap(), RefName::new("two").unwrap());
@@ -239,12 +239,16 @@ async fn reverse_counts_follow_moves_and_deletes() {
     );
     // Setting a reference to what it already holds changes no count.
     refs.set(&ns("a"), &one, y, RefExpect::Any).await.unwrap();
-    refs.delete(&ns("a"), &two, RefExpect::Any).await.unwrap();
+    refs.delete(&ns("a"), &two, RefExpect::Any, Author::LIBRARY)
+        .await
+        .unwrap();
     assert_eq!(
         refs.referenced(&ns("a"), &[x, y]).await.unwrap(),
         [false, true]
     );
-    refs.delete(&ns("a"), &one, RefExpect::Any).await.unwrap();
+    refs.delete(&ns("a"), &one, RefExpect::Any, Author::LIBRARY)
+        .await
+        .unwrap();
     assert_eq!(
         refs.referenced(&ns("a"), &[x, y]).await.unwrap(),
         [false, false]

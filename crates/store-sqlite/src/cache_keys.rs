@@ -8,6 +8,14 @@
 //! `usage` run on the reader pool; `cached` asks the `(namespace, digest)`
 //! index through the engine's batched existence query.
 //!
+//! `record` reads the key's digest and owner (schema v5; NULL: the
+//! library, and every key older than v5), checks the precondition and the
+//! author's right to change the key (issue 39, [`Author::check`]) and
+//! upserts, all in its job: the writer is the only write connection and
+//! holds `BEGIN IMMEDIATE`, so nothing changes the row in between. A
+//! refused record writes nothing and is an answer, not a failed write. A
+//! record of the digest the key holds keeps its owner.
+//!
 //! SQLite has no clock of its own here: access times are the `now` the
 //! caller passes (the store's clock), in milliseconds.
 //!
@@ -18,19 +26,25 @@
 //! dropped read returns its connection when its blocking closure ends.
 
 use store_types::{
-    CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Namespace, RefName, Result, Timestamp,
+    Author, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Error, Namespace, RefExpect,
+    RefName, Result, Timestamp,
 };
 
 use crate::error::SqlResultExt;
+use crate::refs::OwnedAuthor;
 use crate::sql::{self, digest_at, namespace_at};
 use crate::SqliteEngine;
 
-const RECORD: &str = "INSERT INTO cache_keys (namespace, key, digest, size, accessed_at)
-                      VALUES (?1, ?2, ?3, ?4, ?5)
+/// `?6` is the owner the job decided on (the row's own for the digest it
+/// holds).
+const RECORD: &str = "INSERT INTO cache_keys (namespace, key, digest, size, accessed_at, owner)
+                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                       ON CONFLICT (namespace, key) DO UPDATE SET
                         digest = excluded.digest, size = excluded.size,
-                        accessed_at = max(accessed_at, excluded.accessed_at)";
+                        accessed_at = max(accessed_at, excluded.accessed_at),
+                        owner = excluded.owner";
 const LOOKUP: &str = "SELECT digest FROM cache_keys WHERE namespace = ?1 AND key = ?2";
+const LOOKUP_OWNED: &str = "SELECT digest, owner FROM cache_keys WHERE namespace = ?1 AND key = ?2";
 const REMOVE: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2";
 const REMOVE_IF: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2 AND digest = ?3";
 const TOUCH: &str = "UPDATE cache_keys SET accessed_at = ?3
@@ -81,20 +95,45 @@ impl CacheIndex for SqliteCacheKeys {
         digest: Digest,
         size: u64,
         now: Timestamp,
-    ) -> Result<()> {
-        let (ns, key) = (ns.as_str().to_owned(), key.as_str().to_owned());
+        expect: RefExpect,
+        author: Author<'_>,
+    ) -> Result<Option<Digest>> {
+        let (ns, key) = (ns.as_str().to_owned(), key.clone());
         let size = i64::try_from(size).unwrap_or(i64::MAX);
-        self.engine
+        let author = OwnedAuthor::new(author);
+        // Ok(Err(_)): refused, nothing written (an answer, not a failed job).
+        let outcome: std::result::Result<Option<Digest>, Error> = self
+            .engine
             .inner
             .writer
             .submit(128, false, move |conn, _| {
+                let row = {
+                    let mut stmt = conn.prepare_cached(LOOKUP_OWNED).sql()?;
+                    let mut rows = stmt.query((&ns, key.as_str())).sql()?;
+                    match rows.next().sql()? {
+                        Some(r) => Some((digest_at(r, 0)?, r.get::<_, Option<String>>(1).sql()?)),
+                        None => None,
+                    }
+                };
+                let owner = match author.admit(&key, row.as_ref(), expect, Some(digest)) {
+                    Ok(owner) => owner,
+                    Err(refused) => return Ok(Err(refused)),
+                };
                 conn.prepare_cached(RECORD)
                     .sql()?
-                    .execute((&ns, &key, &digest.as_bytes()[..], size, now.0))
+                    .execute((
+                        &ns,
+                        key.as_str(),
+                        &digest.as_bytes()[..],
+                        size,
+                        now.0,
+                        owner.as_deref(),
+                    ))
                     .sql()?;
-                Ok(())
+                Ok(Ok(row.map(|r| r.0)))
             })
-            .await
+            .await?;
+        outcome
     }
 
     async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>> {

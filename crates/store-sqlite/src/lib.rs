@@ -37,6 +37,10 @@
 //!     PRIMARY KEY (namespace, key)) WITHOUT ROWID;
 //! CREATE INDEX cache_keys_by_digest ON cache_keys (namespace, digest);
 //! CREATE INDEX cache_keys_by_access ON cache_keys (namespace, accessed_at);
+//! -- v5: owners (issue 39): the author that wrote the digest, NULL for the
+//! -- library (and for every row older than v5)
+//! ALTER TABLE refs ADD COLUMN owner TEXT;
+//! ALTER TABLE cache_keys ADD COLUMN owner TEXT;
 //! -- created by GcSchema::ensure_gc_schema only
 //! CREATE TABLE gc_window (ns TEXT NOT NULL, digest BLOB NOT NULL,
 //!     size INTEGER NOT NULL, visible_after INTEGER NOT NULL,      -- unix ms

@@ -5,15 +5,22 @@
 //!
 //! `set`, `delete` and `mark_uses_refs` are jobs of the group-committing
 //! writer thread, like
-//! puts: `set` and `delete` read the reference's current digest, check the
-//! precondition and write, all inside the writer's transaction (and the
-//! job's own savepoint), so the compare-and-swap is atomic: the writer is
-//! the only write connection of this engine, and `BEGIN IMMEDIATE` keeps
-//! other processes' writers out for the whole transaction. They answer
-//! after the commit, so the durability is the writer's (`synchronous`
-//! setting), as for puts. A failed precondition writes nothing and is not
-//! counted as a failed write ([`crate::SqliteStats::writes_failed`]): it
-//! is an answer, not an error of the database.
+//! puts: `set` and `delete` read the reference's current digest and owner,
+//! check the precondition, then the author's right to change the row
+//! (issue 39: [`Author::check`]), and write, all inside the writer's
+//! transaction (and the job's own savepoint), so the compare-and-swap is
+//! atomic: the writer is the only write connection of this engine, and
+//! `BEGIN IMMEDIATE` keeps other processes' writers out for the whole
+//! transaction. They answer after the commit, so the durability is the
+//! writer's (`synchronous` setting), as for puts. A failed precondition or
+//! a refused author writes nothing and is not counted as a failed write
+//! ([`crate::SqliteStats::writes_failed`]): it is an answer, not an error
+//! of the database.
+//!
+//! `owner` (schema v5) is the name of the author that wrote the row's
+//! digest (NULL: the library, and every row older than v5). A set of the
+//! digest the row holds keeps it; a new row or a replace stores the
+//! author's.
 //!
 //! # Reads
 //!
@@ -35,7 +42,8 @@
 
 use rusqlite::{Connection, OptionalExtension};
 use store_types::{
-    ref_conflict, Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore, Result,
+    ref_conflict, Author, Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore,
+    Replace, Result,
 };
 
 use crate::error::SqlResultExt;
@@ -43,10 +51,14 @@ use crate::sql::{self, digest_at, namespace_at, to_i64};
 use crate::SqliteEngine;
 
 const GET: &str = "SELECT digest FROM refs WHERE namespace = ?1 AND name = ?2";
-const UPSERT: &str = "INSERT INTO refs (namespace, name, digest, updated_at)
-                      VALUES (?1, ?2, ?3, ?4)
+const GET_OWNED: &str = "SELECT digest, owner FROM refs WHERE namespace = ?1 AND name = ?2";
+/// `?5` is the owner: the job has read the row in the same transaction and
+/// passes the row's own owner when the digest does not change.
+const UPSERT: &str = "INSERT INTO refs (namespace, name, digest, updated_at, owner)
+                      VALUES (?1, ?2, ?3, ?4, ?5)
                       ON CONFLICT (namespace, name)
-                      DO UPDATE SET digest = excluded.digest, updated_at = excluded.updated_at";
+                      DO UPDATE SET digest = excluded.digest, updated_at = excluded.updated_at,
+                                    owner = excluded.owner";
 const MARK_NAMESPACE: &str =
     "INSERT OR IGNORE INTO ref_namespaces (namespace, since) VALUES (?1, ?2)";
 const DELETE: &str = "DELETE FROM refs WHERE namespace = ?1 AND name = ?2";
@@ -83,6 +95,65 @@ fn current(conn: &Connection, ns: &str, name: &str) -> Result<Option<Digest>> {
     }
 }
 
+/// The digest `name` holds and its owner, read on `conn`.
+fn current_owned(
+    conn: &Connection,
+    ns: &str,
+    name: &str,
+) -> Result<Option<(Digest, Option<String>)>> {
+    let mut stmt = conn.prepare_cached(GET_OWNED).sql()?;
+    let mut rows = stmt.query((ns, name)).sql()?;
+    match rows.next().sql()? {
+        Some(row) => Ok(Some((digest_at(row, 0)?, row.get(1).sql()?))),
+        None => Ok(None),
+    }
+}
+
+/// An [`Author`] moved into a writer job (which must be `'static`).
+#[derive(Clone)]
+pub(crate) struct OwnedAuthor {
+    name: Option<String>,
+    may: Replace,
+}
+
+impl OwnedAuthor {
+    pub(crate) fn new(author: Author<'_>) -> Self {
+        OwnedAuthor {
+            name: author.name.map(str::to_owned),
+            may: author.may,
+        }
+    }
+
+    pub(crate) fn author(&self) -> Author<'_> {
+        Author {
+            name: self.name.as_deref(),
+            may: self.may,
+        }
+    }
+
+    /// Checks `expect`, then whether the author may change `row` (its
+    /// digest and owner) to `new`; answers the owner the row has after the
+    /// write (the row's own when `new` is the digest it holds).
+    pub(crate) fn admit(
+        &self,
+        name: &RefName,
+        row: Option<&(Digest, Option<String>)>,
+        expect: RefExpect,
+        new: Option<Digest>,
+    ) -> Result<Option<String>> {
+        let current = row.map(|r| r.0);
+        if !expect.holds(current) {
+            return Err(ref_conflict(name, current));
+        }
+        let author = self.author();
+        author.check(name, row.map(|(d, o)| (*d, o.as_deref())), new)?;
+        Ok(match row {
+            Some((d, owner)) if Some(*d) == new => owner.clone(),
+            _ => self.name.clone(),
+        })
+    }
+}
+
 /// The smallest string greater than every string starting with `prefix`,
 /// or `None` when there is none (`prefix` empty or all `U+007F`).
 ///
@@ -103,41 +174,52 @@ fn successor(prefix: &str) -> Option<String> {
 /// from.
 const REFS_BY_NAMESPACE: &str = "refs.namespace";
 
-/// Outcome of a compare-and-swap job: the previous digest, or the current
-/// one when the precondition failed (nothing written).
-type Cas = std::result::Result<Option<Digest>, Option<Digest>>;
+/// Outcome of a compare-and-swap job: the previous digest, or the answer
+/// that refused it ([`Error::RefConflict`] or [`Error::NotOwner`]; nothing
+/// written), which is not an error of the job.
+type Cas = std::result::Result<Option<Digest>, Error>;
 
 #[async_trait::async_trait]
 impl RefStore for SqliteRefs {
-    /// Checks `expect` and upserts the row in one job of the writer's
-    /// transaction; answers after the commit. (A SQLite kv engine never
-    /// hosts a fleet: `pin_owner` is never given and is ignored.)
+    /// Checks `expect` and the author, and upserts the row, in one job of
+    /// the writer's transaction; answers after the commit. (A SQLite kv
+    /// engine never hosts a fleet: the pin proof is never given and is
+    /// ignored.)
     async fn set_checked(
         &self,
         ns: &Namespace,
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
-        _pin_owner: Option<&str>,
+        author: Author<'_>,
+        _pin: Option<store_types::PinProof<'_>>,
     ) -> Result<Option<Digest>> {
-        let (ns_s, name_s) = (ns.as_str().to_owned(), name.as_str().to_owned());
+        let (ns_s, name_c) = (ns.as_str().to_owned(), name.clone());
+        let author = OwnedAuthor::new(author);
         let outcome: Cas = self
             .engine
             .inner
             .writer
             .submit(128, true, move |conn, now| {
-                let old = current(conn, &ns_s, &name_s)?;
-                if !expect.holds(old) {
-                    return Ok(Err(old));
-                }
+                let row = current_owned(conn, &ns_s, name_c.as_str())?;
+                let owner = match author.admit(&name_c, row.as_ref(), expect, Some(digest)) {
+                    Ok(owner) => owner,
+                    Err(refused) => return Ok(Err(refused)),
+                };
                 conn.prepare_cached(UPSERT)
                     .sql()?
-                    .execute((&ns_s, &name_s, &digest.as_bytes()[..], now.0))
+                    .execute((
+                        &ns_s,
+                        name_c.as_str(),
+                        &digest.as_bytes()[..],
+                        now.0,
+                        owner.as_deref(),
+                    ))
                     .sql()?;
-                Ok(Ok(old))
+                Ok(Ok(row.map(|r| r.0)))
             })
             .await?;
-        outcome.map_err(|now| ref_conflict(name, now))
+        outcome
     }
 
     async fn get(&self, ns: &Namespace, name: &RefName) -> Result<Option<Digest>> {
@@ -149,34 +231,36 @@ impl RefStore for SqliteRefs {
             .await
     }
 
-    /// Checks `expect` and deletes the row in one job of the writer's
-    /// transaction; answers after the commit.
+    /// Checks `expect` and the author, and deletes the row, in one job of
+    /// the writer's transaction; answers after the commit.
     async fn delete(
         &self,
         ns: &Namespace,
         name: &RefName,
         expect: RefExpect,
+        author: Author<'_>,
     ) -> Result<Option<Digest>> {
-        let (ns_s, name_s) = (ns.as_str().to_owned(), name.as_str().to_owned());
+        let (ns_s, name_c) = (ns.as_str().to_owned(), name.clone());
+        let author = OwnedAuthor::new(author);
         let outcome: Cas = self
             .engine
             .inner
             .writer
             .submit(64, true, move |conn, _now| {
-                let old = current(conn, &ns_s, &name_s)?;
-                if !expect.holds(old) {
-                    return Ok(Err(old));
+                let row = current_owned(conn, &ns_s, name_c.as_str())?;
+                if let Err(refused) = author.admit(&name_c, row.as_ref(), expect, None) {
+                    return Ok(Err(refused));
                 }
-                if old.is_some() {
+                if row.is_some() {
                     conn.prepare_cached(DELETE)
                         .sql()?
-                        .execute((&ns_s, &name_s))
+                        .execute((&ns_s, name_c.as_str()))
                         .sql()?;
                 }
-                Ok(Ok(old))
+                Ok(Ok(row.map(|r| r.0)))
             })
             .await?;
-        outcome.map_err(|now| ref_conflict(name, now))
+        outcome
     }
 
     async fn list(
@@ -341,6 +425,7 @@ mod tests {
         .unwrap();
         for sql in [
             GET,
+            GET_OWNED,
             DELETE,
             LIST_FROM,
             LIST_RANGE,

@@ -112,6 +112,20 @@ CREATE INDEX cache_keys_by_digest ON cache_keys (namespace, digest);
 CREATE INDEX cache_keys_by_access ON cache_keys (namespace, accessed_at);
 ";
 
+/// Version 5: owners (issue 39, ADR-052). `refs.owner` and
+/// `cache_keys.owner` hold the name of the author that wrote the row's
+/// digest (an identity), or NULL for the embedding application. Rows that
+/// existed before this version get NULL, i.e. they count as the library's:
+/// an author who may replace only its own rows (`Replace::Own`, the
+/// `write` scope) cannot replace or remove them; only `Replace::Any` (the
+/// `delete` scope, or the library) can. Adding a nullable column without a
+/// default rewrites nothing (the rows are read as NULL), so the step is
+/// instant on any file.
+const V5_OWNERS: &str = "
+ALTER TABLE refs ADD COLUMN owner TEXT;
+ALTER TABLE cache_keys ADD COLUMN owner TEXT;
+";
+
 /// The migrations, in order. Each runs once, in the same transaction as the
 /// `schema_version` row recording it.
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -119,6 +133,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, V2_ENTRIES_ROWID),
     (3, V3_REFS),
     (4, V4_CACHE_KEYS),
+    (5, V5_OWNERS),
 ];
 
 /// The schema version this build creates and understands.

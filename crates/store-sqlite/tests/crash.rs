@@ -44,7 +44,8 @@ use store_sqlite::crash::{CrashModel, Loss};
 use store_sqlite::{Durability, SqliteEngine, SqliteOptions, SCHEMA_VERSION};
 use store_types::crash::CrashSwitch;
 use store_types::{
-    Digest, Engine, Key, KvEngine, Namespace, RefExpect, RefName, StagedCandidate, Timestamp,
+    Author, Digest, Engine, Key, KvEngine, Namespace, RefExpect, RefName, StagedCandidate,
+    Timestamp,
 };
 
 fn seeds() -> u64 {
@@ -236,7 +237,12 @@ async fn ref_delete(e: &SqliteEngine, n: &str, name: &str) -> Done {
     let changes = vec![(Item::Ref(n.into(), name.into()), Change::Remove)];
     let refs = e.refs().unwrap();
     let acked = refs
-        .delete(&ns(n), &RefName::new(name).unwrap(), RefExpect::Any)
+        .delete(
+            &ns(n),
+            &RefName::new(name).unwrap(),
+            RefExpect::Any,
+            Author::LIBRARY,
+        )
         .await
         .is_ok();
     Done {

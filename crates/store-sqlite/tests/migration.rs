@@ -118,7 +118,7 @@ async fn read_all(engine: &SqliteEngine, key: &Key) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_v1_file_is_migrated_in_place_with_its_data() {
-    assert_eq!(SCHEMA_VERSION, 4);
+    assert_eq!(SCHEMA_VERSION, 5);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v1.sqlite");
     let rows = fixture();
@@ -128,11 +128,20 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
         .await
         .unwrap();
     assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
-    // v4: the cache-key table exists and works on a migrated file.
+    // v4: the cache-key table exists and works on a migrated file (v5:
+    // with its owner).
     let cache = store_types::KvEngine::cache(&engine).expect("sqlite holds cache keys");
     let k = store_types::RefName::new("ac/0").unwrap();
     cache
-        .record(&ns("alpha"), &k, Digest::of(b"x"), 1, Timestamp(1))
+        .record(
+            &ns("alpha"),
+            &k,
+            Digest::of(b"x"),
+            1,
+            Timestamp(1),
+            store_types::RefExpect::Absent,
+            store_types::Author::LIBRARY,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -259,7 +268,7 @@ async fn a_v1_file_is_migrated_in_place_with_its_data() {
         .unwrap()
         .collect::<rusqlite::Result<_>>()
         .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4]);
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
     let count: i64 = raw
         .query_row("SELECT count(*) FROM entries", [], |r| r.get(0))
         .unwrap();

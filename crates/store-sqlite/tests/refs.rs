@@ -1,10 +1,13 @@
-//! Engine-specific behaviour of the sqlite references (schema v3); the
-//! generic semantics are covered by the contract suite (`cases/refs.rs`).
+//! Engine-specific behaviour of the sqlite references (schema v3) and
+//! their owners (schema v5, also of the cache keys); the generic semantics
+//! are covered by the contract suite (`cases/refs.rs`, `cases/cache.rs`).
 
 use std::path::Path;
 
 use store_sqlite::{SqliteEngine, SqliteOptions, SCHEMA_VERSION};
-use store_types::{Digest, Error, KvEngine, Namespace, RefExpect, RefName, RefStore};
+use store_types::{
+    Author, Digest, Error, KvEngine, Namespace, RefExpect, RefName, RefStore, Replace, Timestamp,
+};
 
 fn ns(s: &str) -> Namespace {
     Namespace::new(s).unwrap()
@@ -26,7 +29,7 @@ fn refs(engine: &SqliteEngine) -> std::sync::Arc<dyn RefStore> {
 
 #[tokio::test]
 async fn a_v2_file_gains_the_reference_tables() {
-    assert_eq!(SCHEMA_VERSION, 4);
+    assert_eq!(SCHEMA_VERSION, 5);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.sqlite");
     drop(open(&path).await);
@@ -86,9 +89,14 @@ async fn references_survive_reopen() {
         r.set(&ns("b"), &name("gone"), y, RefExpect::Any)
             .await
             .unwrap();
-        r.delete(&ns("b"), &name("gone"), RefExpect::Digest(y))
-            .await
-            .unwrap();
+        r.delete(
+            &ns("b"),
+            &name("gone"),
+            RefExpect::Digest(y),
+            Author::LIBRARY,
+        )
+        .await
+        .unwrap();
         // The facade marks namespaces after a committed set (ADR-045).
         assert!(r.ref_namespaces().await.unwrap().is_empty());
         for n in ["a", "b"] {
@@ -123,13 +131,31 @@ async fn a_failed_precondition_is_not_a_failed_write() {
         "{err:?}"
     );
     let err = r
-        .delete(&ns("a"), &name("n"), RefExpect::Digest(y))
+        .delete(&ns("a"), &name("n"), RefExpect::Digest(y), Author::LIBRARY)
         .await
         .unwrap_err();
     assert!(matches!(err, Error::RefConflict { .. }), "{err:?}");
+    // A refused author is an answer too (issue 39).
+    let b = Author {
+        name: Some("b"),
+        may: Replace::Own,
+    };
+    let err = r
+        .set_checked(&ns("a"), &name("n"), y, RefExpect::Any, b, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::NotOwner { current, .. } if current == x),
+        "{err:?}"
+    );
+    let err = r
+        .delete(&ns("a"), &name("n"), RefExpect::Any, b)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotOwner { .. }), "{err:?}");
     let after = engine.stats();
     assert_eq!(after.writes_failed, before.writes_failed);
-    assert_eq!(after.writes_committed - before.writes_committed, 2);
+    assert_eq!(after.writes_committed - before.writes_committed, 4);
     assert_eq!(r.get(&ns("a"), &name("n")).await.unwrap(), Some(x));
 }
 
@@ -161,4 +187,178 @@ async fn prefixes_are_not_patterns() {
     assert_eq!(names("ä").await, Vec::<String>::new());
     assert_eq!(names("a").await, ["a", "a.b", "aXb", "a_b"]);
     assert_eq!(names("").await, ["A_b", "a", "a.b", "aXb", "a_b"]);
+}
+
+/// The schema as version 4 of the engine left a file (copied verbatim, so
+/// this test keeps describing real v4 files whatever the engine becomes):
+/// references and cache keys without owners.
+const V4_DDL: &str = "
+CREATE TABLE schema_version (
+    version    INTEGER NOT NULL PRIMARY KEY,
+    applied_at INTEGER NOT NULL
+);
+CREATE TABLE entries (
+    id         INTEGER PRIMARY KEY,
+    ns         TEXT    NOT NULL,
+    digest     BLOB    NOT NULL CHECK (length(digest) = 32),
+    size       INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    content    BLOB    NOT NULL,
+    CONSTRAINT entries_key UNIQUE (ns, digest)
+);
+CREATE TABLE refs (
+    namespace  TEXT    NOT NULL,
+    name       TEXT    NOT NULL,
+    digest     BLOB    NOT NULL CHECK (length(digest) = 32),
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
+CREATE INDEX refs_by_digest ON refs (namespace, digest);
+CREATE TABLE ref_namespaces (
+    namespace TEXT    PRIMARY KEY,
+    since     INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE cache_keys (
+    namespace   TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    digest      BLOB    NOT NULL CHECK (length(digest) = 32),
+    size        INTEGER NOT NULL,
+    accessed_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key)
+) WITHOUT ROWID;
+CREATE INDEX cache_keys_by_digest ON cache_keys (namespace, digest);
+CREATE INDEX cache_keys_by_access ON cache_keys (namespace, accessed_at);
+INSERT INTO schema_version (version, applied_at)
+    VALUES (1, 1700000000000), (2, 1700000000000), (3, 1700000000000), (4, 1700000000000);
+";
+
+/// A v4 file's references and cache keys survive the v5 migration and
+/// become the library's: a writer that may replace only its own rows
+/// cannot replace or remove them, a write-once writer can re-set the same
+/// digest, `Replace::Any` replaces.
+#[tokio::test]
+async fn a_v4_file_gains_owners_and_its_rows_are_the_librarys() {
+    assert_eq!(SCHEMA_VERSION, 5);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.sqlite");
+    let (x, y) = (Digest::of(b"x"), Digest::of(b"y"));
+    {
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute_batch(V4_DDL).unwrap();
+        raw.execute(
+            "INSERT INTO refs (namespace, name, digest, updated_at) VALUES ('a', 'old', ?1, 5)",
+            [&x.as_bytes()[..]],
+        )
+        .unwrap();
+        raw.execute(
+            "INSERT INTO cache_keys (namespace, key, digest, size, accessed_at)
+             VALUES ('c', 'k', ?1, 3, 7)",
+            [&x.as_bytes()[..]],
+        )
+        .unwrap();
+    }
+
+    let engine = open(&path).await;
+    assert_eq!(engine.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let r = refs(&engine);
+    let c = engine.cache().expect("sqlite holds cache keys");
+    assert_eq!(r.get(&ns("a"), &name("old")).await.unwrap(), Some(x));
+    assert_eq!(c.lookup(&ns("c"), &name("k")).await.unwrap(), Some(x));
+
+    let a = Author {
+        name: Some("a"),
+        may: Replace::Own,
+    };
+    let once = Author {
+        name: Some("a"),
+        may: Replace::Nothing,
+    };
+    let any = Author {
+        name: Some("admin"),
+        may: Replace::Any,
+    };
+    let not_owner = |e: Error| matches!(e, Error::NotOwner { current, .. } if current == x);
+    // Library-owned: `Own` neither replaces nor removes.
+    let e = r
+        .set_checked(&ns("a"), &name("old"), y, RefExpect::Any, a, None)
+        .await
+        .unwrap_err();
+    assert!(not_owner(e));
+    let e = r
+        .delete(&ns("a"), &name("old"), RefExpect::Any, a)
+        .await
+        .unwrap_err();
+    assert!(not_owner(e));
+    let e = c
+        .record(&ns("c"), &name("k"), y, 1, Timestamp(10), RefExpect::Any, a)
+        .await
+        .unwrap_err();
+    assert!(not_owner(e));
+    // The same digest is allowed and keeps the row the library's.
+    assert_eq!(
+        r.set_checked(&ns("a"), &name("old"), x, RefExpect::Any, once, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_eq!(
+        c.record(
+            &ns("c"),
+            &name("k"),
+            x,
+            3,
+            Timestamp(10),
+            RefExpect::Any,
+            once
+        )
+        .await
+        .unwrap(),
+        Some(x)
+    );
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let owners = |raw: &rusqlite::Connection| -> (Option<String>, Option<String>) {
+        let r = raw
+            .query_row("SELECT owner FROM refs WHERE name = 'old'", [], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        let c = raw
+            .query_row("SELECT owner FROM cache_keys WHERE key = 'k'", [], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        (r, c)
+    };
+    assert_eq!(owners(&raw), (None, None));
+    assert!(c
+        .record(&ns("c"), &name("k"), y, 1, Timestamp(10), RefExpect::Any, a)
+        .await
+        .is_err());
+    // `Any` replaces, and the replaced rows are its own from then on.
+    assert_eq!(
+        r.set_checked(&ns("a"), &name("old"), y, RefExpect::Any, any, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_eq!(
+        c.record(
+            &ns("c"),
+            &name("k"),
+            y,
+            1,
+            Timestamp(11),
+            RefExpect::Any,
+            any
+        )
+        .await
+        .unwrap(),
+        Some(x)
+    );
+    assert_eq!(
+        owners(&raw),
+        (Some("admin".to_owned()), Some("admin".to_owned()))
+    );
+    assert_eq!(r.get(&ns("a"), &name("old")).await.unwrap(), Some(y));
+    assert_eq!(c.lookup(&ns("c"), &name("k")).await.unwrap(), Some(y));
 }
