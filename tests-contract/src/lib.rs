@@ -153,6 +153,8 @@ macro_rules! contract_suite {
             gc::failure_after_committed_batches_reports_counts,
             seam::one_window_host,
             seam::seam_applicability,
+            heal::put_heals_a_corrupt_copy,
+            heal::put_during_a_quarantine_is_not_lost,
         );
         #[test]
         fn gc_model() {

@@ -644,9 +644,16 @@ async fn a_quarantine_never_removes_a_copy_it_did_not_hash() {
     });
     // Room for Q1 to finish, if it can before Q2.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let put = store.put(&k.namespace, &data[..]).await.unwrap();
+    // A put finding the corrupt copy waits for the quarantines (ADR-053),
+    // so it runs beside Q2's save step rather than before it ends.
+    let put = tokio::spawn({
+        let (store, k, data) = (store.clone(), k.clone(), data.clone());
+        async move { store.put(&k.namespace, &data[..]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
     go_tx.send(()).unwrap();
     let (r2, r1) = (q2.await.unwrap().unwrap(), q1.await.unwrap().unwrap());
+    let put = put.await.unwrap().unwrap();
     assert!(matches!(r2, QuarantineOutcome::Removed { .. }), "{r2:?}");
     if !put.deduplicated {
         // The put wrote a fresh copy after Q2 hashed the corrupt one.

@@ -25,16 +25,30 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use store_gc::GateState;
 use store_types::{
-    BlobReader, Digest, Engine, EngineExt, EntryMeta, Error, Key, Namespace, Result, Tier,
-    Timestamp,
+    BlobReader, Digest, Engine, EngineExt, EntryMeta, Error, Key, Namespace, PublishOutcome,
+    Result, Tier, Timestamp,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 use crate::blob::Blob;
 use crate::Store;
+
+/// What a tier stores under a key, judged by its stored bytes
+/// ([`Store::stored_copy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StoredCopy {
+    /// Nothing.
+    Absent,
+    /// Bytes that hash to the key's digest.
+    Sound,
+    /// Bytes that do not (`actual`: what they hash to, `None` when their
+    /// length was wrong).
+    Corrupt { actual: Option<Digest> },
+}
 
 /// What keeps a key's copy in place while a quarantine decides about it
 /// (held for its `Drop`).
@@ -450,8 +464,8 @@ impl Store {
     /// content publishes afresh (healing every reference). Non-fleet: an
     /// unpinned key is held by the delete gate from the read to the removal,
     /// so a put arriving meanwhile waits and then writes a fresh entry; a
-    /// put already holding a pin may have deduplicated against the corrupt
-    /// entry and must put again (its data never verified anyway).
+    /// put of a pinned key that finds the copy corrupt waits for this
+    /// quarantine (its lock) and then stores its bytes afresh (ADR-053).
     ///
     /// **Only the bytes it hashed are removed** (issue 30, ADR-046). From
     /// before the read until the removal the copy cannot change: quarantines
@@ -587,6 +601,101 @@ impl Store {
         removal.await.map_err(|e| {
             Error::backend(store_types::ErrorKind::Other, "run quarantine task").with_source(e)
         })?
+    }
+
+    /// What `tier` stores under `key`, read from storage (never an
+    /// engine's in-memory copy) and hashed: what a quarantine would judge.
+    /// A deduplicating put asks this before it acknowledges (ADR-053).
+    pub(crate) async fn stored_copy(&self, tier: Tier, key: &Key) -> Result<StoredCopy> {
+        let engine = self.tier_engine(tier);
+        let Some(r) = engine.read_stored(key).await? else {
+            return Ok(StoredCopy::Absent);
+        };
+        let mut blob = Blob::verified(r, tier, key.digest);
+        loop {
+            match blob.next_chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(StoredCopy::Sound),
+                Err(e) => {
+                    return match Error::from(e) {
+                        Error::Verification { actual, .. } => Ok(StoredCopy::Corrupt {
+                            actual: Some(actual),
+                        }),
+                        Error::LengthMismatch { .. } => Ok(StoredCopy::Corrupt { actual: None }),
+                        Error::Missing => Ok(StoredCopy::Absent),
+                        e => Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Heals `key` in `tier` for a put that brought its right bytes and
+    /// found a copy there that is not sound (ADR-053): under the quarantine
+    /// lock — so a quarantine in progress finishes first, and none starts
+    /// until the put has its answer — the copy is judged again; a corrupt
+    /// one is removed (logged, not saved: the put's bytes replace it), then
+    /// `publish` (which stores the put's bytes) runs. Without `publish` (a
+    /// put whose bytes are gone) a sound copy is deduplicated onto, and
+    /// otherwise the put fails with a transient error, acknowledged
+    /// against nothing; the copy is gone, so putting again stores afresh.
+    ///
+    /// Runs in a task of its own that holds a pin of the key, so a started
+    /// removal is always followed by the publish, whoever awaits it.
+    pub(crate) async fn heal_copy(
+        &self,
+        key: &Key,
+        tier: Tier,
+        publish: Option<BoxFuture<'static, Result<PublishOutcome>>>,
+    ) -> Result<PublishOutcome> {
+        let this = self.clone();
+        let key = key.clone();
+        let heal = tokio::spawn(async move {
+            let _one_at_a_time = this.inner.quarantine_lock.lock().await;
+            let _pin = this.inner.gc.pins().pin(key.clone()).await;
+            match this.stored_copy(tier, &key).await? {
+                StoredCopy::Sound => {}
+                StoredCopy::Absent => {}
+                StoredCopy::Corrupt { actual } => {
+                    this.tier_engine(tier)
+                        .delete_many(&key.namespace, &[key.digest])
+                        .await?;
+                    tracing::warn!(
+                        target: "blobpool::audit",
+                        key = %key,
+                        tier = %tier,
+                        actual = ?actual,
+                        healing = publish.is_some(),
+                        "removed a corrupt entry a put brought the right bytes for"
+                    );
+                }
+            }
+            match publish {
+                Some(publish) => publish.await,
+                None => match this.stored_copy(tier, &key).await? {
+                    StoredCopy::Sound => Ok(PublishOutcome::AlreadyPresent),
+                    _ => Err(Error::backend(store_types::ErrorKind::Contended, "put")
+                        .with_key(&key)
+                        .with_source(
+                            "the stored copy this put deduplicated onto was corrupt and is \
+                                 gone; nothing was acknowledged: put again",
+                        )),
+                },
+            }
+        });
+        heal.await.map_err(|e| {
+            Error::backend(store_types::ErrorKind::Other, "run put healing task").with_source(e)
+        })?
+    }
+
+    /// The engine of `tier` (the large one exists whenever a large entry
+    /// was read or put).
+    fn tier_engine(&self, tier: Tier) -> &dyn Engine {
+        self.inspect_tiers()
+            .into_iter()
+            .find(|(t, _)| *t == tier)
+            .map(|(_, e)| e)
+            .expect("the store has this tier")
     }
 
     /// Re-reads every entry (or every entry of one namespace) through the

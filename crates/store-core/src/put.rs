@@ -6,6 +6,7 @@ use store_gc::Pin;
 use store_types::{Digest, Error, Key, Namespace, PublishOutcome, Result, Stage, Tier, CHUNK_SIZE};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use crate::inspect::StoredCopy;
 use crate::store::Store;
 use crate::Mode;
 
@@ -337,7 +338,20 @@ impl Store {
         let outcome = match self.pin_intent() {
             // Fleet: entry and pin row in one transaction on the GC host.
             Some((intent, fleet)) => fleet.pins.put_pinned(&key, buf, &intent).await?,
-            None => self.inner.kv.put(&key, buf).await?,
+            None => match self.inner.kv.put(&key, buf.clone()).await? {
+                // A dedup is acknowledged only onto a sound copy: a
+                // corrupt one is what a quarantine removes (ADR-053).
+                PublishOutcome::AlreadyPresent => match self.stored_copy(Tier::Kv, &key).await? {
+                    StoredCopy::Sound => PublishOutcome::AlreadyPresent,
+                    _ => {
+                        let kv = std::sync::Arc::clone(&self.inner.kv);
+                        let k = key.clone();
+                        let publish = Box::pin(async move { kv.put(&k, buf).await });
+                        self.heal_copy(&key, Tier::Kv, Some(publish)).await?
+                    }
+                },
+                inserted => inserted,
+            },
         };
         Ok(PutReceipt {
             digest,
@@ -422,7 +436,7 @@ impl Store {
         // connection while the stage holds one (pg-lo).
         let pin = self.inner.gc.pins().pin(key.clone()).await;
         let outcome = match (self.pin_intent(), stage) {
-            (None, stage) => stage.publish(&key).await?,
+            (None, stage) => self.publish_checked(&key, stage).await?,
             // Fleet, transactional large tier: LO + companion row + pin row
             // in one transaction.
             (Some((intent, _)), Stage::Joint(stage)) => stage.publish_pinned(&key, &intent).await?,
@@ -444,6 +458,46 @@ impl Store {
             deduplicated,
             pin,
         })
+    }
+}
+
+impl Store {
+    /// A non-fleet large publish that is never acknowledged onto a corrupt
+    /// copy (ADR-053). A stage that holds no database connection
+    /// ([`Stage::Plain`]) looks first: an existing copy is hashed from
+    /// storage, and a corrupt one is replaced by the stage's bytes under
+    /// the quarantine lock. A joint stage (a transaction on a pooled
+    /// connection: asking for a second one while holding it could starve
+    /// the pool) publishes first; a deduplicated copy is then hashed, and a
+    /// corrupt one removed under the lock and the put refused (its bytes
+    /// went with the stage). A dedup onto a sound copy costs one whole read
+    /// and hash of it.
+    async fn publish_checked(&self, key: &Key, stage: Stage) -> Result<PublishOutcome> {
+        let stage = match stage {
+            Stage::Plain(plain) => match self.stored_copy(Tier::Large, key).await {
+                Err(e) => {
+                    let _ = plain.abort().await;
+                    return Err(e);
+                }
+                Ok(StoredCopy::Corrupt { .. }) => {
+                    let k = key.clone();
+                    let publish = Box::pin(async move { plain.publish(&k).await });
+                    return self.heal_copy(key, Tier::Large, Some(publish)).await;
+                }
+                // The engine deduplicates onto a sound copy (and may give
+                // it the stage's outboard).
+                Ok(StoredCopy::Sound) => return plain.publish(key).await,
+                Ok(StoredCopy::Absent) => Stage::Plain(plain),
+            },
+            joint @ Stage::Joint(_) => joint,
+        };
+        match stage.publish(key).await? {
+            PublishOutcome::AlreadyPresent => match self.stored_copy(Tier::Large, key).await? {
+                StoredCopy::Sound => Ok(PublishOutcome::AlreadyPresent),
+                _ => self.heal_copy(key, Tier::Large, None).await,
+            },
+            inserted => Ok(inserted),
+        }
     }
 }
 

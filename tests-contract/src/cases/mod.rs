@@ -3,6 +3,7 @@
 pub mod basic;
 pub mod cache;
 pub mod gc;
+pub mod heal;
 pub mod model;
 pub mod refs;
 pub mod seam;
