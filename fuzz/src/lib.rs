@@ -14,12 +14,26 @@
 //!   `BLOBPOOL_*` variables) loads or fails with a message, never panics;
 //! - [`put`]: the put pipeline of `store_core::Store` over `store-mem`
 //!   engines against a model (modes, chunking, declared lengths, expected
-//!   digests).
+//!   digests);
+//! - [`cache_keys`]: build-cache keys (`/cache/{ns}/{key}`, `cas/<digest>`)
+//!   and base paths (`http_path`) accept exactly their grammars and
+//!   round-trip;
+//! - [`webdav`]: the cache routes (WebDAV methods, paths, `Depth`,
+//!   `Range`, `If-None-Match`, `Content-Length`, credentials, bodies)
+//!   through the real axum router over `store-mem`, against a model;
+//! - [`auth_header`]: `Authorization: Bearer`/`Basic` parsing: passwords
+//!   round-trip, malformed headers are rejected, never misread;
+//! - [`config_env`]: the `BLOBPOOL_*` environment form of the
+//!   configuration: no panic, typed one-line errors naming the variable.
 //!
 //! Run them with `cargo xtask fuzz` (docs in `xtask/src/fuzz.rs`).
 
+pub mod auth_header;
+pub mod cache_keys;
 pub mod config;
+pub mod config_env;
 pub mod names;
 pub mod payloads;
 pub mod put;
 pub mod range;
+pub mod webdav;

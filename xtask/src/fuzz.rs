@@ -217,7 +217,17 @@ mod tests {
         let all = targets(&fuzz_dir()).unwrap();
         assert_eq!(
             all,
-            strings(&["config", "names", "payloads", "put", "range"])
+            strings(&[
+                "auth_header",
+                "cache_keys",
+                "config",
+                "config_env",
+                "names",
+                "payloads",
+                "put",
+                "range",
+                "webdav"
+            ])
         );
     }
 

@@ -63,6 +63,16 @@ fn cas_digest(key: &RefName) -> Result<Option<Digest>, OpsError> {
     }
 }
 
+/// A `/cache/{ns}/{key}` key as the cache handlers parse it: the key and,
+/// for a `cas/` key, the digest it names (`key_invalid` otherwise). For
+/// the `cache_keys` fuzz target.
+#[doc(hidden)]
+pub fn parse_cache_key(key: &str) -> Result<(RefName, Option<Digest>), OpsError> {
+    let key = Ops::cache_key(key)?;
+    let digest = cas_digest(&key)?;
+    Ok((key, digest))
+}
+
 /// What a cache put stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachePutOutcome {
