@@ -6,7 +6,7 @@
 //!
 //! | table | columns | key |
 //! |---|---|---|
-//! | `cache_keys` | `namespace text, key text, digest bytea(32), size bigint, accessed_at bigint (unix ms)` | `(namespace, key)`; indexes `(namespace, digest)`, `(namespace, accessed_at)` |
+//! | `cache_keys` | `namespace text, key text, digest bytea(32), size bigint, accessed_at bigint (unix ms), owner text` (v2) | `(namespace, key)`; indexes `(namespace, digest)`, `(namespace, accessed_at)` |
 //!
 //! # One clock
 //!
@@ -23,18 +23,37 @@
 //! a key committed through any node before a sweep's locked statement
 //! protects its entry.
 //!
+//! # Owners and `record`
+//!
+//! `owner` (issue 39, ADR-052; step 2 of the component) is the name of the
+//! author that wrote the key's digest, NULL for the embedding application
+//! and for every key older than the step (which only `Replace::Any` may
+//! then replace). `record` first tries one `INSERT … ON CONFLICT DO
+//! NOTHING` when its precondition allows an absent key (creating is always
+//! allowed); when the key exists (or must), it runs the references'
+//! protocol in one `READ COMMITTED` transaction: the row is read `FOR
+//! UPDATE`, the precondition and then [`Author::check`] are judged under
+//! that lock (refused: [`Error::RefConflict`](store_types::Error::RefConflict)
+//! or [`Error::NotOwner`](store_types::Error::NotOwner), nothing written),
+//! and the row is updated — a record of the digest it holds keeps its
+//! owner and moves its access time forward. An insert that loses a race
+//! for an absent key is retried and then finds the winner's row.
+//!
 //! # Cancellation
 //!
-//! Every method is one statement (`trim`: one statement with two deletes
-//! in CTEs), committed whole or not at all: cancel-safe.
+//! Every method but `record` is one statement (`trim`: one statement with
+//! two deletes in CTEs), committed whole or not at all; `record`'s
+//! transaction rolls back when dropped before its commit: cancel-safe.
 
-use sqlx::postgres::PgPool;
-use sqlx::Row;
+use sqlx::postgres::{PgPool, Postgres};
+use sqlx::{Row, Transaction};
 use store_pg::plumbing::{db_err, digest_col, digest_params, named_in, namespace_col, sql};
 use store_types::{
-    CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, LivenessTable, Namespace, RefName,
-    Result, Timestamp,
+    Author, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Error, LivenessTable,
+    Namespace, RefExpect, RefName, Result, Timestamp,
 };
+
+use crate::refs::admit;
 
 /// Migration component of the cache-key table.
 pub const CACHE_COMPONENT: &str = "cache";
@@ -42,9 +61,15 @@ pub const CACHE_COMPONENT: &str = "cache";
 /// Name of the cache-key table.
 pub const CACHE_TABLE: &str = "cache_keys";
 
-/// Migration steps of [`CACHE_COMPONENT`]. v1: `cache_keys` and its
-/// indexes.
-pub const CACHE_STEPS: &[&str] = &["CREATE TABLE {schema}.cache_keys (
+/// Migration steps of [`CACHE_COMPONENT`].
+///
+/// - v1: `cache_keys` and its indexes.
+/// - v2: `cache_keys.owner` (issue 39): the author that wrote the digest.
+///   Existing keys get NULL, i.e. they are the library's: only
+///   `Replace::Any` (the `delete` scope, or the library) may replace them.
+///   A nullable column without a default rewrites nothing.
+pub const CACHE_STEPS: &[&str] = &[
+    "CREATE TABLE {schema}.cache_keys (
         namespace text COLLATE \"C\" NOT NULL,
         key text COLLATE \"C\" NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 255),
         digest bytea NOT NULL CHECK (octet_length(digest) = 32),
@@ -53,7 +78,13 @@ pub const CACHE_STEPS: &[&str] = &["CREATE TABLE {schema}.cache_keys (
         PRIMARY KEY (namespace, key)
     );
     CREATE INDEX cache_keys_digest ON {schema}.cache_keys (namespace, digest);
-    CREATE INDEX cache_keys_access ON {schema}.cache_keys (namespace, accessed_at)"];
+    CREATE INDEX cache_keys_access ON {schema}.cache_keys (namespace, accessed_at)",
+    "ALTER TABLE {schema}.cache_keys ADD COLUMN owner text COLLATE \"C\"",
+];
+
+/// Attempts of a `record` whose insert lost to a concurrent insert (as
+/// the references' `set`).
+const RECORD_ATTEMPTS: usize = 64;
 
 /// The database's now, in unix milliseconds.
 const NOW_MS: &str = "(extract(epoch FROM statement_timestamp()) * 1000)::bigint";
@@ -77,6 +108,104 @@ impl PgCacheKeys {
     fn sql(&self, template: &str) -> sqlx::SqlStr {
         sql(&self.schema, &template.replace("{now}", NOW_MS))
     }
+
+    /// Inserts a new key owned by `owner`; `false` when the key exists.
+    async fn insert(
+        &self,
+        exec: impl sqlx::PgExecutor<'_>,
+        ns: &Namespace,
+        key: &RefName,
+        digest: Digest,
+        size: u64,
+        owner: Option<&str>,
+    ) -> Result<bool> {
+        let r = sqlx::query(self.sql(
+            "INSERT INTO {schema}.cache_keys (namespace, key, digest, size, accessed_at, owner)
+             VALUES ($1, $2, $3, $4, {now}, $5)
+             ON CONFLICT (namespace, key) DO NOTHING",
+        ))
+        .bind(ns.as_str())
+        .bind(key.as_str())
+        .bind(&digest.as_bytes()[..])
+        .bind(to_i64(size))
+        .bind(owner)
+        .execute(exec)
+        .await
+        .map_err(db_err)?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    /// A `READ COMMITTED` transaction the server ends by itself if its
+    /// client goes quiet inside it (as the references' `begin`).
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await
+            .map_err(db_err)?;
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '30s'")
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        Ok(tx)
+    }
+
+    /// One locked attempt of `record`: `Ok(None)` when the key was absent
+    /// and a concurrent insert won the race to create it (retry).
+    #[allow(clippy::too_many_arguments)]
+    async fn try_record(
+        &self,
+        ns: &Namespace,
+        key: &RefName,
+        digest: Digest,
+        size: u64,
+        expect: RefExpect,
+        author: Author<'_>,
+    ) -> Result<Option<Option<Digest>>> {
+        let mut tx = self.begin().await?;
+        let row = sqlx::query(self.sql(
+            "SELECT digest, owner FROM {schema}.cache_keys
+             WHERE namespace = $1 AND key = $2 FOR UPDATE",
+        ))
+        .bind(ns.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_err)?
+        .map(|r| Ok::<_, Error>((digest_col(&r, 0)?, r.try_get(1).map_err(db_err)?)))
+        .transpose()?;
+        let owner = match admit(author, key, row.as_ref(), expect, Some(digest)) {
+            Ok(owner) => owner,
+            Err(refused) => {
+                // Roll back now: the row lock must not outlive the call.
+                tx.rollback().await.map_err(db_err)?;
+                return Err(refused);
+            }
+        };
+        if row.is_some() {
+            sqlx::query(self.sql(
+                "UPDATE {schema}.cache_keys SET digest = $3, size = $4, owner = $5,
+                   accessed_at = greatest(accessed_at, {now})
+                 WHERE namespace = $1 AND key = $2",
+            ))
+            .bind(ns.as_str())
+            .bind(key.as_str())
+            .bind(&digest.as_bytes()[..])
+            .bind(to_i64(size))
+            .bind(owner)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        } else if !self
+            .insert(&mut *tx, ns, key, digest, size, owner.as_deref())
+            .await?
+        {
+            tx.rollback().await.map_err(db_err)?;
+            return Ok(None);
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(Some(row.map(|r| r.0)))
+    }
 }
 
 fn to_i64(n: u64) -> i64 {
@@ -92,22 +221,33 @@ impl CacheIndex for PgCacheKeys {
         digest: Digest,
         size: u64,
         _now: Timestamp,
-    ) -> Result<()> {
-        sqlx::query(self.sql(
-            "INSERT INTO {schema}.cache_keys (namespace, key, digest, size, accessed_at)
-             VALUES ($1, $2, $3, $4, {now})
-             ON CONFLICT (namespace, key) DO UPDATE SET
-               digest = EXCLUDED.digest, size = EXCLUDED.size,
-               accessed_at = greatest({schema}.cache_keys.accessed_at, EXCLUDED.accessed_at)",
-        ))
-        .bind(ns.as_str())
-        .bind(key.as_str())
-        .bind(&digest.as_bytes()[..])
-        .bind(to_i64(size))
-        .execute(&self.pool)
-        .await
-        .map_err(db_err)?;
-        Ok(())
+        expect: RefExpect,
+        author: Author<'_>,
+    ) -> Result<Option<Digest>> {
+        // A new key: one statement (creating is always allowed).
+        if expect.holds(None)
+            && self
+                .insert(&self.pool, ns, key, digest, size, author.name)
+                .await?
+        {
+            return Ok(None);
+        }
+        for _ in 0..RECORD_ATTEMPTS {
+            if let Some(previous) = self
+                .try_record(ns, key, digest, size, expect, author)
+                .await?
+            {
+                return Ok(previous);
+            }
+        }
+        Err(Error::backend(
+            store_types::ErrorKind::Contended,
+            "postgres: record cache key",
+        )
+        .with_target(format!("{ns}/{key}"))
+        .with_source(format!(
+            "it kept changing under {RECORD_ATTEMPTS} attempts to record it"
+        )))
     }
 
     async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>> {

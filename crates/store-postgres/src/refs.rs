@@ -6,7 +6,7 @@
 //!
 //! | table | columns | key |
 //! |---|---|---|
-//! | `ref_names` | `namespace text, name text, digest bytea(32), updated_at timestamptz` | `(namespace, name)`; index `(namespace, digest)` |
+//! | `ref_names` | `namespace text, name text, digest bytea(32), updated_at timestamptz, owner text` (v2) | `(namespace, name)`; index `(namespace, digest)` |
 //! | `ref_namespaces` | `namespace text, since timestamptz` | `namespace` |
 //!
 //! Text columns use `COLLATE "C"`, so `list` pages in byte order. The
@@ -41,6 +41,18 @@
 //! transaction dropped before its commit rolls back: every method is
 //! cancel-safe.
 //!
+//! # Owners
+//!
+//! `owner` (issue 39, ADR-052; step 2 of the component) is the name of the
+//! [`Author`] that wrote the row's digest, NULL for the embedding
+//! application — and for every row older than the step, which only an
+//! author with `Replace::Any` may then replace or remove. The row read
+//! `FOR UPDATE` carries it: after the precondition, [`Author::check`]
+//! decides under the same row lock whether the author may replace or
+//! remove the row (refused: [`Error::NotOwner`], nothing written). A set of
+//! the digest the row holds keeps its owner; an insert or a replace stores
+//! the author's name.
+//!
 //! `set` does not mark the namespace in `ref_namespaces`; the facade calls
 //! `mark_uses_refs` after a committed set whose caller may change the
 //! namespace's policy (ADR-045).
@@ -62,8 +74,8 @@ use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Row, Transaction};
 use store_pg::plumbing::{db_err, digest_col, lock_key_shared, named_in, namespace_col, sql};
 use store_types::{
-    ref_conflict, Digest, Error, Key, LivenessTable, Namespace, RefEntry, RefExpect, RefName,
-    RefStore, Result,
+    ref_conflict, Author, Digest, Error, Key, LivenessTable, Namespace, RefEntry, RefExpect,
+    RefName, RefStore, Result,
 };
 
 /// Migration component of the reference tables.
@@ -76,7 +88,12 @@ pub const REFS_TABLE: &str = "ref_names";
 ///
 /// - v1: `ref_names` with its `(namespace, digest)` index, and
 ///   `ref_namespaces`.
-pub const REFS_STEPS: &[&str] = &["CREATE TABLE {schema}.ref_names (
+/// - v2: `ref_names.owner` (issue 39): the author that wrote the digest.
+///   Existing rows get NULL, i.e. they are the library's: only
+///   `Replace::Any` (the `delete` scope, or the library) may replace or
+///   remove them. A nullable column without a default rewrites nothing.
+pub const REFS_STEPS: &[&str] = &[
+    "CREATE TABLE {schema}.ref_names (
         namespace text COLLATE \"C\" NOT NULL,
         name text COLLATE \"C\" NOT NULL CHECK (octet_length(name) BETWEEN 1 AND 255),
         digest bytea NOT NULL CHECK (octet_length(digest) = 32),
@@ -87,7 +104,9 @@ pub const REFS_STEPS: &[&str] = &["CREATE TABLE {schema}.ref_names (
     CREATE TABLE {schema}.ref_namespaces (
         namespace text COLLATE \"C\" PRIMARY KEY,
         since timestamptz NOT NULL DEFAULT now()
-    )"];
+    )",
+    "ALTER TABLE {schema}.ref_names ADD COLUMN owner text COLLATE \"C\"",
+];
 
 /// How `set` and `delete` begin: the row-lock protocol needs each
 /// statement's fresh snapshot, whatever the server's default isolation.
@@ -136,23 +155,25 @@ impl PgRefs {
         Ok(tx)
     }
 
-    /// The reference's digest, its row locked until `tx` ends (nothing is
-    /// locked when it does not exist).
+    /// The reference's digest and owner, its row locked until `tx` ends
+    /// (nothing is locked when it does not exist).
     async fn current_for_update(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         ns: &Namespace,
         name: &RefName,
-    ) -> Result<Option<Digest>> {
+    ) -> Result<Option<(Digest, Option<String>)>> {
         let row = sqlx::query(self.sql(
-            "SELECT digest FROM {schema}.ref_names WHERE namespace = $1 AND name = $2 FOR UPDATE",
+            "SELECT digest, owner FROM {schema}.ref_names
+             WHERE namespace = $1 AND name = $2 FOR UPDATE",
         ))
         .bind(ns.as_str())
         .bind(name.as_str())
         .fetch_optional(&mut **tx)
         .await
         .map_err(db_err)?;
-        row.map(|r| digest_col(&r, 0)).transpose()
+        row.map(|r| Ok((digest_col(&r, 0)?, r.try_get(1).map_err(db_err)?)))
+            .transpose()
     }
 
     /// One attempt of `set`: `Ok(None)` when a concurrent insert won the
@@ -163,6 +184,7 @@ impl PgRefs {
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
+        author: Author<'_>,
         pin_owner: Option<&str>,
     ) -> Result<Option<Option<Digest>>> {
         let mut tx = self.begin().await?;
@@ -181,33 +203,40 @@ impl PgRefs {
                 ));
             }
         }
-        let current = self.current_for_update(&mut tx, ns, name).await?;
-        if !expect.holds(current) {
-            // Roll back now rather than on drop: the row lock must not
-            // outlive the call (a dropped transaction's rollback is only
-            // sent when its connection is next used or returned).
-            tx.rollback().await.map_err(db_err)?;
-            return Err(ref_conflict(name, current));
-        }
+        let row = self.current_for_update(&mut tx, ns, name).await?;
+        let current = row.as_ref().map(|r| r.0);
+        let owner = match admit(author, name, row.as_ref(), expect, Some(digest)) {
+            Ok(owner) => owner,
+            Err(refused) => {
+                // Roll back now rather than on drop: the row lock must not
+                // outlive the call (a dropped transaction's rollback is
+                // only sent when its connection is next used or returned).
+                tx.rollback().await.map_err(db_err)?;
+                return Err(refused);
+            }
+        };
         if current.is_some() {
             sqlx::query(self.sql(
-                "UPDATE {schema}.ref_names SET digest = $3, updated_at = now()
+                "UPDATE {schema}.ref_names SET digest = $3, updated_at = now(), owner = $4
                  WHERE namespace = $1 AND name = $2",
             ))
             .bind(ns.as_str())
             .bind(name.as_str())
             .bind(&digest.as_bytes()[..])
+            .bind(owner)
             .execute(&mut *tx)
             .await
             .map_err(db_err)?;
         } else {
             let inserted = sqlx::query(self.sql(
-                "INSERT INTO {schema}.ref_names (namespace, name, digest) VALUES ($1, $2, $3)
+                "INSERT INTO {schema}.ref_names (namespace, name, digest, owner)
+                 VALUES ($1, $2, $3, $4)
                  ON CONFLICT (namespace, name) DO NOTHING",
             ))
             .bind(ns.as_str())
             .bind(name.as_str())
             .bind(&digest.as_bytes()[..])
+            .bind(owner)
             .execute(&mut *tx)
             .await
             .map_err(db_err)?
@@ -244,6 +273,29 @@ impl PgRefs {
         .await
         .map_err(db_err)
     }
+}
+
+/// Checks `expect` against the row (its digest and owner, read under its
+/// lock), then whether `author` may change it to `new` (`None`: remove);
+/// answers the owner the row has after the write: its own when `new` is
+/// the digest it holds, else the author's name. The refusal is
+/// [`Error::RefConflict`] or [`Error::NotOwner`].
+pub(crate) fn admit(
+    author: Author<'_>,
+    name: &RefName,
+    row: Option<&(Digest, Option<String>)>,
+    expect: RefExpect,
+    new: Option<Digest>,
+) -> Result<Option<String>> {
+    let current = row.map(|r| r.0);
+    if !expect.holds(current) {
+        return Err(ref_conflict(name, current));
+    }
+    author.check(name, row.map(|(d, o)| (*d, o.as_deref())), new)?;
+    Ok(match row {
+        Some((d, owner)) if Some(*d) == new => owner.clone(),
+        _ => author.name.map(str::to_owned),
+    })
 }
 
 /// The exclusive upper bound of the names starting with `prefix` (a
@@ -286,10 +338,14 @@ impl RefStore for PgRefs {
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
+        author: Author<'_>,
         pin_owner: Option<&str>,
     ) -> Result<Option<Digest>> {
         for _ in 0..SET_ATTEMPTS {
-            if let Some(previous) = self.try_set(ns, name, digest, expect, pin_owner).await? {
+            if let Some(previous) = self
+                .try_set(ns, name, digest, expect, author, pin_owner)
+                .await?
+            {
                 return Ok(previous);
             }
         }
@@ -319,15 +375,17 @@ impl RefStore for PgRefs {
         ns: &Namespace,
         name: &RefName,
         expect: RefExpect,
+        author: Author<'_>,
     ) -> Result<Option<Digest>> {
         let mut tx = self.begin().await?;
-        let current = self.current_for_update(&mut tx, ns, name).await?;
-        if !expect.holds(current) {
+        let row = self.current_for_update(&mut tx, ns, name).await?;
+        let current = row.as_ref().map(|r| r.0);
+        if let Err(refused) = admit(author, name, row.as_ref(), expect, None) {
             // Roll back now rather than on drop: the row lock must not
             // outlive the call (a dropped transaction's rollback is only
             // sent when its connection is next used or returned).
             tx.rollback().await.map_err(db_err)?;
-            return Err(ref_conflict(name, current));
+            return Err(refused);
         }
         if current.is_none() {
             // Nothing locked, nothing to delete: the transaction only read.

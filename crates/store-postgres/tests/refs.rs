@@ -8,11 +8,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use common::{key_of, ns, OpenEngine, TestSchema};
-use store_pg::plumbing::schema_version;
+use store_pg::plumbing::{migrate, schema_version};
 use store_pg::testing::set_db_clock;
 use store_postgres::{REFS_COMPONENT, REFS_STEPS};
 use store_types::{
-    Digest, Engine, Error, KvEngine, ProtectReason, RefExpect, RefName, RefStore, Timestamp,
+    Author, Digest, Engine, Error, KvEngine, ProtectReason, RefExpect, RefName, RefStore, Replace,
+    Timestamp,
 };
 
 fn name(s: &str) -> RefName {
@@ -77,20 +78,49 @@ async fn compare_and_swap_semantics() {
 
     // Deletes.
     assert_eq!(
-        conflict(r.delete(&a, &n, RefExpect::Digest(x)).await),
+        conflict(
+            r.delete(&a, &n, RefExpect::Digest(x), Author::LIBRARY)
+                .await
+        ),
         Some(z)
     );
-    assert_eq!(conflict(r.delete(&a, &n, RefExpect::Absent).await), Some(z));
+    assert_eq!(
+        conflict(r.delete(&a, &n, RefExpect::Absent, Author::LIBRARY).await),
+        Some(z)
+    );
     assert_eq!(r.get(&a, &n).await.unwrap(), Some(z));
     assert_eq!(
-        r.delete(&a, &n, RefExpect::Digest(z)).await.unwrap(),
+        r.delete(&a, &n, RefExpect::Digest(z), Author::LIBRARY)
+            .await
+            .unwrap(),
         Some(z)
     );
     assert_eq!(r.get(&a, &n).await.unwrap(), None);
-    assert_eq!(r.delete(&a, &n, RefExpect::Any).await.unwrap(), None);
-    assert_eq!(r.delete(&a, &n, RefExpect::Absent).await.unwrap(), None);
-    assert_eq!(conflict(r.delete(&a, &n, RefExpect::Digest(z)).await), None);
-    assert_eq!(r.delete(&b, &n, RefExpect::Any).await.unwrap(), Some(x));
+    assert_eq!(
+        r.delete(&a, &n, RefExpect::Any, Author::LIBRARY)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        r.delete(&a, &n, RefExpect::Absent, Author::LIBRARY)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        conflict(
+            r.delete(&a, &n, RefExpect::Digest(z), Author::LIBRARY)
+                .await
+        ),
+        None
+    );
+    assert_eq!(
+        r.delete(&b, &n, RefExpect::Any, Author::LIBRARY)
+            .await
+            .unwrap(),
+        Some(x)
+    );
     // The message names the reference and what it holds.
     r.set(&a, &n, x, RefExpect::Any).await.unwrap();
     let msg = r
@@ -178,7 +208,9 @@ async fn racing_creates_have_exactly_one_winner() {
         if round == 2 {
             // A reference that existed and was deleted races like a new one.
             r.set(&a, &n, d("before"), RefExpect::Absent).await.unwrap();
-            r.delete(&a, &n, RefExpect::Any).await.unwrap();
+            r.delete(&a, &n, RefExpect::Any, Author::LIBRARY)
+                .await
+                .unwrap();
         }
         let barrier = Arc::new(tokio::sync::Barrier::new(16));
         let mut tasks = Vec::new();
@@ -218,7 +250,8 @@ async fn racing_deletes_have_exactly_one_winner() {
     for _ in 0..16 {
         let (r, a, n) = (r.clone(), a.clone(), n.clone());
         tasks.push(tokio::spawn(async move {
-            r.delete(&a, &n, RefExpect::Digest(x)).await
+            r.delete(&a, &n, RefExpect::Digest(x), Author::LIBRARY)
+                .await
         }));
     }
     let mut deleted = 0;
@@ -365,10 +398,12 @@ async fn referenced_answers_a_thousand_digests_in_one_call() {
     )
     .await
     .unwrap();
-    r.delete(&a, &name("again/0"), RefExpect::Any)
+    r.delete(&a, &name("again/0"), RefExpect::Any, Author::LIBRARY)
         .await
         .unwrap();
-    r.delete(&a, &name("r/3"), RefExpect::Any).await.unwrap();
+    r.delete(&a, &name("r/3"), RefExpect::Any, Author::LIBRARY)
+        .await
+        .unwrap();
     let got = r
         .referenced(&a, &[digests[0], digests[3], digests[6], d("elsewhere")])
         .await
@@ -397,9 +432,13 @@ async fn uses_refs_is_sticky_after_the_last_delete() {
         .is_err());
     assert_eq!(r.ref_namespaces().await.unwrap(), [a.clone(), b.clone()]);
     for n in ["x", "y"] {
-        r.delete(&a, &name(n), RefExpect::Any).await.unwrap();
+        r.delete(&a, &name(n), RefExpect::Any, Author::LIBRARY)
+            .await
+            .unwrap();
     }
-    r.delete(&b, &name("x"), RefExpect::Any).await.unwrap();
+    r.delete(&b, &name("x"), RefExpect::Any, Author::LIBRARY)
+        .await
+        .unwrap();
     assert!(r.list(&a, "", None, 10).await.unwrap().is_empty());
     assert!(r.uses_refs(&a).await.unwrap());
     assert!(r.uses_refs(&b).await.unwrap());
@@ -453,6 +492,7 @@ async fn the_migration_is_idempotent_on_reopen() {
         ("ref_names", "name", "C"),
         ("ref_names", "digest", ""),
         ("ref_names", "updated_at", ""),
+        ("ref_names", "owner", "C"),
         ("ref_namespaces", "namespace", "C"),
         ("ref_namespaces", "since", ""),
     ];
@@ -550,9 +590,140 @@ async fn the_liveness_table_binds_and_protects_by_namespace() {
         [Some(ProtectReason::Live), None, None]
     );
     batch.commit().await.unwrap();
-    r.delete(&a, &name("x"), RefExpect::Any).await.unwrap();
+    r.delete(&a, &name("x"), RefExpect::Any, Author::LIBRARY)
+        .await
+        .unwrap();
     assert_eq!(
         pins.arbitrate(&keys, &tables, now).await.unwrap(),
         [None, None, None]
     );
+}
+
+/// A schema whose `refs` component is at v1 (before owners) keeps its
+/// references through the v2 step, and they are the library's: an author
+/// that may replace only its own rows can neither replace nor remove them,
+/// a write-once author can re-set the digest they hold, `Replace::Any`
+/// replaces.
+#[tokio::test]
+async fn a_v1_refs_component_gains_owners_and_its_rows_are_the_librarys() {
+    assert_eq!(REFS_STEPS.len(), 2);
+    let s = TestSchema::new();
+    let pool = s.pool().await;
+    migrate(&pool, &s.name, REFS_COMPONENT, &REFS_STEPS[..1])
+        .await
+        .unwrap();
+    let (x, y) = (d("x"), d("y"));
+    // A row as the previous release wrote it (no owner column).
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{}\".ref_names (namespace, name, digest) VALUES ('a', 'old', $1)",
+        s.name
+    )))
+    .bind(&x.as_bytes()[..])
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let r = refs(&s).await;
+    assert_eq!(
+        schema_version(&pool, &s.name, REFS_COMPONENT)
+            .await
+            .unwrap(),
+        2
+    );
+    let (a, n) = (ns("a"), name("old"));
+    assert_eq!(r.get(&a, &n).await.unwrap(), Some(x));
+    let owner = || async {
+        sqlx::query_scalar::<_, Option<String>>(sqlx::AssertSqlSafe(format!(
+            "SELECT owner FROM \"{}\".ref_names WHERE name = 'old'",
+            s.name
+        )))
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(owner().await, None);
+    let own = Author {
+        name: Some("a"),
+        may: Replace::Own,
+    };
+    let once = Author {
+        name: Some("a"),
+        may: Replace::Nothing,
+    };
+    let any = Author {
+        name: Some("admin"),
+        may: Replace::Any,
+    };
+    let refused = |e: Error| matches!(e, Error::NotOwner { current, .. } if current == x);
+    assert!(refused(
+        r.set_checked(&a, &n, y, RefExpect::Any, own, None)
+            .await
+            .unwrap_err()
+    ));
+    assert!(refused(
+        r.delete(&a, &n, RefExpect::Any, own).await.unwrap_err()
+    ));
+    assert_eq!(
+        r.set_checked(&a, &n, x, RefExpect::Digest(x), once, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_eq!(owner().await, None, "the same digest keeps the owner");
+    assert_eq!(
+        r.set_checked(&a, &n, y, RefExpect::Any, any, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_eq!(owner().await.as_deref(), Some("admin"));
+    assert_eq!(r.get(&a, &n).await.unwrap(), Some(y));
+}
+
+/// Concurrent writers of one reference by different authors: the owner
+/// check runs under the row lock, so exactly the creator's replaces win
+/// and the others are refused with the digest they saw under the lock.
+#[tokio::test]
+async fn owner_checks_hold_under_concurrency() {
+    let s = TestSchema::new();
+    let r = refs(&s).await;
+    let (a, n) = (ns("a"), name("contested"));
+    let first = Author {
+        name: Some("w0"),
+        may: Replace::Own,
+    };
+    r.set_checked(&a, &n, d("start"), RefExpect::Absent, first, None)
+        .await
+        .unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let (r, a, n, barrier) = (r.clone(), a.clone(), n.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let me = format!("w{}", i % 2);
+            let author = Author {
+                name: Some(&me),
+                may: Replace::Own,
+            };
+            barrier.wait().await;
+            let got = r
+                .set_checked(&a, &n, d(&format!("v{i}")), RefExpect::Any, author, None)
+                .await;
+            (i, got)
+        }));
+    }
+    let mut won = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (i, Ok(_)) => {
+                assert_eq!(i % 2, 0, "only w0 may replace");
+                won += 1;
+            }
+            (i, Err(Error::NotOwner { .. })) => assert_eq!(i % 2, 1),
+            (i, Err(e)) => panic!("{i}: {e:?}"),
+        }
+    }
+    assert_eq!(won, 8);
+    let now = r.get(&a, &n).await.unwrap().unwrap();
+    assert!((0..16).step_by(2).any(|i| now == d(&format!("v{i}"))));
 }
