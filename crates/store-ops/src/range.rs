@@ -48,11 +48,23 @@ pub fn parse_range_header(value: &str) -> Option<RangeRequest> {
     }
 }
 
+/// A position or length: ASCII digits only. A value past `u64::MAX`
+/// saturates (issue 39): no entry is that long, so a last position there
+/// is clamped to the end like any other past it, a first position there is
+/// past the end (unsatisfiable), and a suffix that long is the whole entry
+/// (RFC 9110 §14.1.1) — never an invalid header served whole.
 fn number(s: &str) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
         return None;
     }
-    s.parse().ok()
+    Some(s.parse().unwrap_or(u64::MAX))
+}
+
+/// Whether decimal `a` is at most decimal `b` (digits only, any length:
+/// exact also where [`number`] saturates).
+fn decimal_le(a: &str, b: &str) -> bool {
+    let (a, b) = (a.trim_start_matches('0'), b.trim_start_matches('0'));
+    (a.len(), a) <= (b.len(), b)
 }
 
 fn parse_spec(spec: &str) -> Option<ByteRange> {
@@ -64,8 +76,9 @@ fn parse_spec(spec: &str) -> Option<ByteRange> {
         (false, true) => Some(ByteRange::From(number(first)?)),
         (false, false) => {
             let (a, b) = (number(first)?, number(last)?);
-            // `last < first` is invalid syntax: the header is ignored.
-            (a <= b).then_some(ByteRange::FromTo(a, b))
+            // `last < first` is invalid syntax: the header is ignored
+            // (compared as written: both may have saturated).
+            decimal_le(first, last).then_some(ByteRange::FromTo(a, b))
         }
     }
 }
@@ -123,10 +136,73 @@ mod tests {
             "bytes=5-2",
             "bytes=1-2,x",
             "bytes=+1-2",
-            "bytes=99999999999999999999999-",
+            "bytes=99999999999999999999999-99999999999999999999998",
+            "bytes=18446744073709551616-18446744073709551615",
         ] {
             assert_eq!(parse_range_header(bad), None, "{bad:?}");
         }
+    }
+
+    /// Issue 39: positions past `u64::MAX` are valid syntax; they saturate.
+    #[test]
+    fn positions_past_u64_saturate() {
+        let one = |s: &str| parse_range_header(s);
+        let huge = "1000000000000000000000000000000";
+        // A last position past the end is clamped: the satisfiable part.
+        assert_eq!(
+            one(&format!("bytes=0-{huge}")),
+            Some(RangeRequest::Single(FromTo(0, u64::MAX)))
+        );
+        assert_eq!(FromTo(0, u64::MAX).resolve(10), Some(0..10));
+        assert_eq!(
+            one("bytes=5-18446744073709551616"),
+            Some(RangeRequest::Single(FromTo(5, u64::MAX)))
+        );
+        assert_eq!(
+            one("bytes=18446744073709551615-18446744073709551615"),
+            Some(RangeRequest::Single(FromTo(u64::MAX, u64::MAX)))
+        );
+        // A first position past the end is unsatisfiable, as any start at
+        // or past the size is.
+        for first in [format!("bytes={huge}-"), format!("bytes={huge}-{huge}0")] {
+            let Some(RangeRequest::Single(r)) = one(&first) else {
+                panic!("{first:?} is a valid range");
+            };
+            assert_eq!(r.resolve(10), None, "{first:?}");
+            assert_eq!(r.resolve(u64::MAX), None, "{first:?}");
+        }
+        // Equal values written differently, or with leading zeros.
+        assert_eq!(
+            one(&format!("bytes=00{huge}-{huge}")),
+            Some(RangeRequest::Single(FromTo(u64::MAX, u64::MAX)))
+        );
+        // A suffix that long is the whole entry.
+        assert_eq!(
+            one(&format!("bytes=-{huge}")),
+            Some(RangeRequest::Single(Suffix(u64::MAX)))
+        );
+        assert_eq!(Suffix(u64::MAX).resolve(10), Some(0..10));
+        // Several ranges stay several, whatever their numbers.
+        assert_eq!(
+            one(&format!("bytes=0-{huge}, 4-5")),
+            Some(RangeRequest::Multiple)
+        );
+    }
+
+    #[test]
+    fn decimals_compare_at_any_length() {
+        assert!(decimal_le("0", "0"));
+        assert!(decimal_le("007", "7"));
+        assert!(decimal_le("9", "10"));
+        assert!(!decimal_le("10", "9"));
+        assert!(decimal_le(
+            "99999999999999999999998",
+            "99999999999999999999999"
+        ));
+        assert!(!decimal_le(
+            "99999999999999999999999",
+            "099999999999999999999998"
+        ));
     }
 
     #[test]
