@@ -7,6 +7,12 @@
 //! | `HEAD /v1/uploads/{ns}/{id}` | `204`, `Upload-Offset` |
 //! | `PUT /v1/uploads/{ns}/{id}?digest=<hex>` (+ last chunk) | a put's answer: `201` `{token, digest}`; `422` on a mismatch |
 //! | `DELETE /v1/uploads/{ns}/{id}` | `204` |
+//!
+//! A finish and an abort each write one `blobpool::audit` line (actions
+//! `upload_finish`, `upload_abort`; target `{ns}/{id}`), whatever their
+//! outcome, before -> after as the other audit lines: `ok: N bytes ->
+//! <digest>` (`…; deduplicated` when the entry was there), `ok: N bytes ->
+//! none` (the session's N committed bytes removed), or the error code.
 
 use std::collections::HashMap;
 
@@ -19,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::body::body_reader;
-use super::handlers::{fail, path_error, put_answer, require_json};
+use super::handlers::{audit, fail, outcome, path_error, put_answer, require_json};
 use store_ops::auth::{Identity, Scope};
 use store_ops::uploads::UploadStatus;
 use store_ops::Ops;
@@ -104,16 +110,32 @@ fn session_path(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<(String, String), OpsError> {
     let (ns, id) = path.map(|Path(p)| p).map_err(path_error)?;
-    ops.authorize(identity, Scope::Write, Some(&ns))?;
+    check_session(ops, identity, &ns, &id)?;
+    Ok((ns, id))
+}
+
+/// The audit target of session `(ns, id)`: `{ns}/{id}`, or `{ns}/-` for
+/// an id that is not a session id's shape (it never reaches a log line).
+fn audit_target(ns: &str, id: &str) -> String {
+    if store_ops::uploads::is_session_id(id) {
+        format!("{ns}/{id}")
+    } else {
+        format!("{ns}/-")
+    }
+}
+
+/// [`session_path`] on an extracted path.
+fn check_session(ops: &Ops, identity: &Identity, ns: &str, id: &str) -> Result<(), OpsError> {
+    ops.authorize(identity, Scope::Write, Some(ns))?;
     // Checked before the id can reach an answer or a log line: a session
     // id is `<node>-<32 hex>` (lowercase hex and dashes, short).
-    if !store_ops::uploads::is_session_id(&id) {
+    if !store_ops::uploads::is_session_id(id) {
         return Err(OpsError::new(
             store_ops::ErrorCode::Missing,
             "no such upload session (malformed session id)",
         ));
     }
-    Ok((ns, id))
+    Ok(())
 }
 
 /// `HEAD /v1/uploads/{ns}/{id}`.
@@ -162,21 +184,39 @@ pub(super) async fn finish(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let (ns, id) = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return fail(&ops, path_error(e)),
+    };
     let r = async {
-        let (ns, id) = session_path(&ops, &identity, path)?;
+        check_session(&ops, &identity, &ns, &id)?;
         let digest = query.get("digest").ok_or_else(|| {
             OpsError::bad_request("finishing an upload needs ?digest=<the content's BLAKE3 hex>")
         })?;
         let start = chunk_start(&headers)?;
         let (reader, _) = body_reader(body);
-        let out = ops
-            .upload_finish(&identity, &ns, &id, digest, start, reader)
-            .await?;
-        Ok::<_, OpsError>((ns, out))
+        ops.upload_finish(&identity, &ns, &id, digest, start, reader)
+            .await
     }
     .await;
+    // Before -> after: the session's bytes became the entry (never the
+    // pin token: a bearer secret of its owner).
+    let done = match &r {
+        Ok(out) => format!(
+            "ok: {} bytes -> {}{}",
+            out.size,
+            out.response.digest,
+            if out.deduplicated {
+                "; deduplicated"
+            } else {
+                ""
+            }
+        ),
+        Err(_) => outcome(&r).to_string(),
+    };
+    audit(&identity, "upload_finish", &audit_target(&ns, &id), &done);
     match r {
-        Ok((ns, out)) => put_answer(&ns, &out),
+        Ok(out) => put_answer(&ns, &out),
         Err(e) => fail(&ops, e),
     }
 }
@@ -187,12 +227,26 @@ pub(super) async fn abort(
     Extension(identity): Extension<Identity>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let r = match session_path(&ops, &identity, path) {
-        Ok((ns, id)) => ops.upload_abort(&identity, &ns, &id).await,
-        Err(e) => Err(e),
+    let (ns, id) = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return fail(&ops, path_error(e)),
     };
+    let r = async {
+        check_session(&ops, &identity, &ns, &id)?;
+        // What the session held, for the audit line (a status read: it
+        // neither claims the session nor keeps it alive).
+        let before = ops.upload_status(&identity, &ns, &id).await?;
+        ops.upload_abort(&identity, &ns, &id).await?;
+        Ok::<_, OpsError>(before.offset)
+    }
+    .await;
+    let done = match &r {
+        Ok(held) => format!("ok: {held} bytes -> none"),
+        Err(_) => outcome(&r).to_string(),
+    };
+    audit(&identity, "upload_abort", &audit_target(&ns, &id), &done);
     match r {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => fail(&ops, e),
     }
 }
