@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use store_core::{GcPolicy, Key, Namespace, Store, SweepOptions, SweepReport};
-use store_types::{KvEngine, RefExpect, RefName};
+use store_types::{Author, KvEngine, PinProof, RefExpect, RefName};
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
 
@@ -68,6 +68,23 @@ async fn two_sweeps(env: &FleetEnv, s: &Store) -> (SweepReport, SweepReport) {
 
 fn deleted(r: &SweepReport, n: &Namespace) -> u64 {
     r.namespaces.get(n).map_or(0, |c| c.deleted)
+}
+
+/// The proof a set holding node `owner`'s current pin on `key` presents:
+/// the generation of its pin row (ADR-054), as the facade's pin returns it.
+async fn proof<'a>(env: &FleetEnv, key: &Key, owner: &'a str) -> PinProof<'a> {
+    let mut c = env.conn().await;
+    let generation = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT pin_id FROM \"{}\".gc_pins WHERE ns = $1 AND digest = $2 AND owner = $3",
+        env.pg.kv_schema
+    )))
+    .bind(key.namespace.as_str())
+    .bind(&key.digest.as_bytes()[..])
+    .bind(owner)
+    .fetch_one(&mut c)
+    .await
+    .expect("a pin row of the owner");
+    PinProof { owner, generation }
 }
 
 /// Item 1: `keep` plus an application liveness table (the env's
@@ -246,14 +263,22 @@ async fn a_fleet_set_delayed_past_its_pin_fails() {
     let key = put(&a, &n, 9).await;
     // The facade's pin of a set: a pin row of node A's.
     let pin = a.pin(&key).await.unwrap().expect("present");
+    let a_pin = proof(&env, &key, "a").await;
     let backend = env.kv().await.refs().unwrap();
     // While the pin row holds, the guarded write commits.
     backend
-        .set_checked(&n, &name("early"), key.digest, RefExpect::Any, Some("a"))
+        .set_checked(
+            &n,
+            &name("early"),
+            key.digest,
+            RefExpect::Any,
+            Author::LIBRARY,
+            Some(a_pin),
+        )
         .await
         .expect("pinned set");
     backend
-        .delete(&n, &name("early"), RefExpect::Any)
+        .delete(&n, &name("early"), RefExpect::Any, Author::LIBRARY)
         .await
         .unwrap();
     // The set stalls past the TTL; the in-process pin is gone too (a
@@ -263,19 +288,81 @@ async fn a_fleet_set_delayed_past_its_pin_fails() {
     assert_eq!(deleted(&second, &n), 1, "{second:?}");
     assert!(!a.has(&key).await.unwrap());
     let late = backend
-        .set_checked(&n, &name("late"), key.digest, RefExpect::Any, Some("a"))
+        .set_checked(
+            &n,
+            &name("late"),
+            key.digest,
+            RefExpect::Any,
+            Author::LIBRARY,
+            Some(a_pin),
+        )
         .await;
     assert!(late.is_err(), "a delayed set must not name a deleted entry");
     assert_eq!(backend.get(&n, &name("late")).await.unwrap(), None);
     // Another node's pin does not vouch for A's write (A's put pin
     // expires first).
     let key = put(&a, &n, 10).await;
+    let a_put_pin = proof(&env, &key, "a").await;
     env.advance(TTL + Duration::from_secs(1)).await;
     let _b_pin = bare_node(&env, "b").await.pin(&key).await.unwrap();
     assert!(backend
-        .set_checked(&n, &name("other"), key.digest, RefExpect::Any, Some("a"))
+        .set_checked(
+            &n,
+            &name("other"),
+            key.digest,
+            RefExpect::Any,
+            Author::LIBRARY,
+            Some(a_put_pin),
+        )
         .await
         .is_err());
+}
+
+/// Issue 39 ("data loss, fleet"), ADR-054: node A's set pinned the entry
+/// and stalled; its pin row expired and node B's sweep deleted the entry;
+/// A's retry pinned the key again — the same (key, owner) row, unexpired
+/// once more — and found the entry missing. The stalled first set must
+/// still fail: the retry's pin does not prove that the first set's pin
+/// held. (The guard used to accept any unexpired row of the owner, and
+/// the stalled set committed a reference to the deleted entry.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_set_is_not_vouched_for_by_a_retrys_pin() {
+    let env = FleetEnv::new(FleetLarge::None, WINDOW, TTL).await;
+    let n = ns("stalled-set");
+    let a = bare_node(&env, "a").await;
+    let b = bare_node(&env, "b").await;
+    b.set_gc_policy(n.clone(), GcPolicy::Unreferenced)
+        .await
+        .unwrap();
+    let key = put(&a, &n, 12).await;
+    // The first set's pin, held (in A's process) while its write stalls.
+    let _first_pin = a.pin(&key).await.unwrap().expect("present");
+    let first = proof(&env, &key, "a").await;
+    // The pin row expires; B's sweep finds the entry unprotected.
+    let (_, second) = two_sweeps(&env, &b).await;
+    assert_eq!(deleted(&second, &n), 1, "{second:?}");
+    assert!(!a.has(&key).await.unwrap());
+    // A's retry pins again and finds the entry missing.
+    assert!(a.pin(&key).await.unwrap().is_none());
+    let retry = proof(&env, &key, "a").await;
+    assert_ne!(retry.generation, first.generation);
+    // The stalled first set runs now, with its own pin's proof.
+    let backend = env.kv().await.refs().unwrap();
+    let stalled = backend
+        .set_checked(
+            &n,
+            &name("stalled"),
+            key.digest,
+            RefExpect::Any,
+            Author::LIBRARY,
+            Some(first),
+        )
+        .await;
+    assert!(
+        stalled.is_err(),
+        "a set whose pin lapsed must not name a deleted entry: {stalled:?}"
+    );
+    assert_eq!(backend.get(&n, &name("stalled")).await.unwrap(), None);
 }
 
 /// Item 6: a key fenced for deletion refuses a guarded set even while
@@ -287,6 +374,7 @@ async fn a_fleet_set_on_a_fenced_key_fails() {
     let a = bare_node(&env, "a").await;
     let key = put(&a, &n, 11).await;
     let _pin = a.pin(&key).await.unwrap().expect("present");
+    let a_pin = proof(&env, &key, "a").await;
     let mut c = env.conn().await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO \"{}\".gc_deleting (ns, digest, fenced_at) VALUES ($1, $2, 0)",
@@ -299,7 +387,14 @@ async fn a_fleet_set_on_a_fenced_key_fails() {
     .unwrap();
     let backend = env.kv().await.refs().unwrap();
     assert!(backend
-        .set_checked(&n, &name("x"), key.digest, RefExpect::Any, Some("a"))
+        .set_checked(
+            &n,
+            &name("x"),
+            key.digest,
+            RefExpect::Any,
+            Author::LIBRARY,
+            Some(a_pin),
+        )
         .await
         .is_err());
     assert_eq!(backend.get(&n, &name("x")).await.unwrap(), None);

@@ -490,14 +490,16 @@ impl Refs {
         let (ns, name) = (ns.clone(), name.clone());
         let task = tokio::spawn(async move {
             let key = Key::new(ns.clone(), digest);
-            let pin = this.store.pin(&key).await?.ok_or(Error::Missing)?;
-            let owner = this
-                .store
-                .is_fleet()
-                .then(|| this.store.owner().to_string());
+            // Fleet: the guard must see *this* pin's row generation still
+            // in place (ADR-054), not merely some unexpired row of the node.
+            let (pin, generation) = this.store.pin_proved(&key).await?.ok_or(Error::Missing)?;
+            let proof = generation.map(|generation| store_types::PinProof {
+                owner: this.store.owner(),
+                generation,
+            });
             let previous = this
                 .backend
-                .set_checked(&ns, &name, digest, expect, owner.as_deref())
+                .set_checked(&ns, &name, digest, expect, proof)
                 .await;
             drop(pin);
             let previous = previous?;

@@ -317,12 +317,23 @@ impl Store {
     /// Cancel-safe: dropping the future releases the in-process pin; a pin
     /// row it committed expires after its TTL.
     pub async fn pin(&self, key: &Key) -> Result<Option<Pin>> {
+        Ok(self.pin_proved(key).await?.map(|(pin, _)| pin))
+    }
+
+    /// [`Store::pin`], also answering the generation of the pin row it
+    /// committed (fleet; `None` non-fleet): the proof a fleet reference
+    /// set presents to its guard (`store_types::PinProof`, ADR-054).
+    pub(crate) async fn pin_proved(
+        &self,
+        key: &Key,
+    ) -> Result<Option<(Pin, Option<store_types::PinGeneration>)>> {
         let pin = self.inner.gc.pins().pin(key.clone()).await;
-        if let Some((intent, fleet)) = self.pin_intent() {
-            fleet.pins.pin_first(key, &intent).await?;
-        }
+        let generation = match self.pin_intent() {
+            Some((intent, fleet)) => Some(fleet.pins.pin_first(key, &intent).await?),
+            None => None,
+        };
         Ok(if self.has(key).await? {
-            Some(pin)
+            Some((pin, generation))
         } else {
             None
         })

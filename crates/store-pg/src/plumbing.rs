@@ -8,7 +8,8 @@
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row, SqlStr};
 use store_types::{
-    Digest, Error, ErrorKind, Instance, Key, Namespace, PinIntent, Result, Timestamp,
+    Digest, Error, ErrorKind, Instance, Key, Namespace, PinGeneration, PinIntent, Result,
+    Timestamp,
 };
 
 pub use crate::error::{db_err, db_err_in};
@@ -224,37 +225,54 @@ pub async fn lock_key_shared(conn: &mut PgConnection, host_schema: &str, key: &K
 }
 
 /// Upserts the pin row of `pin` for `key` into `<host_schema>.gc_pins` on
-/// `conn`, expiring `pin.ttl` after `<host_schema>.gc_now()` — the
-/// database's clock (see [`GC_WINDOW_STEPS`]); `pin.now`, the putter's
+/// `conn`, expiring `pin.ttl` after `<host_schema>.gc_now_statement()` —
+/// the database's clock (see [`GC_WINDOW_STEPS`]); `pin.now`, the putter's
 /// clock, is not used. An existing row of the same owner keeps the later
-/// expiry.
+/// expiry. Returns the row's generation (`pin_id`, ADR-054): a fresh one
+/// from the host's sequence when the row is new or was already expired by
+/// that clock, the row's own when this only extends an unexpired row.
+///
+/// The caller must hold `key`'s fleet lock shared
+/// ([`lock_key_shared`]) on `conn`, taken in an earlier statement: the
+/// expiry this statement judges is then read after any sweep batch that
+/// deleted the entry has committed, so a row such a batch judged expired
+/// never keeps its generation.
 pub async fn upsert_pin(
     conn: &mut PgConnection,
     host_schema: &str,
     key: &Key,
     pin: &PinIntent,
-) -> Result<()> {
+) -> Result<PinGeneration> {
     validate_schema(host_schema)?;
     // The row's life starts at this statement, not at the transaction's
     // start: a pg-lo publish commits its pin at the end of a transaction
-    // that began when the upload did.
-    sqlx::query(sql(
+    // that began when the upload did. `EXCLUDED.pin_id` is the column
+    // default the proposed row drew (a fresh `nextval`).
+    sqlx::query_scalar(sql(
         host_schema,
-        &"INSERT INTO {schema}.gc_pins AS p (ns, digest, owner, expires_at)
-          VALUES ($1, $2, $3, {now} + $4)
-          ON CONFLICT (ns, digest, owner)
-          DO UPDATE SET expires_at = GREATEST(p.expires_at, EXCLUDED.expires_at)"
-            .replace("{now}", GC_NOW_STATEMENT),
+        &PIN_UPSERT.replace("{now}", GC_NOW_STATEMENT),
     ))
     .bind(key.namespace.as_str())
     .bind(&key.digest.as_bytes()[..])
     .bind(&pin.owner)
     .bind(duration_ms(pin.ttl))
-    .execute(conn)
+    .fetch_one(conn)
     .await
-    .map_err(db_err)?;
-    Ok(())
+    .map_err(db_err)
 }
+
+/// The pin-row upsert every fleet pin writer shares (`{now}`: the clock
+/// expression, `{schema}`: the host schema; `$1..$4`: ns, digest, owner,
+/// ttl in ms): insert, or extend to the later expiry keeping the row's
+/// generation while it is unexpired by `{now}`, taking a fresh one
+/// otherwise; returns the generation.
+pub const PIN_UPSERT: &str = "INSERT INTO {schema}.gc_pins AS p (ns, digest, owner, expires_at)
+     VALUES ($1, $2, $3, {now} + $4)
+     ON CONFLICT (ns, digest, owner)
+     DO UPDATE SET expires_at = GREATEST(p.expires_at, EXCLUDED.expires_at),
+                   pin_id = CASE WHEN p.expires_at > {now} THEN p.pin_id
+                                 ELSE EXCLUDED.pin_id END
+     RETURNING pin_id";
 
 /// The engine's [`Instance`]: the cluster's `system_identifier`, the
 /// database and the schema.

@@ -57,7 +57,7 @@ use store_pg::plumbing::{
 };
 use store_types::{
     BoundLivenessTable, Digest, Error, FleetBatch, Instance, Key, LivenessTable, Namespace,
-    PinIntent, ProtectReason, PublishOutcome, Result, Timestamp,
+    PinGeneration, PinIntent, ProtectReason, PublishOutcome, Result, Timestamp,
 };
 
 use crate::fence;
@@ -145,6 +145,23 @@ async fn begin_unfenced(
     }
 }
 
+/// A `READ COMMITTED` transaction holding `key`'s shared lock (taken as
+/// its first statement; no fence wait): for the pin-row writers that do
+/// not publish (`pin_commit`, `pin_renew`), so they judge a row's expiry
+/// after any sweep batch on the key has committed (ADR-054).
+pub(crate) async fn begin_key_locked(
+    pool: &PgPool,
+    schema: &str,
+    key: &Key,
+) -> Result<Transaction<'static, Postgres>> {
+    let mut tx = pool
+        .begin_with(BEGIN_READ_COMMITTED)
+        .await
+        .map_err(db_err)?;
+    lock_key_shared(&mut tx, schema, key).await?;
+    Ok(tx)
+}
+
 /// The fleet kv put: shared key lock, entry insert (if absent), pin upsert,
 /// in one `READ COMMITTED` transaction, after any deletion fence on the key
 /// has cleared ([`begin_unfenced`]).
@@ -183,15 +200,17 @@ pub(crate) async fn put_pinned(
 /// The pin-first step: shared key lock and pin upsert in one transaction,
 /// after any deletion fence on the key has cleared (the caller publishes
 /// next, and must never dedup onto an entry whose delete is in flight).
+/// Returns the committed row's generation (ADR-054).
 pub(crate) async fn pin_first(
     pool: &PgPool,
     schema: &str,
     key: &Key,
     pin: &PinIntent,
-) -> Result<()> {
+) -> Result<PinGeneration> {
     let mut tx = begin_unfenced(pool, schema, key).await?;
-    upsert_pin(&mut tx, schema, key, pin).await?;
-    tx.commit().await.map_err(db_err)
+    let generation = upsert_pin(&mut tx, schema, key, pin).await?;
+    tx.commit().await.map_err(db_err)?;
+    Ok(generation)
 }
 
 /// `table` exists, is a table or view of a kind the arbitration can read,

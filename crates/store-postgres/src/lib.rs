@@ -17,7 +17,7 @@
 //! | `schema_version` | `component text, version integer` | `component` |
 //! | `entries` | `ns text, digest bytea(32), size bigint, created_at bigint` (unix ms)`, content bytea` | `(ns, digest)` |
 //! | `gc_window` | `ns, digest, size bigint, visible_after bigint` | `(ns, digest)` |
-//! | `gc_pins` | `ns, digest, owner text, expires_at bigint` | `(ns, digest, owner)` |
+//! | `gc_pins` | `ns, digest, owner text, expires_at bigint, pin_id bigint` (the row's generation, from the sequence `gc_pins_pin_id`, ADR-054) | `(ns, digest, owner)` |
 //! | `ref_names` | `namespace text, name text, digest bytea(32), updated_at timestamptz, owner text` (the author that wrote the digest, NULL: the library; issue 39) — named references ([`refs`]) | `(namespace, name)` |
 //! | `ref_namespaces` | `namespace text, since timestamptz` | `namespace` |
 //! | `cache_keys` | `namespace text, key text, digest bytea(32), size bigint, accessed_at bigint` (unix ms, the database's `statement_timestamp()`)`, owner text` (as in `ref_names`) — cache keys ([`cache_keys`], ADR-048) | `(namespace, key)` |

@@ -59,23 +59,31 @@
 //!
 //! # Fleet guard
 //!
-//! With a `pin_owner` (a fleet store's set), `set` first takes the entry's
-//! fleet key lock **shared** in its transaction (the lock every fleet put
-//! takes and a sweep's execute batch takes exclusive), then requires that
-//! the key is not fenced for deletion (`gc_deleting`) and that the owner's
-//! `gc_pins` row on it is unexpired by `gc_now()`. Holding the shared lock,
-//! no batch can delete the entry until the commit; the unexpired pin means
-//! no batch deleted it since the facade pinned it. A set that fails the
-//! check writes nothing and answers a `TimedOut` error (retry: the retry
-//! pins the entry again, or finds it missing).
+//! With a [`PinProof`] (a fleet store's set: the node's owner name and the
+//! generation its own pin returned), `set` first takes the entry's fleet
+//! key lock **shared** in its transaction (the lock every fleet put takes
+//! and a sweep's execute batch takes exclusive), then requires that the
+//! key is not fenced for deletion (`gc_deleting`) and that the owner's
+//! `gc_pins` row on it **still has the proof's generation** (`pin_id`) and
+//! is unexpired by `gc_now_statement()` (ADR-045 §7 as revised by
+//! ADR-054). Holding the shared lock, no batch can delete the entry until
+//! the commit. Every pin writer gives the row a new generation when it
+//! finds it expired (judged under the same key lock), so an unchanged,
+//! unexpired generation proves the set's own pin held without a gap since
+//! it was taken: no batch deleted the entry meanwhile. An unexpired row of
+//! the owner alone would not: after the pin lapsed and a sweep deleted the
+//! entry, a retry's pin (or another put's) re-creates the row, and the
+//! stalled set would commit a reference to a deleted entry. A set that
+//! fails the check writes nothing and answers a `TimedOut` error (retry:
+//! the retry pins the entry again, or finds it missing).
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Row, Transaction};
 use store_pg::plumbing::{db_err, digest_col, lock_key_shared, named_in, namespace_col, sql};
 use store_types::{
-    ref_conflict, Author, Digest, Error, Key, LivenessTable, Namespace, RefEntry, RefExpect,
-    RefName, RefStore, Result,
+    ref_conflict, Author, Digest, Error, Key, LivenessTable, Namespace, PinProof, RefEntry,
+    RefExpect, RefName, RefStore, Result,
 };
 
 /// Migration component of the reference tables.
@@ -185,12 +193,12 @@ impl PgRefs {
         digest: Digest,
         expect: RefExpect,
         author: Author<'_>,
-        pin_owner: Option<&str>,
+        pin: Option<PinProof<'_>>,
     ) -> Result<Option<Option<Digest>>> {
         let mut tx = self.begin().await?;
-        if let Some(owner) = pin_owner {
+        if let Some(pin) = pin {
             let key = Key::new(ns.clone(), digest);
-            if !self.entry_still_pinned(&mut tx, &key, owner).await? {
+            if !self.entry_still_pinned(&mut tx, &key, pin).await? {
                 tx.rollback().await.map_err(db_err)?;
                 return Err(Error::backend(
                     store_types::ErrorKind::TimedOut,
@@ -251,24 +259,26 @@ impl PgRefs {
     }
 
     /// The fleet guard (see the module docs): takes `key`'s lock shared
-    /// for the rest of `tx`, then whether the key is unfenced and `owner`'s
-    /// pin row on it unexpired by the database's clock.
+    /// for the rest of `tx`, then whether the key is unfenced and the
+    /// proof's pin row on it — its owner's, still of its generation — is
+    /// unexpired by the database's clock.
     async fn entry_still_pinned(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         key: &Key,
-        owner: &str,
+        pin: PinProof<'_>,
     ) -> Result<bool> {
         lock_key_shared(tx, &self.schema, key).await?;
         sqlx::query_scalar(self.sql(
             "SELECT NOT EXISTS (SELECT 1 FROM {schema}.gc_deleting WHERE ns = $1 AND digest = $2)
                 AND EXISTS (SELECT 1 FROM {schema}.gc_pins
-                            WHERE ns = $1 AND digest = $2 AND owner = $3
+                            WHERE ns = $1 AND digest = $2 AND owner = $3 AND pin_id = $4
                               AND expires_at > {schema}.gc_now_statement())",
         ))
         .bind(key.namespace.as_str())
         .bind(&key.digest.as_bytes()[..])
-        .bind(owner)
+        .bind(pin.owner)
+        .bind(pin.generation)
         .fetch_one(&mut **tx)
         .await
         .map_err(db_err)
@@ -339,13 +349,10 @@ impl RefStore for PgRefs {
         digest: Digest,
         expect: RefExpect,
         author: Author<'_>,
-        pin_owner: Option<&str>,
+        pin: Option<PinProof<'_>>,
     ) -> Result<Option<Digest>> {
         for _ in 0..SET_ATTEMPTS {
-            if let Some(previous) = self
-                .try_set(ns, name, digest, expect, author, pin_owner)
-                .await?
-            {
+            if let Some(previous) = self.try_set(ns, name, digest, expect, author, pin).await? {
                 return Ok(previous);
             }
         }

@@ -9,12 +9,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Connection;
-use store_pg::plumbing::{db_err, duration_ms, sql, stable_key};
+use store_pg::plumbing::{db_err, duration_ms, sql, stable_key, upsert_pin};
 use store_pg::{Component, PgGcSchema};
 use store_types::{
     BoundLivenessTable, FleetBatch, FleetPolicy, Instance, Key, LivenessTable, Namespace,
-    PinClauses, PinIntent, PolicyRow, ProtectReason, PublishOutcome, Result, SweepLockClause,
-    SweepLockGuard, Timestamp,
+    PinClauses, PinGeneration, PinIntent, PolicyRow, ProtectReason, PublishOutcome, Result,
+    SweepLockClause, SweepLockGuard, Timestamp,
 };
 
 use crate::fleet;
@@ -23,14 +23,26 @@ use crate::fleet;
 pub const GC_PINS_COMPONENT: &str = "gc_pins";
 
 /// Migration steps of `gc_pins`.
-pub const GC_PINS_STEPS: &[&str] = &["CREATE TABLE IF NOT EXISTS {schema}.gc_pins (
+///
+/// 1. the table `(ns, digest, owner, expires_at)` and its expiry index;
+/// 2. the row generation (ADR-054): the sequence `gc_pins_pin_id` and the
+///    column `pin_id bigint` drawing from it. Existing rows get a fresh
+///    generation each (a set pinned under the old code then fails its
+///    guard once and is retried, which pins again).
+pub const GC_PINS_STEPS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {schema}.gc_pins (
         ns text COLLATE \"C\" NOT NULL,
         digest bytea NOT NULL CHECK (octet_length(digest) = 32),
         owner text NOT NULL,
         expires_at bigint NOT NULL,
         PRIMARY KEY (ns, digest, owner)
     );
-    CREATE INDEX IF NOT EXISTS gc_pins_expiry ON {schema}.gc_pins (expires_at)"];
+    CREATE INDEX IF NOT EXISTS gc_pins_expiry ON {schema}.gc_pins (expires_at)",
+    "CREATE SEQUENCE IF NOT EXISTS {schema}.gc_pins_pin_id;
+    ALTER TABLE {schema}.gc_pins ADD COLUMN IF NOT EXISTS pin_id bigint NOT NULL
+        DEFAULT nextval('{schema}.gc_pins_pin_id');
+    ALTER SEQUENCE {schema}.gc_pins_pin_id OWNED BY {schema}.gc_pins.pin_id",
+];
 
 /// The fleet host's GC components beyond `gc_window`, in migration order:
 /// `gc_pins`, the fences and liveness registry (`gc_deleting`,
@@ -59,6 +71,14 @@ pub fn host_gc_schema(pool: PgPool, schema: impl Into<String>) -> PgGcSchema {
 /// database's clock (see [`GC_WINDOW_STEPS`](store_pg::plumbing::GC_WINDOW_STEPS)),
 /// so the `now` parameters of the trait (a node's clock) are not used and
 /// TTLs are bound as durations.
+///
+/// Every writer of a row (`pin_commit`, `pin_renew`, `put_pinned`,
+/// `pin_first`, and pg-lo's joint publish through
+/// [`upsert_pin`](store_pg::plumbing::upsert_pin)) holds the key's fleet
+/// lock shared and judges the row's expiry by the clock at a statement
+/// after that lock, so the row's generation (`pin_id`, ADR-054) is kept
+/// only across extensions of a row no sweep batch could have judged
+/// expired.
 ///
 /// The fleet clauses (`put_pinned`, `pin_first`, `arbitrate`,
 /// `begin_batch`; the lock protocol is described at [`store_pg::plumbing::key_lock`])
@@ -94,20 +114,15 @@ impl PinClauses for PgPins {
         _now: Timestamp,
         ttl: Duration,
     ) -> Result<()> {
-        sqlx::query(sql(
-            &self.schema,
-            "INSERT INTO {schema}.gc_pins (ns, digest, owner, expires_at)
-             VALUES ($1, $2, $3, {schema}.gc_now() + $4)
-             ON CONFLICT (ns, digest, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
-        ))
-        .bind(key.namespace.as_str())
-        .bind(&key.digest.as_bytes()[..])
-        .bind(owner)
-        .bind(duration_ms(ttl))
-        .execute(&self.pool)
-        .await
-        .map_err(db_err)?;
-        Ok(())
+        let mut tx = fleet::begin_key_locked(&self.pool, &self.schema, key).await?;
+        let intent = PinIntent {
+            owner: owner.to_string(),
+            now: Timestamp(0),
+            ttl,
+            host: self.host.clone(),
+        };
+        upsert_pin(&mut tx, &self.schema, key, &intent).await?;
+        tx.commit().await.map_err(db_err)
     }
 
     async fn pin_renew(
@@ -117,19 +132,25 @@ impl PinClauses for PgPins {
         _now: Timestamp,
         ttl: Duration,
     ) -> Result<bool> {
+        // Under the key's shared lock and by the clock after it: a row a
+        // sweep batch judged expired is never extended (it would keep its
+        // generation, ADR-054).
+        let mut tx = fleet::begin_key_locked(&self.pool, &self.schema, key).await?;
         let n = sqlx::query(sql(
             &self.schema,
-            "UPDATE {schema}.gc_pins SET expires_at = {schema}.gc_now() + $4
-             WHERE ns = $1 AND digest = $2 AND owner = $3 AND expires_at > {schema}.gc_now()",
+            "UPDATE {schema}.gc_pins SET expires_at = {schema}.gc_now_statement() + $4
+             WHERE ns = $1 AND digest = $2 AND owner = $3
+               AND expires_at > {schema}.gc_now_statement()",
         ))
         .bind(key.namespace.as_str())
         .bind(&key.digest.as_bytes()[..])
         .bind(owner)
         .bind(duration_ms(ttl))
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(db_err)?
         .rows_affected();
+        tx.commit().await.map_err(db_err)?;
         Ok(n > 0)
     }
 
@@ -175,7 +196,7 @@ impl PinClauses for PgPins {
         fleet::put_pinned(&self.pool, &self.schema, key, bytes, pin).await
     }
 
-    async fn pin_first(&self, key: &Key, pin: &PinIntent) -> Result<()> {
+    async fn pin_first(&self, key: &Key, pin: &PinIntent) -> Result<PinGeneration> {
         fleet::check_host(&self.host, pin)?;
         fleet::pin_first(&self.pool, &self.schema, key, pin).await
     }

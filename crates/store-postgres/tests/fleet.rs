@@ -15,8 +15,8 @@ use store_pg::testing::set_db_clock;
 use store_postgres::PostgresEngine;
 use store_types::EngineExt as _;
 use store_types::{
-    Digest, Engine, Error, Instance, Key, KvEngine, LivenessTable, PinClauses, PinIntent,
-    ProtectReason, PublishOutcome, Timestamp,
+    Author, Digest, Engine, Error, ErrorKind, Instance, Key, KvEngine, LivenessTable, PinClauses,
+    PinIntent, PinProof, ProtectReason, PublishOutcome, RefExpect, RefName, Timestamp,
 };
 
 /// The database's GC clock in these tests (pin rows are written and
@@ -654,4 +654,223 @@ async fn overlapping_batches_in_any_key_order_do_not_deadlock() {
     })
     .await
     .expect("no deadlock");
+}
+
+/// The generation (`pin_id`, ADR-054) of `owner`'s pin row on `key`.
+async fn pin_generation(e: &PostgresEngine, key: &Key, owner: &str) -> Option<i64> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT pin_id FROM \"{}\".gc_pins WHERE ns = $1 AND digest = $2 AND owner = $3",
+        e.schema()
+    )))
+    .bind(key.namespace.as_str())
+    .bind(&key.digest.as_bytes()[..])
+    .bind(owner)
+    .fetch_optional(e.pool())
+    .await
+    .unwrap()
+}
+
+fn at(ms: i64) -> Timestamp {
+    Timestamp(NOW.0 + ms)
+}
+
+/// ADR-054: a pin row keeps its generation while any writer extends it
+/// unexpired, and takes a new one whenever a writer finds it expired by
+/// the database's clock or re-creates it after a reap — every writer alike
+/// (`pin_first`, `put_pinned`, `pin_commit`; `pin_renew` never revives).
+#[tokio::test]
+async fn pin_rows_keep_their_generation_only_while_unexpired() {
+    let s = TestSchema::new();
+    let (e, p) = fleet(&s).await;
+    let data = Bytes::from_static(b"generations");
+    let k = key_of("n", &data);
+    let ttl = Duration::from_millis(1000);
+    let g1 = p.pin_first(&k, &intent(&*p, "a", NOW, 1000)).await.unwrap();
+    assert_eq!(pin_generation(&e, &k, "a").await, Some(g1));
+
+    // Extended while unexpired, by every writer: the same generation.
+    set_clock(&e, at(900)).await;
+    assert_eq!(
+        p.pin_first(&k, &intent(&*p, "a", NOW, 1000)).await.unwrap(),
+        g1
+    );
+    p.put_pinned(&k, data.clone(), &intent(&*p, "a", NOW, 1000))
+        .await
+        .unwrap();
+    p.pin_commit(&k, "a", NOW, ttl).await.unwrap();
+    assert!(p.pin_renew(&k, "a", NOW, ttl).await.unwrap());
+    assert_eq!(pin_generation(&e, &k, "a").await, Some(g1));
+    // Another owner's row has a generation of its own.
+    let gb = p.pin_first(&k, &intent(&*p, "b", NOW, 1000)).await.unwrap();
+    assert_ne!(gb, g1);
+
+    // Expired (expires_at = 1900 is not > 1900): renewal refuses, and each
+    // upserting writer starts a new generation.
+    set_clock(&e, at(1900)).await;
+    assert!(!p.pin_renew(&k, "a", NOW, ttl).await.unwrap());
+    assert_eq!(pin_generation(&e, &k, "a").await, Some(g1));
+    let g2 = p.pin_first(&k, &intent(&*p, "a", NOW, 1000)).await.unwrap();
+    assert_ne!(g2, g1, "pin_first on an expired row");
+    set_clock(&e, at(2900)).await;
+    p.pin_commit(&k, "a", NOW, ttl).await.unwrap();
+    let g3 = pin_generation(&e, &k, "a").await.unwrap();
+    assert!(g3 != g2 && g3 != g1, "pin_commit on an expired row");
+    set_clock(&e, at(3900)).await;
+    p.put_pinned(&k, data.clone(), &intent(&*p, "a", NOW, 1000))
+        .await
+        .unwrap();
+    let g4 = pin_generation(&e, &k, "a").await.unwrap();
+    assert!(![g1, g2, g3].contains(&g4), "put_pinned on an expired row");
+
+    // Reaped and re-created: a new generation too.
+    set_clock(&e, at(4900)).await;
+    assert!(p.reap_expired(NOW).await.unwrap() >= 1);
+    assert_eq!(pin_generation(&e, &k, "a").await, None);
+    let g5 = p.pin_first(&k, &intent(&*p, "a", NOW, 1000)).await.unwrap();
+    assert!(![g1, g2, g3, g4].contains(&g5), "a re-created row");
+}
+
+/// Issue 39 ("data loss, fleet"), ADR-054: a reference set stalled past its
+/// pin's TTL must not be vouched for by a *later* pin of the same node.
+///
+/// The interleaving: node A's set pins the entry; the set stalls; the pin
+/// row expires; another node's sweep finds the key unprotected and deletes
+/// the entry; A's retry pins the key again — upserting the same
+/// (key, owner) row with a fresh expiry — and finds the entry missing;
+/// then the stalled first set runs. Its guard used to accept any
+/// unexpired row of the owner, so it committed a reference to the deleted
+/// entry and answered Ok. With the generation its own pin returned, it
+/// fails and writes nothing.
+#[tokio::test]
+async fn a_stalled_set_is_not_vouched_for_by_a_retrys_pin() {
+    let s = TestSchema::new();
+    let (e, p) = fleet(&s).await;
+    let refs = e.refs().expect("the postgres engine holds references");
+    let data = Bytes::from_static(b"stalled set");
+    let k = key_of("n", &data);
+    let (n, early, late) = (
+        k.namespace.clone(),
+        RefName::new("early").unwrap(),
+        RefName::new("late").unwrap(),
+    );
+    p.put_pinned(&k, data.clone(), &intent(&*p, "a", NOW, 1000))
+        .await
+        .unwrap();
+
+    // A's set pins the entry (TTL 1 s) and keeps the proof of its pin.
+    let first = p.pin_first(&k, &intent(&*p, "a", NOW, 1000)).await.unwrap();
+    let proof = PinProof {
+        owner: "a",
+        generation: first,
+    };
+    // While that pin holds, the guarded write commits.
+    refs.set_checked(
+        &n,
+        &early,
+        k.digest,
+        RefExpect::Any,
+        Author::LIBRARY,
+        Some(proof),
+    )
+    .await
+    .expect("a set under its own unexpired pin commits");
+    refs.delete(&n, &early, RefExpect::Any, Author::LIBRARY)
+        .await
+        .unwrap();
+
+    // The set stalls past the TTL; another node's sweep batch finds the
+    // key unprotected and deletes the entry (as the execute phase does).
+    set_clock(&e, at(1001)).await;
+    let mut batch = p.begin_batch(std::slice::from_ref(&k)).await.unwrap();
+    assert_eq!(
+        batch
+            .protected(std::slice::from_ref(&k), &[], NOW)
+            .await
+            .unwrap(),
+        [None],
+        "the expired pin protects nothing"
+    );
+    batch.delete_entries(&n, &[k.digest]).await.unwrap();
+    batch.commit().await.unwrap();
+    assert!(e.meta(&k).await.unwrap().is_none());
+
+    // A's retry pins again (the same row, a fresh expiry) and finds the
+    // entry missing.
+    let retry = p.pin_first(&k, &intent(&*p, "a", NOW, 1000)).await.unwrap();
+    assert_eq!(pin_rows(&e, &k).await, [("a".to_string(), at(2001).0)]);
+    assert_ne!(
+        retry, first,
+        "a re-pin of an expired row is a new generation"
+    );
+    assert!(e.meta(&k).await.unwrap().is_none());
+
+    // The stalled first set runs now, with its own pin's proof.
+    let stalled = refs
+        .set_checked(
+            &n,
+            &late,
+            k.digest,
+            RefExpect::Any,
+            Author::LIBRARY,
+            Some(proof),
+        )
+        .await;
+    assert!(
+        matches!(&stalled, Err(err) if err.kind() == ErrorKind::TimedOut),
+        "a set whose pin lapsed must fail, not name a deleted entry: {stalled:?}"
+    );
+    assert_eq!(refs.get(&n, &late).await.unwrap(), None, "nothing written");
+}
+
+/// ADR-054's migration step: `gc_pins` rows written before it get a
+/// generation each, all distinct, and new rows draw after them.
+#[tokio::test]
+async fn the_generation_migration_numbers_existing_rows() {
+    use store_pg::plumbing::{migrate, schema_version};
+    use store_postgres::{GC_PINS_COMPONENT, GC_PINS_STEPS};
+    let s = TestSchema::new();
+    let e = s.engine().await;
+    set_clock(&e, NOW).await;
+    migrate(e.pool(), e.schema(), GC_PINS_COMPONENT, &GC_PINS_STEPS[..1])
+        .await
+        .unwrap();
+    let (a, b) = (key_of("n", b"old-a"), key_of("n", b"old-b"));
+    for (k, owner) in [(&a, "x"), (&a, "y"), (&b, "x")] {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO \"{}\".gc_pins (ns, digest, owner, expires_at) VALUES ($1, $2, $3, $4)",
+            e.schema()
+        )))
+        .bind(k.namespace.as_str())
+        .bind(&k.digest.as_bytes()[..])
+        .bind(owner)
+        .bind(NOW.0 + 1000)
+        .execute(e.pool())
+        .await
+        .unwrap();
+    }
+    let seam = e.capabilities().seam.unwrap();
+    seam.schema.ensure_gc_schema().await.unwrap();
+    assert_eq!(
+        schema_version(e.pool(), e.schema(), GC_PINS_COMPONENT)
+            .await
+            .unwrap(),
+        GC_PINS_STEPS.len() as u32
+    );
+    let old = [
+        pin_generation(&e, &a, "x").await.unwrap(),
+        pin_generation(&e, &a, "y").await.unwrap(),
+        pin_generation(&e, &b, "x").await.unwrap(),
+    ];
+    assert!(old[0] != old[1] && old[1] != old[2] && old[0] != old[2]);
+    let p = seam.pins.unwrap();
+    // An unexpired old row keeps the generation the migration gave it.
+    assert_eq!(
+        p.pin_first(&a, &intent(&*p, "x", NOW, 1000)).await.unwrap(),
+        old[0]
+    );
+    let fresh = p.pin_first(&b, &intent(&*p, "z", NOW, 1000)).await.unwrap();
+    assert!(old.iter().all(|g| *g < fresh));
+    // Reopening migrates nothing twice.
+    seam.schema.ensure_gc_schema().await.unwrap();
+    assert_eq!(pin_generation(&e, &a, "y").await, Some(old[1]));
 }

@@ -81,6 +81,29 @@ impl PinIntent {
     }
 }
 
+/// The generation of a fleet pin row (`gc_pins.pin_id`, ADR-054): assigned
+/// when the row of (key, owner) is created and again whenever a pin finds
+/// that row already expired by the host's clock; kept while a pin or
+/// renewal merely extends an unexpired row. So one generation names one
+/// span of time during which the row held without a gap.
+pub type PinGeneration = i64;
+
+/// What a fleet reference set presents to the fleet guard
+/// ([`RefStore::set_checked`](crate::RefStore::set_checked), ADR-045 §7,
+/// ADR-054): the node whose pin protects the entry and the generation of
+/// the pin row **its own** pin wrote. The guard accepts the set only while
+/// that row still has that generation and is unexpired, which proves the
+/// pin held continuously since it was taken (a row that expired and was
+/// pinned again, by a retry or another put of the node, carries a new
+/// generation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinProof<'a> {
+    /// The pinning node (the store's owner name).
+    pub owner: &'a str,
+    /// The generation the pin returned ([`PinClauses::pin_first`](crate::PinClauses::pin_first)).
+    pub generation: PinGeneration,
+}
+
 /// One locked batch of a fleet sweep's execute phase: a transaction on the
 /// GC host holding an exclusive per-key lock on every candidate, so no put
 /// can commit a pin on them until it ends.

@@ -57,7 +57,7 @@ pub use error::{Error, ProtectReason, Result};
 pub use failure::{Context, ErrorKind, Failure, Report, Source};
 pub use fleet::{
     fleet_cache_namespaces, fleet_swept_namespaces, BoundLivenessTable, FleetBatch, FleetPolicy,
-    LivenessTable, PinIntent, PolicyRow,
+    LivenessTable, PinGeneration, PinIntent, PinProof, PolicyRow,
 };
 pub use instance_lock::InstanceLock;
 pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};

@@ -11,7 +11,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::{Digest, Error, LivenessTable, Namespace, Result};
+use crate::{Digest, Error, LivenessTable, Namespace, PinProof, Result};
 
 /// Longest reference name, in bytes.
 pub const REF_NAME_MAX_LEN: usize = 255;
@@ -106,27 +106,30 @@ pub struct RefEntry {
 ///   swept one). The mark is never removed by deleting references
 ///   (deleting the last reference makes entries garbage, it does not
 ///   exempt the namespace from collection).
-/// - With `pin_owner` (fleet stores), `set_checked` takes the entry's fleet key
-///   lock shared inside its transaction and commits only if the entry is
-///   not fenced for deletion and `pin_owner`'s pin row on it is still
-///   unexpired by the database's clock, so a set delayed past the pin TTL
-///   can never commit a reference to an entry a sweep deleted meanwhile
-///   (a `TimedOut` error then; nothing written). Engines that cannot hold
-///   a fleet's GC state (mem, sqlite) are never given an owner and ignore
-///   it.
+/// - With a `pin` proof (fleet stores), `set_checked` takes the entry's
+///   fleet key lock shared inside its transaction and commits only if the
+///   entry is not fenced for deletion and the proof's pin row on it —
+///   `pin.owner`'s row **with generation `pin.generation`** — is still
+///   unexpired by the database's clock. A row that expired never keeps its
+///   generation, so this proves the set's own pin held continuously: a set
+///   delayed past the pin TTL can never commit a reference to an entry a
+///   sweep deleted meanwhile, even when a retry or another put of the node
+///   has pinned the key again since (ADR-045 §7, ADR-054; a `TimedOut`
+///   error then; nothing written). Engines that cannot hold a fleet's GC
+///   state (mem, sqlite) are never given a proof and ignore it.
 /// - Every method is cancel-safe: dropped before it returns, a `set` or
 ///   `delete` either committed whole or not at all.
 #[async_trait]
 pub trait RefStore: Send + Sync + 'static {
     /// Points `name` at `digest` if `expect` holds; returns the previous
-    /// digest. `pin_owner`: see the contract (fleet guard).
+    /// digest. `pin`: see the contract (fleet guard).
     async fn set_checked(
         &self,
         ns: &Namespace,
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
-        pin_owner: Option<&str>,
+        pin: Option<PinProof<'_>>,
     ) -> Result<Option<Digest>>;
 
     /// [`RefStore::set_checked`] without the fleet guard.

@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 use crate::{
     BoundLivenessTable, Digest, FleetBatch, FleetPolicy, Instance, Key, LivenessTable, Namespace,
-    PinIntent, PolicyRow, ProtectReason, PublishOutcome, Result, Timestamp,
+    PinGeneration, PinIntent, PolicyRow, ProtectReason, PublishOutcome, Result, Timestamp,
 };
 
 /// A seam member's capability answer.
@@ -123,7 +123,18 @@ pub trait WindowClauses: Send + Sync {
     }
 }
 
-/// Fleet pin rows `(key, owner, expires_at)` in `gc_pins`.
+/// Fleet pin rows `(key, owner, expires_at, generation)` in `gc_pins`.
+///
+/// # Generations (ADR-054)
+///
+/// Each row carries a [`PinGeneration`]: every writer that creates the row
+/// of (key, owner), or finds it already expired by the host's clock,
+/// gives it a new one; a writer that extends an unexpired row keeps it.
+/// Writers judge expiry under the key's shared lock, by the clock at
+/// their statement, so a row a sweep batch judged expired never keeps its
+/// generation. An unchanged, unexpired generation therefore proves the
+/// row held without a gap since that generation was assigned (the fleet
+/// reference guard relies on it, [`crate::PinProof`]).
 ///
 /// # Whose clock
 ///
@@ -136,12 +147,12 @@ pub trait WindowClauses: Send + Sync {
 #[async_trait]
 pub trait PinClauses: Send + Sync {
     /// Inserts or extends the pin row of (key, owner), expiring `ttl` after
-    /// the host's now.
+    /// the host's now (a new generation if the row was absent or expired).
     async fn pin_commit(&self, key: &Key, owner: &str, now: Timestamp, ttl: Duration)
         -> Result<()>;
-    /// Extends a live row to expire `ttl` after the host's now; returns
-    /// `false` (and changes nothing) when the row is absent or already
-    /// expired.
+    /// Extends a live row to expire `ttl` after the host's now (its
+    /// generation stays); returns `false` (and changes nothing) when the
+    /// row is absent or already expired.
     async fn pin_renew(
         &self,
         key: &Key,
@@ -166,8 +177,10 @@ pub trait PinClauses: Send + Sync {
 
     /// The pin-first step of a put whose publish is not transactional
     /// (a rename on shared media): takes the key's shared lock and commits
-    /// the pin row, before the caller publishes.
-    async fn pin_first(&self, key: &Key, pin: &PinIntent) -> Result<()>;
+    /// the pin row, before the caller publishes. Returns the row's
+    /// generation after the commit (see "Generations" above): the proof a
+    /// later reference set presents ([`crate::PinProof`]).
+    async fn pin_first(&self, key: &Key, pin: &PinIntent) -> Result<PinGeneration>;
 
     /// Checks that a fleet liveness table exists and has the named columns;
     /// returns it bound to `ns` (with the digest column's encoding).

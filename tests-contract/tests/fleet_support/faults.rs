@@ -119,7 +119,7 @@ impl PinClauses for FailingPins {
     async fn put_pinned(&self, k: &Key, b: Bytes, p: &PinIntent) -> Result<PublishOutcome> {
         self.0.put_pinned(k, b, p).await
     }
-    async fn pin_first(&self, _k: &Key, _p: &PinIntent) -> Result<()> {
+    async fn pin_first(&self, _k: &Key, _p: &PinIntent) -> Result<store_types::PinGeneration> {
         Err(
             Error::backend(store_types::ErrorKind::Other, "injected pin")
                 .with_source("injected crash before the pin row committed"),
