@@ -178,6 +178,8 @@ macro_rules! refs_suite {
             refs::refs_namespaces_stay_marked,
             refs::refs_names_are_opaque,
             refs::refs_concurrent_compare_and_swap,
+            refs::refs_a_writer_replaces_only_its_own,
+            refs::refs_any_replaces_and_nothing_never_does,
         );
     };
 }
@@ -194,6 +196,8 @@ macro_rules! cache_suite {
             cache::cache_trim_bytes_least_recent_first,
             cache::cache_trim_age_counts_from_last_access,
             cache::cache_trim_bytes_keeps_no_key_older_than_a_removed_one,
+            cache::cache_record_preconditions,
+            cache::cache_record_owners,
         );
     };
 }

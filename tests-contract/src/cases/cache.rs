@@ -9,7 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_types::{CacheBounds, CacheIndex, CacheTrim, Digest, Namespace, RefName, Timestamp};
+use store_types::{
+    Author, CacheBounds, CacheIndex, CacheTrim, Digest, Error, Namespace, RefExpect, RefName,
+    Replace, Timestamp,
+};
 
 use crate::harness::{ns, Harness, Spec};
 
@@ -45,10 +48,30 @@ pub async fn cache_record_lookup_remove(spec: Spec) {
     let n = ns();
     let k = key("ac/0123");
     assert_eq!(c.lookup(&n, &k).await.unwrap(), None);
-    c.record(&n, &k, d(1), 10, Timestamp::now()).await.unwrap();
+    c.record(
+        &n,
+        &k,
+        d(1),
+        10,
+        Timestamp::now(),
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
     assert_eq!(c.lookup(&n, &k).await.unwrap(), Some(d(1)));
     assert_eq!(c.lookup(&other_ns(), &k).await.unwrap(), None);
-    c.record(&n, &k, d(2), 20, Timestamp::now()).await.unwrap();
+    c.record(
+        &n,
+        &k,
+        d(2),
+        20,
+        Timestamp::now(),
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
     assert_eq!(c.lookup(&n, &k).await.unwrap(), Some(d(2)));
     assert!(
         !c.remove(&n, &k, Some(d(1))).await.unwrap(),
@@ -58,7 +81,17 @@ pub async fn cache_record_lookup_remove(spec: Spec) {
     assert!(c.remove(&n, &k, Some(d(2))).await.unwrap());
     assert_eq!(c.lookup(&n, &k).await.unwrap(), None);
     assert!(!c.remove(&n, &k, None).await.unwrap());
-    c.record(&n, &k, d(3), 1, Timestamp::now()).await.unwrap();
+    c.record(
+        &n,
+        &k,
+        d(3),
+        1,
+        Timestamp::now(),
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
     assert!(c.remove(&n, &k, None).await.unwrap());
 }
 
@@ -67,12 +100,42 @@ pub async fn cache_cached_and_usage(spec: Spec) {
     let (_h, c) = open(spec).await;
     let n = ns();
     let now = Timestamp::now();
-    c.record(&n, &key("a"), d(1), 100, now).await.unwrap();
-    c.record(&n, &key("b"), d(1), 100, now).await.unwrap();
-    c.record(&n, &key("c"), d(2), 5, now).await.unwrap();
-    c.record(&other_ns(), &key("a"), d(3), 7, now)
+    c.record(
+        &n,
+        &key("a"),
+        d(1),
+        100,
+        now,
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
+    c.record(
+        &n,
+        &key("b"),
+        d(1),
+        100,
+        now,
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
+    c.record(&n, &key("c"), d(2), 5, now, RefExpect::Any, Author::LIBRARY)
         .await
         .unwrap();
+    c.record(
+        &other_ns(),
+        &key("a"),
+        d(3),
+        7,
+        now,
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         c.cached(&n, &[d(1), d(3), d(2), d(4)]).await.unwrap(),
         [true, false, true, false]
@@ -92,9 +155,17 @@ pub async fn cache_trim_bytes_least_recent_first(spec: Spec) {
     let (_h, c) = open(spec).await;
     let n = ns();
     for (i, k) in ["k1", "k2", "k3"].iter().enumerate() {
-        c.record(&n, &key(k), d(i as u64), 10, Timestamp::now())
-            .await
-            .unwrap();
+        c.record(
+            &n,
+            &key(k),
+            d(i as u64),
+            10,
+            Timestamp::now(),
+            RefExpect::Any,
+            Author::LIBRARY,
+        )
+        .await
+        .unwrap();
         tick().await;
     }
     // k1 is read again: now k2 is the least recently accessed.
@@ -136,9 +207,17 @@ pub async fn cache_trim_bytes_least_recent_first(spec: Spec) {
     let again = c.trim(&n, bound, Timestamp::now()).await.unwrap();
     assert_eq!(again, CacheTrim::default());
     // A bound of zero bytes empties the namespace, not the others.
-    c.record(&other_ns(), &key("k1"), d(0), 10, Timestamp::now())
-        .await
-        .unwrap();
+    c.record(
+        &other_ns(),
+        &key("k1"),
+        d(0),
+        10,
+        Timestamp::now(),
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
     let zero = CacheBounds {
         max_bytes: Some(0),
         max_age: None,
@@ -152,17 +231,41 @@ pub async fn cache_trim_bytes_least_recent_first(spec: Spec) {
 pub async fn cache_trim_age_counts_from_last_access(spec: Spec) {
     let (_h, c) = open(spec).await;
     let n = ns();
-    c.record(&n, &key("old"), d(1), 1, Timestamp::now())
-        .await
-        .unwrap();
-    c.record(&n, &key("read"), d(2), 1, Timestamp::now())
-        .await
-        .unwrap();
+    c.record(
+        &n,
+        &key("old"),
+        d(1),
+        1,
+        Timestamp::now(),
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
+    c.record(
+        &n,
+        &key("read"),
+        d(2),
+        1,
+        Timestamp::now(),
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     c.touch(&n, &[d(2)], Timestamp::now()).await.unwrap();
-    c.record(&n, &key("new"), d(3), 1, Timestamp::now())
-        .await
-        .unwrap();
+    c.record(
+        &n,
+        &key("new"),
+        d(3),
+        1,
+        Timestamp::now(),
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await
+    .unwrap();
     let bound = CacheBounds {
         max_bytes: None,
         max_age: Some(Duration::from_millis(300)),
@@ -183,9 +286,17 @@ pub async fn cache_trim_bytes_keeps_no_key_older_than_a_removed_one(spec: Spec) 
     let n = ns();
     // Oldest first: a small key, a large one, then the newest.
     for (i, (k, size)) in [("old", 5), ("mid", 20), ("new", 10)].iter().enumerate() {
-        c.record(&n, &key(k), d(i as u64), *size, Timestamp::now())
-            .await
-            .unwrap();
+        c.record(
+            &n,
+            &key(k),
+            d(i as u64),
+            *size,
+            Timestamp::now(),
+            RefExpect::Any,
+            Author::LIBRARY,
+        )
+        .await
+        .unwrap();
         tick().await;
     }
     let bound = CacheBounds {
@@ -201,4 +312,254 @@ pub async fn cache_trim_bytes_keeps_no_key_older_than_a_removed_one(spec: Spec) 
     assert_eq!(c.lookup(&n, &key("new")).await.unwrap(), Some(d(2)));
     assert_eq!(c.lookup(&n, &key("mid")).await.unwrap(), None);
     assert_eq!(c.lookup(&n, &key("old")).await.unwrap(), None);
+}
+
+/// A writer that may replace only its own keys (`Replace::Own`, the
+/// `write` scope).
+fn writer(name: &'static str) -> Author<'static> {
+    Author {
+        name: Some(name),
+        may: Replace::Own,
+    }
+}
+
+#[track_caller]
+fn assert_conflict<T: std::fmt::Debug>(
+    r: store_types::Result<T>,
+    k: &RefName,
+    current: Option<Digest>,
+) {
+    match r {
+        Err(Error::RefConflict { name, current: c }) => {
+            assert_eq!(name, k.as_str());
+            assert_eq!(c, current, "the conflict reports the key's digest");
+        }
+        other => panic!("expected RefConflict on {k}, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_not_owner<T: std::fmt::Debug>(
+    r: store_types::Result<T>,
+    k: &RefName,
+    current: Digest,
+    write_once: bool,
+) {
+    match r {
+        Err(Error::NotOwner {
+            name,
+            current: c,
+            write_once: w,
+        }) => {
+            assert_eq!(name, k.as_str());
+            assert_eq!(c, current, "the refusal reports the key's digest");
+            assert_eq!(w, write_once);
+        }
+        other => panic!("expected NotOwner on {k}, got {other:?}"),
+    }
+}
+
+/// `record`'s precondition (issue 39): `Absent` creates only
+/// (If-None-Match: *), `Digest` requires the key to hold it (If-Match),
+/// `Any` none; a failed one changes nothing; `record` answers the digest
+/// the key held.
+pub async fn cache_record_preconditions(spec: Spec) {
+    let (_h, c) = open(spec).await;
+    let (n, k) = (ns(), key("ac/pre"));
+    let lib = Author::LIBRARY;
+    let now = Timestamp::now;
+    assert_conflict(
+        c.record(&n, &k, d(1), 1, now(), RefExpect::Digest(d(1)), lib)
+            .await,
+        &k,
+        None,
+    );
+    assert_eq!(c.lookup(&n, &k).await.unwrap(), None);
+    assert_eq!(
+        c.record(&n, &k, d(1), 1, now(), RefExpect::Absent, lib)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_conflict(
+        c.record(&n, &k, d(2), 1, now(), RefExpect::Absent, lib)
+            .await,
+        &k,
+        Some(d(1)),
+    );
+    assert_conflict(
+        c.record(&n, &k, d(1), 1, now(), RefExpect::Absent, lib)
+            .await,
+        &k,
+        Some(d(1)),
+    );
+    assert_conflict(
+        c.record(&n, &k, d(2), 1, now(), RefExpect::Digest(d(3)), lib)
+            .await,
+        &k,
+        Some(d(1)),
+    );
+    assert_eq!(c.lookup(&n, &k).await.unwrap(), Some(d(1)));
+    assert_eq!(c.cached(&n, &[d(2)]).await.unwrap(), [false]);
+    assert_eq!(
+        c.record(&n, &k, d(2), 7, now(), RefExpect::Digest(d(1)), lib)
+            .await
+            .unwrap(),
+        Some(d(1))
+    );
+    assert_eq!(
+        c.record(&n, &k, d(3), 9, now(), RefExpect::Any, lib)
+            .await
+            .unwrap(),
+        Some(d(2))
+    );
+    assert_eq!(c.lookup(&n, &k).await.unwrap(), Some(d(3)));
+    let usage = c.usage().await.unwrap();
+    let u = usage.iter().find(|(m, _)| *m == n).expect("usage").1;
+    assert_eq!((u.keys, u.bytes), (1, 9), "a replace takes the new size");
+}
+
+/// Owners (issue 39): a write-only author adds keys but replaces only its
+/// own; recording the digest a key holds is allowed to anyone, keeps the
+/// owner and still moves the access time forward; `Replace::Any`
+/// replaces anything; `Replace::Nothing` never replaces.
+pub async fn cache_record_owners(spec: Spec) {
+    let (_h, c) = open(spec).await;
+    let n = ns();
+    let (a, b) = (writer("a"), writer("b"));
+    let (k1, k2) = (key("ac/one"), key("ac/two"));
+    assert_eq!(
+        c.record(&n, &k1, d(1), 10, Timestamp::now(), RefExpect::Any, a)
+            .await
+            .unwrap(),
+        None
+    );
+    tick().await;
+    c.record(&n, &k2, d(2), 10, Timestamp::now(), RefExpect::Any, a)
+        .await
+        .unwrap();
+    tick().await;
+    // b cannot replace a's key; nothing changes.
+    assert_not_owner(
+        c.record(&n, &k1, d(3), 10, Timestamp::now(), RefExpect::Any, b)
+            .await,
+        &k1,
+        d(1),
+        false,
+    );
+    assert_not_owner(
+        c.record(
+            &n,
+            &k1,
+            d(3),
+            10,
+            Timestamp::now(),
+            RefExpect::Digest(d(1)),
+            b,
+        )
+        .await,
+        &k1,
+        d(1),
+        false,
+    );
+    assert_eq!(c.lookup(&n, &k1).await.unwrap(), Some(d(1)));
+    assert_eq!(c.cached(&n, &[d(3)]).await.unwrap(), [false]);
+    // The precondition comes first.
+    assert_conflict(
+        c.record(&n, &k1, d(3), 10, Timestamp::now(), RefExpect::Absent, b)
+            .await,
+        &k1,
+        Some(d(1)),
+    );
+    // b records the digest k1 holds: allowed, and k1 is now the most
+    // recently accessed key (a byte bound of one key keeps it, not k2).
+    assert_eq!(
+        c.record(&n, &k1, d(1), 10, Timestamp::now(), RefExpect::Any, b)
+            .await
+            .unwrap(),
+        Some(d(1))
+    );
+    tick().await;
+    let one_key = CacheBounds {
+        max_bytes: Some(10),
+        max_age: None,
+    };
+    let t = c.trim(&n, one_key, Timestamp::now()).await.unwrap();
+    assert_eq!(t, CacheTrim { keys: 1, bytes: 10 });
+    assert_eq!(c.lookup(&n, &k2).await.unwrap(), None);
+    assert_eq!(c.lookup(&n, &k1).await.unwrap(), Some(d(1)));
+    // k1 is still a's: b still cannot replace it, a can.
+    assert_not_owner(
+        c.record(&n, &k1, d(4), 10, Timestamp::now(), RefExpect::Any, b)
+            .await,
+        &k1,
+        d(1),
+        false,
+    );
+    assert_eq!(
+        c.record(&n, &k1, d(4), 10, Timestamp::now(), RefExpect::Any, a)
+            .await
+            .unwrap(),
+        Some(d(1))
+    );
+    assert_eq!(c.lookup(&n, &k1).await.unwrap(), Some(d(4)));
+    // Replace::Any replaces anyone's key.
+    let admin = Author {
+        name: Some("admin"),
+        may: Replace::Any,
+    };
+    assert_eq!(
+        c.record(&n, &k1, d(5), 10, Timestamp::now(), RefExpect::Any, admin)
+            .await
+            .unwrap(),
+        Some(d(4))
+    );
+    assert_not_owner(
+        c.record(&n, &k1, d(6), 10, Timestamp::now(), RefExpect::Any, a)
+            .await,
+        &k1,
+        d(5),
+        false,
+    );
+    // Write-once: create and re-record the same digest, never replace.
+    let once = Author {
+        name: Some("a"),
+        may: Replace::Nothing,
+    };
+    let k3 = key("cas/once");
+    assert_eq!(
+        c.record(&n, &k3, d(7), 1, Timestamp::now(), RefExpect::Any, once)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        c.record(&n, &k3, d(7), 1, Timestamp::now(), RefExpect::Any, once)
+            .await
+            .unwrap(),
+        Some(d(7))
+    );
+    assert_not_owner(
+        c.record(&n, &k3, d(8), 1, Timestamp::now(), RefExpect::Any, once)
+            .await,
+        &k3,
+        d(7),
+        true,
+    );
+    assert_eq!(c.lookup(&n, &k3).await.unwrap(), Some(d(7)));
+    // The library replaces anything.
+    assert_eq!(
+        c.record(
+            &n,
+            &k3,
+            d(8),
+            1,
+            Timestamp::now(),
+            RefExpect::Digest(d(7)),
+            Author::LIBRARY
+        )
+        .await
+        .unwrap(),
+        Some(d(7))
+    );
 }

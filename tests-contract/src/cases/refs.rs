@@ -9,7 +9,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use store_types::{Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore};
+use store_types::{
+    Author, Digest, Error, Namespace, RefEntry, RefExpect, RefName, RefStore, Replace,
+};
 use tokio::sync::Barrier;
 
 use crate::harness::{ns, Harness, Spec};
@@ -95,15 +97,24 @@ pub async fn refs_set_get_delete(spec: Spec) {
     );
     assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(y));
     assert_eq!(
-        refs.delete(&ns(), &n, RefExpect::Any).await.unwrap(),
+        refs.delete(&ns(), &n, RefExpect::Any, Author::LIBRARY)
+            .await
+            .unwrap(),
         Some(y)
     );
     assert_eq!(refs.get(&ns(), &n).await.unwrap(), None);
     assert_eq!(refs.get(&other_ns(), &n).await.unwrap(), Some(x));
     // Deleting what is not there: `None`, when the expectation allows it.
-    assert_eq!(refs.delete(&ns(), &n, RefExpect::Any).await.unwrap(), None);
     assert_eq!(
-        refs.delete(&ns(), &n, RefExpect::Absent).await.unwrap(),
+        refs.delete(&ns(), &n, RefExpect::Any, Author::LIBRARY)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        refs.delete(&ns(), &n, RefExpect::Absent, Author::LIBRARY)
+            .await
+            .unwrap(),
         None
     );
     assert!(refs.list(&ns(), "", None, 10).await.unwrap().is_empty());
@@ -178,21 +189,34 @@ pub async fn refs_delete_with_expectation(spec: Spec) {
     let (n, x, wrong) = (name("release"), d(10), d(11));
     refs.set(&ns(), &n, x, RefExpect::Any).await.unwrap();
     assert_conflict(
-        refs.delete(&ns(), &n, RefExpect::Digest(wrong)).await,
+        refs.delete(&ns(), &n, RefExpect::Digest(wrong), Author::LIBRARY)
+            .await,
         &n,
         Some(x),
     );
-    assert_conflict(refs.delete(&ns(), &n, RefExpect::Absent).await, &n, Some(x));
+    assert_conflict(
+        refs.delete(&ns(), &n, RefExpect::Absent, Author::LIBRARY)
+            .await,
+        &n,
+        Some(x),
+    );
     assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(x));
     assert_eq!(refs.referenced(&ns(), &[x]).await.unwrap(), [true]);
 
     assert_eq!(
-        refs.delete(&ns(), &n, RefExpect::Digest(x)).await.unwrap(),
+        refs.delete(&ns(), &n, RefExpect::Digest(x), Author::LIBRARY)
+            .await
+            .unwrap(),
         Some(x)
     );
     assert_eq!(refs.get(&ns(), &n).await.unwrap(), None);
     assert_eq!(refs.referenced(&ns(), &[x]).await.unwrap(), [false]);
-    assert_conflict(refs.delete(&ns(), &n, RefExpect::Digest(x)).await, &n, None);
+    assert_conflict(
+        refs.delete(&ns(), &n, RefExpect::Digest(x), Author::LIBRARY)
+            .await,
+        &n,
+        None,
+    );
 }
 
 /// Listing: name (byte) order, pages with `after` + `limit`, prefixes
@@ -386,7 +410,9 @@ pub async fn refs_namespaces_stay_marked(spec: Spec) {
     assert!(refs.mark_uses_refs(&ns()).await.unwrap());
     assert!(!refs.mark_uses_refs(&ns()).await.unwrap(), "idempotent");
     assert!(refs.uses_refs(&ns()).await.unwrap());
-    refs.delete(&ns(), &n, RefExpect::Any).await.unwrap();
+    refs.delete(&ns(), &n, RefExpect::Any, Author::LIBRARY)
+        .await
+        .unwrap();
     assert!(refs.list(&ns(), "", None, 10).await.unwrap().is_empty());
     // Deleting the last reference does not exempt the namespace.
     assert!(refs.uses_refs(&ns()).await.unwrap());
@@ -426,7 +452,9 @@ pub async fn refs_names_are_opaque(spec: Spec) {
     assert_eq!(names(&*refs, &ns(), "a").await, ["a"]);
     assert_eq!(names(&*refs, &ns(), "A").await, ["A", "Ab"]);
     assert_eq!(
-        refs.delete(&ns(), &lower, RefExpect::Any).await.unwrap(),
+        refs.delete(&ns(), &lower, RefExpect::Any, Author::LIBRARY)
+            .await
+            .unwrap(),
         Some(d(2))
     );
     assert_eq!(refs.get(&ns(), &upper).await.unwrap(), Some(d(1)));
@@ -555,5 +583,289 @@ pub async fn refs_concurrent_compare_and_swap(spec: Spec) {
             .await
             .unwrap(),
         [false]
+    );
+}
+
+/// A writer that may replace only its own references (`Replace::Own`, the
+/// `write` scope).
+fn writer(name: &'static str) -> Author<'static> {
+    Author {
+        name: Some(name),
+        may: Replace::Own,
+    }
+}
+
+/// Asserts `r` is an [`Error::NotOwner`] naming `n` and `current`.
+#[track_caller]
+fn assert_not_owner<T: std::fmt::Debug>(
+    r: store_types::Result<T>,
+    n: &RefName,
+    current: Digest,
+    write_once: bool,
+) {
+    match r {
+        Err(Error::NotOwner {
+            name,
+            current: c,
+            write_once: w,
+        }) => {
+            assert_eq!(name, n.as_str());
+            assert_eq!(c, current, "the refusal reports the current digest");
+            assert_eq!(w, write_once);
+        }
+        other => panic!("expected NotOwner on {n}, got {other:?}"),
+    }
+}
+
+/// Owners (issue 39): a write-only author adds references but replaces or
+/// removes only its own; re-setting the digest a reference holds is
+/// allowed to anyone and keeps its owner; the precondition is judged
+/// before the owner.
+pub async fn refs_a_writer_replaces_only_its_own(spec: Spec) {
+    let (_h, refs) = open(spec, "refs_a_writer_replaces_only_its_own").await;
+    let (a, b) = (writer("a"), writer("b"));
+    let (n, x, y, z) = (name("owned/app.tar"), d(1), d(2), d(3));
+    assert_eq!(
+        refs.set_checked(&ns(), &n, x, RefExpect::Absent, a, None)
+            .await
+            .unwrap(),
+        None,
+        "creating is always allowed"
+    );
+    // b can neither replace nor remove a's reference; nothing changes.
+    assert_not_owner(
+        refs.set_checked(&ns(), &n, y, RefExpect::Any, b, None)
+            .await,
+        &n,
+        x,
+        false,
+    );
+    assert_not_owner(
+        refs.set_checked(&ns(), &n, y, RefExpect::Digest(x), b, None)
+            .await,
+        &n,
+        x,
+        false,
+    );
+    assert_not_owner(
+        refs.delete(&ns(), &n, RefExpect::Any, b).await,
+        &n,
+        x,
+        false,
+    );
+    assert_not_owner(
+        refs.delete(&ns(), &n, RefExpect::Digest(x), b).await,
+        &n,
+        x,
+        false,
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(x));
+    assert_eq!(
+        refs.referenced(&ns(), &[x, y]).await.unwrap(),
+        [true, false]
+    );
+    // The precondition comes first: a failed one is a conflict, whoever
+    // asks.
+    assert_conflict(
+        refs.set_checked(&ns(), &n, y, RefExpect::Absent, b, None)
+            .await,
+        &n,
+        Some(x),
+    );
+    assert_conflict(
+        refs.set_checked(&ns(), &n, y, RefExpect::Digest(z), b, None)
+            .await,
+        &n,
+        Some(x),
+    );
+    assert_conflict(
+        refs.delete(&ns(), &n, RefExpect::Digest(z), b).await,
+        &n,
+        Some(x),
+    );
+    // b may re-set the digest it holds; the reference stays a's.
+    assert_eq!(
+        refs.set_checked(&ns(), &n, x, RefExpect::Any, b, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_eq!(
+        refs.set_checked(&ns(), &n, x, RefExpect::Digest(x), b, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_not_owner(
+        refs.set_checked(&ns(), &n, y, RefExpect::Any, b, None)
+            .await,
+        &n,
+        x,
+        false,
+    );
+    // a replaces its own (still a's after b's re-set), then removes it.
+    assert_eq!(
+        refs.set_checked(&ns(), &n, y, RefExpect::Digest(x), a, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(y));
+    assert_not_owner(
+        refs.delete(&ns(), &n, RefExpect::Any, b).await,
+        &n,
+        y,
+        false,
+    );
+    assert_eq!(
+        refs.delete(&ns(), &n, RefExpect::Any, a).await.unwrap(),
+        Some(y)
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), None);
+    // Removing what is not there is refused to nobody.
+    assert_eq!(
+        refs.delete(&ns(), &n, RefExpect::Any, b).await.unwrap(),
+        None
+    );
+    // Once gone, the name is free: b creates it and owns it.
+    assert_eq!(
+        refs.set_checked(&ns(), &n, z, RefExpect::Absent, b, None)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_not_owner(
+        refs.set_checked(&ns(), &n, x, RefExpect::Any, a, None)
+            .await,
+        &n,
+        z,
+        false,
+    );
+    // Owners are per reference: a's other names are unaffected.
+    let other = name("owned/other");
+    refs.set_checked(&ns(), &other, x, RefExpect::Absent, a, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        refs.set_checked(&ns(), &other, y, RefExpect::Any, a, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+}
+
+/// `Replace::Any` (the `delete` scope) replaces and removes anyone's
+/// reference, and the library's [`Author::LIBRARY`] does too; a replaced
+/// reference belongs to whoever replaced it (the library's to nobody's
+/// write scope). `Replace::Nothing` (write-once) creates and re-sets the
+/// same digest but never replaces or removes, even what it created.
+pub async fn refs_any_replaces_and_nothing_never_does(spec: Spec) {
+    let (_h, refs) = open(spec, "refs_any_replaces_and_nothing_never_does").await;
+    let a = writer("a");
+    let admin = Author {
+        name: Some("admin"),
+        may: Replace::Any,
+    };
+    let once = Author {
+        name: Some("a"),
+        may: Replace::Nothing,
+    };
+    let (n, x, y, z) = (name("shared"), d(11), d(12), d(13));
+    refs.set_checked(&ns(), &n, x, RefExpect::Absent, a, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        refs.set_checked(&ns(), &n, y, RefExpect::Any, admin, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), Some(y));
+    // Now admin's: a's write scope no longer replaces it.
+    assert_not_owner(
+        refs.set_checked(&ns(), &n, z, RefExpect::Any, a, None)
+            .await,
+        &n,
+        y,
+        false,
+    );
+    // The library replaces anything; its rows are nobody's write scope's.
+    assert_eq!(
+        refs.set(&ns(), &n, z, RefExpect::Digest(y)).await.unwrap(),
+        Some(y)
+    );
+    assert_not_owner(
+        refs.set_checked(&ns(), &n, x, RefExpect::Any, a, None)
+            .await,
+        &n,
+        z,
+        false,
+    );
+    assert_not_owner(
+        refs.delete(&ns(), &n, RefExpect::Any, a).await,
+        &n,
+        z,
+        false,
+    );
+    // An author without a name owns nothing either.
+    let anonymous = Author {
+        name: None,
+        may: Replace::Own,
+    };
+    assert_not_owner(
+        refs.set_checked(&ns(), &n, x, RefExpect::Any, anonymous, None)
+            .await,
+        &n,
+        z,
+        false,
+    );
+    assert_eq!(
+        refs.delete(&ns(), &n, RefExpect::Digest(z), admin)
+            .await
+            .unwrap(),
+        Some(z)
+    );
+    assert_eq!(refs.get(&ns(), &n).await.unwrap(), None);
+
+    // Write-once: create, re-set the same digest, never replace.
+    let w = name("release/1.0");
+    assert_eq!(
+        refs.set_checked(&ns(), &w, x, RefExpect::Any, once, None)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        refs.set_checked(&ns(), &w, x, RefExpect::Any, once, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_not_owner(
+        refs.set_checked(&ns(), &w, y, RefExpect::Any, once, None)
+            .await,
+        &w,
+        x,
+        true,
+    );
+    assert_not_owner(
+        refs.delete(&ns(), &w, RefExpect::Any, once).await,
+        &w,
+        x,
+        true,
+    );
+    assert_eq!(refs.get(&ns(), &w).await.unwrap(), Some(x));
+    // The same name's owner (a, by name) may replace it with `Own`.
+    assert_eq!(
+        refs.set_checked(&ns(), &w, y, RefExpect::Any, a, None)
+            .await
+            .unwrap(),
+        Some(x)
+    );
+    assert_conflict(
+        refs.set_checked(&ns(), &w, y, RefExpect::Absent, once, None)
+            .await,
+        &w,
+        Some(y),
     );
 }
