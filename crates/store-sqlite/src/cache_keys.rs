@@ -1,5 +1,5 @@
 //! Cache keys ([`CacheIndex`], ADR-048) in the `cache_keys` table
-//! (schema v4).
+//! (schema v4; owners since v5).
 //!
 //! `record`, `remove`, `touch` and `trim` are jobs of the group-committing
 //! writer thread (like puts and reference writes): each runs inside the
