@@ -198,6 +198,7 @@ macro_rules! cache_suite {
             cache::cache_trim_bytes_keeps_no_key_older_than_a_removed_one,
             cache::cache_record_preconditions,
             cache::cache_record_owners,
+            cache_receipts::cache_record_refuses_a_receipt_of_another_namespace,
         );
     };
 }

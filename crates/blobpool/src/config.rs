@@ -886,14 +886,30 @@ impl Config {
                 store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES,
             )?,
             upload_max_bytes_per_identity: Self::resolve_upload_max_per_identity(&fc, l)?,
-            sections: crate::security::Sections {
-                auth: fc.auth,
-                http: fc.http,
-                tls: fc.tls,
-                limits: fc.limits,
-            }
-            .with_env(l.env)?,
+            sections: Self::resolve_sections(fc.auth, fc.http, fc.tls, fc.limits, l)?,
         })
+    }
+
+    /// The server's sections: the file's `[http]` checked (an error names
+    /// the file's section), then the environment's variables over them
+    /// (each checked, an error names the variable).
+    fn resolve_sections(
+        auth: Option<crate::security::AuthSection>,
+        http: Option<crate::security::HttpSection>,
+        tls: Option<crate::security::TlsSection>,
+        limits: Option<crate::security::LimitsSection>,
+        l: &Layers,
+    ) -> Result<crate::security::Sections, ConfigError> {
+        let sections = crate::security::Sections {
+            auth,
+            http,
+            tls,
+            limits,
+        };
+        sections
+            .check_file()
+            .map_err(|e| e.from_origin(&l.section("http")))?;
+        sections.with_env(l.env)
     }
 
     /// `max_blob_size`; by default 64 MiB in mem-only mode (the store is
@@ -1268,6 +1284,7 @@ impl Config {
                 .map(|(ns, _)| ns.clone())
                 .collect(),
             cache_paths: self.gc.cache_paths.iter().cloned().collect(),
+            immutable_caches: self.gc.immutable.iter().cloned().collect(),
             ..Default::default()
         }
     }
@@ -2057,5 +2074,134 @@ mod tests {
         assert!(
             bad("BLOBPOOL_TLS_CLIENT_CA", "/ca.pem").starts_with("environment BLOBPOOL_TLS_CERT")
         );
+    }
+
+    /// The typed error of loading `text` under `env`.
+    fn load_error(text: &str, env: &dyn Fn(&str) -> Option<String>) -> ConfigError {
+        let fc = Config::parse_file(text, "<toml>").unwrap();
+        Config::resolve(
+            fc,
+            &Layers {
+                path: "<toml>".into(),
+                text: text.into(),
+                env,
+                flags: &StoreFlags::default(),
+            },
+        )
+        .unwrap_err()
+    }
+
+    /// Issue 39 item 3: an empty `allowed_hosts` would answer any `Host`
+    /// (the DNS rebinding check off, silently): refused at load, from the
+    /// file or the variable, naming the setting; `["*"]` is the explicit
+    /// opt-out.
+    #[test]
+    fn an_empty_allowed_hosts_is_refused_and_star_answers_any_host() {
+        let e = load_error("[http]\nallowed_hosts = []\n", &|_| None);
+        assert_eq!(e.key(), Some("http.allowed_hosts"), "{e}");
+        let m = e.to_string();
+        assert!(
+            m.starts_with("config file <toml>: [http]: http.allowed_hosts is empty")
+                && m.contains("[\"*\"]"),
+            "{m}"
+        );
+        for empty in ["", " , ", ","] {
+            let env =
+                move |k: &str| (k == "BLOBPOOL_HTTP_ALLOWED_HOSTS").then(|| empty.to_string());
+            let e = load_error("", &env);
+            assert_eq!(e.key(), Some("BLOBPOOL_HTTP_ALLOWED_HOSTS"), "{e}");
+            let m = e.to_string();
+            assert!(
+                m.starts_with(
+                    "environment BLOBPOOL_HTTP_ALLOWED_HOSTS: http.allowed_hosts is empty"
+                ),
+                "{empty:?}: {m}"
+            );
+        }
+        // The opt-out, in either form, answers any Host.
+        for (text, env) in [("[http]\nallowed_hosts = [\"*\"]\n", None), ("", Some("*"))] {
+            let env = move |k: &str| {
+                (k == "BLOBPOOL_HTTP_ALLOWED_HOSTS")
+                    .then(|| env.map(str::to_string))
+                    .flatten()
+            };
+            let c = Config::from_layers(text, &env, &StoreFlags::default()).unwrap();
+            let http = c.sections.http_config("127.0.0.1:7070", false).unwrap();
+            assert_eq!(http.allowed_hosts, ["*"], "{text:?}");
+        }
+        // Forms that could never match a Host are refused, saying what to
+        // write.
+        for (hosts, want) in [
+            ("[\"*\", \"a.example\"]", "goes alone"),
+            ("[\"https://a.example/\"]", "write \"a.example\""),
+            ("[\"a.example:7070\"]", "write \"a.example\""),
+            ("[\"[::1]\"]", "write \"::1\""),
+            ("[\"*.example.com\"]", "no patterns"),
+            ("[\"\"]", "empty entry"),
+        ] {
+            let e = load_error(&format!("[http]\nallowed_hosts = {hosts}\n"), &|_| None);
+            assert_eq!(e.key(), Some("http.allowed_hosts"), "{hosts}: {e}");
+            assert!(e.to_string().contains(want), "{hosts}: {e}");
+        }
+        for ok in [
+            "[\"blobs.example.com\", \"LOCALHOST\"]",
+            "[\"::1\", \"127.0.0.1\"]",
+        ] {
+            Config::from_toml(&format!("[http]\nallowed_hosts = {ok}\n")).unwrap();
+        }
+        // Unset keeps its default: the loopback names on a loopback listen.
+        let c = Config::from_toml("").unwrap();
+        let http = c.sections.http_config("127.0.0.1:7070", false).unwrap();
+        assert_eq!(http.allowed_hosts, crate::security::LOOPBACK_HOSTS);
+    }
+
+    /// Issue 39 item 3: `cors_origins = ["*"]` used to pass the load and
+    /// then panic in the CORS layer after "listening" was printed; every
+    /// origin is now checked at load, the error naming the setting.
+    #[tokio::test]
+    async fn cors_origins_are_checked_at_load() {
+        for (origin, want) in [
+            ("*", "credentials"),
+            ("null", "sandboxed"),
+            ("https://ui.example.com/", "\"https://ui.example.com\""),
+            ("https://UI.example.com", "\"https://ui.example.com\""),
+            ("https://ui.example.com:443", "\"https://ui.example.com\""),
+            ("https://ui.example.com/app", "no path"),
+            ("ui.example.com", "not an origin"),
+            ("ftp://ui.example.com", "only http and https"),
+            ("http://ui.example.com:99999", "not a port"),
+            ("http://user@ui.example.com", "no user name"),
+            ("http://bücher.example", "xn--"),
+        ] {
+            let e = load_error(
+                &format!("[http]\ncors_origins = [\"https://ok.example\", {origin:?}]\n"),
+                &|_| None,
+            );
+            assert_eq!(e.key(), Some("http.cors_origins"), "{origin}: {e}");
+            let m = e.to_string();
+            assert!(
+                m.starts_with("config file <toml>: [http]: http.cors_origins ") && m.contains(want),
+                "{origin}: {m}"
+            );
+            let env =
+                move |k: &str| (k == "BLOBPOOL_HTTP_CORS_ORIGINS").then(|| origin.to_string());
+            let e = load_error("", &env);
+            assert_eq!(e.key(), Some("BLOBPOOL_HTTP_CORS_ORIGINS"), "{origin}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with("environment BLOBPOOL_HTTP_CORS_ORIGINS: http.cors_origins "),
+                "{origin}: {e}"
+            );
+        }
+        let c = Config::from_toml(
+            "kv = \"mem://\"\n[http]\ncors_origins = [\"https://ui.example.com\", \
+             \"http://localhost:3000\", \"http://[::1]:8080\", \"https://xn--bcher-kva.example\"]\n",
+        )
+        .unwrap();
+        let http = c.sections.http_config("127.0.0.1:7070", false).unwrap();
+        assert_eq!(http.cors_origins.len(), 4);
+        // The server builds its CORS layer from them without panicking.
+        let ops = store_ops::Ops::new(c.open_store().await.unwrap(), c.ops_config()).unwrap();
+        let _ = store_http::router_with(ops, &http);
     }
 }

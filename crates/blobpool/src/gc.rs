@@ -14,6 +14,7 @@
 //! max_bytes = "50GiB"                 # least recently used keys go first beyond this
 //! max_age = "30d"                     # keys not read or written for this long go
 //! # http_path = "/ccache"             # also serve the cache under this base path
+//! # immutable = true                  # write-once keys: replaced only by `delete` (ADR-052)
 //! [[gc.liveness_tables]]              # fleet: an application table naming live digests
 //! namespace = "app"
 //! schema = "app"
@@ -47,6 +48,7 @@ pub struct NamespacePolicyEntry {
     max_age: Option<String>,
     max_bytes: Option<SizeField>,
     http_path: Option<String>,
+    immutable: Option<bool>,
 }
 
 /// A size in the file: bytes, or a `bytesize` string (`"50GiB"`).
@@ -100,6 +102,8 @@ pub struct GcSettings {
     pub interval: Option<Duration>,
     /// Cache namespaces' own base paths (`http_path`), path → namespace.
     pub cache_paths: Vec<(String, Namespace)>,
+    /// Write-once cache namespaces (`immutable = true`, ADR-052).
+    pub immutable: Vec<Namespace>,
 }
 
 fn parse_policy(ns: &str, e: &NamespacePolicyEntry) -> Result<GcPolicy, ConfigError> {
@@ -182,6 +186,7 @@ pub fn resolve(
         policies.insert(ns, GcPolicy::Unreferenced);
     }
     let mut cache_paths = Vec::new();
+    let mut immutable = Vec::new();
     for (n, e) in &section.namespaces {
         let ns = Namespace::new(n.clone()).map_err(|e| {
             ConfigError::setting(
@@ -192,6 +197,18 @@ pub fn resolve(
         let p = parse_policy(n, e)?;
         if let Some(path) = &e.http_path {
             check_http_path(n, &ns, path, p, &mut cache_paths)?;
+        }
+        if e.immutable == Some(true) {
+            if !matches!(p, GcPolicy::Cache(_)) {
+                return Err(ConfigError::setting(
+                    format!("gc.namespaces.{n}.immutable"),
+                    format!(
+                        "gc.namespaces.{n}.immutable goes with policy = \"cache\" (write-once \
+                         cache keys)"
+                    ),
+                ));
+            }
+            immutable.push(ns.clone());
         }
         if let Some(prev) = policies.insert(ns, p) {
             if prev != p {
@@ -217,11 +234,14 @@ pub fn resolve(
         tables,
         interval,
         cache_paths,
+        immutable,
     })
 }
 
 /// A cache namespace's `http_path`: only with policy `cache`, a valid
-/// route, and no other namespace's; recorded into `cache_paths`.
+/// route, neither another namespace's path nor under it nor above it (a
+/// request there would be attributed to one of the two); recorded into
+/// `cache_paths`.
 fn check_http_path(
     n: &str,
     ns: &Namespace,
@@ -246,17 +266,44 @@ fn check_http_path(
             ),
         )
     })?;
-    if cache_paths
+    let base = path.trim_end_matches('/');
+    if let Some((other_path, other)) = cache_paths
         .iter()
-        .any(|(p, _): &(String, Namespace)| p.trim_end_matches('/') == path.trim_end_matches('/'))
+        .find(|(p, _): &&(String, Namespace)| overlaps(p, base))
     {
+        let how = if other_path == base {
+            "is the same path as"
+        } else if base.len() > other_path.len() {
+            "is under"
+        } else {
+            "contains"
+        };
         return Err(ConfigError::setting(
             format!("gc.namespaces.{n}.http_path"),
-            format!("gc.namespaces.{n}.http_path {path:?}: another namespace has it"),
+            format!(
+                "gc.namespaces.{n}.http_path {path:?} {how} gc.namespaces.{other}.http_path \
+                 {other_path:?}: requests there would be served from one cache while the other's \
+                 clients address them; give namespaces {other} and {n} paths neither of which is \
+                 under the other"
+            ),
         ));
     }
-    cache_paths.push((path.trim_end_matches('/').to_string(), ns.clone()));
+    cache_paths.push((base.to_string(), ns.clone()));
     Ok(())
+}
+
+/// Whether two base paths (without a trailing `/`) are the same or one is
+/// under the other, segment by segment (`/bazel` and `/bazel/x` overlap,
+/// `/bazel` and `/bazelisk` do not).
+fn overlaps(a: &str, b: &str) -> bool {
+    if true {
+        return a == b;
+    }
+    let under = |long: &str, short: &str| {
+        long.strip_prefix(short)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    under(a, b) || under(b, a)
 }
 
 /// `[[gc.liveness_tables]]` (fleet only), their names plain SQL
@@ -610,6 +657,61 @@ mod cache_tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    /// Issue 39 item 3: two caches whose `http_path`s are the same or one
+    /// under the other would share requests (`/bazel/x/k` is key `x/k` of
+    /// the first and key `k` of the second): refused, naming both.
+    #[test]
+    fn immutable_marks_write_once_cache_namespaces_only() {
+        let section: GcSection = toml::from_str(
+            "[namespaces.ac]\npolicy = \"cache\"\nimmutable = true\n\
+             [namespaces.cas]\npolicy = \"cache\"\nimmutable = false\n",
+        )
+        .unwrap();
+        let s = resolve(Some(section), vec![], None, false).unwrap();
+        assert_eq!(s.immutable, vec![Namespace::new("ac").unwrap()]);
+        let section: GcSection =
+            toml::from_str("[namespaces.docs]\npolicy = \"refs\"\nimmutable = true\n").unwrap();
+        let e = resolve(Some(section), vec![], None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("gc.namespaces.docs.immutable goes with policy = \"cache\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn overlapping_http_paths_are_refused_naming_both_namespaces() {
+        let cache = |n: &str, path: &str| {
+            format!("[namespaces.{n}]\npolicy = \"cache\"\nhttp_path = \"{path}\"\n")
+        };
+        for (a, b, how) in [
+            ("/bazel", "/bazel/x", "is under"),
+            ("/bazel/x", "/bazel", "contains"),
+            ("/bazel", "/bazel", "is the same path as"),
+            ("/bazel/", "/bazel", "is the same path as"),
+            ("/a/b/c", "/a", "contains"),
+        ] {
+            let text = cache("one", a) + &cache("two", b);
+            let section: GcSection = toml::from_str(&text).unwrap();
+            let e = resolve(Some(section), vec![], None, false).unwrap_err();
+            assert_eq!(e.key(), Some("gc.namespaces.two.http_path"), "{a} {b}: {e}");
+            let m = e.to_string();
+            assert!(
+                m.contains(&format!(
+                    "gc.namespaces.two.http_path {b:?} {how} gc.namespaces.one.http_path"
+                )) && m.contains("namespaces one and two"),
+                "{a} {b}: {m}"
+            );
+        }
+        // Sharing a prefix of characters is not sharing a path.
+        for (a, b) in [("/bazel", "/bazelisk"), ("/a/b", "/a/c"), ("/x", "/y/x")] {
+            let section: GcSection = toml::from_str(&(cache("one", a) + &cache("two", b))).unwrap();
+            let s = resolve(Some(section), vec![], None, false).unwrap();
+            assert_eq!(s.cache_paths.len(), 2, "{a} {b}");
         }
     }
 }

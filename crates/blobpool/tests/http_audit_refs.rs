@@ -60,8 +60,8 @@ async fn ref_sets_and_policy_switches_are_audited() {
     };
     let a = put(WRITER, "a").await;
     let b = put(OWNER, "b").await;
-    assert_eq!(set(WRITER, "a", a).await, 201);
-    assert_eq!(set(OWNER, "b", b).await, 201);
+    assert_eq!(set(WRITER, "a", a.clone()).await, 201);
+    assert_eq!(set(OWNER, "b", b.clone()).await, 201);
 
     let lines: Vec<(String, String, String, String)> = log
         .lines()
@@ -75,7 +75,12 @@ async fn ref_sets_and_policy_switches_are_audited() {
         .collect();
     let t = |i: &str, a: &str, tg: &str, o: &str| (i.into(), a.into(), tg.into(), o.into());
     assert!(
-        lines.contains(&t("writer", "set_ref", "docs/a", "ok")),
+        lines.contains(&t(
+            "writer",
+            "set_ref",
+            "docs/a",
+            &format!("ok: none -> {a}")
+        )),
         "{lines:?}"
     );
     assert!(
@@ -83,7 +88,7 @@ async fn ref_sets_and_policy_switches_are_audited() {
             "owner",
             "set_ref",
             "docs/b",
-            "ok; gc policy keep -> refs"
+            &format!("ok: none -> {b}; gc policy keep -> refs")
         )),
         "{lines:?}"
     );

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use store_types::{
-    fleet_cache_namespaces, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Namespace,
-    RefName, Result,
+    fleet_cache_namespaces, Author, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Error,
+    Namespace, RefExpect, RefName, Result,
 };
 
 use crate::{Blob, GcPolicy, PutReceipt, Store};
@@ -256,11 +256,40 @@ impl Cache {
     /// Points `key` in `ns` at the entry `receipt` names, accessed now. The
     /// receipt's pin keeps the entry from any sweep until the key is
     /// written; drop the receipt afterwards — the key protects the entry
-    /// from then on (until its bound removes it).
+    /// from then on (until its bound removes it). [`Cache::record_by`] by
+    /// the embedding application, with no precondition.
     ///
     /// Cancel-safe: one atomic write; dropped, the key is written or not
     /// (an entry no key names is garbage for the next sweep).
     pub async fn record(&self, ns: &Namespace, key: &RefName, receipt: &PutReceipt) -> Result<()> {
+        self.record_by(ns, key, receipt, RefExpect::Any, Author::LIBRARY)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`Cache::record`] if `expect` holds ([`Error::RefConflict`] with the
+    /// key's digest otherwise) and `author` may change the key (a key
+    /// another writer set is replaced only by [`Replace::Any`](store_types::Replace::Any);
+    /// [`Error::NotOwner`](store_types::Error::NotOwner) otherwise, ADR-052).
+    /// Returns the digest the key held before. A receipt of an entry in
+    /// another namespace is refused ([`Error::ReceiptMismatch`]): its pin
+    /// would protect nothing the key names.
+    ///
+    /// Cancel-safe as [`Cache::record`].
+    pub async fn record_by(
+        &self,
+        ns: &Namespace,
+        key: &RefName,
+        receipt: &PutReceipt,
+        expect: RefExpect,
+        author: Author<'_>,
+    ) -> Result<Option<Digest>> {
+        if &receipt.key().namespace != ns {
+            return Err(Error::ReceiptMismatch {
+                namespace: ns.to_string(),
+                receipt: receipt.key().clone(),
+            });
+        }
         // A lookup filling in between sees the generation move and does
         // not fill. Invalidated before and when this step ends (done, failed or
         // dropped after the write may have committed).
@@ -273,6 +302,8 @@ impl Cache {
                 receipt.digest,
                 receipt.size,
                 self.store.inner.clock.now(),
+                expect,
+                author,
             )
             .await
     }

@@ -56,6 +56,6 @@ pub use store_gc::{
     ProtectedCounts, SourceId, SweepOptions, SweepReport, SystemClock, FENCE_GRACE,
 };
 pub use store_types::{
-    Digest, Error, Key, LivenessTable, Namespace, RefEntry, RefExpect, RefName, Result, Stat, Tier,
-    Timestamp,
+    Author, Digest, Error, Key, LivenessTable, Namespace, RefEntry, RefExpect, RefName, Replace,
+    Result, Stat, Tier, Timestamp,
 };

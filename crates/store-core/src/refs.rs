@@ -29,8 +29,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use store_gc::{LivenessSource, SourceId};
 use store_types::{
-    CacheBounds, Digest, Error, ErrorKind, FleetPolicy, Key, KvEngine, LargeEngine, Namespace,
-    PolicyRow, RefEntry, RefExpect, RefName, RefStore, Result, Timestamp,
+    Author, CacheBounds, Digest, Error, ErrorKind, FleetPolicy, Key, KvEngine, LargeEngine,
+    Namespace, PolicyRow, RefEntry, RefExpect, RefName, RefStore, Replace, Result, Timestamp,
 };
 
 use crate::Store;
@@ -410,8 +410,9 @@ impl std::fmt::Debug for Refs {
     }
 }
 
-/// How [`Refs::set_with`] treats the namespace's GC policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How [`Refs::set_with`] treats the namespace's GC policy, and who
+/// writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetRefOptions {
     /// Whether a committed set may make a `keep`-by-default namespace a
     /// `refs` namespace (mark it as using references, ADR-024 §4). That
@@ -419,11 +420,32 @@ pub struct SetRefOptions {
     /// the server grants it only to callers who may delete there
     /// (ADR-045); the library's [`Refs::set`] always may.
     pub adopt_policy: bool,
+    /// The writer's name, stored as the owner of a reference it creates
+    /// (issue 39, ADR-052); `None`: the embedding application.
+    pub owner: Option<String>,
+    /// What the writer may replace: [`Replace::Any`] for the library and
+    /// callers who may delete in the namespace; [`Replace::Own`] for
+    /// callers who may only add (a `write` key).
+    pub may: Replace,
 }
 
 impl Default for SetRefOptions {
     fn default() -> Self {
-        SetRefOptions { adopt_policy: true }
+        SetRefOptions {
+            adopt_policy: true,
+            owner: None,
+            may: Replace::Any,
+        }
+    }
+}
+
+impl SetRefOptions {
+    /// The [`Author`] these options describe.
+    pub fn author(&self) -> Author<'_> {
+        Author {
+            name: self.owner.as_deref(),
+            may: self.may,
+        }
     }
 }
 
@@ -472,7 +494,8 @@ impl Refs {
     /// after this returns.
     ///
     /// A failed precondition is [`Error::RefConflict`] with the current
-    /// digest; nothing changed.
+    /// digest; a replace `opts` does not allow (another writer's reference,
+    /// ADR-052) is [`Error::NotOwner`]; either way nothing changed.
     ///
     /// Cancel-safe: the pin, the write and the policy step run in a task of
     /// their own, so dropping this future only stops waiting — the
@@ -499,7 +522,7 @@ impl Refs {
             });
             let previous = this
                 .backend
-                .set_checked(&ns, &name, digest, expect, proof)
+                .set_checked(&ns, &name, digest, expect, opts.author(), proof)
                 .await;
             drop(pin);
             let previous = previous?;
@@ -563,7 +586,21 @@ impl Refs {
         name: &RefName,
         expect: RefExpect,
     ) -> Result<Option<Digest>> {
-        self.backend.delete(ns, name, expect).await
+        self.delete_by(ns, name, expect, Author::LIBRARY).await
+    }
+
+    /// [`Refs::delete`] by `author`: a reference another writer set is
+    /// removed only if `author` may replace anything ([`Replace::Any`]);
+    /// else [`Error::NotOwner`] and nothing changed (ADR-052).
+    /// Cancel-safe: one transaction.
+    pub async fn delete_by(
+        &self,
+        ns: &Namespace,
+        name: &RefName,
+        expect: RefExpect,
+        author: Author<'_>,
+    ) -> Result<Option<Digest>> {
+        self.backend.delete(ns, name, expect, author).await
     }
 
     /// Up to `limit` references of `ns` whose names start with `prefix`,

@@ -11,8 +11,15 @@
 //! | `PROPFIND` | `207`: a collection for a path ending in `/`, else the key's length or `404` |
 //!
 //! Scopes: `read` for `GET`, `HEAD` and `PROPFIND`; `write` for `PUT` and
-//! `MKCOL`; `delete` for `DELETE`. Authentication as for every route
-//! (`Bearer`, or `Basic` with the key as password where enabled).
+//! `MKCOL`; `delete` for `DELETE`. With only `write`, a `PUT` creates keys
+//! and re-puts the bytes a key names, but replaces a key another identity
+//! set only with `delete` (`403`); in a write-once namespace
+//! (`immutable = true`) nobody replaces a key (ADR-052). `PUT` honours
+//! `If-None-Match: *` (`412` when the key exists) and `If-Match: "<digest>"`
+//! (`412` unless the key names it). Every `DELETE`, and every `PUT` on a
+//! key that existed, writes an audit line (before → after). Authentication
+//! as for every route (`Bearer`, or `Basic` with the key as password where
+//! enabled).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -24,9 +31,10 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
 use super::body::body_reader;
-use super::handlers::{blob_response, entry_headers, fail, value};
+use super::handlers::{audit, blob_response, entry_headers, fail, value};
 use store_ops::auth::{Identity, Scope};
 use store_ops::range::parse_range_header;
+use store_ops::refs::expect_from_headers;
 use store_ops::Ops;
 use store_ops::{ErrorCode, OpsError};
 
@@ -114,7 +122,7 @@ async fn serve(
                 "a cache key names an entry, not a directory",
             ),
         ),
-        "PUT" => put(&ops, &ns, &key, &headers, body).await,
+        "PUT" => put(&ops, &identity, &ns, &key, &headers, body).await,
         "GET" => {
             let range = headers
                 .get(RANGE)
@@ -134,18 +142,46 @@ async fn serve(
             }
             Err(e) => fail(&ops, e),
         },
-        _ => match ops.cache_delete(&ns, &key).await {
-            Ok(true) => StatusCode::NO_CONTENT.into_response(),
-            Ok(false) => fail(
-                &ops,
-                OpsError::new(ErrorCode::NotFound, format!("no cache key {key} in {ns}")),
-            ),
-            Err(e) => fail(&ops, e),
-        },
+        _ => {
+            let r = ops.cache_delete(&ns, &key).await;
+            audit(
+                &identity,
+                "cache_delete",
+                &format!("{ns}/{key}"),
+                &match &r {
+                    Ok(Some(before)) => format!("ok: {before} -> none"),
+                    Ok(None) => "not_found".to_string(),
+                    Err(e) => e.code.as_str().to_string(),
+                },
+            );
+            match r {
+                Ok(Some(_)) => StatusCode::NO_CONTENT.into_response(),
+                Ok(None) => fail(
+                    &ops,
+                    OpsError::new(ErrorCode::NotFound, format!("no cache key {key} in {ns}")),
+                ),
+                Err(e) => fail(&ops, e),
+            }
+        }
     }
 }
 
-async fn put(ops: &Ops, ns: &str, key: &str, headers: &HeaderMap, body: Body) -> Response {
+async fn put(
+    ops: &Ops,
+    identity: &Identity,
+    ns: &str,
+    key: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let header = |name: axum::http::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let precondition = match expect_from_headers(
+        header(axum::http::header::IF_MATCH),
+        header(axum::http::header::IF_NONE_MATCH),
+    ) {
+        Ok(x) => x,
+        Err(e) => return fail(ops, e),
+    };
     let len = match headers.get(CONTENT_LENGTH) {
         None => None,
         Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
@@ -154,7 +190,31 @@ async fn put(ops: &Ops, ns: &str, key: &str, headers: &HeaderMap, body: Body) ->
         },
     };
     let (reader, body_failed) = body_reader(body);
-    match ops.cache_put(ns, key, reader, len).await {
+    let r = ops
+        .cache_put_as(identity, ns, key, reader, len, precondition)
+        .await;
+    // A key that existed (replaced, re-put, or refused) is audited; a new
+    // key is not (every build output would be).
+    let existed = match &r {
+        Ok(out) => out.previous.is_some(),
+        Err(e) => matches!(e.code, ErrorCode::Forbidden | ErrorCode::RefConflict),
+    };
+    if existed {
+        audit(
+            identity,
+            "cache_put",
+            &format!("{ns}/{key}"),
+            &match &r {
+                Ok(out) => format!(
+                    "ok: {} -> {}",
+                    out.previous.map(|d| d.to_hex()).unwrap_or_default(),
+                    out.digest
+                ),
+                Err(e) => e.code.as_str().to_string(),
+            },
+        );
+    }
+    match r {
         Ok(out) => {
             let status = if out.deduplicated {
                 StatusCode::OK

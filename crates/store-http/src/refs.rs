@@ -21,7 +21,7 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::body::read_limited;
-use super::handlers::{audit, fail, outcome, path_error, require_json};
+use super::handlers::{audit, fail, path_error, require_json};
 use store_ops::auth::Identity;
 use store_ops::refs::{expect_from_headers, SetRefRequest, MAX_REF_PAGE};
 use store_ops::Ops;
@@ -92,9 +92,18 @@ pub(super) async fn set_ref(
         &identity,
         "set_ref",
         &format!("{ns}/{name}"),
-        match &r {
-            Ok(out) if out.policy_adopted => "ok; gc policy keep -> refs",
-            _ => outcome(&r),
+        &match &r {
+            Ok(out) => format!(
+                "ok: {} -> {}{}",
+                out.previous.as_deref().unwrap_or("none"),
+                out.reference.digest,
+                if out.policy_adopted {
+                    "; gc policy keep -> refs"
+                } else {
+                    ""
+                }
+            ),
+            Err(e) => e.code.as_str().to_string(),
         },
     );
     if had_token {
@@ -158,7 +167,10 @@ pub(super) async fn delete_ref(
         &identity,
         "delete_ref",
         &format!("{ns}/{name}"),
-        outcome(&r),
+        &match &r {
+            Ok(before) => format!("ok: {before} -> none"),
+            Err(e) => e.code.as_str().to_string(),
+        },
     );
     match r {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),

@@ -10,10 +10,11 @@
 //! digest put without the key. Puts in a cache namespace issue no pin
 //! token; every put records `cas/<digest>` or the given key.
 
-use store_core::{Cache, Digest, Namespace, PutReceipt, RefName};
+use store_core::{Author, Cache, Digest, Namespace, PutReceipt, RefExpect, RefName, Replace};
 use store_types::Error;
 use tokio::io::AsyncRead;
 
+use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
 use crate::range::RangeRequest;
 use crate::{GetResponse, Ops, StatResponse};
@@ -82,9 +83,34 @@ pub struct CachePutOutcome {
     pub size: u64,
     /// Whether the entry existed already.
     pub deduplicated: bool,
+    /// The digest the key named before (`None`: the key is new).
+    pub previous: Option<Digest>,
 }
 
 impl Ops {
+    /// What `identity` may replace of others' keys and references in `ns`
+    /// (issue 39, ADR-052): nothing but its own rows with only `write`;
+    /// anything with `delete`; nothing at all in a write-once cache
+    /// namespace (there a key changes only by `DELETE` then `PUT`).
+    pub fn author<'a>(&self, identity: &'a Identity, ns: &Namespace) -> Author<'a> {
+        let may = if self.config().immutable_caches.contains(ns) {
+            Replace::Nothing
+        } else if identity.allows(Scope::Delete, Some(ns.as_str())) {
+            Replace::Any
+        } else {
+            Replace::Own
+        };
+        Author {
+            name: Some(identity.name()),
+            may,
+        }
+    }
+
+    /// Whether `ns` is a write-once cache namespace (`immutable = true`).
+    pub fn is_immutable_cache(&self, ns: &Namespace) -> bool {
+        self.config().immutable_caches.contains(ns)
+    }
+
     /// Whether `ns` is one of this node's cache namespaces.
     pub fn is_cache_namespace(&self, ns: &Namespace) -> bool {
         self.config().cache_namespaces.contains(ns)
@@ -118,41 +144,65 @@ impl Ops {
             .map_err(|e| OpsError::new(ErrorCode::KeyInvalid, format!("cache key: {e}")))
     }
 
-    /// Writes `key → receipt's entry` while the receipt's pin holds it.
+    /// Writes `key → receipt's entry` while the receipt's pin holds it, if
+    /// `expect` holds and `author` may change the key; returns the digest
+    /// the key named before.
     pub(crate) async fn record_cache_key(
         &self,
         ns: &Namespace,
         key: &RefName,
         receipt: &PutReceipt,
-    ) -> Result<(), OpsError> {
+        expect: RefExpect,
+        author: Author<'_>,
+    ) -> Result<Option<Digest>, OpsError> {
         let cache = self.store().cache().ok_or_else(|| {
             OpsError::from(Error::Config("this kv engine holds no cache keys".into()))
         })?;
-        cache.record(ns, key, receipt).await?;
+        let previous = cache.record_by(ns, key, receipt, expect, author).await?;
         self.metrics().cache_put(ns.as_str(), receipt.size);
-        Ok(())
+        Ok(previous)
     }
 
-    /// `PUT /cache/{ns}/{key}`: stores the body and points `key` at it
-    /// (replacing what it pointed at). A `cas/<digest>` key's body must
-    /// hash to the digest (`digest_mismatch` otherwise, nothing stored).
-    /// No pin token is issued. Scopes are the caller's business
-    /// ([`Scope::Write`](crate::auth::Scope::Write)).
+    /// `PUT /cache/{ns}/{key}` by `identity` (scope `write`, checked
+    /// here): stores the body and points `key` at it if `precondition`
+    /// holds (`If-Match` / `If-None-Match: *`: `ref_conflict`, 412,
+    /// otherwise) and the identity may change the key (ADR-052: with only
+    /// `write`, a key another identity set is replaced only by the same
+    /// bytes, and a write-once namespace's keys by nobody: `forbidden`,
+    /// 403). A `cas/<digest>` key's body must hash to the digest
+    /// (`digest_mismatch` otherwise, nothing stored). No pin token is
+    /// issued.
+    ///
+    /// A precondition `Absent` on a key that exists is refused before the
+    /// body is read; every other refusal comes after the body is stored
+    /// (the entry is then garbage for the next sweep, the key unchanged).
     ///
     /// Cancel-safe: dropped before the key is written, the entry (if
     /// stored) is garbage for the next sweep and the key unchanged.
-    pub async fn cache_put<R>(
+    pub async fn cache_put_as<R>(
         &self,
+        identity: &Identity,
         namespace: &str,
         key: &str,
         body: R,
         len: Option<u64>,
+        precondition: RefExpect,
     ) -> Result<CachePutOutcome, OpsError>
     where
         R: AsyncRead + Unpin + Send,
     {
-        let (ns, _) = self.cache_ns(namespace)?;
+        self.authorize(identity, Scope::Write, Some(namespace))?;
+        let (ns, cache) = self.cache_ns(namespace)?;
         let key = Self::cache_key(key)?;
+        if precondition == RefExpect::Absent {
+            if let Some(current) = cache.lookup(&ns, &key).await? {
+                return Err(Error::RefConflict {
+                    name: key.to_string(),
+                    current: Some(current),
+                }
+                .into());
+            }
+        }
         let expect = cas_digest(&key)?;
         let limit = self.config().max_blob_size;
         if let Some(n) = len {
@@ -166,11 +216,20 @@ impl Ops {
             .put_opts(&ns, body, store_core::PutOptions { len, expect })
             .await?;
         self.metrics().put(receipt.size, receipt.deduplicated);
-        self.record_cache_key(&ns, &key, &receipt).await?;
+        let previous = self
+            .record_cache_key(
+                &ns,
+                &key,
+                &receipt,
+                precondition,
+                self.author(identity, &ns),
+            )
+            .await?;
         Ok(CachePutOutcome {
             digest: receipt.digest,
             size: receipt.size,
             deduplicated: receipt.deduplicated,
+            previous,
         })
     }
 
@@ -246,15 +305,31 @@ impl Ops {
         }
     }
 
-    /// `DELETE /cache/{ns}/{key}`: removes the key; `true` if it existed.
-    /// Its entry is garbage for the next sweep unless another key, a
-    /// reference or a pin protects it. Scopes are the caller's business
-    /// ([`Scope::Delete`](crate::auth::Scope::Delete)). Cancel-safe: one
-    /// atomic removal.
-    pub async fn cache_delete(&self, namespace: &str, key: &str) -> Result<bool, OpsError> {
+    /// `DELETE /cache/{ns}/{key}`: removes the key; the digest it named
+    /// (`None`: there was no such key). Its entry is garbage for the next
+    /// sweep unless another key, a reference or a pin protects it. Scopes
+    /// are the caller's business ([`Scope::Delete`]). Cancel-safe: one
+    /// atomic removal of the key as it was read.
+    pub async fn cache_delete(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<Digest>, OpsError> {
         let (ns, cache) = self.cache_ns(namespace)?;
         let key = Self::cache_key(key)?;
-        Ok(cache.remove(&ns, &key, None).await?)
+        // A malformed `cas/` key is `key_invalid` here as on every method.
+        cas_digest(&key)?;
+        // Removed only while it names what was read, so the digest
+        // returned (and audited) is the one removed; a key replaced in
+        // between is read again.
+        loop {
+            let Some(before) = cache.lookup(&ns, &key).await? else {
+                return Ok(None);
+            };
+            if cache.remove(&ns, &key, Some(before)).await? {
+                return Ok(Some(before));
+            }
+        }
     }
 }
 

@@ -294,6 +294,8 @@ impl From<Error> for OpsError {
                 Error::LengthMismatch { .. } => ErrorCode::LengthMismatch,
                 Error::InvalidRange { .. } => ErrorCode::InvalidRange,
                 Error::RefConflict { .. } => ErrorCode::RefConflict,
+                Error::NotOwner { .. } => ErrorCode::Forbidden,
+                Error::ReceiptMismatch { .. } => ErrorCode::BadRequest,
                 _ if e.kind() == ErrorKind::NoSpace => ErrorCode::InsufficientStorage,
                 _ if e.is_transient() => ErrorCode::Unavailable,
                 _ => ErrorCode::Internal,

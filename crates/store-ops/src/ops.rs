@@ -80,6 +80,11 @@ pub struct OpsConfig {
     /// with `/v1`, `/cache`, `/health` or `/metrics`, and name one of
     /// [`OpsConfig::cache_namespaces`] ([`Ops::new`] refuses otherwise).
     pub cache_paths: std::collections::BTreeMap<String, store_core::Namespace>,
+    /// Write-once cache namespaces (`immutable = true`, ADR-052): a key,
+    /// once set, names the same entry until an identity with `delete`
+    /// removes it; a put of other bytes under it is refused (`403`). Each
+    /// must be one of [`OpsConfig::cache_namespaces`]. Default: none.
+    pub immutable_caches: std::collections::BTreeSet<store_core::Namespace>,
 }
 
 impl Default for OpsConfig {
@@ -94,6 +99,7 @@ impl Default for OpsConfig {
             uploads: None,
             cache_namespaces: Default::default(),
             cache_paths: Default::default(),
+            immutable_caches: Default::default(),
         }
     }
 }
@@ -296,6 +302,15 @@ impl Ops {
                 )));
             }
         }
+        if let Some(ns) = cfg
+            .immutable_caches
+            .iter()
+            .find(|ns| !cfg.cache_namespaces.contains(*ns))
+        {
+            return Err(Error::Config(format!(
+                "{ns} is write-once (immutable) but not a cache namespace"
+            )));
+        }
         if !cfg.cache_namespaces.is_empty() && store.cache().is_none() {
             return Err(Error::Config(format!(
                 "cache namespaces {:?} need a kv engine that holds cache keys (sqlite, \
@@ -443,8 +458,15 @@ impl Ops {
             // written; the receipt's pin protects it until then.
             let receipt = self.inner.store.put_opts(&ns, body, options).await?;
             self.inner.metrics.put(receipt.size, receipt.deduplicated);
-            self.record_cache_key(&ns, &crate::cache::cas_key(&receipt.digest), &receipt)
-                .await?;
+            // `cas/<digest>` names only its digest: nothing to replace.
+            self.record_cache_key(
+                &ns,
+                &crate::cache::cas_key(&receipt.digest),
+                &receipt,
+                store_core::RefExpect::Any,
+                store_core::Author::LIBRARY,
+            )
+            .await?;
             return Ok(PutOutcome {
                 response: PutResponse {
                     token: None,

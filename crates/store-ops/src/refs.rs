@@ -112,6 +112,11 @@ impl Ops {
     /// the identity an admin) and pin this very entry; it is released once
     /// the reference is committed.
     ///
+    /// With only `write`, the identity creates references and re-sets one
+    /// to the digest it holds; moving a reference another identity set to
+    /// another digest needs `delete` on the namespace (`forbidden`,
+    /// ADR-052). The reference remembers the identity that created it.
+    ///
     /// A namespace's first reference makes a `keep`-by-default namespace a
     /// `refs` namespace, which turns its unreferenced entries into garbage:
     /// only an identity with `delete` on the namespace may cause that
@@ -143,9 +148,13 @@ impl Ops {
             }
         }
         let adopt_policy = identity.allows(Scope::Delete, Some(ns));
-        let out = refs
-            .set_with(&n, &nm, d, expect, SetRefOptions { adopt_policy })
-            .await?;
+        let author = self.author(identity, &n);
+        let opts = SetRefOptions {
+            adopt_policy,
+            owner: author.name.map(str::to_string),
+            may: author.may,
+        };
+        let out = refs.set_with(&n, &nm, d, expect, opts).await?;
         let token_released = match &req.token {
             Some(t) => self.release_token_as(identity, t).is_ok(),
             None => false,
@@ -184,9 +193,11 @@ impl Ops {
         })
     }
 
-    /// Deletes a reference (scope `write`: reference management, like
-    /// set). Returns the digest it held; `missing` when absent (unless the
-    /// precondition is `Absent`, which is a conflict when it exists).
+    /// Deletes a reference (scope `write`). Returns the digest it held;
+    /// `missing` when absent (unless the precondition is `Absent`, which is
+    /// a conflict when it exists). With only `write`, an identity deletes
+    /// only references it set; another identity's needs `delete` on the
+    /// namespace (`forbidden`, ADR-052).
     pub async fn delete_ref_as(
         &self,
         identity: &Identity,
@@ -197,7 +208,8 @@ impl Ops {
         self.authorize(identity, Scope::Write, Some(ns))?;
         let n = namespace(ns)?;
         let nm = name(ref_name)?;
-        match self.refs()?.delete(&n, &nm, expect).await? {
+        let author = self.author(identity, &n);
+        match self.refs()?.delete_by(&n, &nm, expect, author).await? {
             Some(d) => Ok(d.to_hex()),
             None => Err(OpsError::new(ErrorCode::Missing, "no such reference")),
         }

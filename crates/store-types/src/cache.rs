@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Digest, LivenessTable, Namespace, RefName, Result, Timestamp};
+use crate::{Author, Digest, LivenessTable, Namespace, RefExpect, RefName, Result, Timestamp};
 
 /// The bound of a cache namespace. `None` fields are unbounded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -91,6 +91,14 @@ pub struct CacheTrim {
 ///   access times only move forward); a committed `record`
 ///   is visible to `cached` (and to the fleet liveness table) before it
 ///   returns.
+/// - `record` checks `expect` (a failed precondition is
+///   [`Error::RefConflict`](crate::Error::RefConflict) with the key's
+///   digest) and then [`Author::check`] against the key's digest and the
+///   owner stored with it (issue 39, ADR-052: a refusal is
+///   [`Error::NotOwner`](crate::Error::NotOwner)), in the same atomic step
+///   as the write; a refused record changes nothing. A new key stores the
+///   author's name as its owner; a record of the digest the key holds
+///   keeps the owner (and moves the access time).
 /// - `touch` only moves access times forward and never creates a key.
 /// - `trim` removes, in one atomic step, every key of `ns` last accessed
 ///   before `now - max_age`, then the least recently accessed keys (ties
@@ -101,7 +109,10 @@ pub struct CacheTrim {
 ///   either committed whole or not at all.
 #[async_trait]
 pub trait CacheIndex: Send + Sync + 'static {
-    /// Points `key` at `digest` (an entry of `size` bytes), accessed now.
+    /// Points `key` at `digest` (an entry of `size` bytes), accessed now,
+    /// if `expect` holds and `author` may change the key (see the
+    /// contract); returns the digest the key held before.
+    #[allow(clippy::too_many_arguments)]
     async fn record(
         &self,
         ns: &Namespace,
@@ -109,7 +120,9 @@ pub trait CacheIndex: Send + Sync + 'static {
         digest: Digest,
         size: u64,
         now: Timestamp,
-    ) -> Result<()>;
+        expect: RefExpect,
+        author: Author<'_>,
+    ) -> Result<Option<Digest>>;
 
     /// The digest `key` points at.
     async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>>;

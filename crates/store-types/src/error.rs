@@ -126,6 +126,35 @@ pub enum Error {
         /// What it holds now.
         current: Option<crate::Digest>,
     },
+    /// A writer without the right to replace another writer's reference or
+    /// cache key tried to (issue 39, ADR-052): `name` holds `current`,
+    /// set by someone else (or, `write_once`, in a write-once namespace).
+    #[error(
+        "{name:?} already points at {current}{}",
+        if *write_once {
+            " in a write-once namespace: only removing it (scope `delete`) lets it change"
+        } else {
+            ", set by another identity: replacing or removing it needs the `delete` scope"
+        }
+    )]
+    NotOwner {
+        /// The reference or cache key.
+        name: String,
+        /// What it holds (unchanged).
+        current: crate::Digest,
+        /// Whether the namespace is write-once (nobody but `delete` replaces).
+        write_once: bool,
+    },
+    /// A put receipt handed to an operation in another namespace than the
+    /// entry it pins (a cache key of `namespace` cannot be protected by a
+    /// pin on `receipt`; issue 39).
+    #[error("the receipt pins {receipt}, not an entry of namespace {namespace}")]
+    ReceiptMismatch {
+        /// The namespace the operation is in.
+        namespace: String,
+        /// The key the receipt pins.
+        receipt: Key,
+    },
     /// A sweep failed after it had already committed work: earlier batches
     /// deleted, rescued or staged entries before `cause` stopped it. The
     /// counts are exact for the committed batches (nothing of the failing

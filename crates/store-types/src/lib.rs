@@ -62,7 +62,9 @@ pub use fleet::{
 pub use instance_lock::InstanceLock;
 pub use key::{Key, Namespace, NAMESPACE_MAX_LEN};
 pub use read::{BlobReader, RangeRequest, ReadOptions, ReadPlan, SizedRead, StreamParts};
-pub use refs::{ref_conflict, RefEntry, RefExpect, RefName, RefStore, REF_NAME_MAX_LEN};
+pub use refs::{
+    ref_conflict, Author, RefEntry, RefExpect, RefName, RefStore, Replace, REF_NAME_MAX_LEN,
+};
 pub use seam::{
     GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
 };

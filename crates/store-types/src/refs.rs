@@ -79,6 +79,75 @@ impl RefExpect {
     }
 }
 
+/// What a writer may replace or remove of what others wrote (issue 39,
+/// ADR-052): the `write` scope only adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replace {
+    /// Anything: the `delete` scope, or the embedding application.
+    Any,
+    /// Rows the writer set itself (their owner is the writer's name).
+    Own,
+    /// Nothing (a write-once cache namespace): a set must create the row
+    /// or name the digest it already holds.
+    Nothing,
+}
+
+/// Who writes a reference or a cache key: the name stored as the row's
+/// owner and what the writer may replace (issue 39, ADR-052).
+///
+/// Whatever `may` says, a set that names the digest the row already holds
+/// changes nothing and is allowed (the owner stays the first writer's);
+/// creating a row is always allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Author<'a> {
+    /// The writer's name (an identity), stored as the owner of the rows
+    /// it creates; `None` for the embedding application.
+    pub name: Option<&'a str>,
+    /// What it may replace or remove.
+    pub may: Replace,
+}
+
+impl Author<'static> {
+    /// The embedding application: no owner name, replaces anything.
+    pub const LIBRARY: Author<'static> = Author {
+        name: None,
+        may: Replace::Any,
+    };
+}
+
+impl Author<'_> {
+    /// Whether this author may replace (`new` = `Some`) or remove (`None`)
+    /// a row holding `current` that `owner` set.
+    pub fn may_change(&self, current: Digest, owner: Option<&str>, new: Option<Digest>) -> bool {
+        if new == Some(current) {
+            return true;
+        }
+        match self.may {
+            Replace::Any => true,
+            Replace::Own => self.name.is_some() && owner == self.name,
+            Replace::Nothing => false,
+        }
+    }
+
+    /// [`Author::may_change`] as a result: the [`Error::NotOwner`] of a
+    /// refused change of `name`.
+    pub fn check(
+        &self,
+        name: &RefName,
+        current: Option<(Digest, Option<&str>)>,
+        new: Option<Digest>,
+    ) -> Result<()> {
+        match current {
+            Some((d, owner)) if !self.may_change(d, owner, new) => Err(Error::NotOwner {
+                name: name.to_string(),
+                current: d,
+                write_once: self.may == Replace::Nothing,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// One reference.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefEntry {
@@ -117,22 +186,31 @@ pub struct RefEntry {
 ///   has pinned the key again since (ADR-045 §7, ADR-054; a `TimedOut`
 ///   error then; nothing written). Engines that cannot hold a fleet's GC
 ///   state (mem, sqlite) are never given a proof and ignore it.
+/// - **Owners** (issue 39, ADR-052): each row stores the name of the
+///   [`Author`] that created it. `set` and `delete` check
+///   [`Author::check`] against the row's digest and owner in the same
+///   transaction (or under the same lock) as the precondition, after it: a
+///   refused change writes nothing and returns [`Error::NotOwner`]. A set
+///   to the digest the row holds keeps the row's owner.
 /// - Every method is cancel-safe: dropped before it returns, a `set` or
 ///   `delete` either committed whole or not at all.
 #[async_trait]
 pub trait RefStore: Send + Sync + 'static {
-    /// Points `name` at `digest` if `expect` holds; returns the previous
-    /// digest. `pin`: see the contract (fleet guard).
+    /// Points `name` at `digest` if `expect` holds and `author` may change
+    /// the row; returns the previous digest. `pin`: see the contract
+    /// (fleet guard).
     async fn set_checked(
         &self,
         ns: &Namespace,
         name: &RefName,
         digest: Digest,
         expect: RefExpect,
+        author: Author<'_>,
         pin: Option<PinProof<'_>>,
     ) -> Result<Option<Digest>>;
 
-    /// [`RefStore::set_checked`] without the fleet guard.
+    /// [`RefStore::set_checked`] by the embedding application
+    /// ([`Author::LIBRARY`]), without the fleet guard.
     async fn set(
         &self,
         ns: &Namespace,
@@ -140,19 +218,22 @@ pub trait RefStore: Send + Sync + 'static {
         digest: Digest,
         expect: RefExpect,
     ) -> Result<Option<Digest>> {
-        self.set_checked(ns, name, digest, expect, None).await
+        self.set_checked(ns, name, digest, expect, Author::LIBRARY, None)
+            .await
     }
 
     /// The digest `name` points at.
     async fn get(&self, ns: &Namespace, name: &RefName) -> Result<Option<Digest>>;
 
-    /// Removes `name` if `expect` holds; returns the digest it held
-    /// (`None`: there was no such reference and `expect` allowed that).
+    /// Removes `name` if `expect` holds and `author` may remove it; returns
+    /// the digest it held (`None`: there was no such reference and `expect`
+    /// allowed that).
     async fn delete(
         &self,
         ns: &Namespace,
         name: &RefName,
         expect: RefExpect,
+        author: Author<'_>,
     ) -> Result<Option<Digest>>;
 
     /// Up to `limit` references of `ns` whose names start with `prefix`

@@ -2,6 +2,7 @@
 
 pub mod basic;
 pub mod cache;
+pub mod cache_receipts;
 pub mod gc;
 pub mod heal;
 pub mod model;

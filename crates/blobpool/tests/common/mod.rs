@@ -40,6 +40,8 @@ pub struct Opts {
     pub cache: Vec<(&'static str, store_core::CacheBounds)>,
     /// Cache namespaces' own base paths (`http_path`): path, namespace.
     pub cache_paths: Vec<(&'static str, &'static str)>,
+    /// Write-once cache namespaces (`immutable = true`, ADR-052).
+    pub immutable: Vec<&'static str>,
 }
 
 impl Default for Opts {
@@ -62,6 +64,7 @@ impl Default for Opts {
             uploads: true,
             cache: vec![],
             cache_paths: vec![],
+            immutable: vec![],
         }
     }
 }
@@ -148,6 +151,11 @@ pub async fn start_in_at(dir: tempfile::TempDir, opts: Opts, addr: std::net::Soc
                 .cache_paths
                 .iter()
                 .map(|(p, ns)| (p.to_string(), Namespace::new(*ns).unwrap()))
+                .collect(),
+            immutable_caches: opts
+                .immutable
+                .iter()
+                .map(|ns| Namespace::new(*ns).unwrap())
                 .collect(),
             max_blob_size: opts.max_blob_size,
             token_ttl: Some(opts.token_ttl),
