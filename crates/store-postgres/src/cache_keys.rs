@@ -30,9 +30,11 @@
 //! and for every key older than the step (which only `Replace::Any` may
 //! then replace). `record` first tries one `INSERT … ON CONFLICT DO
 //! NOTHING` when its precondition allows an absent key (creating is always
-//! allowed); when the key exists (or must), it runs the references'
-//! protocol in one `READ COMMITTED` transaction: the row is read `FOR
-//! UPDATE`, the precondition and then [`Author::check`] are judged under
+//! allowed), then one `UPDATE … WHERE digest = $new` when it allows the
+//! key to hold the new digest (re-recording it is always allowed and keeps
+//! the owner); otherwise (a replace, or a precondition to report) it
+//! runs the references' protocol in one `READ COMMITTED` transaction: the
+//! row is read `FOR UPDATE`, the precondition and then [`Author::check`] are judged under
 //! that lock (refused: [`Error::RefConflict`](store_types::Error::RefConflict)
 //! or [`Error::NotOwner`](store_types::Error::NotOwner), nothing written),
 //! and the row is updated — a record of the digest it holds keeps its
@@ -135,6 +137,29 @@ impl PgCacheKeys {
         Ok(r.rows_affected() > 0)
     }
 
+    /// Records `key` again if it holds `digest` (its owner kept, its
+    /// access time moved forward); `false` when it does not.
+    async fn rerecord(
+        &self,
+        ns: &Namespace,
+        key: &RefName,
+        digest: Digest,
+        size: u64,
+    ) -> Result<bool> {
+        let r = sqlx::query(self.sql(
+            "UPDATE {schema}.cache_keys SET size = $4, accessed_at = greatest(accessed_at, {now})
+             WHERE namespace = $1 AND key = $2 AND digest = $3",
+        ))
+        .bind(ns.as_str())
+        .bind(key.as_str())
+        .bind(&digest.as_bytes()[..])
+        .bind(to_i64(size))
+        .execute(&self.pool)
+        .await
+        .map_err(db_err)?;
+        Ok(r.rows_affected() > 0)
+    }
+
     /// A `READ COMMITTED` transaction the server ends by itself if its
     /// client goes quiet inside it (as the references' `begin`).
     async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
@@ -231,6 +256,13 @@ impl CacheIndex for PgCacheKeys {
                 .await?
         {
             return Ok(None);
+        }
+        // The digest the key holds: one statement too (always allowed; the
+        // owner stays, the access time moves forward).
+        if (expect == RefExpect::Any || expect == RefExpect::Digest(digest))
+            && self.rerecord(ns, key, digest, size).await?
+        {
+            return Ok(Some(digest));
         }
         for _ in 0..RECORD_ATTEMPTS {
             if let Some(previous) = self
