@@ -8,8 +8,7 @@
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row, SqlStr};
 use store_types::{
-    Digest, Error, ErrorKind, Instance, Key, Namespace, PinGeneration, PinIntent, Result,
-    Timestamp,
+    Digest, Error, ErrorKind, Instance, Key, Namespace, PinGeneration, PinIntent, Result, Timestamp,
 };
 
 pub use crate::error::{db_err, db_err_in};
