@@ -296,9 +296,6 @@ fn check_http_path(
 /// under the other, segment by segment (`/bazel` and `/bazel/x` overlap,
 /// `/bazel` and `/bazelisk` do not).
 fn overlaps(a: &str, b: &str) -> bool {
-    if true {
-        return a == b;
-    }
     let under = |long: &str, short: &str| {
         long.strip_prefix(short)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))

@@ -17,8 +17,10 @@
 //! scopes = ["write"]
 //!
 //! [http]
-//! allowed_hosts = ["blobs.example.com"]  # default: loopback names on a loopback listen
-//! cors_origins = []                 # no CORS unless listed
+//! allowed_hosts = ["blobs.example.com"]  # default: loopback names on a loopback listen, any
+//!                                   #   Host off loopback; [] is refused, ["*"] is any Host
+//! cors_origins = []                 # no CORS unless listed: "https://ui.example.com", as a
+//!                                   #   browser sends it ("*" and "null" are refused)
 //!
 //! [tls]
 //! cert = "/etc/blobpool/cert.pem"
@@ -83,6 +85,124 @@ pub struct HttpSection {
     allowed_hosts: Option<Vec<String>>,
     #[serde(default)]
     cors_origins: Vec<String>,
+}
+
+/// The `http.allowed_hosts` entry that answers any `Host` on purpose.
+pub const ANY_HOST: &str = "*";
+
+impl HttpSection {
+    /// `allowed_hosts` and `cors_origins` as [`check_allowed_hosts`] and
+    /// [`check_cors_origins`] accept them; the error names the setting.
+    fn check(&self) -> Result<(), ConfigError> {
+        if let Some(hosts) = &self.allowed_hosts {
+            check_allowed_hosts(hosts)
+                .map_err(|e| ConfigError::setting("http.allowed_hosts", e))?;
+        }
+        check_cors_origins(&self.cors_origins)
+            .map_err(|e| ConfigError::setting("http.cors_origins", e))
+    }
+}
+
+/// `http.allowed_hosts` as set (in the file or `BLOBPOOL_HTTP_ALLOWED_HOSTS`):
+/// host names as clients write them in URLs (no scheme, port or path), or
+/// `["*"]` alone for any `Host`. Empty is refused: the server would answer
+/// any `Host` and so turn the DNS rebinding check off without saying so
+/// (an unset shell variable passed with `-e` reads as empty).
+pub fn check_allowed_hosts(hosts: &[String]) -> Result<(), Invalid> {
+    if hosts.is_empty() {
+        return Err(Invalid(
+            "http.allowed_hosts is empty, which would answer any Host and turn off the DNS \
+             rebinding check: list the names clients use (e.g. [\"blobs.example.com\"]), \
+             remove the setting for the default (the loopback names on a loopback listen), or \
+             set [\"*\"] to answer any Host on purpose"
+                .into(),
+        ));
+    }
+    let any = hosts.iter().any(|h| h.trim() == ANY_HOST);
+    if any && hosts.len() > 1 {
+        return Err(Invalid(format!(
+            "http.allowed_hosts {hosts:?}: \"*\" answers any Host and goes alone (without it, \
+             only the names listed)"
+        )));
+    }
+    for h in hosts {
+        let t = h.trim();
+        let hint = |why: &str, write: &str| {
+            Invalid(format!(
+                "http.allowed_hosts {h:?}: {why}; write {write:?} (a host name as in the URL, \
+                 which the Host check compares without the port)"
+            ))
+        };
+        if t.is_empty() {
+            return Err(Invalid(
+                "http.allowed_hosts has an empty entry (a host name, or \"*\" alone)".into(),
+            ));
+        }
+        if t == ANY_HOST {
+            continue;
+        }
+        if let Some((_, rest)) = t.split_once("://") {
+            let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+            let host = store_http_host(host);
+            return Err(hint("a host name, not a URL", &host));
+        }
+        if t.contains('/') {
+            return Err(hint(
+                "a host name has no path",
+                t.split('/').next().unwrap_or_default(),
+            ));
+        }
+        if t.contains('*') {
+            return Err(Invalid(format!(
+                "http.allowed_hosts {h:?}: no patterns; list each name, or \"*\" alone for any \
+                 Host"
+            )));
+        }
+        if let Some(c) = t
+            .chars()
+            .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '@' | '?' | '#'))
+        {
+            return Err(Invalid(format!(
+                "http.allowed_hosts {h:?}: {c:?} is not allowed in a host name"
+            )));
+        }
+        let bare = store_http_host(t);
+        if bare != t.to_ascii_lowercase() {
+            return Err(hint(
+                "the Host check compares the bare name (no port, brackets or trailing dot)",
+                &bare,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A `Host` value's name as the server's Host check sees it: no port, no
+/// brackets around an IPv6 address, no trailing dot, lowercase.
+fn store_http_host(authority: &str) -> String {
+    let a = authority.trim();
+    let host = if let Some(rest) = a.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else if a.parse::<std::net::Ipv6Addr>().is_ok() {
+        a
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+            _ => a,
+        }
+    };
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// `http.cors_origins`: each an origin as a browser sends it
+/// ([`store_http::check_cors_origin`]: `"*"` and `"null"` are refused,
+/// and so is a form no browser sends, such as a trailing `/`).
+pub fn check_cors_origins(origins: &[String]) -> Result<(), Invalid> {
+    for o in origins {
+        store_http::check_cors_origin(o)
+            .map_err(|e| Invalid(format!("http.cors_origins {o:?}: {e}")))?;
+    }
+    Ok(())
 }
 
 /// `[tls]`.
@@ -260,6 +380,7 @@ impl Sections {
             Auth::new(keys, certs, anonymous).map_err(|e| ConfigError::setting("auth", e))?
         };
         let http = self.http.clone().unwrap_or_default();
+        http.check()?;
         let allowed_hosts = match http.allowed_hosts {
             Some(h) => h,
             None if is_loopback(listen) => LOOPBACK_HOSTS.iter().map(|s| s.to_string()).collect(),
@@ -431,6 +552,13 @@ fn list(v: &str) -> Vec<String> {
 }
 
 impl Sections {
+    /// Checks the file's `[http]` values that no later step can read
+    /// correctly (see [`check_allowed_hosts`], [`check_cors_origins`]); the
+    /// error names the setting, its origin is the caller's to attach.
+    pub fn check_file(&self) -> Result<(), ConfigError> {
+        self.http.as_ref().map_or(Ok(()), HttpSection::check)
+    }
+
     /// The sections with the `BLOBPOOL_*` variables of
     /// [`SECTION_VARIABLES`] applied over the file's values; an error names
     /// the variable (`environment BLOBPOOL_…: …`).
@@ -440,10 +568,26 @@ impl Sections {
     ) -> Result<Sections, ConfigError> {
         self.auth_env(env)?;
         if let Some(v) = env("BLOBPOOL_HTTP_ALLOWED_HOSTS") {
-            self.http.get_or_insert_with(Default::default).allowed_hosts = Some(list(&v));
+            let hosts = list(&v);
+            check_allowed_hosts(&hosts).map_err(|e| {
+                env_err(
+                    "BLOBPOOL_HTTP_ALLOWED_HOSTS",
+                    if hosts.is_empty() {
+                        format!(
+                            "{e} (the variable's form: `*` or `name,name`; unset it to keep \
+                             the file's)"
+                        )
+                    } else {
+                        e.to_string()
+                    },
+                )
+            })?;
+            self.http.get_or_insert_with(Default::default).allowed_hosts = Some(hosts);
         }
         if let Some(v) = env("BLOBPOOL_HTTP_CORS_ORIGINS") {
-            self.http.get_or_insert_with(Default::default).cors_origins = list(&v);
+            let origins = list(&v);
+            check_cors_origins(&origins).map_err(|e| env_err("BLOBPOOL_HTTP_CORS_ORIGINS", e))?;
+            self.http.get_or_insert_with(Default::default).cors_origins = origins;
         }
         self.tls_env(env)?;
         self.limits_env(env)?;

@@ -102,8 +102,13 @@ fn init_logging(format: LogFormat) {
     };
 }
 
-/// States who may do what, and warns about an open server off loopback.
+/// States who may do what, and warns about an open server off loopback,
+/// about credentials sent in clear text off loopback, and about a Host
+/// check turned off on purpose (`allowed_hosts = ["*"]`).
 fn log_security(cfg: &Config, http: &store_http::HttpConfig) {
+    for warning in security_warnings(cfg, http) {
+        tracing::warn!("{warning}");
+    }
     let tls = match &http.tls {
         None => "off".to_string(),
         Some(t) if t.client_ca.is_some() => format!("on, client certificates {:?}", t.client_auth),
@@ -135,6 +140,36 @@ fn log_security(cfg: &Config, http: &store_http::HttpConfig) {
             cfg.listen
         );
     }
+}
+
+/// The startup warnings about the network-facing configuration, each one
+/// line saying what is exposed and how to fix it.
+fn security_warnings(cfg: &Config, http: &store_http::HttpConfig) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let loopback = crate::security::is_loopback(&cfg.listen);
+    if http.auth.is_enabled() && http.tls.is_none() && !loopback {
+        warnings.push(format!(
+            "auth: API keys over plain HTTP on {}: every request's key (its Authorization \
+             header, or the password of Basic credentials), the pin tokens and the blobs cross \
+             the network in clear text, so anyone on the path can read them and reuse the keys. \
+             Configure [tls] cert and key (BLOBPOOL_TLS_CERT, BLOBPOOL_TLS_KEY), or terminate \
+             TLS in a proxy and listen on 127.0.0.1 or a private interface only it reaches",
+            cfg.listen
+        ));
+    }
+    if http
+        .allowed_hosts
+        .iter()
+        .any(|h| h.trim() == crate::security::ANY_HOST)
+    {
+        warnings.push(
+            "http.allowed_hosts = [\"*\"]: every Host is answered, so the DNS rebinding check \
+             is off and a web page whose name resolves to this server can reach it from a \
+             browser; list the names clients use instead (e.g. [\"blobs.example.com\"])"
+                .to_string(),
+        );
+    }
+    warnings
 }
 
 /// States the pin-token policy at startup; warns when an operator gave
@@ -179,5 +214,52 @@ mod tests {
             .map(|o| String::from_utf8(o.stdout).unwrap().trim().to_string())
             .unwrap_or_default();
         assert_eq!(super::BUILD_GIT_COMMIT, head);
+    }
+
+    /// Issue 39 item 3: keys over plain HTTP off loopback, and a Host check
+    /// turned off on purpose, are warned about at startup (each one line
+    /// saying what is exposed and how to fix it); nothing else is.
+    #[test]
+    fn security_warnings_name_what_is_exposed_and_the_fix() {
+        let key = format!(
+            "[[auth.keys]]\nname = \"ci\"\nhash = \"{}\"\nscopes = [\"read\"]\n",
+            store_ops::auth::hash_key("bpk_x")
+        );
+        let tls = "[tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\n";
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("blobpool.toml");
+        let warnings = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            let cfg = crate::config::Config::load(Some(&file), &|_| None).unwrap();
+            let http = cfg
+                .sections
+                .http_config(&cfg.listen, cfg.insecure_no_auth)
+                .unwrap();
+            super::security_warnings(&cfg, &http)
+        };
+        let w = warnings(&format!("listen = \"0.0.0.0:7070\"\n{key}"));
+        assert_eq!(w.len(), 1, "{w:?}");
+        for part in [
+            "plain HTTP on 0.0.0.0:7070",
+            "clear text",
+            "Authorization",
+            "[tls] cert and key",
+            "proxy",
+        ] {
+            assert!(w[0].contains(part), "{part:?} in {}", w[0]);
+        }
+        for quiet in [
+            format!("listen = \"127.0.0.1:7070\"\n{key}"),
+            format!("listen = \"0.0.0.0:7070\"\n{key}{tls}"),
+            "listen = \"127.0.0.1:7070\"\n".to_string(),
+            format!(
+                "listen = \"0.0.0.0:7070\"\n{key}{tls}[http]\nallowed_hosts = [\"b.example\"]\n"
+            ),
+        ] {
+            assert_eq!(warnings(&quiet), Vec::<String>::new(), "{quiet}");
+        }
+        let w = warnings("[http]\nallowed_hosts = [\"*\"]\n");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("DNS rebinding"), "{}", w[0]);
     }
 }
