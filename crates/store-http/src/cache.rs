@@ -142,27 +142,30 @@ async fn serve(
             }
             Err(e) => fail(&ops, e),
         },
-        _ => {
-            let r = ops.cache_delete(&ns, &key).await;
-            audit(
-                &identity,
-                "cache_delete",
-                &format!("{ns}/{key}"),
-                &match &r {
-                    Ok(Some(before)) => format!("ok: {before} -> none"),
-                    Ok(None) => "not_found".to_string(),
-                    Err(e) => e.code.as_str().to_string(),
-                },
-            );
-            match r {
-                Ok(Some(_)) => StatusCode::NO_CONTENT.into_response(),
-                Ok(None) => fail(
-                    &ops,
-                    OpsError::new(ErrorCode::NotFound, format!("no cache key {key} in {ns}")),
-                ),
-                Err(e) => fail(&ops, e),
-            }
-        }
+        _ => delete(&ops, &identity, &ns, &key).await,
+    }
+}
+
+/// `DELETE`: removes the key, audited with the digest it named.
+async fn delete(ops: &Ops, identity: &Identity, ns: &str, key: &str) -> Response {
+    let r = ops.cache_delete(ns, key).await;
+    audit(
+        identity,
+        "cache_delete",
+        &format!("{ns}/{key}"),
+        &match &r {
+            Ok(Some(before)) => format!("ok: {before} -> none"),
+            Ok(None) => "not_found".to_string(),
+            Err(e) => e.code.as_str().to_string(),
+        },
+    );
+    match r {
+        Ok(Some(_)) => StatusCode::NO_CONTENT.into_response(),
+        Ok(None) => fail(
+            ops,
+            OpsError::new(ErrorCode::NotFound, format!("no cache key {key} in {ns}")),
+        ),
+        Err(e) => fail(ops, e),
     }
 }
 
