@@ -606,6 +606,12 @@ impl Store {
     /// What `tier` stores under `key`, read from storage (never an
     /// engine's in-memory copy) and hashed: what a quarantine would judge.
     /// A deduplicating put asks this before it acknowledges (ADR-053).
+    /// Whether `tier` holds a copy of `key` (its metadata: a stat, no read
+    /// of the bytes), so a put of a new entry pays no read (ADR-053).
+    pub(crate) async fn has_copy(&self, tier: Tier, key: &Key) -> Result<bool> {
+        Ok(self.tier_engine(tier).meta(key).await?.is_some())
+    }
+
     pub(crate) async fn stored_copy(&self, tier: Tier, key: &Key) -> Result<StoredCopy> {
         let engine = self.tier_engine(tier);
         let Some(r) = engine.read_stored(key).await? else {

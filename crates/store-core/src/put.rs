@@ -474,20 +474,29 @@ impl Store {
     /// and hash of it.
     async fn publish_checked(&self, key: &Key, stage: Stage) -> Result<PublishOutcome> {
         let stage = match stage {
-            Stage::Plain(plain) => match self.stored_copy(Tier::Large, key).await {
+            // A stat first: a new entry (the usual put) pays no read. A
+            // copy that appears after it is judged after the publish.
+            Stage::Plain(plain) => match self.has_copy(Tier::Large, key).await {
                 Err(e) => {
                     let _ = plain.abort().await;
                     return Err(e);
                 }
-                Ok(StoredCopy::Corrupt { .. }) => {
-                    let k = key.clone();
-                    let publish = Box::pin(async move { plain.publish(&k).await });
-                    return self.heal_copy(key, Tier::Large, Some(publish)).await;
-                }
-                // The engine deduplicates onto a sound copy (and may give
-                // it the stage's outboard).
-                Ok(StoredCopy::Sound) => return plain.publish(key).await,
-                Ok(StoredCopy::Absent) => Stage::Plain(plain),
+                Ok(false) => Stage::Plain(plain),
+                Ok(true) => match self.stored_copy(Tier::Large, key).await {
+                    Err(e) => {
+                        let _ = plain.abort().await;
+                        return Err(e);
+                    }
+                    Ok(StoredCopy::Corrupt { .. }) => {
+                        let k = key.clone();
+                        let publish = Box::pin(async move { plain.publish(&k).await });
+                        return self.heal_copy(key, Tier::Large, Some(publish)).await;
+                    }
+                    // The engine deduplicates onto a sound copy (and may
+                    // give it the stage's outboard).
+                    Ok(StoredCopy::Sound) => return plain.publish(key).await,
+                    Ok(StoredCopy::Absent) => Stage::Plain(plain),
+                },
             },
             joint @ Stage::Joint(_) => joint,
         };
