@@ -21,13 +21,7 @@ fn b3(s: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_overwrites_deletes_and_ref_moves_are_audited() {
-    let log = Captured::default();
-    let writer = log.clone();
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter("blobpool::audit=info")
-        .with_writer(move || writer.clone())
-        .init();
+    let log = Captured::audit_log();
     let s = start_with_keys(
         vec![
             api_key("a", A, &["read", "write"]),
@@ -109,16 +103,7 @@ async fn cache_overwrites_deletes_and_ref_moves_are_audited() {
         204
     );
 
-    let lines: Vec<(String, String, String, String)> = log
-        .lines()
-        .into_iter()
-        .filter(|l| l["target"] == "blobpool::audit")
-        .map(|l| {
-            let f = &l["fields"];
-            let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
-            (s("identity"), s("action"), s("target"), s("outcome"))
-        })
-        .collect();
+    let lines = log.audit_lines();
     let t = |i: &str, a: &str, tg: &str, o: String| (i.into(), a.into(), tg.into(), o);
     let expected = [
         t(

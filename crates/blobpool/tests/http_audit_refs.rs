@@ -12,13 +12,7 @@ const OWNER: &str = "bpk_audit_refs_owner";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ref_sets_and_policy_switches_are_audited() {
-    let log = Captured::default();
-    let writer = log.clone();
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter("blobpool::audit=info")
-        .with_writer(move || writer.clone())
-        .init();
+    let log = Captured::audit_log();
     let s = start_with_keys(
         vec![
             api_key("writer", WRITER, &["read", "write"]),
@@ -63,16 +57,7 @@ async fn ref_sets_and_policy_switches_are_audited() {
     assert_eq!(set(WRITER, "a", a.clone()).await, 201);
     assert_eq!(set(OWNER, "b", b.clone()).await, 201);
 
-    let lines: Vec<(String, String, String, String)> = log
-        .lines()
-        .into_iter()
-        .filter(|l| l["target"] == "blobpool::audit")
-        .map(|l| {
-            let f = &l["fields"];
-            let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
-            (s("identity"), s("action"), s("target"), s("outcome"))
-        })
-        .collect();
+    let lines = log.audit_lines();
     let t = |i: &str, a: &str, tg: &str, o: &str| (i.into(), a.into(), tg.into(), o.into());
     assert!(
         lines.contains(&t(

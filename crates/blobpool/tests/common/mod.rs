@@ -462,6 +462,33 @@ impl std::io::Write for Captured {
 }
 
 impl Captured {
+    /// Installs the process-wide JSON subscriber for `blobpool::audit`
+    /// lines (once per test binary: one such test per file) and answers
+    /// its sink.
+    pub fn audit_log() -> Captured {
+        let log = Captured::default();
+        let writer = log.clone();
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter("blobpool::audit=info")
+            .with_writer(move || writer.clone())
+            .init();
+        log
+    }
+
+    /// The audit lines captured: (identity, action, target, outcome).
+    pub fn audit_lines(&self) -> Vec<(String, String, String, String)> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l["target"] == "blobpool::audit")
+            .map(|l| {
+                let f = &l["fields"];
+                let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+                (s("identity"), s("action"), s("target"), s("outcome"))
+            })
+            .collect()
+    }
+
     /// Every line captured, parsed as JSON.
     pub fn lines(&self) -> Vec<serde_json::Value> {
         let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
