@@ -141,7 +141,7 @@ impl CacheIndex for SqliteCacheKeys {
         self.engine
             .inner
             .readers
-            .run(move |conn| {
+            .run_inline_first(move |conn| {
                 let mut stmt = conn.prepare_cached(LOOKUP).sql()?;
                 let mut rows = stmt.query((ns.as_str(), key.as_str())).sql()?;
                 match rows.next().sql()? {

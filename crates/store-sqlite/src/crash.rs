@@ -1000,58 +1000,9 @@ unsafe extern "C" fn f_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int
     ffi::SQLITE_OK
 }
 
-macro_rules! forward_file {
-    ($name:ident, $field:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty, $fallback:expr) => {
-        /// Forwarded to the `unix` file.
-        ///
-        /// # Safety
-        ///
-        /// `file` was opened by [`x_open`]; the other arguments are the
-        /// method's, passed on unchanged.
-        unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file, $($arg: $ty),*) -> $ret {
-            // SAFETY: see the function's contract.
-            unsafe {
-                let (inner, m) = inner_of(file);
-                match m.$field {
-                    Some(f) => f(inner, $($arg),*),
-                    None => $fallback,
-                }
-            }
-        }
-    };
-}
-
-forward_file!(f_read, xRead, (buf: *mut c_void, amt: c_int, off: ffi::sqlite3_int64) -> c_int,
-    ffi::SQLITE_IOERR_READ);
-forward_file!(f_file_size, xFileSize, (out: *mut ffi::sqlite3_int64) -> c_int,
-    ffi::SQLITE_IOERR_FSTAT);
-forward_file!(f_lock, xLock, (level: c_int) -> c_int, ffi::SQLITE_IOERR_LOCK);
-forward_file!(f_unlock, xUnlock, (level: c_int) -> c_int, ffi::SQLITE_IOERR_UNLOCK);
-forward_file!(f_check_reserved_lock, xCheckReservedLock, (out: *mut c_int) -> c_int,
-    ffi::SQLITE_IOERR_CHECKRESERVEDLOCK);
-// File controls pass through. The one that can change a file's size,
-// SQLITE_FCNTL_SIZE_HINT, only does so with a chunk size set
-// (SQLITE_FCNTL_CHUNK_SIZE), which the engine never sets.
-forward_file!(f_file_control, xFileControl, (op: c_int, arg: *mut c_void) -> c_int,
-    ffi::SQLITE_NOTFOUND);
-forward_file!(f_sector_size, xSectorSize, () -> c_int, 4096);
-forward_file!(f_device_characteristics, xDeviceCharacteristics, () -> c_int, 0);
-forward_file!(f_shm_map, xShmMap,
-    (region: c_int, size: c_int, extend: c_int, out: *mut *mut c_void) -> c_int,
-    ffi::SQLITE_IOERR_SHMMAP);
-forward_file!(f_shm_lock, xShmLock, (offset: c_int, n: c_int, flags: c_int) -> c_int,
-    ffi::SQLITE_IOERR_SHMLOCK);
-forward_file!(f_shm_barrier, xShmBarrier, () -> (), ());
-forward_file!(f_shm_unmap, xShmUnmap, (delete: c_int) -> c_int, ffi::SQLITE_OK);
-forward_file!(f_fetch, xFetch,
-(off: ffi::sqlite3_int64, amt: c_int, out: *mut *mut c_void) -> c_int,
-{
-    // `out` is writable (xFetch's contract); NULL = no mapping.
-    *out = ptr::null_mut();
-    ffi::SQLITE_OK
-});
-forward_file!(f_unfetch, xUnfetch, (off: ffi::sqlite3_int64, p: *mut c_void) -> c_int,
-    ffi::SQLITE_OK);
+forward_file!(inner_of; f_read, xRead,
+    (buf: *mut c_void, amt: c_int, off: ffi::sqlite3_int64) -> c_int, ffi::SQLITE_IOERR_READ);
+forward_common_file_methods!(inner_of);
 
 #[cfg(test)]
 mod tests {

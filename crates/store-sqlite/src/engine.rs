@@ -58,6 +58,10 @@ fn read_row(conn: &rusqlite::Connection, key: &Key) -> Result<Option<Hot>> {
     .sql()
 }
 
+/// The most digests a `has_many` asks on the calling thread (ADR-055):
+/// a longer query could hold a runtime worker too long.
+const INLINE_HAS_MAX: usize = 16;
+
 impl SqliteEngine {
     /// The engine-state seam: `gc_window` only (ADR-012 §5).
     fn seam(&self) -> GcSeam {
@@ -78,7 +82,7 @@ impl SqliteEngine {
         let len = to_i64(span.end.saturating_sub(span.start));
         self.inner
             .readers
-            .run(move |conn| {
+            .run_inline_first(move |conn| {
                 let mut stmt = conn.prepare_cached(READ_RANGE).sql()?;
                 let content = stmt
                     .query_row(
@@ -105,7 +109,7 @@ impl SqliteEngine {
         let cache = self.inner.cache.clone();
         self.inner
             .readers
-            .run(move |conn| {
+            .run_inline_first(move |conn| {
                 let seen = cache.epoch();
                 let row = read_row(conn, &key)?;
                 if let Some(hot) = &row {
@@ -154,7 +158,7 @@ impl Engine for SqliteEngine {
         let key = key.clone();
         self.inner
             .readers
-            .run(move |conn| {
+            .run_inline_first(move |conn| {
                 let mut stmt = conn.prepare_cached(META).sql()?;
                 let row = stmt
                     .query_row((key.namespace.as_str(), &key.digest.as_bytes()[..]), |r| {
@@ -195,11 +199,15 @@ impl Engine for SqliteEngine {
         }
         let ns = ns.clone();
         let asked: Vec<Digest> = ask.iter().map(|i| digests[*i]).collect();
-        let answer = self
-            .inner
-            .readers
-            .run(move |conn| sql::present_in(conn, "entries", ns.as_str(), &asked))
-            .await?;
+        let readers = &self.inner.readers;
+        let ask_one = move |conn: &rusqlite::Connection| {
+            sql::present_in(conn, "entries", ns.as_str(), &asked)
+        };
+        let answer = if ask.len() <= INLINE_HAS_MAX {
+            readers.run_inline_first(ask_one).await?
+        } else {
+            readers.run(ask_one).await?
+        };
         for (i, a) in ask.into_iter().zip(answer) {
             present[i] = a;
         }

@@ -110,6 +110,9 @@
 
 #![warn(missing_docs)]
 
+#[macro_use]
+mod vfs_forward;
+
 mod cache;
 mod cache_keys;
 #[cfg(feature = "crash-model")]
@@ -117,6 +120,7 @@ pub mod crash;
 mod engine;
 mod error;
 mod instance_lock;
+mod nowait;
 mod reader;
 mod refs;
 mod registration;
@@ -129,6 +133,8 @@ mod writer;
 
 #[cfg(test)]
 mod cache_tests;
+#[cfg(all(test, target_os = "linux"))]
+mod nowait_tests;
 #[cfg(test)]
 mod tests;
 
@@ -280,8 +286,13 @@ impl SqliteEngine {
         let writer_conn = schema::open_writer(path, options.durability, vfs)?;
         let canonical = std::fs::canonicalize(path)
             .map_err(|e| Error::from_io("sqlite: resolve path", e).with_path(path))?;
+        let mut inline = true;
         let readers = (0..options.readers.max(1))
-            .map(|_| schema::open_reader(&canonical, vfs))
+            .map(|_| {
+                let (conn, nowait) = schema::open_reader(&canonical, vfs)?;
+                inline &= nowait;
+                Ok(conn)
+            })
             .collect::<Result<Vec<_>>>()?;
         let writer = Writer::spawn(writer_conn)?;
         let cache = HotCache::register(&canonical, options.cache_bytes);
@@ -291,7 +302,7 @@ impl SqliteEngine {
                 path: canonical,
                 durability: options.durability,
                 writer,
-                readers: Readers::new(readers),
+                readers: Readers::new(readers, inline),
                 cache,
             }),
         })
@@ -331,4 +342,27 @@ impl SqliteEngine {
             lost_transactions: c.lost_transactions.load(Ordering::Relaxed),
         }
     }
+
+    /// How the engine's point reads were answered so far (ADR-055).
+    pub fn read_path(&self) -> ReadPath {
+        let s = self.inner.readers.stats();
+        ReadPath {
+            inline: s.inline.load(Ordering::Relaxed),
+            fell_back: s.fell_back.load(Ordering::Relaxed),
+            pooled: s.pooled.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How point reads (`read`, `meta`, a short `has_many`, reference and
+/// cache-key lookups) were answered, for tests and metrics (ADR-055).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadPath {
+    /// Answered on the calling thread: every page was in memory.
+    pub inline: u64,
+    /// Tried on the calling thread, would have waited for the disk, so run
+    /// again on the blocking pool.
+    pub fell_back: u64,
+    /// Queries run on the blocking pool (fallbacks included).
+    pub pooled: u64,
 }

@@ -7,17 +7,42 @@
 //! connection and the permit go back when the blocking closure ends — even
 //! if the awaiting future was dropped or the closure panicked — so a
 //! cancelled read cannot leak a connection.
+//!
+//! A point read ([`Readers::run_inline_first`]) first tries the calling
+//! thread (ADR-055): when a connection is free at once and the connections
+//! read through the no-wait VFS, the query runs right there inside a
+//! [`nowait::attempt`], which succeeds only if every page it read was in
+//! memory. A query that would have waited for the disk is run again on the
+//! blocking pool as above. The attempt has no `.await`, so there is nothing
+//! to cancel half-way.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rusqlite::Connection;
 use store_types::{Error, Result};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::nowait;
+
 /// A fixed set of read connections.
 pub(crate) struct Readers {
     idle: Mutex<Vec<Connection>>,
     permits: Arc<Semaphore>,
+    /// Whether the connections can run no-wait attempts.
+    inline: bool,
+    stats: ReadPathStats,
+}
+
+/// How point reads were answered (ADR-055).
+#[derive(Default)]
+pub(crate) struct ReadPathStats {
+    /// On the calling thread, every page in memory.
+    pub(crate) inline: AtomicU64,
+    /// Tried inline, would have waited: run again on the blocking pool.
+    pub(crate) fell_back: AtomicU64,
+    /// On the blocking pool (fallbacks included).
+    pub(crate) pooled: AtomicU64,
 }
 
 /// A checked-out connection; returns itself (and then the permit) on drop.
@@ -46,12 +71,59 @@ impl Drop for Lease<'_> {
 
 impl Readers {
     /// A pool over `conns` (at least one).
-    pub(crate) fn new(conns: Vec<Connection>) -> Arc<Self> {
+    /// `inline`: the connections read through the no-wait VFS.
+    pub(crate) fn new(conns: Vec<Connection>, inline: bool) -> Arc<Self> {
         assert!(!conns.is_empty(), "a reader pool needs a connection");
         Arc::new(Readers {
             permits: Arc::new(Semaphore::new(conns.len())),
             idle: Mutex::new(conns),
+            inline,
+            stats: ReadPathStats::default(),
         })
+    }
+
+    /// How point reads were answered so far.
+    pub(crate) fn stats(&self) -> &ReadPathStats {
+        &self.stats
+    }
+
+    /// Runs the point read `f` on the calling thread if a connection is
+    /// free and every page it reads is in memory; otherwise as [`run`](Self::run).
+    /// `f` must be a short, read-only query: it may run twice.
+    pub(crate) async fn run_inline_first<T, F>(self: &Arc<Self>, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(&Connection) -> Result<T> + Send + 'static,
+    {
+        if let Some(done) = self.attempt(&f) {
+            self.stats.inline.fetch_add(1, Ordering::Relaxed);
+            return done;
+        }
+        self.run(f).await
+    }
+
+    /// One no-wait attempt of `f`; `None` when there is no free connection
+    /// or a read would have waited.
+    fn attempt<T>(&self, f: &impl Fn(&Connection) -> Result<T>) -> Option<Result<T>> {
+        if !self.inline {
+            return None;
+        }
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        let conn = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()?;
+        let lease = Lease {
+            pool: self,
+            conn: Some(conn),
+            _permit: permit,
+        };
+        let out = nowait::attempt(|| f(lease.conn.as_ref().expect("leased connection")));
+        if out.is_none() {
+            self.stats.fell_back.fetch_add(1, Ordering::Relaxed);
+        }
+        out
     }
 
     /// Runs `f` on a read connection on the blocking pool.
@@ -64,6 +136,7 @@ impl Readers {
             Error::backend(store_types::ErrorKind::Other, "sqlite: acquire reader").with_source(e)
         })?;
         let pool = self.clone();
+        self.stats.pooled.fetch_add(1, Ordering::Relaxed);
         tokio::task::spawn_blocking(move || {
             let conn = pool
                 .idle

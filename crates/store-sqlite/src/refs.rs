@@ -227,7 +227,7 @@ impl RefStore for SqliteRefs {
         self.engine
             .inner
             .readers
-            .run(move |conn| current(conn, ns.as_str(), name.as_str()))
+            .run_inline_first(move |conn| current(conn, ns.as_str(), name.as_str()))
             .await
     }
 

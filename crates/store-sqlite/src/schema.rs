@@ -8,6 +8,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use store_types::{Error, Result, Timestamp};
 
 use crate::error::{sql_err, SqlResultExt};
+use crate::nowait;
 use crate::Durability;
 
 /// How long a connection waits for another connection's lock (another
@@ -242,13 +243,30 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// Opens a read connection (`query_only`, so a bug cannot write through it).
-pub(crate) fn open_reader(path: &Path, vfs: Option<&str>) -> Result<Connection> {
+/// Opens a read connection (`query_only`, so a bug cannot write through it)
+/// through the VFS named `vfs`, or when `None` through the no-wait VFS
+/// (ADR-055) where there is one. The second value says whether the
+/// connection can run [`nowait::attempt`]s: only through the no-wait VFS,
+/// with SQLite's memory-mapped reads off (a mapped page could fault) and a
+/// busy handler that does not sleep inside an attempt.
+pub(crate) fn open_reader(path: &Path, vfs: Option<&str>) -> Result<(Connection, bool)> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = open_connection(path, flags, vfs)?;
+    let nowait = match vfs {
+        Some(_) => None,
+        None => nowait::name(),
+    };
+    let conn = open_connection(path, flags, vfs.or(nowait))?;
+    conn.busy_handler(Some(reader_busy)).sql()?;
+    conn.pragma_update(None, "mmap_size", 0).sql()?;
     conn.pragma_update(None, "query_only", true).sql()?;
     conn.pragma_update(None, "cache_size", -8 * 1024).sql()?;
-    Ok(conn)
+    Ok((conn, nowait.is_some()))
+}
+
+/// A reader's busy handler: [`BUSY_TIMEOUT`], but never a sleep inside a
+/// no-wait attempt.
+fn reader_busy(count: i32) -> bool {
+    nowait::busy(count, BUSY_TIMEOUT)
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`]; returns the version found
