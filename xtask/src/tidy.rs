@@ -504,7 +504,14 @@ const ROOM_DIRS: [&str; 2] = ["testing", "tests"];
 /// The files of one engine beyond [`ROOMS`]: concerns only it has.
 fn room_extras(krate: &str) -> &'static [&'static str] {
     match krate {
-        "store-sqlite" => &["sql.rs", "cache.rs", "cache_tests.rs"],
+        "store-sqlite" => &[
+            "sql.rs",
+            "cache.rs",
+            "cache_tests.rs",
+            "nowait.rs",
+            "nowait_tests.rs",
+            "vfs_forward.rs",
+        ],
         "store-local" => &["fsio.rs", "cache.rs"],
         "store-postgres" => &["batch.rs", "fence.rs", "fleet.rs", "policy.rs"],
         "store-object" => &["url.rs", "retry.rs"],
