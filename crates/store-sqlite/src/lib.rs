@@ -86,10 +86,14 @@
 //!   statements gets its own savepoint, so one failing job does not fail its
 //!   batch neighbours (details in the `writer` module).
 //! - **Reads** (`meta`, `read`, `has_many`, `scan`, window and reference
-//!   queries) run on tokio's blocking pool with one of [`SqliteOptions::readers`]
-//!   connections. In WAL mode they never wait for the writer, and since a
-//!   write is acknowledged only after its commit, every read that starts
-//!   after an acknowledged write sees it.
+//!   queries) run with one of [`SqliteOptions::readers`] connections. A
+//!   point read first tries the calling thread, through a VFS that refuses
+//!   to wait for the disk (the `nowait` module, ADR-055): it answers there
+//!   when every page it reads is in memory, and otherwise runs again on
+//!   tokio's blocking pool, where every other read runs
+//!   ([`SqliteEngine::read_path`] counts which). In WAL mode reads never
+//!   wait for the writer, and since a write is acknowledged only after its
+//!   commit, every read that starts after an acknowledged write sees it.
 //!
 //! # Durability
 //!
