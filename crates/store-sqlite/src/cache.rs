@@ -20,7 +20,9 @@
 //! waiter, calls [`HotCache::invalidate`] on every cache of the same file in
 //! this process. Invalidation and insertion serialise on a small gate:
 //!
-//! - an invalidation bumps the cache's epoch and removes the keys;
+//! - an invalidation bumps the cache's epoch (under the gate), then
+//!   removes the keys (outside it, so a sweep's large invalidation never
+//!   holds up a read's insertion);
 //! - a read loads the epoch *before* its query and inserts what it found
 //!   only if the epoch is unchanged, under the gate.
 //!
@@ -150,9 +152,17 @@ impl HotCache {
         }
     }
 
+    /// Bumps the epoch under the gate, then removes the keys outside it:
+    /// an offer that checked the epoch before the bump inserted before it
+    /// (and is removed here); one that checks after it sees the bump; and a
+    /// read that loads the bumped epoch began its query after the delete's
+    /// commit, so it cannot find a deleted row to offer. So reads' offers
+    /// never wait while a sweep's delete removes its keys (ADR-058).
     fn invalidate_here(&self, keys: &[Key]) {
-        let _gate = lock(&self.gate);
-        self.epoch.fetch_add(1, Ordering::SeqCst);
+        {
+            let _gate = lock(&self.gate);
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+        }
         if let Some(entries) = &self.entries {
             for k in keys {
                 entries.remove(k);

@@ -17,6 +17,7 @@ use crate::cache::Hot;
 use crate::error::SqlResultExt;
 use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64};
 use crate::window::SqliteGcSeam;
+use crate::writer::BULK_ROWS;
 use crate::{SqliteEngine, MAX_BLOB_LEN};
 
 const META: &str = "SELECT size, created_at FROM entries WHERE ns = ?1 AND digest = ?2";
@@ -118,6 +119,55 @@ impl SqliteEngine {
                 Ok(row)
             })
             .await
+    }
+}
+
+impl SqliteEngine {
+    /// Where the engine's writes waited so far: queued for the writer
+    /// (and behind a sweep's bulk transaction), in their statements, in
+    /// `COMMIT` (ADR-058).
+    pub fn waits(&self) -> crate::SqliteWaits {
+        self.inner.writer.counters().waits.snapshot()
+    }
+
+    /// Deletes `digests` of `ns` in one write job (bulk or foreground); the
+    /// hot-entry cache forgets them after the commit (or failure), before
+    /// the answer: no cache of this file answers for a deleted key once
+    /// this returns (TUNING.md §sqlite-hot-cache).
+    async fn delete_chunk(
+        &self,
+        ns: &Namespace,
+        digests: &[Digest],
+        bulk: bool,
+    ) -> Result<Vec<Option<u64>>> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ns = ns.clone();
+        let digests = digests.to_vec();
+        let cost = digests.len() * 64;
+        let cache = self.inner.cache.clone();
+        let gone: Vec<Key> = digests.iter().map(|d| Key::new(ns.clone(), *d)).collect();
+        let invalidate: crate::writer::AfterCommit = Box::new(move || cache.invalidate(&gone));
+        let job = move |conn: &rusqlite::Connection, _now| {
+            let mut stmt = conn.prepare_cached(DELETE).sql()?;
+            digests
+                .iter()
+                .map(|d| {
+                    let freed = stmt
+                        .query_row((ns.as_str(), &d.as_bytes()[..]), |r| r.get::<_, i64>(0))
+                        .optional()
+                        .sql()?;
+                    freed.map(to_u64).transpose()
+                })
+                .collect()
+        };
+        let writer = &self.inner.writer;
+        if bulk {
+            writer.submit_bulk(cost, job, Some(invalidate)).await
+        } else {
+            writer.submit_then(cost, true, job, Some(invalidate)).await
+        }
     }
 }
 
@@ -244,39 +294,20 @@ impl Engine for SqliteEngine {
             .await
     }
 
+    /// One key: a foreground job (a direct delete). More (a sweep's
+    /// batch): bulk jobs of at most [`BULK_ROWS`] keys, each committed on
+    /// its own after the queued puts (ADR-058). A failure part way leaves
+    /// the earlier chunks deleted and answers the error; their keys stay
+    /// staged, and the next sweep counts them vanished.
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
-        if digests.is_empty() {
-            return Ok(Vec::new());
+        if digests.len() <= 1 {
+            return self.delete_chunk(ns, digests, false).await;
         }
-        let ns = ns.clone();
-        let digests = digests.to_vec();
-        let cost = digests.len() * 64;
-        // After the commit (or failure), before the answer: no cache of
-        // this file answers for a deleted key once this returns (TUNING.md §sqlite-hot-cache).
-        let cache = self.inner.cache.clone();
-        let gone: Vec<Key> = digests.iter().map(|d| Key::new(ns.clone(), *d)).collect();
-        let invalidate: crate::writer::AfterCommit = Box::new(move || cache.invalidate(&gone));
-        self.inner
-            .writer
-            .submit_then(
-                cost,
-                true,
-                move |conn, _now| {
-                    let mut stmt = conn.prepare_cached(DELETE).sql()?;
-                    digests
-                        .iter()
-                        .map(|d| {
-                            let freed = stmt
-                                .query_row((ns.as_str(), &d.as_bytes()[..]), |r| r.get::<_, i64>(0))
-                                .optional()
-                                .sql()?;
-                            freed.map(to_u64).transpose()
-                        })
-                        .collect()
-                },
-                Some(invalidate),
-            )
-            .await
+        let mut freed = Vec::with_capacity(digests.len());
+        for chunk in digests.chunks(BULK_ROWS) {
+            freed.extend(self.delete_chunk(ns, chunk, true).await?);
+        }
+        Ok(freed)
     }
 
     async fn namespaces(&self) -> Result<Vec<Namespace>> {

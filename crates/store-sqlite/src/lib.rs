@@ -154,6 +154,7 @@ use crate::writer::Writer;
 
 pub use crate::registration::REGISTRATION;
 pub use crate::schema::SCHEMA_VERSION;
+pub use crate::writer::SqliteWaits;
 
 /// Largest blob a put accepts: SQLite's default `SQLITE_MAX_LENGTH`.
 pub const MAX_BLOB_LEN: u64 = 1_000_000_000;

@@ -3,8 +3,12 @@
 //! lock; those families are absent from its [`store_types::GcSeam`].
 //!
 //! Window writes (`ensure_gc_schema`, `stage`, `unstage`) are jobs of the
-//! writer thread, so they group-commit with puts and deletes and are
-//! durable once acknowledged; window reads use the reader pool.
+//! writer thread and durable once acknowledged; window reads use the
+//! reader pool. `stage` and `unstage` are a sweep's bulk work: jobs of at
+//! most [`BULK_ROWS`] rows, each committed on its own after the queued puts
+//! (ADR-058). A failure part way leaves the earlier chunks committed: a
+//! staged row is only a candidate (re-arbitrated before any delete), an
+//! unstaged one is re-marked by the next sweep.
 
 use async_trait::async_trait;
 use store_types::{
@@ -14,6 +18,7 @@ use store_types::{
 use crate::error::SqlResultExt;
 use crate::schema::{self, GC_WINDOW_DDL};
 use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64};
+use crate::writer::BULK_ROWS;
 use crate::SqliteEngine;
 
 /// `INSERT OR IGNORE`: re-staging keeps the first (earliest) row.
@@ -62,17 +67,12 @@ impl GcSchema for SqliteGcSeam {
 #[async_trait]
 impl WindowClauses for SqliteGcSeam {
     async fn stage(&self, candidates: &[StagedCandidate]) -> Result<()> {
-        if candidates.is_empty() {
-            return Ok(());
-        }
-        let candidates = candidates.to_vec();
-        let cost = candidates.len() * ROW_COST;
-        self.engine
-            .inner
-            .writer
-            .submit(cost, true, move |conn, _now| {
+        for chunk in candidates.chunks(BULK_ROWS) {
+            let chunk = chunk.to_vec();
+            let cost = chunk.len() * ROW_COST;
+            let job = move |conn: &rusqlite::Connection, _now| {
                 let mut stmt = conn.prepare_cached(STAGE).sql()?;
-                for c in &candidates {
+                for c in &chunk {
                     stmt.execute((
                         c.key.namespace.as_str(),
                         &c.key.digest.as_bytes()[..],
@@ -82,8 +82,14 @@ impl WindowClauses for SqliteGcSeam {
                     .sql()?;
                 }
                 Ok(())
-            })
-            .await
+            };
+            self.engine
+                .inner
+                .writer
+                .submit_bulk(cost, job, None)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn staged_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
@@ -133,23 +139,24 @@ impl WindowClauses for SqliteGcSeam {
     }
 
     async fn unstage(&self, keys: &[Key]) -> Result<()> {
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let keys = keys.to_vec();
-        let cost = keys.len() * ROW_COST;
-        self.engine
-            .inner
-            .writer
-            .submit(cost, true, move |conn, _now| {
+        for chunk in keys.chunks(BULK_ROWS) {
+            let chunk = chunk.to_vec();
+            let cost = chunk.len() * ROW_COST;
+            let job = move |conn: &rusqlite::Connection, _now| {
                 let mut stmt = conn.prepare_cached(UNSTAGE).sql()?;
-                for k in &keys {
+                for k in &chunk {
                     stmt.execute((k.namespace.as_str(), &k.digest.as_bytes()[..]))
                         .sql()?;
                 }
                 Ok(())
-            })
-            .await
+            };
+            self.engine
+                .inner
+                .writer
+                .submit_bulk(cost, job, None)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn staged_count(&self) -> Result<u64> {

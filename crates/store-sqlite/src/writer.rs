@@ -20,6 +20,22 @@
 //! commit and throughput from ~2.1x to ~2.5x the one-insert-per-transaction
 //! rate.
 //!
+//! # Bulk jobs wait their turn (ADR-058)
+//!
+//! A sweep's window writes and deletes are **bulk** jobs
+//! ([`Writer::submit_bulk`]), each at most [`BULK_ROWS`] rows (their callers
+//! split larger requests). A bulk job never shares a transaction: the
+//! thread runs whatever foreground work is queued (puts, reference writes,
+//! a direct delete) as one group commit first, then **one** bulk job in a
+//! transaction of its own, then looks at the queue again. So a put waits
+//! for at most one small bulk transaction, and a sweep still progresses by
+//! one bulk job per foreground commit however busy the puts are.
+//!
+//! The thread also times every job: how long it waited for the writer
+//! (and how much of that behind a bulk transaction), and how long its
+//! own transaction's statements and `COMMIT` (the fsync) took — see
+//! [`SqliteWaits`].
+//!
 //! # Failure isolation inside a batch
 //!
 //! - A job that may execute several statements (`delete_many`, `stage`,
@@ -79,10 +95,24 @@ pub(crate) const MAX_BATCH_BYTES: usize = 64 * 1024 * 1024;
 /// previous batch (see the module docs). A lone writer never waits.
 pub(crate) const GATHER_WAIT: Duration = Duration::from_micros(200);
 
+/// Most rows of one bulk job (a sweep's stage, unstage or delete chunk).
+/// Measured with the tail benchmark (ADR-058): 1000-row jobs made a put
+/// wait ~40 ms at p99 during a sweep.
+pub(crate) const BULK_ROWS: usize = 128;
+
+/// A write slower than this (queued to answered) is counted as slow and
+/// logged at debug level with where its time went.
+pub(crate) const SLOW_WRITE: Duration = Duration::from_millis(10);
+
 /// One unit of work for the writer thread.
 pub(crate) trait Job: Send {
     /// Payload bytes, for the batch size cap.
     fn cost(&self) -> usize;
+    /// Whether the job is bulk work that runs in a transaction of its own,
+    /// after the queued foreground jobs (see the module docs).
+    fn bulk(&self) -> bool;
+    /// When the job was queued.
+    fn queued_at(&self) -> Instant;
     /// Whether the job needs its own savepoint (it may run more than one
     /// statement).
     fn needs_savepoint(&self) -> bool;
@@ -102,6 +132,8 @@ struct FnJob<T, F> {
     f: F,
     cost: usize,
     savepoint: bool,
+    bulk: bool,
+    queued_at: Instant,
     result: Option<T>,
     reply: oneshot::Sender<Result<T>>,
     after: Option<AfterCommit>,
@@ -114,6 +146,14 @@ where
 {
     fn cost(&self) -> usize {
         self.cost
+    }
+
+    fn bulk(&self) -> bool {
+        self.bulk
+    }
+
+    fn queued_at(&self) -> Instant {
+        self.queued_at
     }
 
     fn needs_savepoint(&self) -> bool {
@@ -152,6 +192,160 @@ pub(crate) struct Counters {
     pub(crate) jobs_failed: AtomicU64,
     pub(crate) largest_batch: AtomicU64,
     pub(crate) lost_transactions: AtomicU64,
+    /// Where writes waited.
+    pub(crate) waits: WaitCounters,
+}
+
+/// Where writes waited, in microseconds unless named otherwise, timed by
+/// the writer thread.
+#[derive(Debug, Default)]
+pub(crate) struct WaitCounters {
+    pub(crate) writes: AtomicU64,
+    pub(crate) write_queued_us: AtomicU64,
+    pub(crate) write_queued_max_us: AtomicU64,
+    pub(crate) write_behind_bulk_us: AtomicU64,
+    pub(crate) commits_us: AtomicU64,
+    pub(crate) commit_max_us: AtomicU64,
+    pub(crate) statements_us: AtomicU64,
+    pub(crate) bulk_jobs: AtomicU64,
+    pub(crate) bulk_us: AtomicU64,
+    pub(crate) bulk_max_us: AtomicU64,
+    pub(crate) slow_writes: AtomicU64,
+    pub(crate) slow_write_queued_us: AtomicU64,
+    pub(crate) slow_write_behind_bulk_us: AtomicU64,
+    pub(crate) slow_write_txn_us: AtomicU64,
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn add(counter: &AtomicU64, d: Duration) -> u64 {
+    let us = micros(d);
+    counter.fetch_add(us, Ordering::Relaxed);
+    us
+}
+
+impl WaitCounters {
+    /// Records one answered write.
+    fn write(&self, t: &JobTimes) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let q = add(&self.write_queued_us, t.queued);
+        self.write_queued_max_us.fetch_max(q, Ordering::Relaxed);
+        let b = add(&self.write_behind_bulk_us, t.behind_bulk);
+        if t.queued + t.txn >= SLOW_WRITE {
+            self.slow_writes.fetch_add(1, Ordering::Relaxed);
+            add(&self.slow_write_queued_us, t.queued);
+            add(&self.slow_write_behind_bulk_us, t.behind_bulk);
+            add(&self.slow_write_txn_us, t.txn);
+            tracing::debug!(
+                bulk = t.bulk,
+                queued_for_writer_us = q,
+                of_which_behind_bulk_us = b,
+                own_transaction_us = micros(t.txn),
+                of_which_commit_us = micros(t.commit),
+                "sqlite: slow write"
+            );
+        }
+    }
+
+    /// Records one committed transaction.
+    fn transaction(&self, statements: Duration, commit: Duration, bulk: bool) {
+        add(&self.statements_us, statements);
+        let c = add(&self.commits_us, commit);
+        self.commit_max_us.fetch_max(c, Ordering::Relaxed);
+        if bulk {
+            self.bulk_jobs.fetch_add(1, Ordering::Relaxed);
+            let b = add(&self.bulk_us, statements + commit);
+            self.bulk_max_us.fetch_max(b, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> SqliteWaits {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SqliteWaits {
+            writes: l(&self.writes),
+            write_queued_us: l(&self.write_queued_us),
+            write_queued_max_us: l(&self.write_queued_max_us),
+            write_behind_bulk_us: l(&self.write_behind_bulk_us),
+            commit_us: l(&self.commits_us),
+            commit_max_us: l(&self.commit_max_us),
+            statements_us: l(&self.statements_us),
+            bulk_jobs: l(&self.bulk_jobs),
+            bulk_us: l(&self.bulk_us),
+            bulk_max_us: l(&self.bulk_max_us),
+            slow_writes: l(&self.slow_writes),
+            slow_write_queued_us: l(&self.slow_write_queued_us),
+            slow_write_behind_bulk_us: l(&self.slow_write_behind_bulk_us),
+            slow_write_txn_us: l(&self.slow_write_txn_us),
+        }
+    }
+}
+
+/// Where the engine's writes spent their time (ADR-058), all monotonic;
+/// times in microseconds. A *slow* write took at least 10 ms from queued
+/// to answered; each is also logged at debug level (`sqlite: slow write`)
+/// with its own breakdown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SqliteWaits {
+    /// Writes answered after a commit (every job of every transaction).
+    pub writes: u64,
+    /// Summed time writes waited for their transaction to begin.
+    pub write_queued_us: u64,
+    /// Longest such wait.
+    pub write_queued_max_us: u64,
+    /// Of `write_queued_us`, the part spent behind a bulk (sweep)
+    /// transaction.
+    pub write_behind_bulk_us: u64,
+    /// Summed time in `COMMIT` (the WAL fsync), per transaction.
+    pub commit_us: u64,
+    /// Longest `COMMIT`.
+    pub commit_max_us: u64,
+    /// Summed time running transactions' statements, per transaction.
+    pub statements_us: u64,
+    /// Bulk jobs (sweep stage, unstage, delete chunks) committed.
+    pub bulk_jobs: u64,
+    /// Summed time of their transactions (statements and commit).
+    pub bulk_us: u64,
+    /// Longest bulk transaction: the most a write waits behind a sweep.
+    pub bulk_max_us: u64,
+    /// Writes that took at least 10 ms.
+    pub slow_writes: u64,
+    /// Of slow writes' time: queued for the writer.
+    pub slow_write_queued_us: u64,
+    /// Of that: behind a bulk transaction.
+    pub slow_write_behind_bulk_us: u64,
+    /// Of slow writes' time: their own transaction (statements, commit).
+    pub slow_write_txn_us: u64,
+}
+
+/// One job's times, as the writer saw them.
+struct JobTimes {
+    bulk: bool,
+    /// Queued until its transaction began.
+    queued: Duration,
+    /// Of `queued`, overlapping the last bulk transaction.
+    behind_bulk: Duration,
+    /// Its transaction: begin to commit.
+    txn: Duration,
+    /// Of `txn`, the `COMMIT`.
+    commit: Duration,
+}
+
+/// The writer thread's clock state: when the last bulk transaction ran.
+#[derive(Default)]
+struct Lanes {
+    last_bulk: Option<(Instant, Instant)>,
+}
+
+impl Lanes {
+    /// How much of `[from, to]` overlapped the last bulk transaction.
+    fn behind_bulk(&self, from: Instant, to: Instant) -> Duration {
+        match self.last_bulk {
+            Some((b0, b1)) => to.min(b1).saturating_duration_since(from.max(b0)),
+            None => Duration::ZERO,
+        }
+    }
 }
 
 /// Handle to the writer thread. Dropping the last handle closes the channel;
@@ -195,7 +389,24 @@ impl Writer {
         T: Send + 'static,
         F: FnMut(&Connection, Timestamp) -> Result<T> + Send + 'static,
     {
-        self.submit_then(cost, savepoint, f, None)
+        self.queue(cost, savepoint, false, f, None)
+    }
+
+    /// Queues bulk work (at most [`BULK_ROWS`] rows; in its own savepoint):
+    /// it runs in a transaction of its own once the foreground jobs queued
+    /// before it have committed (see the module docs). `after` as in
+    /// [`submit_then`](Self::submit_then).
+    pub(crate) fn submit_bulk<T, F>(
+        &self,
+        cost: usize,
+        f: F,
+        after: Option<AfterCommit>,
+    ) -> impl Future<Output = Result<T>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection, Timestamp) -> Result<T> + Send + 'static,
+    {
+        self.queue(cost, true, true, f, after)
     }
 
     /// [`submit`](Self::submit), and `after` runs on the writer thread once
@@ -214,11 +425,28 @@ impl Writer {
         T: Send + 'static,
         F: FnMut(&Connection, Timestamp) -> Result<T> + Send + 'static,
     {
+        self.queue(cost, savepoint, false, f, after)
+    }
+
+    fn queue<T, F>(
+        &self,
+        cost: usize,
+        savepoint: bool,
+        bulk: bool,
+        f: F,
+        after: Option<AfterCommit>,
+    ) -> impl Future<Output = Result<T>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection, Timestamp) -> Result<T> + Send + 'static,
+    {
         let (reply, rx) = oneshot::channel();
         let job = Box::new(FnJob {
             f,
             cost,
             savepoint,
+            bulk,
+            queued_at: Instant::now(),
             result: None,
             reply,
             after,
@@ -244,47 +472,91 @@ fn stopped() -> Error {
     .with_source("the writer thread has stopped")
 }
 
-/// The writer thread's loop.
+/// The writer thread's loop: a foreground group commit of what is queued,
+/// then one bulk job alone, and again (see the module docs).
 fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) {
     tracing::debug!("sqlite writer thread started");
     let mut last_batch = 1;
     // Set when a COMMIT failed with an I/O error (see the module docs).
     let mut stopped_by: Option<Error> = None;
-    while let Ok(first) = rx.recv() {
+    let mut bulk: VecDeque<Box<dyn Job>> = VecDeque::new();
+    let mut lanes = Lanes::default();
+    loop {
+        // Block for work only when no bulk job is waiting its turn.
+        let first = if bulk.is_empty() {
+            match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => break,
+            }
+        } else {
+            rx.try_recv().ok()
+        };
         if let Some(e) = &stopped_by {
-            fail_all(std::iter::once(first).chain(rx.try_iter()), e, counters);
+            let jobs = first.into_iter().chain(rx.try_iter()).chain(bulk.drain(..));
+            fail_all(jobs, e, counters);
             continue;
         }
-        let mut bytes = first.cost();
-        let mut batch = VecDeque::with_capacity(last_batch.max(16));
-        batch.push_back(first);
-        let deadline = Instant::now() + GATHER_WAIT;
-        while batch.len() < MAX_BATCH_JOBS && bytes < MAX_BATCH_BYTES {
-            let job = match rx.try_recv() {
-                Ok(job) => job,
-                Err(TryRecvError::Disconnected) => break,
-                // Nothing queued. If the previous batch was larger, the
-                // writers it answered are probably about to come back:
-                // wait (briefly) for them rather than commit a small batch.
-                Err(TryRecvError::Empty) if batch.len() < last_batch => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        break;
-                    }
-                    match rx.recv_timeout(deadline - now) {
-                        Ok(job) => job,
-                        Err(_) => break,
-                    }
-                }
-                Err(TryRecvError::Empty) => break,
-            };
-            bytes = bytes.saturating_add(job.cost());
-            batch.push_back(job);
+        let batch = gather(first, &rx, &mut bulk, last_batch);
+        if !batch.is_empty() {
+            last_batch = batch.len();
+            stopped_by = run_batch(&conn, batch, counters, &lanes, false);
         }
-        last_batch = batch.len();
-        stopped_by = run_batch(&conn, batch, counters);
+        if stopped_by.is_none() {
+            if let Some(job) = bulk.pop_front() {
+                let started = Instant::now();
+                stopped_by = run_batch(&conn, VecDeque::from([job]), counters, &lanes, true);
+                lanes.last_bulk = Some((started, Instant::now()));
+            }
+        }
     }
     tracing::debug!("sqlite writer thread exiting");
+}
+
+/// The foreground jobs of the next transaction: `first` and what else is
+/// queued (see the module docs for the brief wait). Bulk jobs met on the
+/// way go to `bulk`, in order.
+fn gather(
+    first: Option<Box<dyn Job>>,
+    rx: &mpsc::Receiver<Box<dyn Job>>,
+    bulk: &mut VecDeque<Box<dyn Job>>,
+    last_batch: usize,
+) -> VecDeque<Box<dyn Job>> {
+    let mut batch = VecDeque::with_capacity(last_batch.max(16));
+    let mut bytes = 0usize;
+    let mut take = |job: Box<dyn Job>, batch: &mut VecDeque<Box<dyn Job>>, bytes: &mut usize| {
+        if job.bulk() {
+            bulk.push_back(job);
+        } else {
+            *bytes = bytes.saturating_add(job.cost());
+            batch.push_back(job);
+        }
+    };
+    if let Some(job) = first {
+        take(job, &mut batch, &mut bytes);
+    }
+    let deadline = Instant::now() + GATHER_WAIT;
+    while batch.len() < MAX_BATCH_JOBS && bytes < MAX_BATCH_BYTES {
+        let job = match rx.try_recv() {
+            Ok(job) => job,
+            Err(TryRecvError::Disconnected) => break,
+            // Nothing queued. If the previous batch was larger, the
+            // writers it answered are probably about to come back:
+            // wait (briefly) for them rather than commit a small batch.
+            Err(TryRecvError::Empty) if !batch.is_empty() && batch.len() < last_batch => {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                match rx.recv_timeout(deadline - now) {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            }
+            Err(TryRecvError::Empty) => break,
+        };
+        take(job, &mut batch, &mut bytes);
+    }
+    batch
 }
 
 fn exec(conn: &Connection, sql: &str) -> Result<()> {
@@ -299,8 +571,11 @@ fn run_batch(
     conn: &Connection,
     mut pending: VecDeque<Box<dyn Job>>,
     counters: &Counters,
+    lanes: &Lanes,
+    bulk: bool,
 ) -> Option<Error> {
     while !pending.is_empty() {
+        let began = Instant::now();
         if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
             tracing::warn!(error = %store_types::Report::new(&e), jobs = pending.len(), "sqlite: cannot begin write transaction");
             fail_all(pending.drain(..), &e, counters);
@@ -335,19 +610,9 @@ fn run_batch(
         if lost {
             continue;
         }
+        let applied = Instant::now();
         match commit(conn) {
-            Ok(()) => {
-                counters.commits.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .jobs_committed
-                    .fetch_add(done.len() as u64, Ordering::Relaxed);
-                counters
-                    .largest_batch
-                    .fetch_max(done.len() as u64, Ordering::Relaxed);
-                for job in done {
-                    job.complete(Ok(()));
-                }
-            }
+            Ok(()) => committed(done, counters, lanes, bulk, [began, applied]),
             Err((e, io)) => {
                 tracing::warn!(error = %store_types::Report::new(&e), jobs = done.len(), "sqlite: commit failed");
                 if !conn.is_autocommit() {
@@ -367,6 +632,40 @@ fn run_batch(
         }
     }
     None
+}
+
+/// Counts and times a committed transaction that began and finished its
+/// statements at `[began, applied]`, and answers its jobs.
+fn committed(
+    done: Vec<Box<dyn Job>>,
+    counters: &Counters,
+    lanes: &Lanes,
+    bulk: bool,
+    [began, applied]: [Instant; 2],
+) {
+    let finished = Instant::now();
+    let commit = finished.saturating_duration_since(applied);
+    counters.commits.fetch_add(1, Ordering::Relaxed);
+    counters
+        .jobs_committed
+        .fetch_add(done.len() as u64, Ordering::Relaxed);
+    counters
+        .largest_batch
+        .fetch_max(done.len() as u64, Ordering::Relaxed);
+    counters
+        .waits
+        .transaction(applied.saturating_duration_since(began), commit, bulk);
+    for job in done {
+        let queued_at = job.queued_at();
+        counters.waits.write(&JobTimes {
+            bulk,
+            queued: began.saturating_duration_since(queued_at),
+            behind_bulk: lanes.behind_bulk(queued_at, began),
+            txn: finished.saturating_duration_since(began),
+            commit,
+        });
+        job.complete(Ok(()));
+    }
 }
 
 /// `COMMIT`; on failure the error and whether it is an I/O error (the
@@ -412,4 +711,58 @@ fn apply_one(conn: &Connection, job: &mut dyn Job, now: Timestamp) -> Result<()>
         let _ = exec(conn, "RELEASE job");
     }
     result
+}
+
+#[cfg(test)]
+mod lane_tests {
+    //! The bulk lane, deterministically: the writer is parked inside a
+    //! job while the jobs under test queue up, then released.
+
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    fn record(
+        log: &Arc<Mutex<Vec<&'static str>>>,
+        name: &'static str,
+    ) -> impl FnMut(&Connection, Timestamp) -> Result<()> + Send + 'static {
+        let log = log.clone();
+        move |_conn, _now| {
+            log.lock().unwrap().push(name);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn queued_puts_commit_before_a_bulk_job_and_apart_from_it() {
+        let writer = Writer::spawn(Connection::open_in_memory().unwrap()).unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let parked = writer.submit(0, false, move |_conn, _now| {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv();
+            Ok(())
+        });
+        started_rx.recv().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        // Queued in this order while the writer is parked.
+        let b1 = writer.submit_bulk(0, record(&log, "bulk 1"), None);
+        let p1 = writer.submit(0, false, record(&log, "put 1"));
+        let b2 = writer.submit_bulk(0, record(&log, "bulk 2"), None);
+        let p2 = writer.submit(0, false, record(&log, "put 2"));
+        let before = writer.counters().commits.load(Ordering::Relaxed);
+        release_tx.send(()).unwrap();
+        parked.await.unwrap();
+        b1.await.unwrap();
+        b2.await.unwrap();
+        p1.await.unwrap();
+        p2.await.unwrap();
+        // The puts first, together; then each bulk job alone.
+        assert_eq!(*log.lock().unwrap(), ["put 1", "put 2", "bulk 1", "bulk 2"]);
+        let commits = writer.counters().commits.load(Ordering::Relaxed) - before;
+        assert_eq!(commits, 4, "parked, the puts, bulk 1, bulk 2");
+        let waits = writer.counters().waits.snapshot();
+        assert_eq!(waits.bulk_jobs, 2);
+        assert_eq!(waits.writes, 5);
+    }
 }
