@@ -306,9 +306,16 @@ impl Blob {
     /// after the last chunk — the one that would answer `None` — fails with
     /// [`Error::Verification`] (inside the `io::Error`; convert it back with
     /// `Error::from`) if they do not hash to the digest. A consumer that
-    /// must never forward a bad byte holds each chunk back until the next
-    /// call succeeds, as the HTTP response body does. The two views read
-    /// from one position and may be mixed.
+    /// must never forward a bad byte holds the last chunk (the one that
+    /// brings the count to [`Blob::len`]) back until the next call
+    /// succeeds, as the HTTP response body does. The two views read from
+    /// one position and may be mixed.
+    ///
+    /// An engine's read-ahead may keep only a few chunks alive at once
+    /// (the local engine: two of 64 KiB, ADR-057): a consumer gets the
+    /// next chunk only after it has dropped (or forwarded and the sink
+    /// has dropped) the earlier ones, so one that collects chunks without
+    /// letting go of them waits forever — copy them instead.
     ///
     /// Cancel-safe: a chunk is consumed only when it is returned.
     pub async fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
@@ -325,7 +332,7 @@ impl Blob {
             // In memory: the verdict first, then all of it at once — when
             // the engine hashed it, or when hashing it here in one poll is
             // short (below PARALLEL_HASH_MIN); a larger entry hashed here is
-            // copied out below, 256 KiB per poll, as the byte view reads it.
+            // copied out below, 128 KiB per poll, as the byte view reads it.
             let verdict = match &mut v.check {
                 Check::Here(_) if whole.len() as u64 >= PARALLEL_HASH_MIN => None,
                 Check::Here(_) => {
@@ -369,7 +376,7 @@ impl Blob {
         if self.chunk_buf.capacity() == 0 {
             // A fresh buffer only once the last one is used up (as
             // `ReaderStream` does): a reader that yields a verified range
-            // 16 KiB group at a time fills one 256 KiB buffer with 16
+            // 16 KiB group at a time fills one 128 KiB buffer with 8
             // chunks instead of pinning a new buffer per chunk.
             self.chunk_buf.reserve(CHUNK_SIZE);
         }

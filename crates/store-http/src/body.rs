@@ -89,7 +89,7 @@ pub(crate) const BUFFERED_MAX: u64 = RESPONSE_CHUNK as u64;
 
 /// A small blob response body (at most [`BUFFERED_MAX`] bytes), read and
 /// verified before the head: sent as one buffer (no chunk stream, no
-/// 256 KiB read buffer per response), and a corrupt entry is an error the
+/// 128 KiB read buffer per response), and a corrupt entry is an error the
 /// caller answers with a status (`verification`, 422) instead of a response
 /// cut short.
 ///
@@ -104,40 +104,111 @@ pub(crate) async fn buffered_body(blob: Blob, ops: &Ops) -> Result<Body, OpsErro
 /// blob's chunks as [`Blob::next_chunk`] gives them — the engine's own
 /// read-ahead buffers where it has them, with no copy (TUNING.md §response-chunks).
 ///
-/// It holds each chunk back until the next read succeeds, so a failure at
-/// EOF — a verified read whose bytes do not hash to the digest — withholds
-/// the last chunk and aborts the response: a client framing by
-/// `Content-Length` sees a short body and a closed connection, never a
-/// complete response with bad bytes.
+/// Every chunk but the last goes out as soon as it comes; the last (the
+/// one that brings the count to [`Blob::len`]) is held back until the
+/// next read returns the verdict, so a failure at EOF — a verified read
+/// whose bytes do not hash to the digest — withholds it and aborts the
+/// response: a client framing by `Content-Length` sees a short body and a
+/// closed connection, never a complete response with bad bytes.
+///
+/// At most one chunk it yielded is alive at a time ([`InFlight`]): the
+/// next is read only once the transport has written (and dropped) the
+/// previous one, so a client that stops reading holds one chunk of the
+/// response in this process, not the transport's whole write queue
+/// (ADR-057).
 pub(crate) fn blob_body(blob: Blob, ops: Ops) -> Body {
-    type State = Option<(Blob, Option<Bytes>, Ops)>;
-    let init: State = Some((blob, None, ops));
-    let stream = futures::stream::unfold(init, |state| async move {
-        let (mut blob, mut pending, ops) = state?;
-        loop {
+    let total = blob.len();
+    let flight = Arc::new(InFlight::default());
+    type State = Option<(Blob, u64, Arc<InFlight>, Ops)>;
+    let init: State = Some((blob, 0, flight, ops));
+    let stream = futures::stream::unfold(init, move |state| async move {
+        let (mut blob, mut sent, flight, ops) = state?;
+        std::future::poll_fn(|cx| flight.poll_room(cx)).await;
+        let chunk = match blob.next_chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => return None,
+            Err(e) => return Some((Err(abort(e, &ops)), None)),
+        };
+        sent += chunk.len() as u64;
+        if sent >= total {
+            // The last one: out only after the verdict.
             match blob.next_chunk().await {
-                Ok(Some(chunk)) => {
-                    if let Some(prev) = pending.replace(chunk) {
-                        ops.metrics().get_bytes(prev.len() as u64);
-                        return Some((Ok(prev), Some((blob, pending, ops))));
-                    }
+                Ok(None) => {}
+                Ok(Some(_)) => {
+                    let e = io::Error::other("a blob read yielded more bytes than its length");
+                    return Some((Err(abort(e, &ops)), None));
                 }
-                Err(e) => {
-                    let err = Error::from(e);
-                    let code = OpsError::from(err.clone()).code;
-                    ops.metrics().error(code);
-                    tracing::warn!("aborting a blob response: {err}");
-                    return Some((Err(io::Error::from(err)), None));
-                }
-                Ok(None) => {
-                    let prev = pending.take()?;
-                    ops.metrics().get_bytes(prev.len() as u64);
-                    return Some((Ok(prev), None));
-                }
+                Err(e) => return Some((Err(abort(e, &ops)), None)),
             }
         }
+        ops.metrics().get_bytes(chunk.len() as u64);
+        let chunk = flight.track(chunk);
+        let next = (sent < total).then_some((blob, sent, flight, ops));
+        Some((Ok(chunk), next))
     });
     Body::from_stream(stream)
+}
+
+/// Counts and logs a blob response's failure; the error that aborts it.
+fn abort(e: io::Error, ops: &Ops) -> io::Error {
+    let err = Error::from(e);
+    let code = OpsError::from(err.clone()).code;
+    ops.metrics().error(code);
+    tracing::warn!("aborting a blob response: {err}");
+    io::Error::from(err)
+}
+
+/// Whether a chunk a response body yielded is still alive (queued or
+/// being written by the transport), and who to wake when it is dropped.
+#[derive(Default)]
+struct InFlight {
+    alive: AtomicBool,
+    waker: futures::task::AtomicWaker,
+}
+
+impl InFlight {
+    /// Ready once no yielded chunk is alive.
+    fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if !self.alive.load(Ordering::Acquire) {
+            return std::task::Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        if self.alive.load(Ordering::Acquire) {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    }
+
+    /// `chunk`, marked alive until its last handle is dropped.
+    fn track(self: &Arc<Self>, chunk: Bytes) -> Bytes {
+        self.alive.store(true, Ordering::Release);
+        Bytes::from_owner(Tracked {
+            chunk,
+            flight: self.clone(),
+        })
+    }
+}
+
+/// A yielded chunk; dropping it lets the body read the next one.
+struct Tracked {
+    chunk: Bytes,
+    flight: Arc<InFlight>,
+}
+
+impl AsRef<[u8]> for Tracked {
+    fn as_ref(&self) -> &[u8] {
+        &self.chunk
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // The chunk's bytes go first (an engine's buffer back to its read).
+        self.chunk = Bytes::new();
+        self.flight.alive.store(false, Ordering::Release);
+        self.flight.waker.wake();
+    }
 }
 
 /// How long a failing bao response waits, after its last good chunk,

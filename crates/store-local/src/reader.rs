@@ -21,21 +21,25 @@
 //!   buffer without a copy): `pread` of the cached descriptor when the
 //!   inline read would have waited (or hashes), else open, `fstat`,
 //!   `pread` (the descriptor then goes into the cache).
-//! - Otherwise an async read-ahead task sending owned chunks
-//!   ([`BlobReader::from_chunks`]: read as bytes, or taken as they are by a
-//!   consumer that forwards them, TUNING.md §response-chunks).
-//!   The task waits for the consumer in async code and reads in short
-//!   blocking calls (`spawn_blocking`) that each fill only the room
-//!   already free in the channel to the reader and then return, so a
-//!   reader whose consumer stalls (a slow or stopped HTTP client) holds no
-//!   blocking-pool thread while it waits: only its few read-ahead chunks
-//!   and the open file. For a whole-entry read the blocking call also
-//!   hashes each chunk before it is handed over, so the BLAKE3 work of a
-//!   verified get overlaps the consumer's work
-//!   (the `digest` of [`BlobReader::Chunks`]).
+//! - Otherwise an async read-ahead task sending owned chunks of
+//!   [`STREAM_CHUNK`] bytes ([`BlobReader::from_chunks`]: read as bytes,
+//!   or taken as they are by a consumer that forwards them, TUNING.md
+//!   §response-chunks). At most [`READ_AHEAD_CHUNKS`] chunks of one read
+//!   are **alive** at once — in the channel, in the consumer's hands, in
+//!   an HTTP server's write queue — because each carries a permit of the
+//!   read's budget that its last `Bytes` handle returns when dropped
+//!   (ADR-057): a reader whose consumer stalls (a slow or stopped HTTP
+//!   client) holds at most [`CHUNK_SIZE`] of buffers, the open file and
+//!   no blocking-pool thread. The task waits for a permit in async code,
+//!   then reads the next chunk inline when every byte of it is in the
+//!   page cache (`preadv2(RWF_NOWAIT)`, on the roots where inline reads
+//!   are on), else in a short blocking call (`spawn_blocking`) that reads
+//!   only as many chunks as there are permits free and returns. For a
+//!   whole-entry read each chunk is hashed before it is handed over (the
+//!   `digest` of [`BlobReader::Chunks`]).
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
@@ -43,26 +47,31 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use store_types::{BlobReader, Digest, Key, RangeRequest, Result, CHUNK_SIZE};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::{release, OpenFile};
 use crate::error::{blocking, io_err, is_absent};
 use crate::Inner;
 
-/// Chunks read ahead of the consumer (the channel's capacity).
-pub(crate) const READ_AHEAD_CHUNKS: usize = 3;
+/// Chunks of one streamed read alive at once, wherever they are (the
+/// read's budget of permits, ADR-057): one being sent while the next is
+/// read.
+pub(crate) const READ_AHEAD_CHUNKS: usize = 2;
 
-/// Most chunks one blocking call reads (4 MiB): with a consumer that keeps
-/// up, the call returns at this bound rather than at a full channel.
+/// A streamed read's chunk: its [`READ_AHEAD_CHUNKS`] live chunks add up
+/// to one [`CHUNK_SIZE`] (64 KiB each).
+pub(crate) const STREAM_CHUNK: usize = CHUNK_SIZE / READ_AHEAD_CHUNKS;
+
+/// Most chunks one blocking call reads: with a consumer that keeps up,
+/// the call returns at this bound rather than at an exhausted budget.
 const MAX_CHUNKS_PER_CALL: usize = 16;
 
-/// Largest whole-entry read done in one blocking call — read, hashed and
-/// handed over as one buffer — rather than streamed: the chunks a streamed
-/// read may hold at once anyway (the channel's [`READ_AHEAD_CHUNKS`] and
-/// the consumer's current one), so a reader holds no more memory either
-/// way, and an entry of a few chunks costs one hand-off instead of one per
-/// read-ahead call plus the task's wake-ups.
-pub(crate) const WHOLE_READ_MAX: u64 = ((READ_AHEAD_CHUNKS + 1) * CHUNK_SIZE) as u64;
+/// Largest whole-entry read done in one call — read and handed over as
+/// one buffer — rather than streamed: what a streamed read may hold at
+/// once anyway ([`READ_AHEAD_CHUNKS`] × [`STREAM_CHUNK`]), so a reader
+/// whose consumer stalls holds no more memory either way (ADR-057; it was
+/// 1 MiB, held whole by a stalled HTTP client).
+pub(crate) const WHOLE_READ_MAX: u64 = (READ_AHEAD_CHUNKS * STREAM_CHUNK) as u64;
 
 /// What a read wants of an entry.
 #[derive(Clone, Debug)]
@@ -213,9 +222,12 @@ pub(crate) async fn open_entry(inner: &Arc<Inner>, key: &Key, want: Want) -> Res
     let (recycle, recycled) = std_mpsc::channel();
     let (digest_tx, digest_rx) = want.whole(size).then(oneshot::channel).unzip();
     let state = ReadAhead {
+        inner: inner.clone(),
         file,
         path,
+        pos: span.start,
         remaining: len,
+        budget: Arc::new(Semaphore::new(READ_AHEAD_CHUNKS)),
         recycle,
         recycled,
         hash: digest_tx.map(|d| (Box::new(blake3::Hasher::new()), d)),
@@ -429,8 +441,26 @@ enum Nowait {
 
 /// `preadv2(fd, len bytes at offset, RWF_NOWAIT)`: the bytes only if all
 /// of them are in the page cache, without ever waiting for the disk.
-#[cfg(target_os = "linux")]
 fn read_nowait(inner: &Inner, file: &File, offset: u64, len: usize) -> Nowait {
+    match pread_nowait_into(inner, file, offset, len, None) {
+        Ok(buf) => Nowait::Read(Bytes::from(buf)),
+        Err(_) if !inner.inline.on() => Nowait::Unsupported,
+        Err(_) => Nowait::WouldBlock,
+    }
+}
+
+/// [`read_nowait`] into `spare` (when large enough) or a new buffer:
+/// `Err` with the buffer back when some byte is not in the page cache, the
+/// file is shorter, or the file system does not do `RWF_NOWAIT` (inline
+/// reads are then turned off for the root).
+#[cfg(target_os = "linux")]
+fn pread_nowait_into(
+    inner: &Inner,
+    file: &File,
+    offset: u64,
+    len: usize,
+    spare: Option<Vec<u8>>,
+) -> std::result::Result<Vec<u8>, Option<Vec<u8>>> {
     use std::os::fd::AsRawFd;
     #[cfg(any(test, feature = "testing"))]
     if inner
@@ -438,39 +468,53 @@ fn read_nowait(inner: &Inner, file: &File, offset: u64, len: usize) -> Nowait {
         .force_would_block
         .load(std::sync::atomic::Ordering::Relaxed)
     {
-        return Nowait::WouldBlock;
+        return Err(spare);
     }
-    let _ = inner;
     let Ok(offset) = libc::off_t::try_from(offset) else {
-        return Nowait::WouldBlock;
+        return Err(spare);
     };
-    let mut buf = Vec::<u8>::with_capacity(len);
+    let mut buf = spare
+        .filter(|b| b.capacity() >= len)
+        .unwrap_or_else(|| Vec::with_capacity(len));
+    buf.clear();
     let iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: len,
     };
-    // SAFETY: `iov` describes `len` bytes of `buf`'s spare capacity, which
-    // outlives the call; the kernel writes at most `len` bytes there.
+    // SAFETY: `iov` describes `len` bytes of `buf`'s spare capacity (its
+    // capacity is at least `len`), which outlives the call; the kernel
+    // writes at most `len` bytes there.
     let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
     if n < 0 {
-        return match io::Error::last_os_error().raw_os_error() {
-            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => Nowait::Unsupported,
-            _ => Nowait::WouldBlock,
-        };
+        if let Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) =
+            io::Error::last_os_error().raw_os_error()
+        {
+            inner
+                .inline
+                .on
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        return Err(Some(buf));
     }
     if n as usize != len {
         // Partly cached, or the file is shorter than it was: the blocking
         // read decides.
-        return Nowait::WouldBlock;
+        return Err(Some(buf));
     }
     // SAFETY: the kernel initialised exactly `len` bytes (checked above).
     unsafe { buf.set_len(len) };
-    Nowait::Read(Bytes::from(buf))
+    Ok(buf)
 }
 
 #[cfg(not(target_os = "linux"))]
-fn read_nowait(_inner: &Inner, _file: &File, _offset: u64, _len: usize) -> Nowait {
-    Nowait::Unsupported
+fn pread_nowait_into(
+    _inner: &Inner,
+    _file: &File,
+    _offset: u64,
+    _len: usize,
+    spare: Option<Vec<u8>>,
+) -> std::result::Result<Vec<u8>, Option<Vec<u8>>> {
+    Err(spare)
 }
 
 /// Whether `root` is on media whose `fstat` and page-cache reads never
@@ -519,8 +563,8 @@ enum Opened {
         span: Range<u64>,
         reader: BlobReader,
     },
-    /// The span (not read at once) is to be read from `file`'s current
-    /// position.
+    /// The span (not read at once) is to be read from `file` (by
+    /// position: `pread`).
     Streaming {
         file: File,
         size: u64,
@@ -530,12 +574,11 @@ enum Opened {
 
 /// The blocking half of opening a read: open, `fstat`, and for a span read
 /// at once ([`read_at_once`]) `pread` it (caching the descriptor, unless a delete
-/// ran meanwhile: the epoch is loaded before the open, see `cache.rs`);
-/// else position the file at the span's start. `None` when there is no
-/// such file.
+/// ran meanwhile: the epoch is loaded before the open, see `cache.rs`).
+/// `None` when there is no such file.
 fn open_blocking(inner: &Inner, key: &Key, path: &Path, want: &Want) -> Result<Option<Opened>> {
     let seen = inner.open_files.epoch();
-    let Some((mut file, size)) = open_file(path)? else {
+    let Some((file, size)) = open_file(path)? else {
         return Ok(None);
     };
     let span = want.span(size)?;
@@ -546,19 +589,22 @@ fn open_blocking(inner: &Inner, key: &Key, path: &Path, want: &Want) -> Result<O
         }
         return Ok(Some(Opened::Inline { size, span, reader }));
     }
-    if span.start > 0 {
-        file.seek(SeekFrom::Start(span.start))
-            .map_err(|e| io_err("seeking", path, e))?;
-    }
     Ok(Some(Opened::Streaming { file, size, span }))
 }
 
-/// What the read-ahead task carries from one blocking call to the next.
+/// What the read-ahead task carries from one read to the next.
 struct ReadAhead {
+    inner: Arc<Inner>,
     file: File,
     path: PathBuf,
+    /// Where the next chunk starts in the file.
+    pos: u64,
     /// Bytes still to read.
     remaining: u64,
+    /// The read's live-chunk budget ([`READ_AHEAD_CHUNKS`] permits): a
+    /// chunk is read only with a permit, which its buffer keeps until the
+    /// last `Bytes` handle on it is dropped ([`Recycled`]).
+    budget: Arc<Semaphore>,
     /// Where a sent chunk's buffer goes back once its last `Bytes` handle
     /// is dropped ([`Recycled`]).
     recycle: std_mpsc::Sender<Vec<u8>>,
@@ -569,26 +615,51 @@ struct ReadAhead {
     hash: Option<(Box<blake3::Hasher>, oneshot::Sender<Digest>)>,
 }
 
+/// A slot in the channel to the reader and a permit of the read's budget:
+/// what sending one chunk takes.
+type Room = (mpsc::OwnedPermit<io::Result<Bytes>>, OwnedSemaphorePermit);
+
 /// The read-ahead task behind a streamed [`open_entry`]: an async task
-/// that waits for room in the channel to the reader — for the consumer —
-/// and then reads in one blocking call ([`read_some`]) as many
-/// [`CHUNK_SIZE`] chunks as there is room for.
+/// that waits for a permit of the read's budget — for the consumer (or
+/// the socket it writes to) to let go of a chunk — and then reads the
+/// next chunk: inline when it is all in the page cache ([`read_inline`]),
+/// else in one blocking call ([`read_some`]) that reads as many
+/// [`STREAM_CHUNK`] chunks as there are permits free.
 ///
-/// No blocking thread ever waits for the consumer: a blocking call reads
-/// a chunk only into a slot already reserved in the channel and returns
-/// as soon as the channel is full (or after [`MAX_CHUNKS_PER_CALL`]
-/// chunks); the waiting is done here, in async code. A reader whose
-/// consumer stalls thus holds no blocking thread, only the chunks in the
-/// channel ([`READ_AHEAD_CHUNKS`]). The task ends when the range is read,
-/// a read fails (the error is the last thing sent) or the reader is
-/// dropped (the file is then closed on a blocking thread).
+/// No thread ever waits for the consumer: the waiting is done here, in
+/// async code. A reader whose consumer stalls thus holds no blocking
+/// thread, only its live chunks ([`READ_AHEAD_CHUNKS`]). The task ends
+/// when the range is read, a read fails (the error is the last thing
+/// sent) or the reader is dropped (the file is then closed on a blocking
+/// thread).
 async fn read_ahead(mut state: ReadAhead, mut tx: mpsc::Sender<io::Result<Bytes>>) {
     loop {
-        let Ok(permit) = tx.reserve_owned().await else {
+        let budget = state.budget.clone();
+        let live = tokio::select! {
+            live = budget.acquire_owned() => live,
+            () = tx.closed() => {
+                close_off_runtime(state.file);
+                return; // Reader dropped.
+            }
+        };
+        // The semaphore is never closed.
+        let Ok(live) = live else { return };
+        let Ok(slot) = tx.reserve_owned().await else {
             close_off_runtime(state.file);
             return; // Reader dropped.
         };
-        match tokio::task::spawn_blocking(move || read_some(state, permit)).await {
+        let room = match read_inline(&mut state, (slot, live)) {
+            Ok(Some(t)) => {
+                tx = t;
+                continue;
+            }
+            Ok(None) => {
+                close_off_runtime(state.file);
+                return; // Done.
+            }
+            Err(room) => room,
+        };
+        match tokio::task::spawn_blocking(move || read_some(state, room)).await {
             Ok(Some((s, t))) => (state, tx) = (s, t),
             // Done, failed (the error is sent) or reader dropped; a panic
             // drops the sender early, which the reader reports.
@@ -597,59 +668,102 @@ async fn read_ahead(mut state: ReadAhead, mut tx: mpsc::Sender<io::Result<Bytes>
     }
 }
 
-/// One blocking call of [`read_ahead`]: reads chunks into reserved slots
-/// of the channel — the first into `permit`, each further one only if a
-/// slot is free at once — hashing each (for a whole-file read) right after
-/// reading it. Returns the state and the sender when more is to be read;
-/// `None` when done (digest sent), failed (error sent) or the reader is
-/// gone. The file is closed here, on the blocking thread, when done.
+/// The next chunk read in the task itself when inline reads are on and
+/// every byte of it is in the page cache (`preadv2(RWF_NOWAIT)`), then
+/// hashed (for a whole-file read: 64 KiB, ~15 µs) and sent: `Ok` as
+/// [`send_chunk`] answers. `Err(room)` when it would have waited: the
+/// blocking call reads it.
+fn read_inline(
+    state: &mut ReadAhead,
+    room: Room,
+) -> std::result::Result<Option<mpsc::Sender<io::Result<Bytes>>>, Room> {
+    if !state.inner.inline.on() {
+        return Err(room);
+    }
+    let n = state.remaining.min(STREAM_CHUNK as u64) as usize;
+    let spare = state.recycled.try_recv().ok();
+    match pread_nowait_into(&state.inner, &state.file, state.pos, n, spare) {
+        Ok(buf) => Ok(send_chunk(state, room, Ok(buf))),
+        Err(spare) => {
+            if let Some(buf) = spare {
+                // Back in the queue, for the blocking call.
+                let _ = state.recycle.send(buf);
+            }
+            Err(room)
+        }
+    }
+}
+
+/// One blocking call of [`read_ahead`]: reads chunks — the first into
+/// `room`, each further one only if a slot and a permit are free at once —
+/// hashing each (for a whole-file read) right after reading it. Returns
+/// the state and the sender when more is to be read; `None` when done
+/// (digest sent), failed (error sent) or the reader is gone. The file is
+/// closed here, on the blocking thread, when done.
 ///
 /// Chunks are `Vec`s sent as `Bytes` that hand their buffer back through
 /// `recycled` once the consumer drops them — copied out by the byte view,
-/// or written to a socket by a consumer that took them whole (TUNING.md §response-chunks);
-/// they are read into again, so a read allocates (and initialises) only
+/// or written to a socket by a consumer that took them whole (TUNING.md
+/// §response-chunks); they are read into again, so a read allocates only
 /// the few buffers in flight at once, and fresh ones are read into
-/// without zero-filling them first ([`fill_chunk`]).
+/// without zero-filling them first ([`pread_fill`]).
 fn read_some(
     mut state: ReadAhead,
-    mut permit: mpsc::OwnedPermit<io::Result<Bytes>>,
+    mut room: Room,
 ) -> Option<(ReadAhead, mpsc::Sender<io::Result<Bytes>>)> {
     let mut chunks_left = MAX_CHUNKS_PER_CALL;
     loop {
-        let n = state.remaining.min(CHUNK_SIZE as u64) as usize;
-        let chunk = fill_chunk(&mut state.file, n, state.recycled.try_recv().ok());
-        let chunk = match chunk {
-            Ok(bytes) => {
-                if let Some((h, _)) = state.hash.as_mut() {
-                    h.update(&bytes);
-                }
-                bytes
-            }
-            Err(e) => {
-                let e = io::Error::new(e.kind(), format!("reading {}: {e}", state.path.display()));
-                permit.send(Err(e));
-                return None;
-            }
-        };
-        let tx = permit.send(Ok(Recycled::bytes(chunk, &state.recycle)));
-        state.remaining -= n as u64;
-        if state.remaining == 0 {
-            if let Some((h, digest)) = state.hash {
-                // The reader may be gone already; then nobody awaits it.
-                let _ = digest.send(Digest::from(h.finalize()));
-            }
-            return None;
-        }
+        let n = state.remaining.min(STREAM_CHUNK as u64) as usize;
+        let spare = state.recycled.try_recv().ok();
+        let read = pread_fill(&state.file, state.pos, n, spare);
+        let tx = send_chunk(&mut state, room, read)?;
         chunks_left -= 1;
         if chunks_left == 0 {
             return Some((state, tx));
         }
-        permit = match tx.try_reserve_owned() {
-            Ok(p) => p,
+        let Ok(live) = state.budget.clone().try_acquire_owned() else {
+            return Some((state, tx));
+        };
+        room = match tx.try_reserve_owned() {
+            Ok(slot) => (slot, live),
             Err(mpsc::error::TrySendError::Full(tx)) => return Some((state, tx)),
             Err(mpsc::error::TrySendError::Closed(_)) => return None,
         };
     }
+}
+
+/// Hands one chunk read at `state.pos` to the reader through `room`,
+/// hashing it first for a whole-file read, and moves on: the sender when
+/// more is to be read; `None` when that was the last chunk (digest sent)
+/// or the read failed (error sent).
+fn send_chunk(
+    state: &mut ReadAhead,
+    (slot, live): Room,
+    read: io::Result<Vec<u8>>,
+) -> Option<mpsc::Sender<io::Result<Bytes>>> {
+    let buf = match read {
+        Ok(buf) => buf,
+        Err(e) => {
+            let e = io::Error::new(e.kind(), format!("reading {}: {e}", state.path.display()));
+            slot.send(Err(e));
+            return None;
+        }
+    };
+    if let Some((h, _)) = state.hash.as_mut() {
+        h.update(&buf);
+    }
+    let n = buf.len() as u64;
+    let tx = slot.send(Ok(Recycled::bytes(buf, &state.recycle, live)));
+    state.pos += n;
+    state.remaining -= n;
+    if state.remaining > 0 {
+        return Some(tx);
+    }
+    if let Some((h, digest)) = state.hash.take() {
+        // The reader may be gone already; then nobody awaits it.
+        let _ = digest.send(Digest::from(h.finalize()));
+    }
+    None
 }
 
 /// Closes `file` on a blocking thread (`close(2)` may wait on the server
@@ -696,15 +810,28 @@ fn open_noatime(path: &Path) -> io::Result<File> {
 /// that is not zero-filled first (the kernel writes every byte the result
 /// holds); a file that ends early is an error.
 pub(crate) fn pread_exact(file: &File, offset: u64, n: usize) -> io::Result<Bytes> {
+    pread_fill(file, offset, n, None).map(Bytes::from)
+}
+
+/// Reads exactly `n` bytes at `offset` into `spare` (a buffer handed back
+/// once the last `Bytes` of its chunk was dropped, used when it is large
+/// enough) or a new buffer, neither zero-filled first: the kernel writes
+/// into the spare capacity and every byte the result holds. A file that
+/// ends early is an error.
+fn pread_fill(file: &File, offset: u64, n: usize, spare: Option<Vec<u8>>) -> io::Result<Vec<u8>> {
     use std::os::fd::AsRawFd;
-    let mut buf = Vec::<u8>::with_capacity(n);
+    let mut buf = spare
+        .filter(|b| b.capacity() >= n)
+        .unwrap_or_else(|| Vec::with_capacity(n));
+    buf.clear();
     while buf.len() < n {
         let done = buf.len();
         let at = libc::off_t::try_from(offset + done as u64)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset out of range"))?;
         // SAFETY: the destination is the `n - done` bytes of spare capacity
-        // of `buf`, which outlives the call; the kernel writes at most that
-        // many bytes there and reports how many.
+        // of `buf` (its capacity is at least `n`), which outlives the
+        // call; the kernel writes at most that many bytes there and
+        // reports how many.
         let got = unsafe {
             libc::pread(
                 file.as_raw_fd(),
@@ -726,7 +853,7 @@ pub(crate) fn pread_exact(file: &File, offset: u64, n: usize) -> io::Result<Byte
             g => unsafe { buf.set_len(done + g as usize) },
         }
     }
-    Ok(Bytes::from(buf))
+    Ok(buf)
 }
 
 /// Names an early end of file as what it means here.
@@ -738,41 +865,22 @@ fn short_file(e: io::Error) -> io::Error {
     }
 }
 
-/// Reads exactly `n` bytes into `spare` (a buffer handed back once the
-/// last `Bytes` of its chunk was dropped) or a new buffer; a file that
-/// ends early is an error.
-///
-/// Neither zero-fills: a recycled buffer is already initialised (its
-/// length is the size of the chunk it held) and is read into with one
-/// `read_exact`; a new one is read into its uninitialised spare capacity
-/// by `Take::read_to_end` (std reads a `File` into spare capacity without
-/// initialising it).
-fn fill_chunk(file: &mut File, n: usize, spare: Option<Vec<u8>>) -> io::Result<Vec<u8>> {
-    if let Some(mut buf) = spare.filter(|b| b.len() >= n) {
-        buf.truncate(n);
-        file.read_exact(&mut buf).map_err(short_file)?;
-        return Ok(buf);
-    }
-    let mut buf = Vec::with_capacity(n);
-    file.take(n as u64).read_to_end(&mut buf)?;
-    if buf.len() < n {
-        return Err(short_file(io::ErrorKind::UnexpectedEof.into()));
-    }
-    Ok(buf)
-}
-
-/// A read-ahead chunk's buffer, sent back to the task for reuse when the
-/// last `Bytes` handle on it is dropped.
+/// A streamed read's chunk buffer, sent back to the task for reuse when
+/// the last `Bytes` handle on it is dropped, together with the permit of
+/// the read's budget it holds (released right after the buffer is back,
+/// so the task that the permit wakes finds it).
 struct Recycled {
     buf: Vec<u8>,
     to: std_mpsc::Sender<Vec<u8>>,
+    _live: OwnedSemaphorePermit,
 }
 
 impl Recycled {
-    fn bytes(buf: Vec<u8>, to: &std_mpsc::Sender<Vec<u8>>) -> Bytes {
+    fn bytes(buf: Vec<u8>, to: &std_mpsc::Sender<Vec<u8>>, live: OwnedSemaphorePermit) -> Bytes {
         Bytes::from_owner(Recycled {
             buf,
             to: to.clone(),
+            _live: live,
         })
     }
 }

@@ -1032,7 +1032,7 @@ async fn cached_small_reads_run_inline_and_fall_back_when_they_would_block() {
         engine.inline_reads_on() || !cfg!(target_os = "linux"),
         "a temporary directory is on local media"
     );
-    let data = content(200 * 1024, 3);
+    let data = content(100 * 1024, 3);
     let key = put(&engine, "a", &data).await;
     // The first read opens the file (inline: its dentry and bytes are
     // cached since the put) and caches the descriptor.

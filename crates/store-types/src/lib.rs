@@ -69,5 +69,8 @@ pub use seam::{
     GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
 };
 
-/// Default chunk size used when streaming blobs between tiers (256 KiB).
-pub const CHUNK_SIZE: usize = 256 * 1024;
+/// Default chunk size used when streaming blobs between tiers (128 KiB):
+/// also the most of a response's bytes a streamed read holds for a client
+/// that stopped reading (ADR-057; it was 256 KiB, and a stalled GET held
+/// about a megabyte).
+pub const CHUNK_SIZE: usize = 128 * 1024;
