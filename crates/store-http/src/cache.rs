@@ -21,74 +21,68 @@
 //! as for every route (`Bearer`, or `Basic` with the key as password where
 //! enabled).
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RANGE};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::body::body_reader;
-use super::handlers::{audit, blob_response, entry_headers, fail, value};
+use super::handlers::{audit, blob_response, entry_headers, fail, value, Caller};
 use store_ops::auth::{Identity, Scope};
 use store_ops::range::parse_range_header;
 use store_ops::refs::expect_from_headers;
 use store_ops::Ops;
 use store_ops::{ErrorCode, OpsError};
 
-/// Every method on `/cache/{ns}`, `/cache/{ns}/` and `/cache/{ns}/{*key}`.
-pub(super) async fn cache_any(
+/// Every method on `/cache/{ns}` and `/cache/{ns}/` (no key).
+pub(super) async fn cache_ns(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    Path(params): Path<HashMap<String, String>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
+    Caller(identity): Caller,
+    Path(ns): Path<String>,
+    req: Request,
 ) -> Response {
-    let Some(ns) = params.get("ns").cloned() else {
-        return fail(&ops, OpsError::bad_request("missing namespace"));
-    };
-    let key = params.get("key").cloned().unwrap_or_default();
-    serve(ops, identity, ns, key, method, uri, headers, body).await
+    serve(ops, identity, ns, String::new(), req).await
+}
+
+/// Every method on `/cache/{ns}/{*key}`. Typed path parameters and the
+/// request taken whole: no map of parameters, no copy of the headers.
+pub(super) async fn cache_key(
+    State(ops): State<Ops>,
+    Caller(identity): Caller,
+    Path((ns, key)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    serve(ops, identity, ns, key, req).await
 }
 
 /// A namespace's own base path (`http_path`, e.g. `/bazel/{*key}`): the
-/// same protocol with the namespace fixed by the route.
-pub(super) fn alias(ns: String) -> axum::routing::MethodRouter<Ops> {
-    axum::routing::any(
-        move |State(ops): State<Ops>,
-              Extension(identity): Extension<Identity>,
-              params: Option<Path<HashMap<String, String>>>,
-              method: Method,
-              uri: Uri,
-              headers: HeaderMap,
-              body: Body| {
-            let ns = ns.clone();
-            async move {
-                let key = params
-                    .and_then(|Path(p)| p.get("key").cloned())
-                    .unwrap_or_default();
-                serve(ops, identity, ns, key, method, uri, headers, body).await
-            }
-        },
-    )
-    .layer(axum::extract::DefaultBodyLimit::disable())
+/// same protocol with the namespace fixed by the route; `keyed` for the
+/// `{*key}` route.
+pub(super) fn alias(ns: String, keyed: bool) -> axum::routing::MethodRouter<Ops> {
+    let ns: std::sync::Arc<str> = ns.into();
+    let route = if keyed {
+        axum::routing::any(
+            move |State(ops): State<Ops>,
+                  Caller(identity): Caller,
+                  Path(key): Path<String>,
+                  req: Request| { serve(ops, identity, ns.to_string(), key, req) },
+        )
+    } else {
+        axum::routing::any(
+            move |State(ops): State<Ops>, Caller(identity): Caller, req: Request| {
+                serve(ops, identity, ns.to_string(), String::new(), req)
+            },
+        )
+    };
+    route.layer(axum::extract::DefaultBodyLimit::disable())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn serve(
-    ops: Ops,
-    identity: Identity,
-    ns: String,
-    key: String,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn serve(ops: Ops, identity: Identity, ns: String, key: String, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     let scope = match method.as_str() {
         "GET" | "HEAD" | "PROPFIND" => Scope::Read,
         "PUT" | "MKCOL" => Scope::Write,

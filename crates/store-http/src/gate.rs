@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, WWW_AUTHENTICATE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -28,12 +28,47 @@ use store_ops::{ErrorCode, OpsError};
 pub const HEADER_REQUEST_ID: &str = "x-request-id";
 
 tokio::task_local! {
-    static REQUEST_ID: String;
+    static REQUEST_ID: RequestId;
 }
 
 /// The id of the request being handled on this task, if any.
 pub(crate) fn request_id() -> Option<String> {
-    REQUEST_ID.try_with(|id| id.clone()).ok()
+    REQUEST_ID.try_with(|id| id.as_str().to_string()).ok()
+}
+
+/// A request id: 64 random bits as 16 lowercase hex characters, held
+/// inline (no allocation per request).
+#[derive(Clone, Copy)]
+struct RequestId([u8; 16]);
+
+impl RequestId {
+    fn new() -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let n = rand::rng().next_u64();
+        let mut b = [0u8; 16];
+        for (i, c) in b.iter_mut().enumerate() {
+            *c = HEX[(n >> (60 - 4 * i)) as usize & 0xf];
+        }
+        RequestId(b)
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+    }
+
+    /// The header's name, built without allocating (a `&str` name
+    /// would be copied on every insert).
+    const NAME: HeaderName = HeaderName::from_static(HEADER_REQUEST_ID);
+
+    fn header(&self) -> HeaderValue {
+        HeaderValue::from_bytes(&self.0).expect("hex digits are a valid header value")
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What the gate needs, shared by every request.
@@ -84,20 +119,12 @@ impl Gate {
         if self.allowed_hosts.is_empty() || self.allowed_hosts.iter().any(|h| h == "*") {
             return Ok(());
         }
-        let host = req
-            .uri()
-            .authority()
-            .map(|a| a.as_str().to_string())
-            .or_else(|| {
-                req.headers()
-                    .get(HOST)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string)
-            })
-            .map(|h| host_name(&h));
-        let ok = host
-            .as_deref()
-            .is_some_and(|h| self.allowed_hosts.iter().any(|a| a == h));
+        let host = match req.uri().authority() {
+            Some(a) => Some(a.as_str()),
+            None => req.headers().get(HOST).and_then(|v| v.to_str().ok()),
+        }
+        .map(host_part);
+        let ok = host.is_some_and(|h| self.allowed_hosts.iter().any(|a| a.eq_ignore_ascii_case(h)));
         if !ok {
             return Err(OpsError::new(
                 ErrorCode::HostNotAllowed,
@@ -142,14 +169,15 @@ fn base_path_route<'c>(
 /// The label of a path no route serves.
 const UNKNOWN_ROUTE: &str = "(unknown)";
 
-/// 64 random bits as 16 hex characters.
-fn new_request_id() -> String {
-    format!("{:016x}", rand::rng().next_u64())
-}
-
 /// The host part of a `Host` value or URI authority: no port, no
 /// brackets around an IPv6 literal, lowercase.
+#[cfg(test)]
 pub(crate) fn host_name(authority: &str) -> String {
+    host_part(authority).to_ascii_lowercase()
+}
+
+/// [`host_name`] without the lowercasing (and so without allocating).
+fn host_part(authority: &str) -> &str {
     let a = authority.trim();
     let host = if let Some(rest) = a.strip_prefix('[') {
         rest.split(']').next().unwrap_or("")
@@ -159,14 +187,21 @@ pub(crate) fn host_name(authority: &str) -> String {
             _ => a,
         }
     };
-    host.trim_end_matches('.').to_ascii_lowercase()
+    host.trim_end_matches('.')
 }
 
 /// The route's label and namespace for the access log (no digests or
 /// tokens: the label is the route pattern).
 fn route_of(path: &str) -> (&'static str, Option<&str>) {
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match parts.as_slice() {
+    // The first five segments (no route has more; `..` patterns only
+    // need to know there are more), without a Vec per request.
+    let mut buf = [""; 5];
+    let mut n = 0;
+    for (slot, part) in buf.iter_mut().zip(path.trim_start_matches('/').split('/')) {
+        *slot = part;
+        n += 1;
+    }
+    match &buf[..n] {
         ["v1", "blobs", ns] => ("/v1/blobs/{ns}", Some(ns)),
         ["v1", "blobs", ns, _] => ("/v1/blobs/{ns}/{digest}", Some(ns)),
         ["v1", "have"] => ("/v1/have", None),
@@ -189,7 +224,7 @@ fn route_of(path: &str) -> (&'static str, Option<&str>) {
 }
 
 /// A JSON error answer from the gate itself (before any handler).
-fn refuse(ops: &Ops, e: OpsError, id: &str) -> Response {
+fn refuse(ops: &Ops, e: OpsError, id: RequestId) -> Response {
     ops.metrics().error(e.code);
     let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
     let mut resp = (status, Json(e.body())).into_response();
@@ -204,9 +239,7 @@ fn refuse(ops: &Ops, e: OpsError, id: &str) -> Response {
             HeaderValue::from_static("Basic realm=\"blobpool\""),
         );
     }
-    if let Ok(v) = HeaderValue::from_str(id) {
-        resp.headers_mut().insert(HEADER_REQUEST_ID, v);
-    }
+    resp.headers_mut().insert(RequestId::NAME, id.header());
     resp
 }
 
@@ -218,55 +251,84 @@ fn content_length(h: &HeaderMap) -> u64 {
         .unwrap_or(0)
 }
 
-/// The middleware.
+/// The middleware. Per request it reads the clock twice (the latency
+/// histogram and the access log share one measurement) and allocates
+/// only the request id's header value; what only the access log needs
+/// (the peer's address, the identity's name, the namespace) is kept
+/// when that log is on (ADR-056).
 pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
-    let id = new_request_id();
+    let id = RequestId::new();
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let (route, ns) = gate.route(&path);
-    let ns = ns.map(Cow::into_owned);
+    // A `Uri` clone shares its bytes: the route label borrows from it.
+    let uri = req.uri().clone();
+    let (route, ns) = gate.route(uri.path());
     let req_bytes = content_length(req.headers());
-    let peer = req.extensions().get::<PeerInfo>().cloned();
-    let remote = peer
-        .as_ref()
-        .map_or_else(|| "-".to_string(), |p| p.remote.to_string());
-
-    let outcome = gate.admit(&req, peer.as_ref());
+    let peer = req.extensions().get::<PeerInfo>();
+    let remote = peer.map(|p| p.remote);
+    let outcome = gate.admit(&req, peer);
+    let logged = tracing::enabled!(target: "blobpool::access", tracing::Level::INFO);
 
     let (identity_name, mut resp) = match outcome {
         Ok(identity) => {
-            let name = identity.name().to_string();
+            let name = logged.then(|| identity.name().to_string());
             req.extensions_mut().insert(identity);
-            let resp = REQUEST_ID.scope(id.clone(), next.run(req)).await;
+            let resp = REQUEST_ID.scope(id, next.run(req)).await;
             (name, resp)
         }
-        Err(e) => ("-".to_string(), refuse(&gate.ops, e, &id)),
+        Err(e) => (None, refuse(&gate.ops, e, id)),
     };
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        resp.headers_mut().insert(HEADER_REQUEST_ID, v);
-    }
-    let resp_bytes = content_length(resp.headers());
+    resp.headers_mut().insert(RequestId::NAME, id.header());
     let elapsed = started.elapsed().as_secs_f64();
     gate.ops
         .metrics()
         .request(route.clone(), method.as_str(), elapsed);
+    if logged {
+        access_log(AccessLine {
+            id,
+            remote,
+            identity: identity_name.as_deref().unwrap_or("-"),
+            method: &method,
+            route: &route,
+            ns: ns.as_deref().unwrap_or("-"),
+            resp: &resp,
+            req_bytes,
+            elapsed,
+        });
+    }
+    resp
+}
+
+/// What one access-log line says.
+struct AccessLine<'a> {
+    id: RequestId,
+    remote: Option<std::net::SocketAddr>,
+    identity: &'a str,
+    method: &'a axum::http::Method,
+    route: &'a str,
+    ns: &'a str,
+    resp: &'a Response,
+    req_bytes: u64,
+    elapsed: f64,
+}
+
+fn access_log(l: AccessLine<'_>) {
+    let remote = l.remote.map_or_else(|| "-".to_string(), |r| r.to_string());
     tracing::info!(
         target: "blobpool::access",
-        request_id = %id,
+        request_id = %l.id,
         remote = %remote,
-        identity = %identity_name,
-        method = %method,
-        route = %route,
-        namespace = ns.as_deref().unwrap_or("-"),
-        status = resp.status().as_u16(),
-        request_bytes = req_bytes,
-        response_bytes = resp_bytes,
+        identity = %l.identity,
+        method = %l.method,
+        route = %l.route,
+        namespace = l.ns,
+        status = l.resp.status().as_u16(),
+        request_bytes = l.req_bytes,
+        response_bytes = content_length(l.resp.headers()),
         // Time to the response head; bodies stream after it.
-        duration_ms = elapsed * 1000.0,
+        duration_ms = l.elapsed * 1000.0,
         "request"
     );
-    resp
 }
 
 #[cfg(test)]

@@ -28,6 +28,29 @@ use store_ops::range::parse_range_header;
 use store_ops::Ops;
 use store_ops::{ErrorCode, OpsError};
 
+/// The caller's identity, which the gate put into the request's
+/// extensions, taken out of them: axum's `Extension` extractor would clone
+/// it (a name and a list of grants) for every request.
+pub(super) struct Caller(pub(super) Identity);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Response> {
+        match parts.extensions.remove::<Identity>() {
+            Some(identity) => Ok(Caller(identity)),
+            None => Err((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request passed no gate (no identity)",
+            )
+                .into_response()),
+        }
+    }
+}
+
 /// What a client is told instead of an internal error's message (which
 /// may name paths, pids or backend addresses): the request id under which
 /// the server logged it.
@@ -135,21 +158,61 @@ pub(super) fn value(s: impl AsRef<str>) -> HeaderValue {
     HeaderValue::from_str(s.as_ref()).expect("header values built here are visible ASCII")
 }
 
+/// A header value over `b` without copying it.
+fn shared_value(b: bytes::Bytes) -> HeaderValue {
+    HeaderValue::from_maybe_shared(b).expect("header values built here are visible ASCII")
+}
+
 /// Headers describing an entry (shared by `GET` and `HEAD`).
 pub(super) fn entry_headers(h: &mut HeaderMap, digest: &str, tier: store_core::Tier) {
+    let mut quoted = Vec::with_capacity(digest.len() + 2);
+    quoted.push(b'"');
+    quoted.extend_from_slice(digest.as_bytes());
+    quoted.push(b'"');
+    entry_headers_quoted(h, quoted, tier);
+}
+
+/// [`entry_headers`] of a digest, its hex written once into the buffer
+/// the ETag and the digest header share.
+fn entry_headers_of(h: &mut HeaderMap, digest: &store_core::Digest, tier: store_core::Tier) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut quoted = Vec::with_capacity(66);
+    quoted.push(b'"');
+    for b in digest.as_bytes() {
+        quoted.push(HEX[usize::from(b >> 4)]);
+        quoted.push(HEX[usize::from(b & 0xf)]);
+    }
+    quoted.push(b'"');
+    entry_headers_quoted(h, quoted, tier);
+}
+
+/// The entry headers with `quoted` the digest in double quotes (its
+/// exact length: `Bytes` takes it without copying).
+fn entry_headers_quoted(h: &mut HeaderMap, quoted: Vec<u8>, tier: store_core::Tier) {
+    h.reserve(9);
     h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
     h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    h.insert(ETAG, value(format!("\"{digest}\"")));
+    // One buffer for both: the ETag is the digest in quotes, and a
+    // header value built from `Bytes` shares them.
+    let quoted = bytes::Bytes::from(quoted);
+    let digest_value = quoted.slice(1..quoted.len() - 1);
+    h.insert(ETAG, shared_value(quoted));
     // Content under a digest never changes.
     h.insert(
         CACHE_CONTROL,
         HeaderValue::from_static("public, max-age=31536000, immutable"),
     );
-    h.insert(header(HEADER_DIGEST), value(digest));
-    h.insert(header(HEADER_TIER), value(tier.to_string()));
+    h.insert(header(HEADER_DIGEST), shared_value(digest_value));
+    h.insert(
+        header(HEADER_TIER),
+        HeaderValue::from_static(match tier {
+            store_core::Tier::Kv => "kv",
+            store_core::Tier::Large => "large",
+        }),
+    );
     // The same URL also answers `application/x-bao` (ADR-033).
     h.insert(VARY, HeaderValue::from_static("accept"));
 }
@@ -250,13 +313,15 @@ pub(super) async fn put_blob(
     }
 }
 
-/// `GET /v1/blobs/{ns}/{digest}`.
+/// `GET /v1/blobs/{ns}/{digest}`. Takes the request whole: a `HeaderMap`
+/// extractor would copy the headers.
 pub(super) async fn get_blob(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
+    Caller(identity): Caller,
     path: Result<Path<(String, String)>, PathRejection>,
-    headers: HeaderMap,
+    req: axum::extract::Request,
 ) -> Response {
+    let headers = req.headers();
     let (ns, digest) = match path {
         Ok(Path(p)) => p,
         Err(e) => return fail(&ops, path_error(e)),
@@ -269,7 +334,7 @@ pub(super) async fn get_blob(
         .get(RANGE)
         .and_then(|v| v.to_str().ok())
         .and_then(parse_range_header);
-    if accepts_bao(&headers) {
+    if accepts_bao(headers) {
         return get_bao(ops, &ns, &digest, range).await;
     }
     match ops.get(&ns, &digest, range).await {
@@ -287,24 +352,31 @@ pub(super) async fn blob_response(ops: Ops, got: store_ops::GetResponse) -> Resp
         StatusCode::OK
     };
     let len = got.blob.len();
-    let mut h = HeaderMap::new();
-    entry_headers(&mut h, &got.digest.to_hex(), got.tier);
-    h.insert(CONTENT_LENGTH, value(len.to_string()));
+    // A buffered body has an exact length: hyper writes its
+    // `Content-Length` itself (no header value to build and parse back).
+    let (body, sized) = if len <= BUFFERED_MAX {
+        match buffered_body(got.blob, &ops).await {
+            Ok(b) => (b, true),
+            Err(e) => return fail(&ops, e),
+        }
+    } else {
+        (blob_body(got.blob, ops), false)
+    };
+    // The headers go straight into the response's own map.
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    entry_headers_of(h, &got.digest, got.tier);
+    if !sized {
+        h.insert(CONTENT_LENGTH, HeaderValue::from(len));
+    }
     if let Some(r) = &got.range {
         h.insert(
             CONTENT_RANGE,
             value(format!("bytes {}-{}/{}", r.start, r.end - 1, got.size)),
         );
     }
-    let body = if len <= BUFFERED_MAX {
-        match buffered_body(got.blob, &ops).await {
-            Ok(b) => b,
-            Err(e) => return fail(&ops, e),
-        }
-    } else {
-        blob_body(got.blob, ops)
-    };
-    (status, h, body).into_response()
+    resp
 }
 
 /// `GET /v1/blobs/{ns}/{digest}` with `Accept: application/x-bao`: `200`

@@ -76,9 +76,12 @@ fn routes(ops: Ops) -> Router {
     for (path, ns) in &ops.config().cache_paths {
         let base = path.trim_end_matches('/');
         router = router
-            .route(base, cache::alias(ns.to_string()))
-            .route(&format!("{base}/"), cache::alias(ns.to_string()))
-            .route(&format!("{base}/{{*key}}"), cache::alias(ns.to_string()));
+            .route(base, cache::alias(ns.to_string(), false))
+            .route(&format!("{base}/"), cache::alias(ns.to_string(), false))
+            .route(
+                &format!("{base}/{{*key}}"),
+                cache::alias(ns.to_string(), true),
+            );
     }
     router
         .route(
@@ -117,15 +120,15 @@ fn routes(ops: Ops) -> Router {
         .route("/v1/verify", post(admin::verify))
         .route(
             "/cache/{ns}",
-            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
+            axum::routing::any(cache::cache_ns).layer(DefaultBodyLimit::disable()),
         )
         .route(
             "/cache/{ns}/",
-            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
+            axum::routing::any(cache::cache_ns).layer(DefaultBodyLimit::disable()),
         )
         .route(
             "/cache/{ns}/{*key}",
-            axum::routing::any(cache::cache_any).layer(DefaultBodyLimit::disable()),
+            axum::routing::any(cache::cache_key).layer(DefaultBodyLimit::disable()),
         )
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))

@@ -41,9 +41,10 @@ impl Shared {
         let mut b = auto::Builder::new(TokioExecutor::new());
         b.http1()
             .timer(TokioTimer::new())
-            // A backstop only: hyper starts this timer as soon as a
-            // keep-alive connection waits, see the module docs.
-            .header_read_timeout(limits.header_read_timeout + limits.idle_timeout)
+            // Off: the watchdog enforces the header and idle rules. hyper's
+            // own timer cost a boxed sleep and a clock read per request and
+            // could only fire after the watchdog's idle rule (ADR-056).
+            .header_read_timeout(None)
             .max_buf_size(MAX_HEADER_BYTES)
             .keep_alive(true);
         if let Some(streams) = limits.http2_max_streams {
@@ -150,7 +151,9 @@ async fn drive<I>(
 
     let tick = (limits.header_read_timeout.min(limits.idle_timeout) / 8)
         .clamp(Duration::from_millis(10), Duration::from_millis(500));
-    let mut ticker = tokio::time::interval(tick);
+    // The first tick one period from now: an immediate one would wake a
+    // fresh connection for nothing (ADR-056).
+    let mut ticker = tokio::time::interval_at(Instant::now() + tick, tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopping = *stop.borrow();
     if stopping {

@@ -34,12 +34,13 @@
 //!   `write_timeout` (a stalled reader over HTTP/2, where flow control
 //!   blocks the stream while the socket stays writable).
 //!
-//! hyper's own HTTP/1 `header_read_timeout` also runs (with `TokioTimer`),
-//! set to `header_read_timeout + idle_timeout`: hyper starts that timer as
-//! soon as a keep-alive connection waits for its next request, so it can
-//! only be a backstop behind the watchdog's precise rules. The HTTP/1 read
-//! buffer is capped at [`MAX_HEADER_BYTES`], which bounds an unfinished
-//! header block.
+//! hyper's own HTTP/1 `header_read_timeout` is off: hyper would start it
+//! as soon as a keep-alive connection waits for its next request (a boxed
+//! timer and a clock read per request), so it could only fire after the
+//! watchdog's idle rule (ADR-056). The watchdog's clock is a coarse one
+//! (`CLOCK_MONOTONIC_COARSE`, a few milliseconds of resolution). The HTTP/1
+//! read buffer is capped at [`MAX_HEADER_BYTES`], which bounds an
+//! unfinished header block.
 //!
 //! # Shutdown
 //!

@@ -37,10 +37,36 @@ pub(super) enum Verdict {
     WriteStalled,
 }
 
+/// Milliseconds on a coarse monotonic clock (`CLOCK_MONOTONIC_COARSE` on
+/// Linux: the kernel's last tick, read from the vDSO without touching the
+/// TSC; a few milliseconds of resolution, which the watchdog's
+/// second-scale rules do not notice). The connection's activity is stamped
+/// several times per request; a precise clock read each time cost
+/// measurable CPU (ADR-056).
+fn coarse_ms() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec for the call.
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0 {
+            return ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000;
+        }
+    }
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
 /// Per-connection activity, shared by the IO wrapper, the service wrapper
-/// and the watchdog. Times are milliseconds since `start`.
+/// and the watchdog. Times are milliseconds since `start` on the coarse
+/// clock ([`coarse_ms`]).
 pub(super) struct ConnState {
-    start: Instant,
+    start: u64,
     /// Requests whose response body has not ended yet.
     in_flight: AtomicUsize,
     /// Requests started so far.
@@ -55,14 +81,16 @@ pub(super) struct ConnState {
     h2: AtomicBool,
     /// Per response body in flight: 1 + when it last handed a frame to the
     /// writer without being polled since; 0 when it is being polled or
-    /// waits on its own source.
-    responses: std::sync::Mutex<Vec<std::sync::Weak<AtomicU64>>>,
+    /// waits on its own source. A slot no body holds any more (only this
+    /// list does) is reused by the next response, so a keep-alive
+    /// connection allocates none per request.
+    responses: std::sync::Mutex<Vec<Arc<AtomicU64>>>,
 }
 
 impl ConnState {
     pub(super) fn new() -> Self {
         ConnState {
-            start: Instant::now(),
+            start: coarse_ms(),
             in_flight: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
@@ -73,7 +101,7 @@ impl ConnState {
     }
 
     fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
+        coarse_ms().saturating_sub(self.start)
     }
 
     /// The connection is ready for its first request (after the TLS
@@ -106,10 +134,22 @@ impl ConnState {
 
     /// Registers a response body's stall clock.
     fn track_response(&self) -> Arc<AtomicU64> {
-        let clock = Arc::new(AtomicU64::new(0));
         let mut responses = self.responses.lock().unwrap_or_else(|p| p.into_inner());
-        responses.retain(|w| w.strong_count() > 0);
-        responses.push(Arc::downgrade(&clock));
+        if let Some(free) = responses.iter().find(|c| Arc::strong_count(c) == 1) {
+            free.store(0, Ordering::SeqCst);
+            return free.clone();
+        }
+        // Beyond a few free slots (after a burst of HTTP/2 streams) the
+        // unused ones are dropped.
+        let mut free = 0;
+        responses.retain(|c| {
+            Arc::strong_count(c) > 1 || {
+                free += 1;
+                free <= 4
+            }
+        });
+        let clock = Arc::new(AtomicU64::new(0));
+        responses.push(clock.clone());
         clock
     }
 
@@ -118,9 +158,11 @@ impl ConnState {
         if self.in_flight.load(Ordering::SeqCst) > 0 {
             let write_ms = limits.write_timeout.as_millis() as u64;
             let responses = self.responses.lock().unwrap_or_else(|p| p.into_inner());
-            let stalled = responses.iter().filter_map(|w| w.upgrade()).any(|c| {
+            // A free slot (only this list holds it) is no response.
+            let stalled = responses.iter().any(|c| {
                 let handed = c.load(Ordering::SeqCst);
-                handed != 0 && now >= handed - 1 + write_ms
+                let held = Arc::strong_count(c) > 1;
+                held && handed != 0 && now >= handed - 1 + write_ms
             });
             return if stalled {
                 Verdict::WriteStalled
