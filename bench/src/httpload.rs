@@ -299,3 +299,147 @@ mod tests {
         assert!(grown >= 0.05, "/proc saw {grown} s of a 100 ms burn");
     }
 }
+
+/// Seconds the CPUs in `cpus` spent in softirq so far (`/proc/stat`): the
+/// loopback network's receive work, which no process is charged for.
+pub fn softirq_secs(cpus: &[usize]) -> f64 {
+    let tick = 100.0; // USER_HZ on Linux
+    let Ok(s) = std::fs::read_to_string("/proc/stat") else {
+        return 0.0;
+    };
+    s.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let cpu: usize = f.next()?.strip_prefix("cpu")?.parse().ok()?;
+            // user nice system idle iowait irq softirq
+            let softirq: u64 = f.nth(6)?.parse().ok()?;
+            cpus.contains(&cpu).then_some(softirq)
+        })
+        .sum::<u64>() as f64
+        / tick
+}
+
+/// One run of `wrk` (an external load generator, its own process).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct WrkResult {
+    pub requests: u64,
+    pub secs: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Socket errors and non-2xx answers.
+    pub errors: u64,
+}
+
+impl WrkResult {
+    pub fn ops_per_sec(&self) -> f64 {
+        self.requests as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// What `wrk` is asked to do: GETs of `paths` (drawn at random per
+/// request) on `addr`, over `conns` connections for `secs`, pinned to
+/// `cpu` with `taskset`; `close` sends `Connection: close` (a fresh
+/// connection per request).
+pub struct WrkRun<'a> {
+    pub addr: std::net::SocketAddr,
+    pub paths: &'a [String],
+    pub conns: usize,
+    pub secs: f64,
+    pub cpu: usize,
+    pub close: bool,
+    pub seed: u64,
+    pub scratch: &'a std::path::Path,
+}
+
+/// A `wrk` latency figure (`123.45us`, `1.20ms`, `2.00s`) in µs.
+fn wrk_duration_us(s: &str) -> Option<f64> {
+    let (num, mult) = if let Some(n) = s.strip_suffix("us") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e3)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1e6)
+    } else {
+        return None;
+    };
+    num.parse::<f64>().ok().map(|v| v * mult)
+}
+
+/// Reads `wrk --latency`'s report.
+pub fn parse_wrk(out: &str, secs: f64) -> Option<WrkResult> {
+    let mut r = WrkResult {
+        requests: 0,
+        secs,
+        p50_us: 0.0,
+        p99_us: 0.0,
+        errors: 0,
+    };
+    for l in out.lines().map(str::trim) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        match f.as_slice() {
+            [n, "requests", "in", t, ..] => {
+                r.requests = n.parse().ok()?;
+                r.secs = t.trim_end_matches(',').strip_suffix('s')?.parse().ok()?;
+            }
+            ["50%", v] => r.p50_us = wrk_duration_us(v)?,
+            ["99%", v] => r.p99_us = wrk_duration_us(v)?,
+            ["Non-2xx", "or", "3xx", "responses:", n] => r.errors += n.parse::<u64>().ok()?,
+            ["Socket", "errors:", rest @ ..] => {
+                r.errors += rest
+                    .iter()
+                    .filter_map(|x| x.trim_end_matches(',').parse::<u64>().ok())
+                    .sum::<u64>()
+            }
+            _ => {}
+        }
+    }
+    (r.requests > 0).then_some(r)
+}
+
+/// Runs `wrk` once (see [`WrkRun`]).
+pub fn wrk(run: &WrkRun<'_>) -> Result<WrkResult, String> {
+    use std::fmt::Write as _;
+    let mut lua = String::from("local paths = {\n");
+    for p in run.paths {
+        let _ = writeln!(lua, "  {p:?},");
+    }
+    let _ = write!(
+        lua,
+        "}}\nmath.randomseed({})\nrequest = function()\n  return wrk.format(\"GET\", paths[math.random(#paths)]{})\nend\n",
+        run.seed,
+        if run.close {
+            ", {[\"Connection\"] = \"close\"}"
+        } else {
+            ""
+        }
+    );
+    let script = run.scratch.join(format!("wrk-{}.lua", run.seed));
+    std::fs::write(&script, lua).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new("taskset")
+        .args(["-c", &run.cpu.to_string(), "wrk", "--latency", "-t1"])
+        .arg(format!("-c{}", run.conns))
+        .arg(format!("-d{}s", run.secs))
+        .arg("-s")
+        .arg(&script)
+        .arg(format!("http://{}", run.addr))
+        .output()
+        .map_err(|e| format!("wrk: {e} (apt-get install wrk)"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_wrk(&text, run.secs).ok_or_else(|| format!("wrk said: {text}"))
+}
+
+#[cfg(test)]
+mod wrk_tests {
+    use super::*;
+
+    #[test]
+    fn wrk_reports_are_read() {
+        let out = "Running 2s test @ http://127.0.0.1:1\n  1 threads and 16 connections\n  Latency Distribution\n     50%  145.00us\n     75%  1.20ms\n     90%  2ms\n     99%    1.50ms\n  123456 requests in 2.00s, 500.00MB read\n  Socket errors: connect 0, read 2, write 0, timeout 1\n  Non-2xx or 3xx responses: 3\nRequests/sec:  61728.00\n";
+        let r = parse_wrk(out, 2.0).unwrap();
+        assert_eq!(r.requests, 123456);
+        assert_eq!(r.p50_us, 145.0);
+        assert_eq!(r.p99_us, 1500.0);
+        assert_eq!(r.errors, 6);
+        assert_eq!(r.secs, 2.0);
+    }
+}

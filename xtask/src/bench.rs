@@ -68,6 +68,16 @@ fn run_release_bin(name: &str, args: &[String]) -> Result<(), String> {
     }
 }
 
+/// `cargo xtask bench-http [ARGS]`: builds `blobpool` and the bench
+/// binaries and runs `bench-http ARGS` (the HTTP anchor against nginx and
+/// a minimal hyper server, wrk pinned apart from the servers; needs
+/// Debian's `wrk` and `nginx`; ADR-056).
+pub(crate) fn http(args: &[String]) -> Result<(), String> {
+    crate::cargo(&["build", "--release", "-p", "bench", "--bins"])?;
+    crate::cargo(&["build", "--release", "-p", "blobpool"])?;
+    run_release_bin("bench-http", args)
+}
+
 /// `cargo xtask bench-skeptic [ARGS]`: builds the bench binaries and runs
 /// `bench-skeptic all ARGS` (issue 33: working-set reads, tail latency
 /// with a sweep, the HTTP anchor; three runs each by default). See

@@ -14,6 +14,9 @@
 //! - `bench [--quick]`: the benchmark suite and its ratio table.
 //! - `bench-skeptic [--quick] [--runs N] [--write]`: working-set reads,
 //!   tail latency with a sweep and the HTTP anchor (issue 33, ADR-051).
+//! - `bench-http [--quick] [--only CASE] [--json OUT]`: the HTTP anchor
+//!   alone (wrk against Blobpool, nginx and a minimal hyper server;
+//!   ADR-056).
 //! - `bench-cache [--quick]`: the build-cache benchmarks (issue 31): a
 //!   ccache rebuild through `blobpool serve` against a local-directory
 //!   ccache, and HTTP GET/PUT against nginx (`bench/cache/run.sh`).
@@ -25,7 +28,7 @@ mod bench;
 mod fuzz;
 mod tidy;
 
-const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-skeptic [--quick] [--runs N] [--write]";
+const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT]";
 
 /// `bench/cache/run.sh` with the given arguments (`--quick`).
 fn bench_cache(args: &[String]) -> Result<(), String> {
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&args[1..]),
         Some("bench-cache") => bench_cache(&args[1..]),
         Some("bench-skeptic") => bench::skeptic(&args[1..]),
+        Some("bench-http") => bench::http(&args[1..]),
         Some("tidy" | "arch") => tidy::check(),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("soak") => soak(&args[1..]),

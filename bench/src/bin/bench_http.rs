@@ -1,15 +1,20 @@
 //! `bench-http [--quick] [--json OUT] [--blobpool PATH] [--static PATH]`:
 //! Blobpool's HTTP server against an external anchor (issue 33).
 //!
-//! 1. **Anchor**: nginx (Debian's `nginx-light`, `sendfile on`, 2 workers)
-//!    and `static-server` (a minimal hyper server, this crate) serve the
-//!    same files — 1,000 of 4 KiB, a few of 64 MiB — that `blobpool serve`
-//!    (the embedded default store) holds; the same load generator
-//!    (`bench::httpload`) drives all three in interleaved rounds: 4 KiB
-//!    GETs over 16 connections, 64 MiB GETs over 2. Reported per server:
-//!    ops/s, p50/p99, server CPU per request (from `/proc`, nginx's
-//!    workers included) and the generator's own CPU per request (it
-//!    shares the two cores).
+//! 1. **Anchor** (ADR-056): nginx (Debian's, `sendfile on`,
+//!    `open_file_cache` on: Blobpool's own caches are hot, 1 worker) and
+//!    `static-server` (a minimal hyper server, this crate) serve the same
+//!    files — 1,000 of 4 KiB and of 1 KiB, 16 of 1 MiB, a few of 64 MiB —
+//!    that `blobpool serve` (the embedded default store) holds, the 1 KiB
+//!    ones also as `/cache/cc/k/{i}` keys. Every server is pinned to CPU 0
+//!    (`taskset`); the load generator is `wrk` (Debian's), its own process
+//!    pinned to CPU 1, picking a random file per request. Interleaved
+//!    rounds: 4 KiB over 16 connections, 4 KiB with `Connection: close` (a
+//!    fresh connection per GET, as ccache makes), `/cache` 1 KiB (and the
+//!    same entries by digest) over 16, 1 MiB over 4, 64 MiB over 2.
+//!    Reported per server: req/s, p50/p99, and server CPU per request: the
+//!    process's (nginx's workers included, from `/proc/PID/stat`) plus
+//!    CPU 0's softirq time (`/proc/stat`: the loopback's receive work).
 //! 2. **Tail latency over HTTP**: 16 connections, 90 % GETs of 20,000 live
 //!    4 KiB entries (namespace policy `keep`), 10 % PUTs of fresh ones;
 //!    rounds alternate between no sweep and a sweep (`POST /v1/sweep`
@@ -37,6 +42,11 @@ use serde::Serialize;
 
 const SMALL: usize = 4 * 1024;
 const LARGE: usize = 64 << 20;
+const TINY: usize = 1024;
+const MEDIUM: usize = 1 << 20;
+/// The CPU the servers run on; the generator runs on [`GEN_CPU`].
+const SERVER_CPU: usize = 0;
+const GEN_CPU: usize = 1;
 
 struct Opts {
     quick: bool,
@@ -61,11 +71,11 @@ fn parse() -> Result<Opts, String> {
         match a.as_str() {
             "--quick" => o.quick = true,
             // For profiles: one part only (`4k`, `64m` or `tail`).
-            "--only" => o.only = Some(value()?),
+            "--only" => o.only = Some(value()?), // 4k, 4k-close, cache-1k, 1m, 64m, tail
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "--blobpool" => o.blobpool = PathBuf::from(value()?),
             "--static" => o.static_server = PathBuf::from(value()?),
-            _ => return Err(format!("usage: bench-http [--quick] [--only 4k|64m|tail] [--json OUT] [--blobpool PATH] [--static PATH] (got {a:?})")),
+            _ => return Err(format!("usage: bench-http [--quick] [--only 4k|4k-close|cache-1k|1m|64m|tail] [--json OUT] [--blobpool PATH] [--static PATH] (got {a:?})")),
         }
     }
     Ok(o)
@@ -114,6 +124,8 @@ interval = "off"
 policy = "keep"
 [gc.namespaces.garbage]
 policy = "unreferenced"
+[gc.namespaces.cc]
+policy = "cache"
 "#,
         d = dir.display()
     )
@@ -125,8 +137,9 @@ fn nginx_config(dir: &Path, port: u16) -> BenchResult<String> {
         Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     Ok(format!(
-        "user {u} {g};\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log warn;\n\
+        "user {u} {g};\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log warn;\n\
          events {{ worker_connections 1024; }}\nhttp {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000000;\n\
+         open_file_cache max=10000 inactive=60s;\n  open_file_cache_valid 60s;\n\
          server {{\n    listen 127.0.0.1:{port};\n    root {d}/www;\n  }}\n}}\n",
         u = user("-un")?,
         g = user("-gn")?,
@@ -236,11 +249,17 @@ async fn fill(addr: SocketAddr, ns: &str, n: usize, size: usize) -> BenchResult<
     Ok(all)
 }
 
-async fn start(
-    o: &Opts,
-    small: usize,
-    large: usize,
-) -> BenchResult<(Servers, Vec<String>, Vec<String>)> {
+/// The digests Blobpool answered for each class's files, by file prefix.
+type Digests = std::collections::BTreeMap<&'static str, Vec<String>>;
+
+/// `taskset -c SERVER_CPU program`.
+fn pinned(program: &Path) -> Command {
+    let mut c = Command::new("taskset");
+    c.arg("-c").arg(SERVER_CPU.to_string()).arg(program);
+    c
+}
+
+async fn start(o: &Opts, small: usize, large: usize) -> BenchResult<(Servers, Digests)> {
     for t in [&o.blobpool, &o.static_server] {
         if !t.exists() {
             return Err(format!(
@@ -258,7 +277,13 @@ async fn start(
         .map_err(err)?;
     std::fs::create_dir_all(d.join("www/files")).map_err(err)?;
     let mut files = Vec::new();
-    for (prefix, n, size) in [("s", small, SMALL), ("l", large, LARGE)] {
+    let medium = (small / 50).max(4);
+    for (prefix, n, size) in [
+        ("s", small, SMALL),
+        ("t", small, TINY),
+        ("m", medium, MEDIUM),
+        ("l", large, LARGE),
+    ] {
         for i in 0..n {
             let body = random_bytes(size);
             std::fs::write(d.join(format!("www/files/{prefix}-{i}")), &body).map_err(err)?;
@@ -268,7 +293,7 @@ async fn start(
     let (bp_port, ng_port) = (free_port()?, free_port()?);
     std::fs::write(d.join("blobpool.toml"), blobpool_config(&d, bp_port)).map_err(err)?;
     std::fs::write(d.join("nginx.conf"), nginx_config(&d, ng_port)?).map_err(err)?;
-    let blobpool = Command::new(&o.blobpool)
+    let blobpool = pinned(&o.blobpool)
         .arg("--config")
         .arg(d.join("blobpool.toml"))
         .arg("serve")
@@ -277,7 +302,7 @@ async fn start(
         .stderr(std::fs::File::create(d.join("blobpool.log")).map_err(err)?)
         .spawn()
         .map_err(|e| format!("{}: {e}", o.blobpool.display()))?;
-    let mut hyper = Command::new(&o.static_server)
+    let mut hyper = pinned(&o.static_server)
         .arg("--root")
         .arg(d.join("www"))
         .stdout(Stdio::piped())
@@ -294,7 +319,7 @@ async fn start(
         .trim_start_matches("listening ")
         .parse()
         .map_err(err)?;
-    let status = Command::new("nginx")
+    let status = pinned(Path::new("nginx"))
         .arg("-c")
         .arg(d.join("nginx.conf"))
         .arg("-p")
@@ -344,28 +369,27 @@ async fn start(
         servers.hyper.id()
     );
     wait_for(bp, "/health").await?;
-    let (mut small_digests, mut large_digests) = (Vec::new(), Vec::new());
-    for (prefix, _, body) in &files {
+    let mut digests = Digests::new();
+    for (prefix, i, body) in &files {
         let digest = put_one(bp, "anchor", body.clone()).await?;
-        if *prefix == "s" {
-            small_digests.push(digest)
-        } else {
-            large_digests.push(digest)
+        if *prefix == "t" {
+            cache_put(bp, &format!("/cache/cc/k/{i}"), body.clone()).await?;
         }
+        digests.entry(*prefix).or_default().push(digest);
     }
     // The three answer the same bytes.
     for (prefix, i, body) in files.iter().filter(|(_, i, _)| *i == 0) {
-        let digest = if *prefix == "s" {
-            &small_digests[*i]
-        } else {
-            &large_digests[*i]
-        };
+        let digest = &digests[prefix][*i];
         let fs_path = format!("/files/{prefix}-{i}");
-        for (addr, path) in [
+        let mut paths = vec![
             (bp, format!("/v1/blobs/anchor/{digest}")),
             (ng, fs_path.clone()),
             (hy, fs_path),
-        ] {
+        ];
+        if *prefix == "t" {
+            paths.push((bp, format!("/cache/cc/k/{i}")));
+        }
+        for (addr, path) in paths {
             let mut s = connect(addr).await?;
             let (status, got) =
                 httpload::send(&mut s, addr, &get(&path, Some(body.len() as u64))).await?;
@@ -374,127 +398,224 @@ async fn start(
             }
         }
     }
-    Ok((servers, small_digests, large_digests))
+    Ok((servers, digests))
+}
+
+/// `PUT` of a cache key.
+async fn cache_put(addr: SocketAddr, path: &str, body: Bytes) -> BenchResult<()> {
+    let mut s = connect(addr).await?;
+    let req = Req {
+        method: Method::PUT,
+        path: path.to_string(),
+        headers: vec![],
+        body: Some(body),
+        class: 0,
+        expect_len: None,
+    };
+    let (status, answer) = httpload::send(&mut s, addr, &req).await?;
+    if status >= 300 {
+        return Err(format!(
+            "PUT {path}: {status} {}",
+            String::from_utf8_lossy(&answer)
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Serialize, Clone)]
 struct ServerRound {
     ops: f64,
-    p50_us: u64,
-    p99_us: u64,
+    p50_us: f64,
+    p99_us: f64,
+    /// The process's CPU (utime + stime, children included) plus the
+    /// server CPU's softirq time, per request.
     cpu_us_per_req: f64,
-    generator_cpu_us_per_req: f64,
+    /// Of which softirq.
+    softirq_us_per_req: f64,
 }
 
 #[derive(Serialize)]
 struct AnchorRound {
+    /// The first Blobpool row's and nginx's req/s (what `bench-skeptic`
+    /// reads).
     blobpool_ops: f64,
     nginx_ops: f64,
-    hyper_ops: f64,
+    /// Blobpool first.
     servers: Vec<(String, ServerRound)>,
 }
 
 #[derive(Serialize)]
 struct Anchor {
     size_name: String,
+    /// `--only` name.
+    key: String,
     connections: usize,
     window_secs: f64,
+    /// Blobpool ÷ nginx req/s must reach this in every round.
+    target: f64,
     rounds: Vec<AnchorRound>,
 }
 
-async fn measure(
-    addr: SocketAddr,
-    pid: u32,
+/// One GET class of the anchor.
+struct Case {
+    key: &'static str,
+    name: &'static str,
+    prefix: &'static str,
     conns: usize,
-    window: Duration,
-    make: MakeReq,
-    seed: u64,
-) -> BenchResult<ServerRound> {
-    let (c0, g0) = (httpload::cpu_secs(pid), httpload::self_cpu_secs());
-    let warm = Duration::from_millis(300);
-    let r = httpload::drive(addr, conns, warm, window, 1, make, seed, None).await?;
-    let (c1, g1) = (httpload::cpu_secs(pid), httpload::self_cpu_secs());
-    if r.errors() > 0 {
-        return Err(format!(
-            "{addr}: {} failed requests, first: {:?}",
-            r.errors(),
-            r.first_error
-        ));
+    close: bool,
+    /// Blobpool is asked by cache key (`/cache/cc/k/{i}`).
+    cache: bool,
+    target: f64,
+}
+
+const CASES: [Case; 5] = [
+    Case {
+        key: "4k",
+        name: "4 KiB",
+        prefix: "s",
+        conns: 16,
+        close: false,
+        cache: false,
+        target: 0.7,
+    },
+    Case {
+        key: "4k-close",
+        name: "4 KiB, new connection each",
+        prefix: "s",
+        conns: 4,
+        close: true,
+        cache: false,
+        target: 0.0,
+    },
+    Case {
+        key: "cache-1k",
+        name: "1 KiB `/cache`",
+        prefix: "t",
+        conns: 16,
+        close: false,
+        cache: true,
+        target: 0.7,
+    },
+    Case {
+        key: "1m",
+        name: "1 MiB",
+        prefix: "m",
+        conns: 4,
+        close: false,
+        cache: false,
+        target: 0.6,
+    },
+    Case {
+        key: "64m",
+        name: "64 MiB",
+        prefix: "l",
+        conns: 2,
+        close: false,
+        cache: false,
+        target: 0.8,
+    },
+];
+
+/// One round against one server: `wrk` pinned to [`GEN_CPU`], the
+/// server's CPU and [`SERVER_CPU`]'s softirq read around it.
+fn measure(run: &httpload::WrkRun<'_>, pid: u32) -> BenchResult<ServerRound> {
+    let (c0, s0) = (
+        httpload::cpu_secs(pid),
+        httpload::softirq_secs(&[SERVER_CPU]),
+    );
+    let r = httpload::wrk(run)?;
+    let (c1, s1) = (
+        httpload::cpu_secs(pid),
+        httpload::softirq_secs(&[SERVER_CPU]),
+    );
+    if r.errors > 0 {
+        return Err(format!("{}: {} failed requests", run.addr, r.errors));
     }
-    let total = r.ops_per_sec() * (r.secs + warm.as_secs_f64());
+    let n = r.requests as f64;
     Ok(ServerRound {
         ops: r.ops_per_sec(),
-        p50_us: r.classes[0].latency.p50_us,
-        p99_us: r.classes[0].latency.p99_us,
-        cpu_us_per_req: (c1 - c0) * 1e6 / total,
-        generator_cpu_us_per_req: (g1 - g0) * 1e6 / total,
+        p50_us: r.p50_us,
+        p99_us: r.p99_us,
+        cpu_us_per_req: ((c1 - c0) + (s1 - s0)) * 1e6 / n,
+        softirq_us_per_req: (s1 - s0) * 1e6 / n,
     })
 }
 
 async fn anchor(
     s: &Servers,
-    small: &[String],
-    large: &[String],
+    d: &Digests,
     quick: bool,
     only: Option<&str>,
 ) -> BenchResult<Vec<Anchor>> {
-    let (rounds, window) = if quick {
-        (2, Duration::from_secs(1))
-    } else {
-        (3, Duration::from_secs(2))
-    };
+    let (rounds, window) = if quick { (2, 1.0) } else { (3, 2.0) };
     let mut out = Vec::new();
-    for (name, digests, size, conns) in [("4 KiB", small, SMALL, 16), ("64 MiB", large, LARGE, 2)] {
-        if only.is_some_and(|o| o != if size == SMALL { "4k" } else { "64m" }) {
+    for case in &CASES {
+        if only.is_some_and(|o| o != case.key) {
             continue;
         }
-        let n = digests.len();
-        let bp_paths: Arc<Vec<String>> = Arc::new(
-            digests
-                .iter()
-                .map(|d| format!("/v1/blobs/anchor/{d}"))
-                .collect(),
-        );
-        let prefix = if size == SMALL { "s" } else { "l" };
-        let fs_paths: Arc<Vec<String>> =
-            Arc::new((0..n).map(|i| format!("/files/{prefix}-{i}")).collect());
-        let maker = |paths: Arc<Vec<String>>| -> MakeReq {
-            Arc::new(move |rng: &mut rand::rngs::StdRng| {
-                get(&paths[rng.random_range(0..paths.len())], Some(size as u64))
-            })
-        };
-        let targets = [
-            ("Blobpool", s.bp, s.blobpool.id(), maker(bp_paths.clone())),
-            ("nginx", s.ng, s.nginx_pid, maker(fs_paths.clone())),
-            ("hyper static", s.hy, s.hyper.id(), maker(fs_paths.clone())),
-        ];
+        let digests = &d[case.prefix];
+        let by_digest: Vec<String> = digests
+            .iter()
+            .map(|d| format!("/v1/blobs/anchor/{d}"))
+            .collect();
+        let files: Vec<String> = (0..digests.len())
+            .map(|i| format!("/files/{}-{i}", case.prefix))
+            .collect();
+        let mut targets = vec![];
+        if case.cache {
+            let keys: Vec<String> = (0..digests.len())
+                .map(|i| format!("/cache/cc/k/{i}"))
+                .collect();
+            targets.push(("Blobpool `/cache`", s.bp, s.blobpool.id(), keys));
+            targets.push(("Blobpool by digest", s.bp, s.blobpool.id(), by_digest));
+        } else {
+            targets.push(("Blobpool", s.bp, s.blobpool.id(), by_digest));
+        }
+        targets.push(("nginx", s.ng, s.nginx_pid, files.clone()));
+        targets.push(("hyper static", s.hy, s.hyper.id(), files));
         let mut rs = Vec::new();
         for r in 0..rounds {
-            let mut got: Vec<Option<ServerRound>> = vec![None; 3];
-            for j in 0..3 {
-                let i = (r + j) % 3;
-                let (_, addr, pid, make) = &targets[i];
-                got[i] = Some(measure(*addr, *pid, conns, window, make.clone(), r as u64).await?);
+            let mut got: Vec<Option<ServerRound>> = vec![None; targets.len()];
+            for j in 0..targets.len() {
+                let i = (r + j) % targets.len();
+                let (_, addr, pid, paths) = &targets[i];
+                let run = httpload::WrkRun {
+                    addr: *addr,
+                    paths,
+                    conns: case.conns,
+                    secs: window,
+                    cpu: GEN_CPU,
+                    close: case.close,
+                    seed: (r * 10 + i) as u64,
+                    scratch: s.dir.path(),
+                };
+                got[i] = Some(measure(&run, *pid)?);
             }
             let got: Vec<ServerRound> = got.into_iter().map(|g| g.expect("measured")).collect();
+            let line: Vec<String> = targets
+                .iter()
+                .zip(&got)
+                .map(|(t, g)| format!("{} {:.0}/s {:.1} µs CPU", t.0, g.ops, g.cpu_us_per_req))
+                .collect();
             eprintln!(
-                "bench-http: GET {name} round {}: Blobpool {:.0}/s, nginx {:.0}/s, hyper {:.0}/s",
+                "bench-http: GET {} round {}: {}",
+                case.name,
                 r + 1,
-                got[0].ops,
-                got[1].ops,
-                got[2].ops
+                line.join(", ")
             );
+            let nginx = targets.iter().position(|t| t.0 == "nginx").unwrap_or(1);
             rs.push(AnchorRound {
                 blobpool_ops: got[0].ops,
-                nginx_ops: got[1].ops,
-                hyper_ops: got[2].ops,
+                nginx_ops: got[nginx].ops,
                 servers: targets.iter().map(|t| t.0.to_string()).zip(got).collect(),
             });
         }
         out.push(Anchor {
-            size_name: name.into(),
-            connections: conns,
-            window_secs: window.as_secs_f64(),
+            size_name: case.name.into(),
+            key: case.key.into(),
+            connections: case.conns,
+            window_secs: window,
+            target: case.target,
             rounds: rs,
         });
     }
@@ -642,37 +763,100 @@ async fn tail(s: &Servers, quick: bool) -> BenchResult<Vec<TailRound>> {
     Ok(out)
 }
 
-fn markdown(anchor: &[Anchor], tail: &[TailRound]) -> String {
+fn median(v: Vec<f64>) -> f64 {
+    bench::table::median(&v).unwrap_or(f64::NAN)
+}
+
+/// `median (lowest–highest)` of the rounds' `f`.
+fn spread(rounds: &[AnchorRound], f: impl Fn(&AnchorRound) -> f64) -> (f64, String) {
+    let v: Vec<f64> = rounds.iter().map(f).collect();
+    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().cloned().fold(0.0, f64::max);
+    (lo, format!("{:.2}× ({:.2}–{:.2}×)", median(v), lo, hi))
+}
+
+fn anchor_markdown(s: &mut String, anchor: &[Anchor]) {
     use std::fmt::Write;
-    let mut s = String::new();
-    let med = |v: Vec<f64>| bench::table::median(&v).unwrap_or(f64::NAN);
-    let _ = writeln!(s, "| GET | Server | ops/s (median; rounds) | p50 / p99 | server CPU per request | generator CPU per request | Blobpool ÷ this |");
-    let _ = writeln!(s, "|---|---|---|---|---:|---:|---:|");
+    let _ = writeln!(s, "| GET | Server | req/s (median; rounds) | p50 / p99 | server CPU per request (of which softirq) | Blobpool ÷ this, req/s | Blobpool ÷ this, CPU per request |");
+    let _ = writeln!(s, "|---|---|---|---|---:|---|---|");
     for a in anchor {
-        for (k, name) in ["Blobpool", "nginx", "hyper static"].iter().enumerate() {
+        for k in 0..a.rounds[0].servers.len() {
+            let name = &a.rounds[0].servers[k].0;
             let v: Vec<&ServerRound> = a.rounds.iter().map(|r| &r.servers[k].1).collect();
             let ops: Vec<f64> = v.iter().map(|x| x.ops).collect();
-            let ratio = med(a
-                .rounds
-                .iter()
-                .map(|r| r.blobpool_ops / r.servers[k].1.ops)
-                .collect());
+            let (_, ratio) = spread(&a.rounds, |r| r.servers[0].1.ops / r.servers[k].1.ops);
+            let (_, cpu) = spread(&a.rounds, |r| {
+                r.servers[0].1.cpu_us_per_req / r.servers[k].1.cpu_us_per_req
+            });
             let _ = writeln!(
                 s,
-                "| {} × {} conns | {name} | {:.0} ({:.0}–{:.0}) | {} / {} µs | {:.0} µs | {:.0} µs | {} |",
+                "| {} × {} conns | {name} | {:.0} ({:.0}–{:.0}) | {:.0} / {:.0} µs | {:.1} µs ({:.1}) | {} | {} |",
                 a.size_name,
                 a.connections,
-                med(ops.clone()),
+                median(ops.clone()),
                 ops.iter().cloned().fold(f64::INFINITY, f64::min),
                 ops.iter().cloned().fold(0.0, f64::max),
-                med(v.iter().map(|x| x.p50_us as f64).collect()),
-                med(v.iter().map(|x| x.p99_us as f64).collect()),
-                med(v.iter().map(|x| x.cpu_us_per_req).collect()),
-                med(v.iter().map(|x| x.generator_cpu_us_per_req).collect()),
-                if k == 0 { "—".to_string() } else { format!("{ratio:.2}×") },
+                median(v.iter().map(|x| x.p50_us).collect()),
+                median(v.iter().map(|x| x.p99_us).collect()),
+                median(v.iter().map(|x| x.cpu_us_per_req).collect()),
+                median(v.iter().map(|x| x.softirq_us_per_req).collect()),
+                if k == 0 { "—".to_string() } else { ratio },
+                if k == 0 { "—".to_string() } else { cpu },
             );
         }
     }
+    let _ = writeln!(s);
+    for a in anchor.iter().filter(|a| a.target > 0.0) {
+        let ng = a.rounds[0]
+            .servers
+            .iter()
+            .position(|x| x.0 == "nginx")
+            .unwrap_or(1);
+        let (lo, text) = spread(&a.rounds, |r| r.servers[0].1.ops / r.servers[ng].1.ops);
+        let med = median(
+            a.rounds
+                .iter()
+                .map(|r| r.servers[0].1.ops / r.servers[ng].1.ops)
+                .collect(),
+        );
+        let verdict = if lo >= a.target {
+            "**met**"
+        } else if med >= a.target {
+            "**not proven**"
+        } else {
+            "**missed**"
+        };
+        let _ = writeln!(
+            s,
+            "- GET {}, Blobpool ÷ nginx req/s: {text} — target ≥ {}×: {verdict}",
+            a.size_name, a.target
+        );
+        if a.key == "4k" {
+            let cpu: Vec<f64> = a
+                .rounds
+                .iter()
+                .map(|r| r.servers[0].1.cpu_us_per_req / r.servers[ng].1.cpu_us_per_req)
+                .collect();
+            let hi = cpu.iter().cloned().fold(0.0, f64::max);
+            let (_, text) = spread(&a.rounds, |r| {
+                r.servers[0].1.cpu_us_per_req / r.servers[ng].1.cpu_us_per_req
+            });
+            let verdict = if hi <= 1.5 {
+                "**met**"
+            } else if median(cpu) <= 1.5 {
+                "**not proven**"
+            } else {
+                "**missed**"
+            };
+            let _ = writeln!(s, "- GET 4 KiB, server CPU per request, Blobpool ÷ nginx: {text} — target ≤ 1.5×: {verdict}");
+        }
+    }
+}
+
+fn markdown(anchor: &[Anchor], tail: &[TailRound]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    anchor_markdown(&mut s, anchor);
     let _ = writeln!(
         s,
         "\nMixed load over HTTP (16 connections, 90 % GETs of live 4 KiB entries, 10 % PUTs):\n"
@@ -715,9 +899,9 @@ fn main() -> ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let result = rt.block_on(async {
         let (small, large) = if o.quick { (200, 2) } else { (1000, 4) };
-        let (servers, s_digests, l_digests) = start(&o, small, large).await?;
+        let (servers, digests) = start(&o, small, large).await?;
         let only = o.only.as_deref();
-        let anchor = anchor(&servers, &s_digests, &l_digests, o.quick, only).await?;
+        let anchor = anchor(&servers, &digests, o.quick, only).await?;
         let tail = match only {
             None | Some("tail") => tail(&servers, o.quick).await?,
             _ => vec![],
