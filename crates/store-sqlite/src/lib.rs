@@ -366,8 +366,9 @@ pub struct ReadPath {
     /// Answered on the calling thread: every page was in memory.
     pub inline: u64,
     /// Tried on the calling thread, would have waited for the disk, so run
-    /// again on the blocking pool.
+    /// again where it may wait.
     pub fell_back: u64,
-    /// Queries run on the blocking pool (fallbacks included).
+    /// Queries run where they may wait: on the blocking pool, or on a
+    /// multi-thread runtime in place (`block_in_place`); fallbacks included.
     pub pooled: u64,
 }

@@ -83,7 +83,17 @@ async fn cached_point_reads_run_on_the_calling_thread() {
 }
 
 #[tokio::test]
-async fn a_read_of_pages_not_in_memory_falls_back_and_still_answers() {
+async fn a_read_of_pages_not_in_memory_falls_back_to_the_pool_and_still_answers() {
+    falls_back_and_still_answers().await;
+}
+
+/// On a multi-thread runtime the fallback waits in place (`block_in_place`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_pages_not_in_memory_falls_back_in_place_and_still_answers() {
+    falls_back_and_still_answers().await;
+}
+
+async fn falls_back_and_still_answers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.sqlite");
     let entries = put_all(&open(&path).await, 64, 64 * 1024).await;

@@ -12,9 +12,13 @@
 //! thread (ADR-055): when a connection is free at once and the connections
 //! read through the no-wait VFS, the query runs right there inside a
 //! [`nowait::attempt`], which succeeds only if every page it read was in
-//! memory. A query that would have waited for the disk is run again on the
-//! blocking pool as above. The attempt has no `.await`, so there is nothing
-//! to cancel half-way.
+//! memory. A query that would have waited for the disk is run again: on a
+//! multi-thread runtime in place (`block_in_place`, so tokio moves the
+//! worker's other tasks to another thread and the caller waits for the disk
+//! without a hand-off, like a synchronous read), otherwise on the blocking
+//! pool as above. Neither the attempt nor the in-place read has an
+//! `.await` once it holds a connection, so there is nothing to cancel
+//! half-way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -39,9 +43,10 @@ pub(crate) struct Readers {
 pub(crate) struct ReadPathStats {
     /// On the calling thread, every page in memory.
     pub(crate) inline: AtomicU64,
-    /// Tried inline, would have waited: run again on the blocking pool.
+    /// Tried inline, would have waited: run again, in place or pooled.
     pub(crate) fell_back: AtomicU64,
-    /// On the blocking pool (fallbacks included).
+    /// Run where they may wait: on the blocking pool, or in place on a
+    /// multi-thread runtime (fallbacks included).
     pub(crate) pooled: AtomicU64,
 }
 
@@ -99,7 +104,35 @@ impl Readers {
             self.stats.inline.fetch_add(1, Ordering::Relaxed);
             return done;
         }
+        if in_place_allowed() {
+            return self.run_in_place(f).await;
+        }
         self.run(f).await
+    }
+
+    /// Runs `f` on the calling thread with `block_in_place`: tokio hands
+    /// the worker's other tasks to another thread while `f` waits for the
+    /// disk, and the caller pays no wake-up of its own.
+    async fn run_in_place<T>(self: &Arc<Self>, f: impl Fn(&Connection) -> Result<T>) -> Result<T> {
+        let permit = self.permits.clone().acquire_owned().await.map_err(|e| {
+            Error::backend(store_types::ErrorKind::Other, "sqlite: acquire reader").with_source(e)
+        })?;
+        let conn = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .ok_or_else(|| {
+                Error::backend(store_types::ErrorKind::Other, "sqlite: acquire reader")
+                    .with_source("the reader pool is empty")
+            })?;
+        let lease = Lease {
+            pool: self,
+            conn: Some(conn),
+            _permit: permit,
+        };
+        self.stats.pooled.fetch_add(1, Ordering::Relaxed);
+        tokio::task::block_in_place(|| f(lease.conn.as_ref().expect("leased connection")))
     }
 
     /// One no-wait attempt of `f`; `None` when there is no free connection
@@ -159,4 +192,15 @@ impl Readers {
             Error::backend(store_types::ErrorKind::Other, "sqlite: run read task").with_source(e)
         })?
     }
+}
+
+/// Whether a read that must wait may wait on the calling thread
+/// (`block_in_place`): only on a multi-thread runtime, where tokio moves
+/// the worker's other tasks to another thread first; `block_in_place`
+/// panics on a current-thread runtime.
+fn in_place_allowed() -> bool {
+    matches!(
+        tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread)
+    )
 }
