@@ -26,10 +26,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
 const ENTRY: usize = 8 << 20;
 /// Stalled GETs.
 const STALLED: usize = 150;
-/// Most server memory one stalled GET may hold: one 128 KiB chunk plus
-/// the connection's own state (hyper's buffers, the task, the read's
-/// file and hasher). 600 stalled GETs then hold under 100 MiB.
-const BOUND_PER_GET: u64 = 160 << 10;
+/// Most server memory one stalled GET may hold, the connection's own state
+/// (hyper's buffers, the task, the read's file and hasher) included: one
+/// 128 KiB chunk.
+const BOUND_PER_GET: u64 = 128 << 10;
+/// Issue 40's target: this many stalled GETs keep the whole server (its
+/// memory before them included) under [`TARGET_RSS`].
+const TARGET_STALLED: u64 = 600;
+const TARGET_RSS: u64 = 100 << 20;
 
 /// A `blobpool serve` child, killed when the test ends.
 struct Serve(Child);
@@ -170,6 +174,16 @@ async fn a_stalled_get_holds_at_most_a_chunk_of_server_memory() {
         "a stalled GET holds {} KiB of server memory (bound {} KiB)",
         per_get >> 10,
         BOUND_PER_GET >> 10
+    );
+    let projected = before + per_get * TARGET_STALLED;
+    assert!(
+        projected <= TARGET_RSS,
+        "{TARGET_STALLED} stalled GETs would hold {} MiB ({} KiB before them, {} KiB each); \
+         the target is {} MiB",
+        projected >> 20,
+        before >> 10,
+        per_get >> 10,
+        TARGET_RSS >> 20
     );
     drop(stalled);
     drop(server);

@@ -16,7 +16,7 @@
 //!   descriptor so opened goes into the open-file cache; any miss goes to
 //!   the blocking pool below as before.
 //! - **One blocking call** for a read of at most one chunk otherwise, and
-//!   for a whole entry of at most [`WHOLE_READ_MAX`] (1 MiB; hashed in the
+//!   for a whole entry of at most [`WHOLE_READ_MAX`] (hashed in the
 //!   same call, so a verified get does not hash it again and takes the
 //!   buffer without a copy): `pread` of the cached descriptor when the
 //!   inline read would have waited (or hashes), else open, `fstat`,
@@ -29,7 +29,7 @@
 //!   an HTTP server's write queue — because each carries a permit of the
 //!   read's budget that its last `Bytes` handle returns when dropped
 //!   (ADR-057): a reader whose consumer stalls (a slow or stopped HTTP
-//!   client) holds at most [`CHUNK_SIZE`] of buffers, the open file and
+//!   client) holds at most half a [`CHUNK_SIZE`] of buffers, the open file and
 //!   no blocking-pool thread. The task waits for a permit in async code,
 //!   then reads the next chunk inline when every byte of it is in the
 //!   page cache (`preadv2(RWF_NOWAIT)`, on the roots where inline reads
@@ -59,8 +59,9 @@ use crate::Inner;
 pub(crate) const READ_AHEAD_CHUNKS: usize = 2;
 
 /// A streamed read's chunk: its [`READ_AHEAD_CHUNKS`] live chunks add up
-/// to one [`CHUNK_SIZE`] (64 KiB each).
-pub(crate) const STREAM_CHUNK: usize = CHUNK_SIZE / READ_AHEAD_CHUNKS;
+/// to half a [`CHUNK_SIZE`] (32 KiB each), so 600 stalled GETs stay under
+/// 100 MiB of server memory (ADR-057).
+pub(crate) const STREAM_CHUNK: usize = CHUNK_SIZE / (2 * READ_AHEAD_CHUNKS);
 
 /// Most chunks one blocking call reads: with a consumer that keeps up,
 /// the call returns at this bound rather than at an exhausted budget.
