@@ -78,7 +78,21 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
         .map_err(|e| CliError::io("cannot read the listen address", e))?;
     let scheme = if http.tls.is_some() { "https" } else { "http" };
     eprintln!("blobpool: listening on {scheme}://{addr}");
-    let served = store_http::serve_with(listener, ops, http, store_http::shutdown_signal()).await;
+    // The accept loop runs on a runtime worker, not on the thread that
+    // called `block_on`: a connection task spawned from a worker starts
+    // in that worker's own queue instead of waking another thread
+    // (ADR-056, fresh connections).
+    let serving = tokio::spawn(store_http::serve_with(
+        listener,
+        ops,
+        http,
+        store_http::shutdown_signal(),
+    ));
+    let served = serving.await.unwrap_or_else(|e| {
+        Err(std::io::Error::other(format!(
+            "the server task failed: {e}"
+        )))
+    });
     if let Some(s) = scheduler {
         // A sweep cut here is cancel-safe (ADR-021): it stops between
         // batches' commits.
