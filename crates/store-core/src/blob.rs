@@ -445,6 +445,25 @@ impl Verifier {
                 let actual = Digest::from(hasher.finalize());
                 Poll::Ready(self.verdict(len, actual))
             }
+            Check::Engine { digest, .. } if self.seen < len => {
+                // Ended short: the engine sends its digest only after its
+                // last byte, which may wait for this reader to let go of
+                // the chunks it holds (a live-chunk budget, ADR-057), so
+                // it is taken if already sent but never awaited.
+                if let Poll::Ready(Ok(actual)) = Pin::new(digest).poll(cx) {
+                    return Poll::Ready(self.verdict(len, actual));
+                }
+                self.finished = true;
+                Poll::Ready(Err(Error::io(
+                    store_types::ErrorKind::InvalidData,
+                    "verify read",
+                )
+                .with_source(format!(
+                    "the read ended after {} of the {len} bytes declared",
+                    self.seen
+                ))
+                .into()))
+            }
             Check::Engine { at_eof, .. } => {
                 *at_eof = true;
                 self.poll_engine_digest(cx, len)
@@ -561,6 +580,21 @@ mod tests {
         let blob = verified(engine_reader(data, rx), Digest::of(data));
         assert_eq!(blob.bytes().await.unwrap(), Bytes::from_static(data));
         sender.await.unwrap();
+    }
+
+    /// A read that ends before its declared length fails at once: the
+    /// engine would send its digest only after the last byte (and may be
+    /// waiting for this reader to drop chunks first), so awaiting it could
+    /// hang. The sender stays alive and silent here; before this rule the
+    /// read never ended (a fault layer truncating a local read hung).
+    #[tokio::test]
+    async fn an_engine_hashed_read_that_ends_short_fails_without_awaiting_the_digest() {
+        let (_tx, rx) = oneshot::channel();
+        let data = b"the first bytes";
+        let blob = verified(declared(data, rx, 1000), Digest::of(b"x"));
+        let read = tokio::time::timeout(Duration::from_secs(30), blob.bytes()).await;
+        let err = read.expect("the short read ends").unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err:?}");
     }
 
     #[tokio::test]
