@@ -449,7 +449,8 @@ fn documents_name_existing_paths_and_the_enforced_rooms() {
         .map(|r| format!("| `{r}` | … | … |\n"))
         .collect();
     let extras = "Extras: `batch.rs` `fence.rs` `fleet.rs` `policy.rs` `sql.rs` `cache.rs` \
-                  `cache_tests.rs` `fsio.rs` `url.rs` `retry.rs`.\n";
+                  `cache_tests.rs` `nowait.rs` `nowait_tests.rs` `vfs_forward.rs` `fsio.rs` \
+                  `url.rs` `retry.rs`.\n";
     t.write(
         "docs/ENGINES.md",
         &format!("{table}| `helpers.rs` | … | … |\n\n{extras}"),
