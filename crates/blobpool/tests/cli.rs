@@ -10,19 +10,9 @@ use std::time::Duration;
 
 use common::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
-
 /// A command in `dir` with a clean environment: no inherited BLOBPOOL_*.
 fn cmd(dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
-    c.stdin(Stdio::null());
-    c
+    blobpool_in(dir)
 }
 
 fn run(c: &mut Command) -> Output {
@@ -532,18 +522,6 @@ fn serve_binary_round_trip_and_sigterm_shutdown() {
     };
     assert!(code.success(), "{code:?}");
     assert!(d.join("blobpool-data/kv.sqlite").is_file());
-}
-
-/// A `blobpool serve` child, killed if the test ends early.
-struct ServeChild(std::process::Child);
-
-impl Drop for ServeChild {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// Issue 11, item 4: a direct-mode command on the data a running server
@@ -1087,23 +1065,7 @@ fn write_pki(dir: &Path) {
 
 /// Starts `blobpool serve` in `d`; the child and its base URL.
 fn serve_in(d: &Path) -> (ServeChild, String) {
-    let mut child = cmd(d)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let child = ServeChild(child);
-    let base = loop {
-        let line = lines.next().expect("serve prints its address").unwrap();
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
-        }
-    };
-    // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    (child, base)
+    serve_child(d)
 }
 
 /// HTTPS with a private CA (--ca-cert), an API key from `key new`

@@ -13,15 +13,14 @@
 //! ~1.3 MiB per stalled GET. Nothing here is timed: the wait for the
 //! stall only polls until the memory figure settles.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
 /// The entry the stalled clients GET: far more than any buffer on the way.
 const ENTRY: usize = 8 << 20;
 /// Stalled GETs.
@@ -34,43 +33,6 @@ const BOUND_PER_GET: u64 = 128 << 10;
 /// memory before them included) under [`TARGET_RSS`].
 const TARGET_STALLED: u64 = 600;
 const TARGET_RSS: u64 = 100 << 20;
-
-/// A `blobpool serve` child, killed when the test ends.
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(dir: &std::path::Path) -> (Serve, String) {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
-    let mut child = c
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let child = Serve(child);
-    let base = loop {
-        let line = lines.next().expect("serve prints its address").unwrap();
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (child, base)
-}
 
 /// The resident set of process `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
@@ -125,7 +87,7 @@ async fn settled_rss(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_get_holds_at_most_a_chunk_of_server_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let (server, base) = serve(dir.path());
+    let (server, base) = common::serve_child(dir.path());
     let pid = server.0.id();
     let addr: SocketAddr = base.trim_start_matches("http://").parse().unwrap();
     let http = reqwest::Client::new();

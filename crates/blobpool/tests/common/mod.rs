@@ -497,3 +497,52 @@ impl Captured {
             .collect()
     }
 }
+
+/// The `blobpool` binary, run in `dir` with none of the test process's
+/// `BLOBPOOL_*` variables and no stdin.
+pub fn blobpool_in(dir: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_blobpool"));
+    c.current_dir(dir);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("BLOBPOOL_") {
+            c.env_remove(k);
+        }
+    }
+    c.stdin(std::process::Stdio::null());
+    c
+}
+
+/// A `blobpool serve` child process, killed when dropped (if still running).
+pub struct ServeChild(pub std::process::Child);
+
+impl Drop for ServeChild {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Starts `blobpool serve --listen 127.0.0.1:0` in `dir` (warnings only on
+/// stderr, which is drained so the server never blocks on it); the child
+/// and its base URL.
+pub fn serve_child(dir: &std::path::Path) -> (ServeChild, String) {
+    use std::io::BufRead as _;
+    let mut child = blobpool_in(dir)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let child = ServeChild(child);
+    let base = loop {
+        let line = lines.next().expect("serve prints its address").unwrap();
+        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
+            break rest.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, base)
+}
