@@ -716,21 +716,9 @@ unsafe extern "C" fn x_open(
     };
     // SAFETY: the unix VFS is static and its xOpen gets the same
     // arguments SQLite gave us, with its own file object.
-    let rc = unsafe {
-        let inner = &*reg.inner;
-        inner.xOpen.expect("unix xOpen")(reg.inner, z_name, inner_file, flags, out_flags)
-    };
+    let rc =
+        unsafe { crate::vfs_forward::open_unix(reg.inner, z_name, inner_file, flags, out_flags) };
     if rc != ffi::SQLITE_OK {
-        // SAFETY: a failed unix open may still have set pMethods; then it
-        // wants xClose.
-        unsafe {
-            let p = (*inner_file).pMethods;
-            if !p.is_null() {
-                if let Some(close) = (*p).xClose {
-                    close(inner_file);
-                }
-            }
-        }
         return rc;
     }
     let track = track.map(|mut t| {

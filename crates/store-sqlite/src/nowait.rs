@@ -209,13 +209,8 @@ mod vfs {
                 pMethods: ptr::null(),
             });
             let inner = (file as *mut u8).add(INNER_OFFSET) as *mut ffi::sqlite3_file;
-            let open = (*inner_vfs).xOpen.expect("unix xOpen");
-            let rc = open(inner_vfs, z_name, inner, flags, out_flags);
+            let rc = crate::vfs_forward::open_unix(inner_vfs, z_name, inner, flags, out_flags);
             if rc != ffi::SQLITE_OK {
-                let p = (*inner).pMethods;
-                if let Some(close) = p.as_ref().and_then(|m| m.xClose) {
-                    close(inner);
-                }
                 return rc;
             }
             let reads = flags & (ffi::SQLITE_OPEN_MAIN_DB | ffi::SQLITE_OPEN_WAL) != 0;

@@ -65,3 +65,33 @@ macro_rules! forward_common_file_methods {
             (off: ffi::sqlite3_int64, p: *mut c_void) -> c_int, ffi::SQLITE_OK);
     };
 }
+
+/// Opens the `unix` file object `inner` through `inner_vfs` with SQLite's
+/// arguments. A failed unix open may still have set `pMethods`; then its
+/// `xClose` runs here, since SQLite calls no `xClose` on a shim file whose
+/// own open failed.
+///
+/// # Safety
+///
+/// `inner_vfs` is the unix VFS; `inner` points at its `szOsFile` writable
+/// bytes; the other arguments are SQLite's `xOpen` arguments.
+#[allow(dead_code)]
+pub(crate) unsafe fn open_unix(
+    inner_vfs: *mut rusqlite::ffi::sqlite3_vfs,
+    z_name: rusqlite::ffi::sqlite3_filename,
+    inner: *mut rusqlite::ffi::sqlite3_file,
+    flags: std::ffi::c_int,
+    out_flags: *mut std::ffi::c_int,
+) -> std::ffi::c_int {
+    // SAFETY: see the function's contract.
+    unsafe {
+        let open = (*inner_vfs).xOpen.expect("unix xOpen");
+        let rc = open(inner_vfs, z_name, inner, flags, out_flags);
+        if rc != rusqlite::ffi::SQLITE_OK {
+            if let Some(close) = (*inner).pMethods.as_ref().and_then(|m| m.xClose) {
+                close(inner);
+            }
+        }
+        rc
+    }
+}
