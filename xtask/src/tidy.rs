@@ -595,6 +595,7 @@ pub fn violations(root: &Path, metadata: &str) -> Result<Vec<String>, String> {
     bad.extend(room_violations(root, &crates)?);
     bad.extend(docs::rooms_violations(root, &engines(&crates)));
     bad.extend(docs::path_violations(root));
+    bad.extend(names::violations(root));
     bad.extend(fns::violations(root, &crates)?);
     Ok(bad)
 }
@@ -640,5 +641,6 @@ pub fn check() -> Result<(), String> {
 
 mod docs;
 mod fns;
+mod names;
 #[cfg(test)]
 mod tests;

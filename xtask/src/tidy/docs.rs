@@ -19,7 +19,7 @@ const PATH_ROOTS: [&str; 8] = [
 ];
 
 /// The text between backticks on each line of `text`, with its line.
-fn code_spans(text: &str) -> Vec<(usize, &str)> {
+pub(super) fn code_spans(text: &str) -> Vec<(usize, &str)> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let mut parts = line.split('`');

@@ -494,3 +494,62 @@ fn long_functions_are_caught_outside_tests() {
     );
     assert_eq!(fns::long_fns(&src), [(6, "long".to_string(), 81)]);
 }
+
+/// The code names the documents use: paths need every part defined in the
+/// workspace, bare names the word in its code; other projects' names pass
+/// unchecked; ADRs are not read.
+#[test]
+fn documents_name_code_that_exists() {
+    let t = Tree::new();
+    let m = t.standard(vec![]);
+    t.write(
+        "crates/store-mem/src/reader.rs",
+        "//! `fn gone` in a comment defines nothing.\n\
+         pub enum BlobReader {\n    #[error(\"{x} (\")]\n    Bytes(Vec<u8>, Inline),\n    Chunks { rx: Rx },\n}\n\
+         impl BlobReader {\n    pub fn from_bytes(b: &[u8]) -> Self { todo!() }\n}\n\
+         pub struct Options { pub readers: usize }\n\
+         pub use inner::Thing as s3_testing;\n\
+         fn log() { tracing::info!(target: \"blobpool::gc\", \"sweep\"); }\n\
+         fn uses(_: bytes::BytesMut) {}\n",
+    );
+    t.write("Cargo.lock", "[[package]]\nname = \"tokio-util\"\n");
+    t.write(
+        "docs/TUNING.md",
+        "`BlobReader::from_bytes()`, `BlobReader::Chunks`, `Options::readers`, \
+         `store_mem::reader::BlobReader`, `store_mem::s3_testing`, `blobpool::gc`, \
+         `Vec<u8>`, `BlobReader`, `log()`, `tokio_util::io::ReaderStream`, \
+         `BytesMut::split_to`, `std::fs::File`, `ETag`, `max_age`, `a::b c`.\n\
+         Wrong: `BlobReader::in_memory`, `Engine::read_range_sized(key, &r)`,\n\
+         `ChunkReader`, `gone()`, `BlobReader::Inline`, `blobpool::audit`.\n",
+    );
+    t.write(
+        "docs/adr/ADR-013-layout.md",
+        "# ADR-013\n`BlobReader::in_memory`\n",
+    );
+    let bad: Vec<String> = t
+        .violations(&m)
+        .into_iter()
+        .filter(|v| v.starts_with("docs/TUNING.md"))
+        .collect();
+    assert_eq!(
+        bad,
+        [
+            "docs/TUNING.md:2: names `BlobReader::in_memory`, but the code has no `in_memory`",
+            "docs/TUNING.md:2: names `Engine::read_range_sized(key, &r)`, but the code has no `Engine`, `read_range_sized`",
+            "docs/TUNING.md:3: names `ChunkReader`, but the code has no `ChunkReader`",
+            "docs/TUNING.md:3: names `gone()`, but the code has no `gone`",
+            "docs/TUNING.md:3: names `BlobReader::Inline`, but the code has no `Inline`",
+            "docs/TUNING.md:3: names `blobpool::audit`, but the code has no `audit`",
+        ]
+    );
+    // Nine right, six wrong; the others are not code references or not ours.
+    assert_eq!(names::check(&t.0).0, 15);
+}
+
+/// The workspace's documents name only code that exists.
+#[test]
+fn the_workspace_documents_name_code_that_exists() {
+    let (checked, bad) = names::check(&crate::workspace_root());
+    assert!(checked > 300, "only {checked} code names found");
+    assert_eq!(bad, Vec::<String>::new());
+}

@@ -1,0 +1,382 @@
+//! The code names the documents use exist in the code.
+//!
+//! A backticked span of README.md or docs/*.md is a code reference when it
+//! is a path (`Type::member`, `crate::module::Item`, optionally called,
+//! generic or a macro: `Store::builder()`, `Layered<E>`, `contract_suite!`)
+//! or a bare type name (`BlobReader`) or call (`gc_now()`). The check is
+//! cheap and conservative, read from the workspace's text rather than
+//! compiled:
+//!
+//! - a path whose first part is a crate of Cargo.lock (`tokio::spawn`),
+//!   `std`, `core` or `alloc`, or a name the code uses but never defines
+//!   (an imported type: `BytesMut::split_to`) is someone else's and not
+//!   checked; nor is one of [`EXTERNAL`];
+//! - every other path needs each part defined somewhere in the workspace's
+//!   `.rs` files (crate, module or file, `fn`, type, trait, `const`,
+//!   `static`, macro, `use … as` name, enum variant, field) — or is a log
+//!   target the code names (`target: "blobpool::gc"`);
+//! - a bare type name or call needs the word somewhere in the code, out of
+//!   comments (sources, SQL, scripts, manifests and unit files count).
+//!
+//! ADRs are records of their day and are not checked.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Names of other projects or protocols the documents use in backticks:
+/// HTTP headers, S3 operations, system calls, std types the code does not
+/// use, and one method of `bytes::Bytes` (which shares its name with a
+/// `BlobReader` variant).
+const EXTERNAL: [&str; 9] = [
+    "Allow",
+    "Location",
+    "ETag",
+    "UploadPartCopy",
+    "AbortIncompleteMultipartUpload",
+    "openat2",
+    "prctl",
+    "Condvar",
+    "Bytes::from_owner",
+];
+
+/// Where the code lives, and the files read for its words.
+const CODE_DIRS: [&str; 8] = [
+    "crates",
+    "tests-contract",
+    "xtask",
+    "bench",
+    "fuzz",
+    "deploy",
+    ".ci",
+    ".github",
+];
+const CODE_EXTS: [&str; 10] = [
+    "rs", "sql", "sh", "toml", "service", "conf", "yml", "yaml", "c", "py",
+];
+
+/// What the workspace defines and says.
+#[derive(Default)]
+pub(super) struct Vocabulary {
+    /// Names defined in Rust: items, modules, files, fields, variants,
+    /// crates.
+    defs: BTreeSet<String>,
+    /// Every identifier of the code outside comments, and file stems.
+    words: BTreeSet<String>,
+    /// Log targets the code names.
+    targets: BTreeSet<String>,
+    /// Crates of Cargo.lock that are not workspace members, and std's.
+    external: BTreeSet<String>,
+}
+
+fn code_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if !matches!(name.as_str(), "target" | "corpus" | "artifacts") {
+                code_files(&p, out);
+            }
+        } else if p
+            .extension()
+            .is_some_and(|x| CODE_EXTS.iter().any(|c| x == *c))
+        {
+            out.push(p);
+        }
+    }
+}
+
+/// `line` without its `//` comment (a `//` inside a string stays).
+fn uncommented(line: &str) -> &str {
+    let mut in_str = false;
+    let mut prev = ' ';
+    for (i, c) in line.char_indices() {
+        if c == '"' && prev != '\\' {
+            in_str = !in_str;
+        } else if c == '/' && prev == '/' && !in_str {
+            return &line[..i - 1];
+        }
+        prev = c;
+    }
+    line
+}
+
+/// `code` with the insides of its string literals blanked, so their
+/// braces and words do not count as code.
+fn unquoted(code: &str) -> String {
+    let (mut in_str, mut escaped) = (false, false);
+    code.chars()
+        .map(|c| {
+            let quote = c == '"' && !escaped;
+            escaped = in_str && c == '\\' && !escaped;
+            if quote {
+                in_str = !in_str;
+                c
+            } else if in_str {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// The identifiers and single punctuation characters of `code`.
+fn tokens(code: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in code.char_indices() {
+        let ident = c == '_' || c.is_ascii_alphanumeric();
+        match (ident, start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                out.push(&code[s..i]);
+                start = None;
+            }
+            _ => {}
+        }
+        if !ident && !c.is_whitespace() {
+            out.push(&code[i..i + c.len_utf8()]);
+        }
+    }
+    if let Some(s) = start {
+        out.push(&code[s..]);
+    }
+    out
+}
+
+fn is_ident(t: &str) -> bool {
+    t.starts_with(|c: char| c == '_' || c.is_ascii_alphabetic())
+}
+
+/// The names Rust tokens define: items after their keyword, `use … as`
+/// names, fields (a name before a single `:`) and enum variants.
+fn definitions(toks: &[&str], defs: &mut BTreeSet<String>) {
+    const ITEMS: [&str; 10] = [
+        "fn", "struct", "enum", "trait", "type", "const", "static", "mod", "union", "as",
+    ];
+    for (i, t) in toks.iter().enumerate() {
+        let next = toks.get(i + 1).copied().unwrap_or("");
+        let after = toks.get(i + 2).copied().unwrap_or("");
+        if ITEMS.contains(t) && is_ident(next) {
+            defs.insert(next.to_string());
+        }
+        if *t == "macro_rules" && next == "!" && is_ident(after) {
+            defs.insert(after.to_string());
+        }
+        let single_colon = next == ":" && after != ":" && toks.get(i.wrapping_sub(1)) != Some(&":");
+        if is_ident(t) && single_colon {
+            defs.insert(t.to_string());
+        }
+        if *t == "enum" {
+            variants(&toks[i..], defs);
+        }
+    }
+}
+
+/// The variants of the enum whose tokens start `toks` (at `enum`).
+fn variants(toks: &[&str], defs: &mut BTreeSet<String>) {
+    let Some(open) = toks.iter().position(|t| *t == "{" || *t == ";") else {
+        return;
+    };
+    if toks[open] == ";" {
+        return;
+    }
+    let (mut braces, mut parens) = (0i32, 0i32);
+    for (j, t) in toks.iter().enumerate().skip(open) {
+        match *t {
+            "{" => braces += 1,
+            "}" => braces -= 1,
+            "(" | "[" => parens += 1,
+            ")" | "]" => parens -= 1,
+            _ => {}
+        }
+        if braces == 0 {
+            return;
+        }
+        let starts = matches!(toks[j - 1], "{" | "," | "]");
+        if braces == 1 && parens == 0 && starts && t.starts_with(|c: char| c.is_ascii_uppercase()) {
+            defs.insert(t.to_string());
+        }
+    }
+}
+
+/// The `name = "…"` of a manifest's `[package]`.
+fn package_name(manifest: &str) -> Option<&str> {
+    let package = manifest.split("[package]").nth(1)?;
+    let line = package
+        .lines()
+        .take_while(|l| !l.starts_with('['))
+        .find(|l| l.trim_start().starts_with("name"))?;
+    line.split('"').nth(1)
+}
+
+/// The vocabulary of the workspace under `root`.
+pub(super) fn vocabulary(root: &Path) -> Vocabulary {
+    let mut v = Vocabulary::default();
+    let mut files = Vec::new();
+    for dir in CODE_DIRS {
+        code_files(&root.join(dir), &mut files);
+    }
+    files.sort();
+    for f in &files {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        let stem = f.file_stem().map(|s| s.to_string_lossy().into_owned());
+        v.words.extend(stem.clone());
+        let code: String = text
+            .lines()
+            .map(|l| format!("{}\n", uncommented(l)))
+            .collect();
+        let toks = tokens(&code);
+        v.words
+            .extend(toks.iter().filter(|t| is_ident(t)).map(|t| t.to_string()));
+        match f.extension().and_then(|x| x.to_str()) {
+            Some("rs") => {
+                v.defs.extend(stem);
+                definitions(&tokens(&unquoted(&code)), &mut v.defs);
+                for quoted in text.split("target: \"").skip(1) {
+                    v.targets
+                        .extend(quoted.split('"').next().map(str::to_string));
+                }
+            }
+            Some("toml") => {
+                if let Some(name) = package_name(&text) {
+                    v.defs.insert(name.replace('-', "_"));
+                }
+            }
+            _ => {}
+        }
+    }
+    v.external = ["std", "core", "alloc"].map(String::from).into();
+    if let Ok(lock) = std::fs::read_to_string(root.join("Cargo.lock")) {
+        for line in lock.lines().filter_map(|l| l.strip_prefix("name = \"")) {
+            let name = line.trim_end_matches('"').replace('-', "_");
+            if !v.defs.contains(&name) {
+                v.external.insert(name);
+            }
+        }
+    }
+    v
+}
+
+/// A code reference: the name it stands for and its parts.
+#[derive(Debug, PartialEq)]
+enum Reference<'a> {
+    /// `A::b::C`, with its parts.
+    Path(&'a str, Vec<&'a str>),
+    /// `Type` or `call()`.
+    Bare(&'a str),
+}
+
+/// The code reference `span` is, if it is one: a path or a bare type
+/// name or call, optionally followed by `(…)`, `<…>` or `!`.
+fn reference(span: &str) -> Option<Reference<'_>> {
+    let end = span
+        .find(|c: char| !(c == '_' || c == ':' || c.is_ascii_alphanumeric()))
+        .unwrap_or(span.len());
+    let (head, rest) = span.split_at(end);
+    let tail_ok = rest.is_empty()
+        || rest == "!"
+        || (rest.starts_with('(') && rest.ends_with(')'))
+        || (rest.starts_with('<') && rest.ends_with('>'));
+    if !tail_ok || head.is_empty() {
+        return None;
+    }
+    let parts: Vec<&str> = head.split("::").collect();
+    if parts.len() > 1 {
+        return parts
+            .iter()
+            .all(|p| is_ident(p))
+            .then_some(Reference::Path(head, parts));
+    }
+    let camel = head.starts_with(|c: char| c.is_ascii_uppercase())
+        && head.contains(|c: char| c.is_ascii_lowercase())
+        && !head.contains('_');
+    let call = rest.starts_with('(')
+        && head.starts_with(|c: char| c.is_ascii_lowercase())
+        && !head.contains(|c: char| c.is_ascii_uppercase());
+    (camel || call).then_some(Reference::Bare(head))
+}
+
+impl Vocabulary {
+    /// `None` when `r` is someone else's name; else whether it is wrong
+    /// (the parts missing from the code).
+    fn missing<'a>(&self, r: &Reference<'a>) -> Option<Vec<&'a str>> {
+        match r {
+            Reference::Path(head, _) | Reference::Bare(head) if EXTERNAL.contains(head) => None,
+            Reference::Path(head, parts) => {
+                let first = parts[0];
+                let imported = !self.defs.contains(first) && self.words.contains(first);
+                if self.external.contains(first) || imported {
+                    return None;
+                }
+                if self.targets.contains(*head) {
+                    return Some(Vec::new());
+                }
+                Some(
+                    parts
+                        .iter()
+                        .copied()
+                        .filter(|p| !self.defs.contains(*p))
+                        .collect(),
+                )
+            }
+            Reference::Bare(word) => Some(if self.words.contains(*word) {
+                Vec::new()
+            } else {
+                vec![*word]
+            }),
+        }
+    }
+}
+
+/// README.md and docs/*.md.
+fn documents(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.join("README.md")];
+    if let Ok(read) = std::fs::read_dir(root.join("docs")) {
+        let mut md: Vec<_> = read
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "md"))
+            .collect();
+        md.sort();
+        out.extend(md);
+    }
+    out.into_iter().filter(|p| p.is_file()).collect()
+}
+
+/// How many code references the documents make, and those naming what the
+/// code does not have.
+pub(super) fn check(root: &Path) -> (usize, Vec<String>) {
+    let v = vocabulary(root);
+    let (mut checked, mut bad) = (0, Vec::new());
+    for doc in documents(root) {
+        let Ok(text) = std::fs::read_to_string(&doc) else {
+            continue;
+        };
+        for (line, span) in super::docs::code_spans(&text) {
+            let Some(missing) = reference(span).and_then(|r| v.missing(&r)) else {
+                continue;
+            };
+            checked += 1;
+            if !missing.is_empty() {
+                bad.push(format!(
+                    "{}:{line}: names `{span}`, but the code has no `{}`",
+                    super::shown(root, &doc),
+                    missing.join("`, `")
+                ));
+            }
+        }
+    }
+    (checked, bad)
+}
+
+/// The code references of the documents naming what the code lacks.
+pub(super) fn violations(root: &Path) -> Vec<String> {
+    let (checked, bad) = check(root);
+    eprintln!("xtask: tidy: {checked} code names in README.md and docs/*.md checked");
+    bad
+}
