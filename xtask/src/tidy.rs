@@ -514,7 +514,7 @@ fn room_extras(krate: &str) -> &'static [&'static str] {
         ],
         "store-local" => &["fsio.rs", "cache.rs"],
         "store-postgres" => &["batch.rs", "fence.rs", "fleet.rs", "policy.rs"],
-        "store-object" => &["url.rs", "retry.rs"],
+        "store-object" => &["url.rs"],
         _ => &[],
     }
 }

@@ -18,6 +18,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// and decides whether, when and how it runs.
 pub type Next<'a> = BoxFuture<'a, Result<Reply>>;
 
+/// A call the base can start again: each invocation runs the operation
+/// afresh through the layers beneath. The base offers one for every
+/// engine operation (`meta` to `stage_expecting`), never for a stage's
+/// (a written chunk or a published stage cannot be had back).
+pub type Rerun<'a> = &'a (dyn Fn() -> Next<'a> + Send + Sync);
+
 /// An engine operation a layer can see. The synchronous, side-effect-free
 /// methods (`capabilities`, `refs`, `cache`) are not
 /// operations: the forwarding base passes them straight through.
@@ -259,10 +265,21 @@ pub trait EngineLayer: Send + Sync + 'static {
         let _ = call;
         next
     }
+
+    /// Runs (or replaces) an engine operation the base can start again
+    /// ([`Rerun`]); the [`EngineLayer::around`] contract holds for each
+    /// run. The default runs it once through `around`.
+    fn around_repeatable<'a>(&'a self, call: Call<'a>, rerun: Rerun<'a>) -> Next<'a> {
+        self.around(call, rerun())
+    }
 }
 
 impl<L: EngineLayer + ?Sized> EngineLayer for Arc<L> {
     fn around<'a>(&'a self, call: Call<'a>, next: Next<'a>) -> Next<'a> {
         (**self).around(call, next)
+    }
+
+    fn around_repeatable<'a>(&'a self, call: Call<'a>, rerun: Rerun<'a>) -> Next<'a> {
+        (**self).around_repeatable(call, rerun)
     }
 }

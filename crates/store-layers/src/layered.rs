@@ -76,13 +76,15 @@ impl<E: ?Sized> std::fmt::Debug for Layered<E> {
     }
 }
 
-/// Runs `$next` (an expression producing `Result<Reply>`) through the
-/// layer and unpacks the `$variant` reply.
+/// Runs `$next` (a future of `Result<Reply>`, built afresh for each run)
+/// through the layer as a repeatable call and unpacks the `$variant` reply.
 macro_rules! through {
     ($self:ident, $call:expr, $variant:ident, $next:expr) => {{
         let call = $call;
         let op = call.op;
-        match $self.layer.around(call, Box::pin($next)).await? {
+        let rerun = || Box::pin($next) as crate::layer::Next<'_>;
+        let reply = $self.layer.around_repeatable(call, &rerun).await?;
+        match reply {
             Reply::$variant(v) => Ok(v),
             other => Err(wrong_reply(op, &other)),
         }
@@ -199,8 +201,9 @@ impl<E: KvEngine + ?Sized> KvEngine for Layered<E> {
         call.ns = Some(&key.namespace);
         call.digest = Some(&key.digest);
         call.len = bytes.len() as u64;
-        through!(self, call, Published, async move {
-            self.inner.put(key, bytes).await.map(Reply::Published)
+        through!(self, call, Published, {
+            let bytes = bytes.clone();
+            async move { self.inner.put(key, bytes).await.map(Reply::Published) }
         })
     }
 

@@ -32,7 +32,9 @@
 //! Shipped layers: [`TraceLayer`] (a span per operation), [`MetricsLayer`]
 //! (latency histograms and error counts per engine and operation, a
 //! snapshot and Prometheus text), [`FaultLayer`] (a seeded [`FaultPlan`]
-//! of per-operation and per-byte-offset faults and delays).
+//! of per-operation and per-byte-offset faults and delays), [`RetryLayer`]
+//! (repeats the operations that may be repeated after a transient
+//! failure, with [`RetryPolicy`]'s backoff).
 //!
 //! Architecture invariant: this crate depends on `store-types` only among
 //! the workspace's crates, and names no engine.
@@ -47,10 +49,13 @@ mod layer;
 mod layered;
 pub mod metrics;
 pub mod reader;
+pub mod retry;
 mod trace;
 
 pub use fault::{Fault, FaultLayer, FaultPlan, Injection, Rule, When};
-pub use layer::{BoxFuture, Call, EngineLayer, Next, Op, Reply};
+pub use layer::{BoxFuture, Call, EngineLayer, Next, Op, Reply, Rerun};
 pub use layered::{LayerStack, Layered};
 pub use metrics::{render_prometheus, MetricsLayer, MetricsSnapshot};
+pub use retry::RetryLayer;
+pub use store_types::RetryPolicy;
 pub use trace::TraceLayer;

@@ -174,10 +174,7 @@ impl Engine for ObjectEngine {
                 Err(object_store::Error::NotFound { .. }) => freed[i] = None,
                 Err(e) => {
                     // Retry this one alone (bulk errors may be whole-batch).
-                    match inner
-                        .retry("deleting", &path, || inner.store.delete(&path))
-                        .await
-                    {
+                    match inner.store.delete(&path).await {
                         Ok(()) => {}
                         Err(object_store::Error::NotFound { .. }) => freed[i] = None,
                         Err(e2) => {
@@ -294,10 +291,7 @@ impl Inner {
 
     /// Size and last-modified time of the object at `path`, if any.
     pub(crate) async fn meta(&self, path: &Path) -> Result<Option<EntryMeta>> {
-        match self
-            .retry("looking up", path, || self.store.head(path))
-            .await
-        {
+        match self.store.head(path).await {
             Ok(m) => Ok(Some(entry_meta(&m))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(backend_err("looking up", path, e)),
@@ -307,10 +301,8 @@ impl Inner {
     /// Names of the "directories" directly under `dir`.
     async fn list_dirs(&self, dir: &Path) -> Result<Vec<String>> {
         let listing = self
-            .retry("listing", dir, || {
-                self.store
-                    .list_with_delimiter((!dir.is_root()).then_some(dir))
-            })
+            .store
+            .list_with_delimiter((!dir.is_root()).then_some(dir))
             .await
             .map_err(|e| backend_err("listing", dir, e))?;
         Ok(listing
@@ -347,29 +339,28 @@ impl Inner {
             // One listing from `after` on, stopped as soon as `limit`
             // entries are in: ordered stores list in key order, which is
             // digest order under one namespace.
-            return self
-                .retry("listing", &ns_path, || async {
-                    let mut stream = match &after {
-                        Some(a) => self
-                            .store
-                            .list_with_offset(Some(&ns_path), &self.digest_path(ns, a)),
-                        None => self.store.list(Some(&ns_path)),
-                    };
-                    let mut out = Vec::new();
-                    while let Some(meta) = stream.try_next().await? {
-                        if let Some(d) = self.entry_digest(&ns_path, &meta.location) {
-                            if after.is_none_or(|a| d > a) {
-                                out.push((d, meta.size));
-                                if out.len() == limit {
-                                    break;
-                                }
+            return async {
+                let mut stream = match &after {
+                    Some(a) => self
+                        .store
+                        .list_with_offset(Some(&ns_path), &self.digest_path(ns, a)),
+                    None => self.store.list(Some(&ns_path)),
+                };
+                let mut out = Vec::new();
+                while let Some(meta) = stream.try_next().await? {
+                    if let Some(d) = self.entry_digest(&ns_path, &meta.location) {
+                        if after.is_none_or(|a| d > a) {
+                            out.push((d, meta.size));
+                            if out.len() == limit {
+                                break;
                             }
                         }
                     }
-                    Ok(out)
-                })
-                .await
-                .map_err(|e| backend_err("listing", &ns_path, e));
+                }
+                Ok(out)
+            }
+            .await
+            .map_err(|e| backend_err("listing", &ns_path, e));
         }
         // Unordered store: the fan-out "directories" in order, each listed
         // whole and sorted.
@@ -386,9 +377,9 @@ impl Inner {
         for fan in fans {
             let fan_path = self.fan_path(ns, fan);
             let metas: Vec<ObjectMeta> = self
-                .retry("listing", &fan_path, || {
-                    self.store.list(Some(&fan_path)).try_collect::<Vec<_>>()
-                })
+                .store
+                .list(Some(&fan_path))
+                .try_collect::<Vec<_>>()
                 .await
                 .map_err(|e| backend_err("listing", &fan_path, e))?;
             let mut entries: Vec<(Digest, u64)> = metas
@@ -426,37 +417,36 @@ impl Inner {
         let min = wanted.keys().min().copied().expect("non-empty group");
         let max = wanted.keys().max().copied().expect("non-empty group");
         let budget = idx.len() * LIST_PAGE;
-        let (found, complete) = self
-            .retry("listing", &fan_path, || async {
-                let mut stream = if self.ordered {
-                    // Start just before `min`: its 63-character prefix
-                    // sorts below it and above every smaller digest but
-                    // those sharing that prefix.
-                    let offset = fan_path.clone().join(&min.to_hex()[..63]);
-                    self.store.list_with_offset(Some(&fan_path), &offset)
-                } else {
-                    self.store.list(Some(&fan_path))
-                };
-                let mut found = Vec::new();
-                let mut seen = 0;
-                while let Some(meta) = stream.try_next().await? {
-                    seen += 1;
-                    if let Some(d) = self.entry_digest(&ns_path, &meta.location) {
-                        if self.ordered && d > max {
-                            return Ok((found, true));
-                        }
-                        if wanted.contains_key(&d) {
-                            found.push(d);
-                        }
+        let (found, complete) = async {
+            let mut stream = if self.ordered {
+                // Start just before `min`: its 63-character prefix
+                // sorts below it and above every smaller digest but
+                // those sharing that prefix.
+                let offset = fan_path.clone().join(&min.to_hex()[..63]);
+                self.store.list_with_offset(Some(&fan_path), &offset)
+            } else {
+                self.store.list(Some(&fan_path))
+            };
+            let mut found = Vec::new();
+            let mut seen = 0;
+            while let Some(meta) = stream.try_next().await? {
+                seen += 1;
+                if let Some(d) = self.entry_digest(&ns_path, &meta.location) {
+                    if self.ordered && d > max {
+                        return Ok((found, true));
                     }
-                    if seen >= budget {
-                        return Ok((found, false));
+                    if wanted.contains_key(&d) {
+                        found.push(d);
                     }
                 }
-                Ok((found, true))
-            })
-            .await
-            .map_err(|e| backend_err("listing", &fan_path, e))?;
+                if seen >= budget {
+                    return Ok((found, false));
+                }
+            }
+            Ok((found, true))
+        }
+        .await
+        .map_err(|e| backend_err("listing", &fan_path, e))?;
         let mut out = Vec::with_capacity(idx.len());
         for d in &found {
             for &i in &wanted[d] {

@@ -55,6 +55,27 @@ pub(crate) fn is_transient(e: &object_store::Error) -> bool {
     kind_of(e).is_transient()
 }
 
+impl crate::Inner {
+    /// Runs the request `f` under the engine's [`crate::RetryPolicy`],
+    /// repeating it while it fails [`is_transient`]ly.
+    pub(crate) async fn retry<T, F, Fut>(
+        &self,
+        op: &str,
+        path: &Path,
+        f: F,
+    ) -> object_store::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
+        let log = |e: &object_store::Error, pause| {
+            tracing::debug!(op, path = %path, error = %e, ?pause,
+                "transient object store failure; retrying");
+        };
+        self.options.retry.run(f, is_transient, log).await
+    }
+}
+
 /// Whether `e` says the operation is not available on this store.
 pub(crate) fn unsupported(e: &object_store::Error) -> bool {
     matches!(

@@ -107,14 +107,18 @@
 //!
 //! # Failures
 //!
-//! Every request goes through a small retry-with-backoff layer
-//! ([`RetryPolicy`]) for errors that may be transient. It sits above the
+//! Whole operations (reads, listings, `has_many`, `delete_many`) are
+//! retried by `store-layers`' `RetryLayer` when the engine is wrapped in
+//! it, as the binary wraps every engine (ADR-064). The steps inside a
+//! stage that no layer can repeat — starting a multipart upload, the
+//! publishing conditional put or copy and its lookups, the outboard
+//! write, removing the stage object — and the probes at open are retried
+//! here, under [`ObjectOptions::retry`] ([`RetryPolicy`], the same
+//! policy), for errors that may be transient. Both sit above the
 //! backend's own retries (object_store's HTTP client retries 5xx, 429 and
-//! connection errors of idempotent requests), and covers what those do
-//! not: conditional puts and copies, multipart creation, and backends
-//! without a retrying client. Repeating a conditional request whose first
-//! attempt succeeded unseen yields `AlreadyExists`, i.e. `AlreadyPresent`:
-//! the entry is there either way.
+//! connection errors of idempotent requests). Repeating a conditional
+//! request whose first attempt succeeded unseen yields `AlreadyExists`,
+//! i.e. `AlreadyPresent`: the entry is there either way.
 //!
 //! `object` is not a GC seam member (its `Capabilities::seam` is `None`): its delete
 //! window lives in the facade, like `local`'s. In fleet mode it is shared
@@ -126,7 +130,6 @@ mod engine;
 mod error;
 mod reader;
 mod registration;
-mod retry;
 mod stage;
 #[cfg(any(test, feature = "testing"))]
 mod testing;
@@ -148,7 +151,7 @@ use store_types::{Digest, Error, Instance, Key, Namespace, Result, Sharing, Time
 
 pub use object_store;
 pub use registration::REGISTRATION;
-pub use retry::RetryPolicy;
+pub use store_types::RetryPolicy;
 pub use url::{backend_from_url, Backend};
 
 /// Name of the stage "directory" under the prefix.
@@ -199,7 +202,8 @@ pub struct ObjectOptions {
     /// LIST is billed like 12.5 HEADs; latency alone favours listing from
     /// about 3 per fan-out (ADR-019 §7).
     pub list_min_group: usize,
-    /// Retry policy for transient request failures.
+    /// Retry policy for the transient failures of a stage's steps and of
+    /// the probes at open (see "Failures" above).
     pub retry: RetryPolicy,
     /// Probe, at open, whether the store honours conditional puts and
     /// copy-if-not-exists (a few requests under `.stage/`). When `false`,

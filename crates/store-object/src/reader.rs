@@ -48,10 +48,7 @@ impl Inner {
         }
         let whole = range.is_none();
         let opts = GetOptions::new().with_range(range);
-        let got = match self
-            .retry("reading", path, || self.store.get_opts(path, opts.clone()))
-            .await
-        {
+        let got = match self.store.get_opts(path, opts).await {
             Ok(g) => g,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(backend_err("reading", path, e)),

@@ -44,6 +44,7 @@ pub mod outboard;
 mod read;
 mod refs;
 pub mod registry;
+mod retry;
 mod seam;
 
 pub use cache::{CacheBounds, CacheIndex, CacheTrim, CacheUsage};
@@ -65,6 +66,7 @@ pub use read::{BlobReader, RangeRequest, ReadOptions, ReadPlan, SizedRead, Strea
 pub use refs::{
     ref_conflict, Author, RefEntry, RefExpect, RefName, RefStore, Replace, REF_NAME_MAX_LEN,
 };
+pub use retry::RetryPolicy;
 pub use seam::{
     GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
 };

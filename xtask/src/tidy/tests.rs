@@ -450,7 +450,7 @@ fn documents_name_existing_paths_and_the_enforced_rooms() {
         .collect();
     let extras = "Extras: `batch.rs` `fence.rs` `fleet.rs` `policy.rs` `sql.rs` `cache.rs` \
                   `cache_tests.rs` `nowait.rs` `nowait_tests.rs` `vfs_forward.rs` `fsio.rs` \
-                  `url.rs` `retry.rs`.\n";
+                  `url.rs`.\n";
     t.write(
         "docs/ENGINES.md",
         &format!("{table}| `helpers.rs` | … | … |\n\n{extras}"),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::ObjectStore;
-use store_types::{Digest, Engine, Key, PublishOutcome};
+use store_types::{Digest, Engine, EngineExt as _, Key, PublishOutcome};
 
 use super::fault::{FaultStore, Op, Rule};
 use super::{content, ns, put, put_with, read, small_options, Backend};
@@ -169,16 +169,23 @@ async fn transient_failures_are_retried() {
             e.delete_many(&key.namespace, &[key.digest]).await.unwrap();
         }
         let (key, _) = put(&e, "ns", &large).await;
+        // Whole engine operations are retried by store-layers' RetryLayer
+        // (ADR-064), the stage's steps above by the engine itself.
+        let layered = store_layers::LayerStack::new()
+            .layer(store_layers::RetryLayer::new(fast_retry()))
+            .large(Arc::new(e.clone()));
         for op in [Op::Get, Op::List] {
             f.arm(Rule::fail(op, 1).transient());
-            assert_eq!(read(&e, &key, None).await.unwrap().unwrap(), large);
-            assert!(e.meta(&key).await.unwrap().is_some());
-            assert_eq!(e.scan(&key.namespace, None, 10).await.unwrap().len(), 1);
+            let blob = layered.read_whole(&key).await.unwrap().unwrap();
+            assert_eq!(blob.into_bytes(1 << 20).await.unwrap(), large);
+            assert!(layered.meta(&key).await.unwrap().is_some());
+            let listed = layered.scan(&key.namespace, None, 10).await.unwrap();
+            assert_eq!(listed.len(), 1);
             f.disarm();
         }
         // Permanent failures are not retried.
         f.arm(Rule::fail(Op::Get, 1));
-        assert!(e.meta(&key).await.is_err());
+        assert!(layered.meta(&key).await.is_err());
         assert_eq!(f.requests(), 1);
         f.disarm();
     }
