@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use store_types::{
-    fleet_cache_namespaces, Author, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Error,
-    Namespace, RefExpect, RefName, Result,
+    fleet_cache_namespaces, Author, CacheBounds, CacheEntry, CacheIndex, CachePage, CacheTrim,
+    CacheUsage, Digest, Error, Namespace, RefExpect, RefName, Result, Timestamp,
 };
 
 use crate::{Blob, GcPolicy, PutReceipt, Store};
@@ -53,6 +53,73 @@ pub const ACCESS_RESOLUTION: Duration = Duration::from_millis(100);
 /// Noted reads: per namespace, per access time (rounded down to
 /// [`ACCESS_RESOLUTION`]), the digests read then.
 type Pending = HashMap<Namespace, BTreeMap<i64, HashSet<Digest>>>;
+
+/// The keys a trim's first read asks for; each read after a batch that
+/// went whole asks for twice as many, up to [`TRIM_PAGE_MAX`].
+const TRIM_PAGE: usize = 256;
+/// The most keys one read of a trim asks for.
+const TRIM_PAGE_MAX: usize = 8192;
+
+/// The LRU trim (ADR-048, ADR-062), written once over the primitives of
+/// any [`CacheIndex`]: the order, tie-break and bounds live here.
+#[async_trait::async_trait]
+pub trait CacheTrimmer {
+    /// Removes the keys of `ns` last accessed before `now - max_age`, then
+    /// the least recently accessed (ties: the greater key first) until the
+    /// rest sum to at most `max_bytes` (once a key goes, every older one
+    /// does). The clock is the engine's ([`CachePage::now`]). Each batch is
+    /// judged on one read and removed in one atomic step where unchanged
+    /// since: a key recorded or touched meanwhile stays.
+    async fn trim(&self, ns: &Namespace, bounds: CacheBounds, now: Timestamp) -> Result<CacheTrim>;
+}
+
+#[async_trait::async_trait]
+impl<T: CacheIndex + ?Sized> CacheTrimmer for T {
+    async fn trim(&self, ns: &Namespace, bounds: CacheBounds, now: Timestamp) -> Result<CacheTrim> {
+        let (mut trim, mut limit) = (CacheTrim::default(), TRIM_PAGE);
+        while bounds != CacheBounds::default() {
+            let page = self.oldest(ns, limit, now).await?;
+            let read = page.entries.len();
+            let gone = outside(bounds, page);
+            if gone.is_empty() {
+                break;
+            }
+            let t = self.remove_unchanged(ns, &gone).await?;
+            (trim.keys, trim.bytes) = (trim.keys + t.keys, trim.bytes + t.bytes);
+            // A batch that changed whole under this trim (another node's
+            // trim took it): that trim goes on.
+            if gone.len() < read || t.keys == 0 {
+                break;
+            }
+            limit = (limit * 2).min(TRIM_PAGE_MAX);
+        }
+        Ok(trim)
+    }
+}
+
+/// The keys of `page` outside `bounds`: walking from the least recently
+/// accessed, each too old or leaving more than `max_bytes` behind it.
+fn outside(bounds: CacheBounds, mut page: CachePage) -> Vec<CacheEntry> {
+    let cutoff = bounds.max_age.map(|a| {
+        let a = i64::try_from(a.as_millis()).unwrap_or(i64::MAX);
+        page.now.0.saturating_sub(a)
+    });
+    page.entries
+        .sort_unstable_by(|a, b| (a.accessed_at, &b.key).cmp(&(b.accessed_at, &a.key)));
+    let mut rest = page.bytes;
+    let n = page
+        .entries
+        .iter()
+        .take_while(|e| {
+            let out = cutoff.is_some_and(|c| e.accessed_at.0 < c)
+                || bounds.max_bytes.is_some_and(|max| rest > max);
+            rest = rest.saturating_sub(if out { e.size } else { 0 });
+            out
+        })
+        .count();
+    page.entries.truncate(n);
+    page.entries
+}
 
 /// Keys remembered in memory per store (non-fleet), each ~100 bytes.
 pub const KEY_CACHE_ENTRIES: usize = 65_536;
@@ -218,7 +285,7 @@ impl Store {
     /// outside its bound (the first step of a sweep). Returns what each
     /// namespace lost.
     ///
-    /// Cancel-safe: each namespace's trim is one atomic step; dropped in
+    /// Cancel-safe: each batch of a trim is one atomic step; dropped in
     /// between, the rest are trimmed by the next sweep.
     pub async fn trim_caches(&self) -> Result<Vec<(Namespace, CacheTrim)>> {
         let Some(cache) = self.cache() else {
@@ -458,5 +525,58 @@ impl Cache {
     /// What the keys hold, per namespace. Cancel-safe (a read).
     pub async fn usage(&self) -> Result<Vec<(Namespace, CacheUsage)>> {
         self.index.usage().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, size: u64, at: i64) -> CacheEntry {
+        CacheEntry {
+            key: RefName::new(key).unwrap(),
+            digest: Digest::of(key.as_bytes()),
+            size,
+            accessed_at: Timestamp(at),
+        }
+    }
+
+    fn keys(v: Vec<CacheEntry>) -> Vec<String> {
+        v.into_iter().map(|e| e.key.to_string()).collect()
+    }
+
+    #[test]
+    fn the_bound_removes_the_oldest_and_of_ties_the_greater_key_first() {
+        let page = |entries| CachePage {
+            now: Timestamp(1_000),
+            bytes: 40,
+            entries,
+        };
+        let entries = vec![
+            entry("a", 10, 5),
+            entry("c", 10, 7),
+            entry("b", 10, 5),
+            entry("d", 10, 9),
+        ];
+        let bytes = |max| CacheBounds {
+            max_bytes: Some(max),
+            max_age: None,
+        };
+        assert_eq!(
+            keys(outside(bytes(40), page(entries.clone()))),
+            Vec::<String>::new()
+        );
+        assert_eq!(keys(outside(bytes(30), page(entries.clone()))), ["b"]);
+        assert_eq!(
+            keys(outside(bytes(15), page(entries.clone()))),
+            ["b", "a", "c"]
+        );
+        // The age cut counts on the page's clock; what it removes leaves the
+        // byte bound's count.
+        let age = CacheBounds {
+            max_bytes: Some(20),
+            max_age: Some(Duration::from_millis(994)),
+        };
+        assert_eq!(keys(outside(age, page(entries))), ["b", "a"]);
     }
 }

@@ -39,7 +39,8 @@ mod verified;
 pub use blob::Blob;
 pub use builder::{Mode, StoreBuilder, DEFAULT_THRESHOLD, MAX_THRESHOLD};
 pub use cache::{
-    Cache, ACCESS_FLUSH_EVERY, ACCESS_FLUSH_KEYS, ACCESS_RESOLUTION, KEY_CACHE_ENTRIES,
+    Cache, CacheTrimmer, ACCESS_FLUSH_EVERY, ACCESS_FLUSH_KEYS, ACCESS_RESOLUTION,
+    KEY_CACHE_ENTRIES,
 };
 pub use inspect::{
     CorruptEntry, EntryInfo, EntryPage, QuarantineOutcome, TierStats, VerifyEvent, VerifyOptions,

@@ -10,8 +10,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use store_types::{
-    ref_conflict, Author, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Namespace,
-    RefExpect, RefName, Result, Timestamp,
+    ref_conflict, Author, CacheEntry, CacheIndex, CachePage, CacheTrim, CacheUsage, Digest,
+    Namespace, RefExpect, RefName, Result, Timestamp,
 };
 
 /// One key's row. `owner`: the name of the author that wrote the digest
@@ -127,44 +127,45 @@ impl CacheIndex for MemCache {
         Ok(digests.iter().map(|d| present.contains(d)).collect())
     }
 
-    async fn trim(&self, ns: &Namespace, bounds: CacheBounds, now: Timestamp) -> Result<CacheTrim> {
+    async fn oldest(&self, ns: &Namespace, limit: usize, now: Timestamp) -> Result<CachePage> {
+        let t = self.lock();
+        let rows = t.get(ns).into_iter().flatten();
+        let mut times: Vec<Timestamp> = rows.clone().map(|(_, r)| r.accessed_at).collect();
+        let edge = match limit.max(1) {
+            n if times.len() > n => *times.select_nth_unstable(n - 1).1,
+            _ => Timestamp(i64::MAX),
+        };
+        let entries = rows.clone().filter(|(_, r)| r.accessed_at <= edge);
+        Ok(CachePage {
+            now,
+            bytes: rows.map(|(_, r)| r.size).sum(),
+            entries: entries
+                .map(|(k, r)| {
+                    Ok(CacheEntry {
+                        key: RefName::new(k.as_str())?,
+                        digest: r.digest,
+                        size: r.size,
+                        accessed_at: r.accessed_at,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    async fn remove_unchanged(&self, ns: &Namespace, entries: &[CacheEntry]) -> Result<CacheTrim> {
         let mut t = self.lock();
         let Some(m) = t.get_mut(ns) else {
             return Ok(CacheTrim::default());
         };
-        let cutoff = bounds.max_age.map(|a| {
-            Timestamp(
-                now.0
-                    .saturating_sub(a.as_millis().min(i64::MAX as u128) as i64),
-            )
-        });
-        // Newest first, ties by key: the order the bound keeps keys in.
-        let mut order: Vec<(&String, &Row)> = m.iter().collect();
-        order.sort_by(|a, b| b.1.accessed_at.cmp(&a.1.accessed_at).then(a.0.cmp(b.0)));
-        // The byte bound cuts the order once: from the first key that does
-        // not fit, every older key goes too (even one small enough to fit),
-        // as the SQL engines' running sum does.
-        let mut kept_bytes = 0u64;
-        let mut full = false;
-        let mut gone = Vec::new();
-        for (key, row) in order {
-            let too_old = cutoff.is_some_and(|c| row.accessed_at < c);
-            full = full
-                || (!too_old
-                    && bounds
-                        .max_bytes
-                        .is_some_and(|max| kept_bytes.saturating_add(row.size) > max));
-            if too_old || full {
-                gone.push(key.clone());
-            } else {
-                kept_bytes += row.size;
-            }
-        }
         let mut trim = CacheTrim::default();
-        for key in gone {
-            if let Some(row) = m.remove(&key) {
+        for e in entries {
+            let r = m.get(e.key.as_str());
+            if r.is_some_and(|r| {
+                (r.digest, r.size, r.accessed_at) == (e.digest, e.size, e.accessed_at)
+            }) {
+                m.remove(e.key.as_str());
                 trim.keys += 1;
-                trim.bytes += row.size;
+                trim.bytes += e.size;
             }
         }
         if m.is_empty() {

@@ -11,9 +11,10 @@
 //! # One clock
 //!
 //! Every method ignores the caller's `now` and uses the database's clock
-//! (`statement_timestamp()`, in milliseconds): in a fleet every node's
-//! reads and puts, and every node's trim, are timed by the one clock they
-//! share.
+//! (`statement_timestamp()`, in milliseconds; `oldest` answers it as
+//! [`CachePage::now`], the `now` of the trim's age cut): in a fleet every
+//! node's reads and puts, and every node's trim, are timed by the one
+//! clock they share.
 //!
 //! # Fleet liveness
 //!
@@ -43,19 +44,19 @@
 //!
 //! # Cancellation
 //!
-//! Every method but `record` is one statement (`trim`: one statement with
-//! two deletes in CTEs), committed whole or not at all; `record`'s
+//! Every method but `record` is one statement, committed whole or not at
+//! all (a trim's batch: one `remove_unchanged`); `record`'s
 //! transaction rolls back when dropped before its commit: cancel-safe.
 
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Row, Transaction};
 use store_pg::plumbing::{db_err, digest_col, digest_params, named_in, namespace_col, sql};
 use store_types::{
-    Author, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Error, LivenessTable,
+    Author, CacheEntry, CacheIndex, CachePage, CacheTrim, CacheUsage, Digest, Error, LivenessTable,
     Namespace, RefExpect, RefName, Result, Timestamp,
 };
 
-use crate::refs::admit;
+use crate::refs::{admit, stored_name};
 
 /// Migration component of the cache-key table.
 pub const CACHE_COMPONENT: &str = "cache";
@@ -329,40 +330,63 @@ impl CacheIndex for PgCacheKeys {
         named_in(&self.pool, &self.schema, CACHE_TABLE, ns, digests).await
     }
 
-    async fn trim(
-        &self,
-        ns: &Namespace,
-        bounds: CacheBounds,
-        _now: Timestamp,
-    ) -> Result<CacheTrim> {
-        if bounds == CacheBounds::default() {
-            return Ok(CacheTrim::default());
+    async fn oldest(&self, ns: &Namespace, limit: usize, _now: Timestamp) -> Result<CachePage> {
+        // One statement: the page, the bytes and the clock of one snapshot.
+        let rows = sqlx::query(self.sql(
+            "SELECT key, digest, size, accessed_at, {now},
+                    (SELECT coalesce(sum(size), 0)::bigint FROM {schema}.cache_keys
+                      WHERE namespace = $1)
+               FROM {schema}.cache_keys WHERE namespace = $1 AND accessed_at <= coalesce(
+                    (SELECT accessed_at FROM {schema}.cache_keys WHERE namespace = $1
+                      ORDER BY accessed_at LIMIT 1 OFFSET $2), 9223372036854775807)",
+        ))
+        .bind(ns.as_str())
+        .bind(to_i64(limit.max(1) as u64 - 1))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        let mut page = CachePage {
+            now: Timestamp(0),
+            bytes: 0,
+            entries: Vec::with_capacity(rows.len()),
+        };
+        for r in &rows {
+            let (size, at, now, bytes): (i64, i64, i64, i64) =
+                (r.get(2), r.get(3), r.get(4), r.get(5));
+            (page.now, page.bytes) = (Timestamp(now), u64::try_from(bytes).unwrap_or(0));
+            page.entries.push(CacheEntry {
+                key: stored_name(r.get(0))?,
+                digest: digest_col(r, 1)?,
+                size: u64::try_from(size).unwrap_or(0),
+                accessed_at: Timestamp(at),
+            });
         }
-        // One statement: the age cut and the byte bound judge one snapshot
-        // (keys the age cut removes do not count toward the bound).
+        Ok(page)
+    }
+
+    async fn remove_unchanged(&self, ns: &Namespace, entries: &[CacheEntry]) -> Result<CacheTrim> {
+        // One statement: each row is deleted only as read; a row a
+        // concurrent touch or record changed first is rechecked and stays.
         let row = sqlx::query(self.sql(
-            "WITH ranked AS (
-                SELECT key, size, accessed_at,
-                       accessed_at < {now} - $2 AS too_old
-                  FROM {schema}.cache_keys WHERE namespace = $1),
-             kept AS (
-                SELECT key, too_old,
-                       sum(size) FILTER (WHERE NOT too_old) OVER (
-                         ORDER BY too_old, accessed_at DESC, key
-                         ROWS UNBOUNDED PRECEDING) AS cum
-                  FROM ranked),
-             gone AS (
-                DELETE FROM {schema}.cache_keys c USING kept k
-                 WHERE c.namespace = $1 AND c.key = k.key
-                   AND (k.too_old OR k.cum > $3)
+            "WITH gone AS (
+                DELETE FROM {schema}.cache_keys c
+                 USING unnest($2::text[], $3::bytea[], $4::bigint[], $5::bigint[])
+                       AS u(key, digest, size, accessed_at)
+                 WHERE c.namespace = $1 AND c.key = u.key AND c.digest = u.digest
+                   AND c.size = u.size AND c.accessed_at = u.accessed_at
                 RETURNING c.size)
              SELECT count(*)::bigint, coalesce(sum(size), 0)::bigint FROM gone",
         ))
         .bind(ns.as_str())
-        .bind(bounds.max_age.map_or(i64::MAX / 2, |a| {
-            i64::try_from(a.as_millis()).unwrap_or(i64::MAX / 2)
-        }))
-        .bind(bounds.max_bytes.map_or(i64::MAX, to_i64))
+        .bind(entries.iter().map(|e| e.key.as_str()).collect::<Vec<_>>())
+        .bind(
+            entries
+                .iter()
+                .map(|e| &e.digest.as_bytes()[..])
+                .collect::<Vec<_>>(),
+        )
+        .bind(entries.iter().map(|e| to_i64(e.size)).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| e.accessed_at.0).collect::<Vec<_>>())
         .fetch_one(&self.pool)
         .await
         .map_err(db_err)?;

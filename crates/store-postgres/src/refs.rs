@@ -330,7 +330,7 @@ fn could_prefix_a_name(prefix: &str) -> bool {
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-'))
 }
 
-fn stored_name(name: String) -> Result<RefName> {
+pub(crate) fn stored_name(name: String) -> Result<RefName> {
     RefName::new(name).map_err(|e| {
         Error::backend(
             store_types::ErrorKind::InvalidData,

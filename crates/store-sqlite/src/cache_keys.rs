@@ -1,11 +1,11 @@
 //! Cache keys ([`CacheIndex`], ADR-048) in the `cache_keys` table
 //! (schema v4; owners since v5).
 //!
-//! `record`, `remove`, `touch` and `trim` are jobs of the group-committing
-//! writer thread (like puts and reference writes): each runs inside the
-//! writer's transaction and answers after its commit, so `trim`'s two
-//! deletes (age, then bytes) are one atomic step. `lookup`, `cached` and
-//! `usage` run on the reader pool; `cached` asks the `(namespace, digest)`
+//! `record`, `remove`, `touch` and `remove_unchanged` are jobs of the
+//! group-committing writer thread (like puts and reference writes): each
+//! runs inside the writer's transaction and answers after its commit, so
+//! a batch of `remove_unchanged` is one atomic step. `lookup`, `cached`,
+//! `oldest` (one statement) and `usage` run on the reader pool; `cached` asks the `(namespace, digest)`
 //! index through the engine's batched existence query.
 //!
 //! `record` reads the key's digest and owner (schema v5; NULL: the
@@ -26,13 +26,13 @@
 //! dropped read returns its connection when its blocking closure ends.
 
 use store_types::{
-    Author, CacheBounds, CacheIndex, CacheTrim, CacheUsage, Digest, Error, Namespace, RefExpect,
-    RefName, Result, Timestamp,
+    Author, CacheEntry, CacheIndex, CachePage, CacheTrim, CacheUsage, Digest, Error, ErrorKind,
+    Namespace, RefExpect, RefName, Result, Timestamp,
 };
 
 use crate::error::SqlResultExt;
 use crate::refs::OwnedAuthor;
-use crate::sql::{self, digest_at, namespace_at};
+use crate::sql::{self, digest_at, namespace_at, to_i64};
 use crate::SqliteEngine;
 
 /// `?6` is the owner the job decided on (the row's own for the digest it
@@ -49,17 +49,15 @@ const REMOVE: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2";
 const REMOVE_IF: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2 AND digest = ?3";
 const TOUCH: &str = "UPDATE cache_keys SET accessed_at = ?3
                      WHERE namespace = ?1 AND digest = ?2 AND accessed_at < ?3";
-/// The keys older than the cut-off `?2`, and their sizes.
-const TRIM_AGE: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND accessed_at < ?2
-                        RETURNING size";
-/// The keys beyond `?2` bytes, newest first by access (ties by key).
-const TRIM_BYTES: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key IN (
-                            SELECT key FROM (
-                              SELECT key, SUM(size) OVER (
-                                ORDER BY accessed_at DESC, key ROWS UNBOUNDED PRECEDING) AS kept
-                              FROM cache_keys WHERE namespace = ?1)
-                            WHERE kept > ?2)
-                          RETURNING size";
+/// The keys last accessed no later than the `?2 + 1`-th least recently
+/// accessed one, and the namespace's bytes (one statement: one snapshot).
+const OLDEST: &str = "SELECT key, digest, size, accessed_at,
+                        (SELECT COALESCE(SUM(size), 0) FROM cache_keys WHERE namespace = ?1)
+                      FROM cache_keys WHERE namespace = ?1 AND accessed_at <= COALESCE(
+                        (SELECT accessed_at FROM cache_keys WHERE namespace = ?1
+                          ORDER BY accessed_at LIMIT 1 OFFSET ?2), 9223372036854775807)";
+const REMOVE_UNCHANGED: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2
+                                AND digest = ?3 AND size = ?4 AND accessed_at = ?5";
 const USAGE: &str = "SELECT namespace, COUNT(*), COALESCE(SUM(size), 0) FROM cache_keys
                      GROUP BY namespace ORDER BY namespace";
 /// The table and namespace column [`sql::present_in`] reads.
@@ -75,15 +73,6 @@ impl SqliteCacheKeys {
     pub(crate) fn new(engine: SqliteEngine) -> Self {
         SqliteCacheKeys { engine }
     }
-}
-
-fn sum_removed(rows: &mut rusqlite::Rows<'_>, t: &mut CacheTrim) -> Result<()> {
-    while let Some(row) = rows.next().sql()? {
-        let size: i64 = row.get(0).sql()?;
-        t.keys += 1;
-        t.bytes += u64::try_from(size).unwrap_or(0);
-    }
-    Ok(())
 }
 
 #[async_trait::async_trait]
@@ -205,29 +194,61 @@ impl CacheIndex for SqliteCacheKeys {
             .await
     }
 
-    async fn trim(&self, ns: &Namespace, bounds: CacheBounds, now: Timestamp) -> Result<CacheTrim> {
-        if bounds == CacheBounds::default() {
-            return Ok(CacheTrim::default());
-        }
+    async fn oldest(&self, ns: &Namespace, limit: usize, now: Timestamp) -> Result<CachePage> {
+        let ns = ns.clone();
+        self.engine
+            .inner
+            .readers
+            .run(move |conn| {
+                let mut stmt = conn.prepare_cached(OLDEST).sql()?;
+                let mut rows = stmt.query((ns.as_str(), to_i64(limit.max(1) - 1))).sql()?;
+                let mut page = CachePage {
+                    now,
+                    bytes: 0,
+                    entries: Vec::new(),
+                };
+                while let Some(row) = rows.next().sql()? {
+                    let (key, size, at, bytes): (String, i64, i64, i64) = (
+                        row.get(0).sql()?,
+                        row.get(2).sql()?,
+                        row.get(3).sql()?,
+                        row.get(4).sql()?,
+                    );
+                    page.bytes = u64::try_from(bytes).unwrap_or(0);
+                    page.entries.push(CacheEntry {
+                        key: RefName::new(key).map_err(|e| {
+                            Error::backend(
+                                ErrorKind::InvalidData,
+                                "sqlite: decode stored cache key",
+                            )
+                            .with_source(e)
+                        })?,
+                        digest: digest_at(row, 1)?,
+                        size: u64::try_from(size).unwrap_or(0),
+                        accessed_at: Timestamp(at),
+                    });
+                }
+                Ok(page)
+            })
+            .await
+    }
+
+    async fn remove_unchanged(&self, ns: &Namespace, entries: &[CacheEntry]) -> Result<CacheTrim> {
         let ns = ns.as_str().to_owned();
+        let entries = entries.to_vec();
         self.engine
             .inner
             .writer
-            .submit(64, true, move |conn, _| {
+            .submit(64 * entries.len(), true, move |conn, _| {
+                let mut stmt = conn.prepare_cached(REMOVE_UNCHANGED).sql()?;
                 let mut t = CacheTrim::default();
-                if let Some(age) = bounds.max_age {
-                    let cutoff = now
-                        .0
-                        .saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
-                    let mut stmt = conn.prepare_cached(TRIM_AGE).sql()?;
-                    let mut rows = stmt.query((&ns, cutoff)).sql()?;
-                    sum_removed(&mut rows, &mut t)?;
-                }
-                if let Some(max) = bounds.max_bytes {
-                    let max = i64::try_from(max).unwrap_or(i64::MAX);
-                    let mut stmt = conn.prepare_cached(TRIM_BYTES).sql()?;
-                    let mut rows = stmt.query((&ns, max)).sql()?;
-                    sum_removed(&mut rows, &mut t)?;
+                for e in &entries {
+                    let (d, at) = (&e.digest.as_bytes()[..], e.accessed_at.0);
+                    let row = (&ns, e.key.as_str(), d, to_i64(e.size), at);
+                    if stmt.execute(row).sql()? > 0 {
+                        t.keys += 1;
+                        t.bytes += e.size;
+                    }
                 }
                 Ok(t)
             })

@@ -99,7 +99,7 @@ CREATE TABLE ref_namespaces (
 /// Version 4: cache keys (ADR-048, see the `cache_keys` module):
 /// `(namespace, key) → digest` with the entry's size and the last access
 /// (milliseconds, the store's clock). The `(namespace, digest)` index
-/// answers `cached` and `touch`; `(namespace, accessed_at)` orders `trim`.
+/// answers `cached` and `touch`; `(namespace, accessed_at)` orders `oldest`.
 const V4_CACHE_KEYS: &str = "
 CREATE TABLE cache_keys (
     namespace   TEXT    NOT NULL,

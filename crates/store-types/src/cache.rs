@@ -5,8 +5,10 @@
 //! A cache namespace's entries are live while a key of the namespace
 //! points at them (or a reference, or a pin: those protect everywhere).
 //! Keys are **weak**: unlike references, the size/age bound removes them
-//! ([`CacheIndex::trim`], least recently accessed first), and an entry no
-//! key, reference or pin holds any more is garbage for the next sweep.
+//! (least recently accessed first: the trim store-core writes once over
+//! [`CacheIndex::oldest`] and [`CacheIndex::remove_unchanged`], ADR-062),
+//! and an entry no key, reference or pin holds any more is garbage for
+//! the next sweep.
 //!
 //! The kv engines that hold references (`mem`, `sqlite`, `postgres`) hold
 //! cache keys too and answer [`KvEngine::cache`](crate::KvEngine::cache).
@@ -68,13 +70,39 @@ pub struct CacheUsage {
     pub bytes: u64,
 }
 
-/// What one [`CacheIndex::trim`] removed.
+/// What a trim (or one [`CacheIndex::remove_unchanged`]) removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheTrim {
     /// Keys removed.
     pub keys: u64,
     /// The sum of their sizes.
     pub bytes: u64,
+}
+
+/// One key as [`CacheIndex::oldest`] read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheEntry {
+    /// The key.
+    pub key: RefName,
+    /// The digest it points at.
+    pub digest: Digest,
+    /// The entry's size.
+    pub size: u64,
+    /// Its last access.
+    pub accessed_at: Timestamp,
+}
+
+/// The least recently accessed keys of a namespace, read in one step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachePage {
+    /// The engine's clock at the read: the `now` given, or the engine's own.
+    pub now: Timestamp,
+    /// The sum of the sizes of all the namespace's keys.
+    pub bytes: u64,
+    /// Every key last accessed no later than the `limit`-th least recently
+    /// accessed one (so all keys sharing the page's latest access time),
+    /// in no particular order.
+    pub entries: Vec<CacheEntry>,
 }
 
 /// The cache keys held in a kv engine's database.
@@ -100,11 +128,11 @@ pub struct CacheTrim {
 ///   author's name as its owner; a record of the digest the key holds
 ///   keeps the owner (and moves the access time).
 /// - `touch` only moves access times forward and never creates a key.
-/// - `trim` removes, in one atomic step, every key of `ns` last accessed
-///   before `now - max_age`, then the least recently accessed keys (ties
-///   by key, byte order) until the remaining sizes sum to at most
-///   `max_bytes`. A key recorded or touched concurrently is judged by the
-///   state the step sees.
+/// - `oldest` reads its page and `now` in one consistent step;
+///   `remove_unchanged` removes, in one atomic step, each key still as
+///   read (digest, size and access time), so a key recorded or touched
+///   since its read stays. The order, tie-break and bounds of the trim are
+///   the caller's (store-core, ADR-062).
 /// - Every method is cancel-safe: dropped before it returns, a write
 ///   either committed whole or not at all.
 #[async_trait]
@@ -138,8 +166,14 @@ pub trait CacheIndex: Send + Sync + 'static {
     /// For each digest, whether a key of `ns` points at it.
     async fn cached(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>>;
 
-    /// Removes the keys outside `bounds` (see the contract).
-    async fn trim(&self, ns: &Namespace, bounds: CacheBounds, now: Timestamp) -> Result<CacheTrim>;
+    /// The keys of `ns` last accessed no later than its `limit`-th least
+    /// recently accessed key (`limit` ≥ 1), with the namespace's bytes and
+    /// the engine's `now` (see [`CachePage`]).
+    async fn oldest(&self, ns: &Namespace, limit: usize, now: Timestamp) -> Result<CachePage>;
+
+    /// Removes each of `entries` (keys of `ns`) that still holds the
+    /// digest, size and access time it was read with; returns what went.
+    async fn remove_unchanged(&self, ns: &Namespace, entries: &[CacheEntry]) -> Result<CacheTrim>;
 
     /// What the keys of each namespace holding any hold, by namespace.
     async fn usage(&self) -> Result<Vec<(Namespace, CacheUsage)>>;

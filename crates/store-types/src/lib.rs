@@ -47,7 +47,7 @@ pub mod registry;
 mod retry;
 mod seam;
 
-pub use cache::{CacheBounds, CacheIndex, CacheTrim, CacheUsage};
+pub use cache::{CacheBounds, CacheEntry, CacheIndex, CachePage, CacheTrim, CacheUsage};
 pub use chunks::Chunks;
 pub use digest::{Digest, DIGEST_HEX_LEN};
 pub use engine::{

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use store_core::CacheTrimmer;
 use store_types::{
     Author, CacheBounds, CacheIndex, CacheTrim, Digest, Error, Namespace, RefExpect, RefName,
     Replace, Timestamp,
