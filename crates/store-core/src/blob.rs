@@ -1,3 +1,29 @@
+//! The verifying reader every read returns ([`Blob`]), and the hashing
+//! helpers it shares with puts.
+//!
+//! # How a plain GET answers (ADR-025)
+//!
+//! The server's side (store-ops' `get`, store-http's `body.rs`) over this
+//! reader:
+//!
+//! ```text
+//! GET /v1/blobs/{ns}/{digest} [, Range]
+//!  └─ get: Store::get (whole) or stat + Store::read_range (206)
+//!     ├─ body ≤ one CHUNK_SIZE: Blob::bytes (verified) before the head
+//!     │  → one buffer with Content-Length; corrupt → 422 verification
+//!     └─ larger: streamed by Blob::next_chunk — the engine's own read-ahead
+//!        buffers as Bytes where it has them (local, object:
+//!        BlobReader::Chunks), else ≤ CHUNK_SIZE copied out of the reader —
+//!        each held back until the next call succeeded → a failure at EOF
+//!        (or in a range's group) withholds the last chunk and aborts the
+//!        body: never a complete bad response
+//! ```
+//!
+//! The names: [`Store::get`](crate::Store::get),
+//! [`Store::read_range`](crate::Store::read_range), [`Blob::bytes`],
+//! [`Blob::next_chunk`], [`BlobReader::Chunks`], [`CHUNK_SIZE`];
+//! TUNING.md §small-responses and §response-chunks.
+
 use std::fmt;
 use std::future::Future;
 use std::io;

@@ -1,5 +1,61 @@
 //! The put pipeline (SPEC §4): buffer up to the threshold, spill to the
 //! large tier's stage beyond it, hash while streaming, pin, publish.
+//!
+//! # How a put flows
+//!
+//! ```text
+//! put(ns, body) / put_opts(ns, body, PutOptions { len?, expect? })
+//!  ├─ len known > threshold ──────────────────────────┐ (dual-tier; kv-only → TooLarge at once)
+//!  ├─ len known, from OVERLAP_MIN to PREALLOCATE_MAX, │
+//!  │   ≤ threshold (mem-only, raised thresholds): one │
+//!  │   buffer (≥ 4 MiB: 2 MiB-aligned, huge pages);   │
+//!  │   each full KV_REGION hashed on rayon's pool     │
+//!  │   while the next is read, regions rejoined       │
+//!  │   without a copy → kv.put as below               │
+//!  ├─ read ≤ threshold+1 bytes into a buffer          │
+//!  │   ├─ ended ≤ threshold: hash → check expect/len  │
+//!  │   │   → pin(key) → kv.put (fleet: put_pinned =   │
+//!  │   │     lock_shared + entry + pin row, one tx)   │
+//!  │   └─ overflow: kv-only → TooLarge ───────────────┤
+//!  └─ large: stage ← buffer, then HASH_BATCH batches at aligned offsets, each
+//!          written to the stage and (same Bytes) hashed on rayon's pool while
+//!          the next is read — ≤ MAX_BATCHES_IN_FLIGHT unpushed; the groups'
+//!          chaining values go into the OutboardBuilder in order, the last
+//!          partial piece is hashed by the caller; the engine writes on its
+//!          writer thread: hashing, reading and writing overlap
+//!          (entries ≤ OUTBOARD_KEPT_ABOVE: no outboard handed over; a range
+//!           read computes theirs from one whole read when it is not cached)
+//!          (expect given: stage_expecting — an engine may upload straight to
+//!           the final name, e.g. store-object, publishing only on success)
+//!          → check len/expect (abort stage on mismatch)
+//!          → stage.set_outboard(outboard) (published with the entry, ADR-032)
+//!          → pin(key)
+//!          → non-fleet: stage.publish (engine dedups before fsync)
+//!            fleet + Stage::Joint (pg-lo): publish_pinned (LO + row + pin
+//!              row, one tx)
+//!            fleet+local: pin_first (pin row commits) THEN publish (rename)
+//!            fleet+object: pin_first THEN publish (conditional PUT / copy)
+//!  → PutReceipt { digest, size, tier, deduplicated, pin }
+//!
+//! put_bytes(ns, bytes: Bytes) / put_bytes_opts(…, PutOptions { len?, expect? })
+//!                                        (a body the caller already owns)
+//!  ├─ > threshold: dual-tier → the large path above over &bytes[..]; else TooLarge
+//!  └─ ≤ threshold: hash (≥ 4 MiB: on rayon's pool, every core; the task awaits)
+//!      → check expect → pin(key) → kv.put(bytes) — the very buffer, no copy
+//! ```
+//!
+//! Memory: at most the threshold + one chunk + the batches being hashed
+//! (+ the engine's bounded write queue). Any failure aborts the stage:
+//! nothing visible, no stage file. TUNING.md §puts-hashed-while-read,
+//! §small-outboards and §owned-bodies give the measurements behind the
+//! sizes.
+//!
+//! The names: [`Store::put_opts`], [`Store::put_bytes_opts`],
+//! [`PutOptions`], [`PutReceipt`]; [`OVERLAP_MIN`], [`PREALLOCATE_MAX`],
+//! [`KV_REGION`], [`HASH_BATCH`] (one [`CHUNK_SIZE`]),
+//! [`MAX_BATCHES_IN_FLIGHT`], [`OUTBOARD_KEPT_ABOVE`](crate::OUTBOARD_KEPT_ABOVE);
+//! the engine side: [`Stage::Joint`], [`store_types::StagedWrite::publish`],
+//! [`store_types::LargeEngine::stage_expecting`].
 
 use bytes::{Bytes, BytesMut};
 use store_gc::Pin;
@@ -182,7 +238,8 @@ impl Store {
     /// declared length, the expected digest; see [`PutOptions`]).
     ///
     /// Memory stays bounded by the threshold plus one chunk (and up to
-    /// four 256 KiB batches being hashed on rayon's pool, TUNING.md §puts-hashed-while-read) whatever
+    /// four one-chunk batches being hashed on rayon's pool, TUNING.md
+    /// §puts-hashed-while-read) whatever
     /// the body's size. The receipt's [`Pin`] protects the entry from GC until
     /// dropped; a put that finds the entry already stored pins it and
     /// reports `deduplicated: true`.

@@ -17,6 +17,35 @@
 //! - Entries of at most [`OUTBOARD_KEPT_ABOVE`] bytes keep no outboard
 //!   (TUNING.md §small-outboards): theirs is computed from one verified whole read when it is
 //!   not cached, and only cached.
+//!
+//! # How a verified range read flows
+//!
+//! ```text
+//! read_range(key, a..b)
+//!  ├─ engine.read(key, ReadOptions::range(RangeRequest{a..b, whole up to
+//!  │  WHOLE_VERIFY_MAX})) per tier (kv, then large; ADR-050): the size and
+//!  │  a read of the planned span in one call — InvalidRange if outside the
+//!  │  entry; two-step engines (ReadOptions::read_with): meta, then the
+//!  │  whole or the span
+//!  ├─ size ≤ WHOLE_VERIFY_MAX: the whole read verified → slice
+//!  └─ larger: outboard = cache ∨ engine.read_outboard (validated up to the
+//!     digest) ∨ lazily:
+//!       ≤ OUTBOARD_KEPT_ABOVE: raw read of the whole entry →
+//!                outboard::compute on rayon (its root must be the digest)
+//!                → cache only
+//!       larger:  verified whole read → OutboardBuilder → store_outboard
+//!                → cache
+//!     → over the span's read (the covering 16 KiB groups)
+//!     → GroupVerifier: per group, hash + compare with its chaining value,
+//!       release the group's bytes only after it passed (Error::Verification)
+//! ```
+//!
+//! The names: [`Store::read_range`](crate::Store::read_range),
+//! [`ReadOptions::range`](store_types::ReadOptions::range),
+//! [`ReadOptions::read_with`](store_types::ReadOptions::read_with),
+//! [`Engine::read_outboard`], [`Engine::store_outboard`],
+//! [`WHOLE_VERIFY_MAX`], [`OUTBOARD_KEPT_ABOVE`], [`OutboardCache`],
+//! [`GroupVerifier`].
 
 use std::io;
 use std::pin::Pin;

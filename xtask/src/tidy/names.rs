@@ -3,7 +3,8 @@
 //! A backticked span of README.md or docs/*.md is a code reference when it
 //! is a path (`Type::member`, `crate::module::Item`, optionally called,
 //! generic or a macro: `Store::builder()`, `Layered<E>`, `contract_suite!`)
-//! or a bare type name (`BlobReader`) or call (`gc_now()`). The check is
+//! or a bare type name (`BlobReader`), constant (`CHUNK_SIZE`) or call
+//! (`gc_now()`). The check is
 //! cheap and conservative, read from the workspace's text rather than
 //! compiled:
 //!
@@ -15,7 +16,8 @@
 //!   `.rs` files (crate, module or file, `fn`, type, trait, `const`,
 //!   `static`, macro, `use … as` name, enum variant, field) — or is a log
 //!   target the code names (`target: "blobpool::gc"`);
-//! - a bare type name or call needs the word somewhere in the code, out of
+//! - a bare type name, constant or call needs the word somewhere in the
+//!   code, out of
 //!   comments (sources, SQL, scripts, manifests and unit files count).
 //!
 //! ADRs are records of their day and are not checked.
@@ -38,6 +40,11 @@ const EXTERNAL: [&str; 9] = [
     "Condvar",
     "Bytes::from_owner",
 ];
+
+/// Environment variables the documents name: Blobpool's own are derived
+/// from the settings table (tidy's settings check reads them), the others
+/// belong to other tools.
+const ENV_PREFIXES: [&str; 3] = ["BLOBPOOL_", "AWS_", "SCCACHE_"];
 
 /// Where the code lives, and the files read for its words.
 const CODE_DIRS: [&str; 8] = [
@@ -299,7 +306,11 @@ fn reference(span: &str) -> Option<Reference<'_>> {
     let call = rest.starts_with('(')
         && head.starts_with(|c: char| c.is_ascii_lowercase())
         && !head.contains(|c: char| c.is_ascii_uppercase());
-    (camel || call).then_some(Reference::Bare(head))
+    let constant = rest.is_empty()
+        && head.contains('_')
+        && head.starts_with(|c: char| c.is_ascii_uppercase())
+        && !head.contains(|c: char| c.is_ascii_lowercase());
+    (camel || call || constant).then_some(Reference::Bare(head))
 }
 
 impl Vocabulary {
@@ -308,6 +319,7 @@ impl Vocabulary {
     fn missing<'a>(&self, r: &Reference<'a>) -> Option<Vec<&'a str>> {
         match r {
             Reference::Path(head, _) | Reference::Bare(head) if EXTERNAL.contains(head) => None,
+            Reference::Bare(head) if ENV_PREFIXES.iter().any(|p| head.starts_with(p)) => None,
             Reference::Path(head, parts) => {
                 let first = parts[0];
                 let imported = !self.defs.contains(first) && self.words.contains(first);

@@ -510,7 +510,8 @@ fn documents_name_code_that_exists() {
          pub struct Options { pub readers: usize }\n\
          pub use inner::Thing as s3_testing;\n\
          fn log() { tracing::info!(target: \"blobpool::gc\", \"sweep\"); }\n\
-         fn uses(_: bytes::BytesMut) {}\n",
+         fn uses(_: bytes::BytesMut) {}\n\
+         pub const CHUNK_SIZE: usize = 1;\n",
     );
     t.write("Cargo.lock", "[[package]]\nname = \"tokio-util\"\n");
     t.write(
@@ -518,9 +519,10 @@ fn documents_name_code_that_exists() {
         "`BlobReader::from_bytes()`, `BlobReader::Chunks`, `Options::readers`, \
          `store_mem::reader::BlobReader`, `store_mem::s3_testing`, `blobpool::gc`, \
          `Vec<u8>`, `BlobReader`, `log()`, `tokio_util::io::ReaderStream`, \
-         `BytesMut::split_to`, `std::fs::File`, `ETag`, `max_age`, `a::b c`.\n\
+         `BytesMut::split_to`, `std::fs::File`, `ETag`, `max_age`, `a::b c`, `CHUNK_SIZE`,\n\
+         `BLOBPOOL_FSYNC`.\n\
          Wrong: `BlobReader::in_memory`, `Engine::read_range_sized(key, &r)`,\n\
-         `ChunkReader`, `gone()`, `BlobReader::Inline`, `blobpool::audit`.\n",
+         `ChunkReader`, `gone()`, `BlobReader::Inline`, `blobpool::audit`, `GONE_MAX`.\n",
     );
     t.write(
         "docs/adr/ADR-013-layout.md",
@@ -534,16 +536,18 @@ fn documents_name_code_that_exists() {
     assert_eq!(
         bad,
         [
-            "docs/TUNING.md:2: names `BlobReader::in_memory`, but the code has no `in_memory`",
-            "docs/TUNING.md:2: names `Engine::read_range_sized(key, &r)`, but the code has no `Engine`, `read_range_sized`",
-            "docs/TUNING.md:3: names `ChunkReader`, but the code has no `ChunkReader`",
-            "docs/TUNING.md:3: names `gone()`, but the code has no `gone`",
-            "docs/TUNING.md:3: names `BlobReader::Inline`, but the code has no `Inline`",
-            "docs/TUNING.md:3: names `blobpool::audit`, but the code has no `audit`",
+            "docs/TUNING.md:3: names `BlobReader::in_memory`, but the code has no `in_memory`",
+            "docs/TUNING.md:3: names `Engine::read_range_sized(key, &r)`, but the code has no `Engine`, `read_range_sized`",
+            "docs/TUNING.md:4: names `ChunkReader`, but the code has no `ChunkReader`",
+            "docs/TUNING.md:4: names `gone()`, but the code has no `gone`",
+            "docs/TUNING.md:4: names `BlobReader::Inline`, but the code has no `Inline`",
+            "docs/TUNING.md:4: names `blobpool::audit`, but the code has no `audit`",
+            "docs/TUNING.md:4: names `GONE_MAX`, but the code has no `GONE_MAX`",
         ]
     );
-    // Nine right, six wrong; the others are not code references or not ours.
-    assert_eq!(names::check(&t.0).0, 15);
+    // Ten right, seven wrong; the others are not code references or not
+    // ours.
+    assert_eq!(names::check(&t.0).0, 17);
 }
 
 /// The workspace's documents name only code that exists.

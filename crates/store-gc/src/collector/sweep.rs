@@ -1,4 +1,60 @@
 //! The sweep: its owned task, the sweep lock, and its phases in order.
+//!
+//! # How a sweep flows
+//!
+//! ```text
+//! Store::sweep() (store-core) ── first trims every cache namespace
+//!  │                (Store::trim_caches, ADR-048: pending reads written,
+//!  │                then keys outside their bounds removed; fleet: the
+//!  │                gc_policies cache rows' loosest bounds)
+//!  ├─ Collector::sweep: spawns the pass as a task owning everything below; the
+//!  │                caller awaits its handle (dropping the caller stops the
+//!  │                task at the next batch boundary, never inside a batch)
+//!  ├─ in-process sweep mutex (try) ── busy → aborted: SweeperLock
+//!  ├─ fleet: pg_try_advisory_lock ── busy → aborted: SweeperLock
+//!  ├─ sources: in-process callbacks; fleet: every gc_liveness row (any node's)
+//!  │    and the namespaces the gc_policies rows sweep (keep on any node wins)
+//!  │    none ──────────────────────────────── aborted: NoLivenessSources
+//!  │    (re-read before every batch below; references and cache keys are
+//!  │     consulted in every swept namespace: non-fleet probed, fleet bound
+//!  │     into the SQL)
+//!  ├─ protect_keys() fails ───────────────── aborted: ProtectFailed
+//!  ├─ fleet: finish stale fences (older than FENCE_GRACE by gc_now()):
+//!  │    delete large copies again, clear fences → resumed_deletes
+//!  ├─ now = window host's clock (SQL: gc_now(); else the process clock)
+//!  ├─ EXECUTE due window (visible_after ≤ now), per batch of ≤ SweepOptions::batch:
+//!  │    non-fleet: gate unpinned keys (busy keys: retried after the other delete)
+//!  │               → probe sources + protect set
+//!  │               → delete (kv, then large; awaited) → unstage → release gate
+//!  │    fleet:     BEGIN; advisory xact lock per key (exclusive)
+//!  │               → arbitrate in SQL (pins unexpired by gc_now(), liveness tables)
+//!  │               → delete kv rows + FENCE doomed keys (gc_deleting) → unstage → COMMIT
+//!  │               → delete large entries (fenced, no locks) → clear fences
+//!  │    protected → rescued (unstaged); protected but gone → vanished
+//!  ├─ MARK: per swept namespace, per tier, scan pages
+//!  │    → skip staged and copies an earlier tier holds → arbitrate
+//!  │    → stage garbage with visible_after = now + window
+//!  ├─ maintenance: fleet → reap expired pin rows; every engine → Engine::maintain
+//!  │    (local: stage files no live put holds; object: stage objects past their grace)
+//!  └─ SweepReport { aborted, total, namespaces, unswept_namespaces, reaped_pins,
+//!                   reaped_stages, resumed_deletes, duration }
+//!     a failure after committed batches: Err(SweepIncomplete { cause, counts })
+//! ```
+//!
+//! The window host is one per instance: the kv engine when SQL-backed, else
+//! pg-lo, else in process (ADR-012 §5).
+//!
+//! A sweep logs at info: this pass's `sweep finished` line (store-gc's
+//! target) with its counts, store-core's `sweep` line (target
+//! `store_core::gc`, with the store's owner), and one `cache trim` line
+//! per cache namespace that lost keys; the server adds one more, the
+//! `blobpool::gc` line of a scheduled sweep or the `blobpool::audit` line
+//! of `POST /v1/sweep`. A failed pass warns on the first two instead.
+//!
+//! The names: [`Collector::sweep`], [`SweepOptions::batch`],
+//! [`GcAbortCause`], [`FENCE_GRACE`],
+//! [`SweepReport`], [`store_types::Engine::maintain`],
+//! [`store_types::Error::SweepIncomplete`].
 
 use super::*;
 
