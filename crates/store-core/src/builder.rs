@@ -19,6 +19,12 @@ pub const DEFAULT_THRESHOLD: u64 = 64 * 1024;
 /// entry as one row.
 pub const MAX_THRESHOLD: u64 = 16 * 1024 * 1024;
 
+/// Default delete window: 1 hour.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(3600);
+
+/// Default fleet pin-row lifetime: 15 minutes.
+pub const DEFAULT_PIN_TTL: Duration = Duration::from_secs(900);
+
 /// How the store dispatches entries (SPEC §2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -69,8 +75,8 @@ impl Default for StoreBuilder {
             large: None,
             mode: None,
             fleet: false,
-            window: Duration::from_secs(3600),
-            pin_ttl: Duration::from_secs(900),
+            window: DEFAULT_WINDOW,
+            pin_ttl: DEFAULT_PIN_TTL,
             clock: Arc::new(SystemClock),
             owner: None,
             outboard_cache_bytes: crate::verified::DEFAULT_OUTBOARD_CACHE_BYTES,

@@ -37,7 +37,9 @@ mod store;
 mod verified;
 
 pub use blob::Blob;
-pub use builder::{Mode, StoreBuilder, DEFAULT_THRESHOLD, MAX_THRESHOLD};
+pub use builder::{
+    Mode, StoreBuilder, DEFAULT_PIN_TTL, DEFAULT_THRESHOLD, DEFAULT_WINDOW, MAX_THRESHOLD,
+};
 pub use cache::{
     Cache, CacheTrimmer, ACCESS_FLUSH_EVERY, ACCESS_FLUSH_KEYS, ACCESS_RESOLUTION,
     KEY_CACHE_ENTRIES,
