@@ -1,7 +1,7 @@
 //! The `BLOBPOOL_*` environment form of the server configuration
 //! ([`Config::load`] under a set of variables, and
 //! [`blobpool::config::check_environment`]): every variable the
-//! configuration reads ([`KEY_VARIABLES`], [`SECTION_VARIABLES`]) and
+//! configuration reads ([`SETTINGS`], [`SECTION_VARIABLES`]) and
 //! any other name, with any values, over an empty file or one of a few
 //! valid ones. (The `config` target fuzzes the file text; this one
 //! reaches every variable quickly.) Checked:
@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use blobpool::config::{
-    check_environment, parse_size, Config, ConfigError, Origin, CLI_VARIABLES, KEY_VARIABLES,
+    check_environment, parse_size, Config, ConfigError, Origin, Setting, CLI_VARIABLES, SETTINGS,
 };
 use blobpool::security::SECTION_VARIABLES;
 
@@ -67,11 +67,11 @@ fn scratch(i: usize) -> PathBuf {
     dir.join(format!("{i}.toml"))
 }
 
-fn known() -> Vec<&'static str> {
-    KEY_VARIABLES
+fn known() -> Vec<String> {
+    SETTINGS
         .iter()
-        .chain(SECTION_VARIABLES.iter())
-        .copied()
+        .map(Setting::env)
+        .chain(SECTION_VARIABLES.map(String::from))
         .collect()
 }
 
@@ -83,7 +83,7 @@ pub fn check(input: Input) {
         .into_iter()
         .map(|(n, v)| {
             let name = match n {
-                Name::Known(i) => known[i as usize % known.len()].to_string(),
+                Name::Known(i) => known[i as usize % known.len()].clone(),
                 Name::Prefixed(s) => format!("BLOBPOOL_{s}"),
                 Name::Any(s) => s,
             };
@@ -121,7 +121,7 @@ pub fn check(input: Input) {
                     );
                     match origin {
                         Origin::Env(name) => {
-                            assert!(known.contains(&name.as_str()), "{name}: {msg}");
+                            assert!(known.contains(name), "{name}: {msg}");
                             // A variable that is not set is one a set
                             // variable of its section needs
                             // (`BLOBPOOL_TLS_CERT` with `BLOBPOOL_TLS_KEY`).
@@ -133,18 +133,6 @@ pub fn check(input: Input) {
                             );
                         }
                         Origin::Flag(f) => panic!("no flags were given, but {f}: {msg}"),
-                        // Known bug (reported with issue 39 item 5; the
-                        // seed `corpus/config_env/gc-unreferenced-env`
-                        // reproduces it): a bad namespace in
-                        // BLOBPOOL_GC_UNREFERENCED_NAMESPACES is blamed on
-                        // the file's `[gc]` (gc::resolve checks it before
-                        // Config::resolve_gc attaches the variable). Drop
-                        // this arm once fixed.
-                        Origin::File(at)
-                            if file == 0
-                                && key == "gc.unreferenced_namespaces"
-                                && at.ends_with(": [gc]")
-                                && env.contains_key("BLOBPOOL_GC_UNREFERENCED_NAMESPACES") => {}
                         Origin::File(_) | Origin::Default if file == 0 => panic!(
                             "the file is empty, so the bad value came from the \
                              environment, but the error says {origin}: {msg}"
@@ -169,7 +157,7 @@ pub fn check(input: Input) {
                 assert!(env.contains_key(name), "{e}");
                 assert!(name.starts_with("BLOBPOOL_"), "{e}");
                 assert!(
-                    !known.contains(&name.as_str()) && !CLI_VARIABLES.contains(&name.as_str()),
+                    !known.contains(name) && !CLI_VARIABLES.contains(&name.as_str()),
                     "a known variable refused: {e}"
                 );
                 // The message quotes the name as it is: one line for any

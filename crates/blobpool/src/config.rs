@@ -1,36 +1,22 @@
 //! Configuration: defaults < TOML file < `BLOBPOOL_*` environment < flags.
 //!
 //! ```toml
-//! # data_dir = "/srv/blobpool"                # root of the default store (DIR/kv.sqlite, DIR/large)
 //! kv = "sqlite://./blobpool-data/kv.sqlite"   # sqlite://PATH | postgres://…[?schema=S] | mem://
-//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | postgres+lo://… | s3://BUCKET/PREFIX | gs://… | az://… | http(s)://… | object+file:///PATH | mem:// | none
-//! mode = "dual-tier"                          # mem-only | kv-only | dual-tier (default: derived)
-//! threshold = "64KiB"                         # size; kv/large boundary (kv-only: the size limit)
-//! fleet = false                               # ADR-012 §3 fleet admission
-//! window = "1h"                               # delete window, duration
-//! pin_ttl = "15m"                             # fleet pin-row lifetime, duration
-//! # node_name = "host-a"                      # this node's stable name in the fleet's pin and policy
-//!                                             #   rows (default: host name + absolute data_dir)
-//! schema = "blobpool"                         # PostgreSQL schema when the URL has no ?schema=
-//! shared_media = false                        # file:// large tier is on media shared by the fleet
-//! fsync = true                                # file:// large tier fsyncs publishes
-//! listen = "127.0.0.1:7070"                   # serve: listen address
-//! max_blob_size = "16GiB"                     # serve: largest accepted put, size
-//! # token_ttl = "15m"                         # serve: pin-token idle lifetime, duration
-//!                                             #   (unset: none outside a fleet, pin_ttl in one)
-//! max_tokens = 100000                         # serve: cap on live pin tokens (+ puts in flight)
-//! max_tokens_per_identity = 10000             # serve: the same cap per identity
-//! insecure_no_auth = false                    # serve: allow a non-loopback listen without identities
-//! log_format = "text"                         # serve: text | json
-//! # uploads_dir = "./blobpool-data/uploads"   # serve: resumable upload sessions (default DIR/uploads)
-//! upload_idle_timeout = "1h"                  # serve: an idle upload session is reaped after this
-//! umask = "0077"                             # serve: the process umask (files 0600, directories 0700)
-//! upload_max_bytes = "128GiB"                 # serve: bytes all open upload sessions may hold
-//! upload_max_bytes_per_identity = "32GiB"     # serve: the same per identity
+//! large = "file://./blobpool-data/large"      # file://PATH | pglo://… | s3://BUCKET/PREFIX | … | none
+//! threshold = "64KiB"                         # a size
+//! window = "1h"                               # a duration
 //!
 //! [gc]
 //! unreferenced_namespaces = ["tmp"]           # namespaces whose entries nothing references
 //! ```
+//!
+//! Each key is one entry of the table in [`settings`] (ADR-059): its
+//! type, default and meaning; its environment override is named after it
+//! (`BLOBPOOL_KV`, `BLOBPOOL_GC_UNREFERENCED_NAMESPACES`, comma separated).
+//! docs/SERVER.md's Configuration table is checked against it by `cargo
+//! xtask tidy`. `--data-dir` is a global flag; `serve` also takes the
+//! table's flags (see [`StoreFlags`]) and `--listen`, `--insecure-no-auth`,
+//! `--log-format`.
 //!
 //! Units: a duration is an integer of seconds or a humantime string
 //! (`"90s"`, `"15m"`, `"1h 30m"`); a size is an integer of bytes or a
@@ -40,12 +26,6 @@
 //! The server's `[auth]`, `[http]`, `[tls]` and `[limits]` sections are
 //! described in `security.rs` (and docs/SERVER.md, Security).
 //!
-//! Every key has an environment override: `BLOBPOOL_KV`, `BLOBPOOL_LARGE`,
-//! `BLOBPOOL_MODE`, `BLOBPOOL_DATA_DIR`, … and
-//! `BLOBPOOL_GC_UNREFERENCED_NAMESPACES` (comma separated). `--data-dir` is
-//! a global flag; `serve` also takes `--kv`, `--large`, `--mode`,
-//! `--threshold`, `--fleet`, `--window` and `--max-blob-size` (plus
-//! `--listen`, `--insecure-no-auth`, `--log-format`), see [`StoreFlags`].
 //! Relative paths in `sqlite://` and `file://` URLs and in `data_dir` are
 //! relative to the working directory.
 //!
@@ -70,43 +50,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-use store_core::{Mode, Store, DEFAULT_THRESHOLD};
+#[cfg(test)]
+use store_core::DEFAULT_THRESHOLD;
+use store_core::{Mode, Store};
 use store_types::{Error, Namespace};
 use toml::Spanned;
 
 pub use crate::error::{ConfigError, Invalid, Origin};
+use settings::{env_of, Derived, FileConfig, Values};
+pub use settings::{Config, Setting, SETTINGS};
 
-/// The `BLOBPOOL_*` variables of the top-level keys and `[gc]` (the
-/// sections' are [`crate::security::SECTION_VARIABLES`]).
-pub const KEY_VARIABLES: [&str; 26] = [
-    "BLOBPOOL_DATA_DIR",
-    "BLOBPOOL_KV",
-    "BLOBPOOL_LARGE",
-    "BLOBPOOL_MODE",
-    "BLOBPOOL_THRESHOLD",
-    "BLOBPOOL_FLEET",
-    "BLOBPOOL_WINDOW",
-    "BLOBPOOL_PIN_TTL",
-    "BLOBPOOL_NODE_NAME",
-    "BLOBPOOL_SCHEMA",
-    "BLOBPOOL_SHARED_MEDIA",
-    "BLOBPOOL_FSYNC",
-    "BLOBPOOL_LISTEN",
-    "BLOBPOOL_MAX_BLOB_SIZE",
-    "BLOBPOOL_TOKEN_TTL",
-    "BLOBPOOL_MAX_TOKENS",
-    "BLOBPOOL_MAX_TOKENS_PER_IDENTITY",
-    "BLOBPOOL_INSECURE_NO_AUTH",
-    "BLOBPOOL_LOG_FORMAT",
-    "BLOBPOOL_UPLOADS_DIR",
-    "BLOBPOOL_UPLOAD_IDLE_TIMEOUT",
-    "BLOBPOOL_UMASK",
-    "BLOBPOOL_UPLOAD_MAX_BYTES",
-    "BLOBPOOL_UPLOAD_MAX_BYTES_PER_IDENTITY",
-    "BLOBPOOL_GC_INTERVAL",
-    "BLOBPOOL_GC_UNREFERENCED_NAMESPACES",
-];
+pub mod settings;
 
 /// The command line's own variables (its flags' `env`).
 pub const CLI_VARIABLES: [&str; 9] = [
@@ -135,22 +89,23 @@ const DEVELOPMENT_PREFIXES: [&str; 5] = [
 /// as `BLOBPOOL_LIMIT_IDLE_TIMEOUT` would otherwise be ignored silently),
 /// naming it and the nearest known one.
 pub fn check_environment(names: impl IntoIterator<Item = String>) -> Result<(), ConfigError> {
-    let known = || {
-        KEY_VARIABLES
-            .iter()
-            .chain(crate::security::SECTION_VARIABLES.iter())
-            .chain(CLI_VARIABLES.iter())
-    };
+    let known: Vec<String> = SETTINGS
+        .iter()
+        .map(Setting::env)
+        .chain(crate::security::SECTION_VARIABLES.map(String::from))
+        .chain(CLI_VARIABLES.map(String::from))
+        .collect();
     for name in names {
         if !name.starts_with("BLOBPOOL_")
-            || known().any(|k| *k == name)
+            || known.contains(&name)
             || DEVELOPMENT_PREFIXES.iter().any(|p| name.starts_with(p))
         {
             continue;
         }
-        let nearest = known()
+        let nearest = known
+            .iter()
             .min_by_key(|k| strsim::levenshtein(k, &name))
-            .copied()
+            .cloned()
             .unwrap_or_default();
         return Err(Origin::Env(name.clone()).err(
             &name,
@@ -182,7 +137,7 @@ enum Scalar {
     Bool(bool),
 }
 
-impl<'de> Deserialize<'de> for Scalar {
+impl<'de> serde::Deserialize<'de> for Scalar {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl serde::de::Visitor<'_> for V {
@@ -321,20 +276,50 @@ pub fn format_size(n: u64) -> String {
 /// 0700).
 pub const DEFAULT_UMASK: u32 = 0o077;
 
-/// A size key that must be positive, else `default`.
-fn positive_size(
-    l: &Layers,
-    key: &str,
-    file: &Option<Spanned<Scalar>>,
-    default: u64,
-) -> Result<u64, ConfigError> {
-    match l.get(key, None, file, Scalar::size)? {
-        Some((0, origin)) => Err(origin.err(
-            key,
-            format!("{key} = 0 would refuse every upload chunk; it must be positive"),
-        )),
-        Some((n, _)) => Ok(n),
-        None => Ok(default),
+/// `v`, unless it is zero (then `why`).
+fn nonzero<T: Default + PartialEq>(v: T, why: &str) -> Result<T, Invalid> {
+    if v == T::default() {
+        return Err(why.into());
+    }
+    Ok(v)
+}
+
+/// `parse`, its value wrapped in `Some` (a setting whose default is
+/// derived).
+fn some<T>(
+    parse: impl FnOnce(Scalar) -> Result<T, Invalid>,
+) -> impl FnOnce(Scalar) -> Result<Option<T>, Invalid> {
+    move |s| parse(s).map(Some)
+}
+
+/// `data_dir`: not empty.
+fn parse_data_dir(s: Scalar) -> Result<PathBuf, Invalid> {
+    let d = s.text()?;
+    if d.trim().is_empty() {
+        return Err("data_dir must not be empty".into());
+    }
+    Ok(PathBuf::from(d.trim()))
+}
+
+/// `node_name`: 1 to 200 characters, no control characters.
+fn parse_node_name(s: Scalar) -> Result<String, Invalid> {
+    let n = s.text()?;
+    let n = n.trim();
+    if n.is_empty() || n.len() > 200 || n.chars().any(|c| c.is_control()) {
+        return Err("node_name must be 1 to 200 characters without control characters".into());
+    }
+    Ok(n.to_string())
+}
+
+/// `umask`: octal, at most 0777.
+fn parse_umask(s: Scalar) -> Result<u32, Invalid> {
+    let t = s.text()?;
+    let t = t.trim();
+    match u32::from_str_radix(t.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o777 && !t.is_empty() => Ok(m),
+        _ => Err(
+            format!("umask = {t:?}: expected an octal mode like \"0077\" (at most 0777)").into(),
+        ),
     }
 }
 
@@ -366,42 +351,6 @@ pub fn default_node_name(data_dir: &Path) -> String {
         .unwrap_or_else(|| "localhost".to_string());
     let dir = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     format!("{host}:{}", dir.display())
-}
-
-/// The TOML file's shape. Unknown keys are errors (typos must not pass
-/// silently).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    data_dir: Option<Spanned<Scalar>>,
-    kv: Option<Spanned<Scalar>>,
-    large: Option<Spanned<Scalar>>,
-    mode: Option<Spanned<Scalar>>,
-    threshold: Option<Spanned<Scalar>>,
-    fleet: Option<Spanned<Scalar>>,
-    window: Option<Spanned<Scalar>>,
-    pin_ttl: Option<Spanned<Scalar>>,
-    node_name: Option<Spanned<Scalar>>,
-    schema: Option<Spanned<Scalar>>,
-    shared_media: Option<Spanned<Scalar>>,
-    fsync: Option<Spanned<Scalar>>,
-    listen: Option<Spanned<Scalar>>,
-    max_blob_size: Option<Spanned<Scalar>>,
-    token_ttl: Option<Spanned<Scalar>>,
-    max_tokens: Option<Spanned<Scalar>>,
-    max_tokens_per_identity: Option<Spanned<Scalar>>,
-    insecure_no_auth: Option<Spanned<Scalar>>,
-    log_format: Option<Spanned<Scalar>>,
-    uploads_dir: Option<Spanned<Scalar>>,
-    upload_idle_timeout: Option<Spanned<Scalar>>,
-    upload_max_bytes: Option<Spanned<Scalar>>,
-    umask: Option<Spanned<Scalar>>,
-    upload_max_bytes_per_identity: Option<Spanned<Scalar>>,
-    gc: Option<crate::gc::GcSection>,
-    auth: Option<crate::security::AuthSection>,
-    http: Option<crate::security::HttpSection>,
-    tls: Option<crate::security::TlsSection>,
-    limits: Option<crate::security::LimitsSection>,
 }
 
 /// Command-line overrides of config keys: `serve`'s store flags, and the
@@ -477,7 +426,7 @@ impl Layers<'_> {
                 Origin::Flag(format!("--{}", key.replace('_', "-"))),
             ));
         }
-        let name = format!("BLOBPOOL_{}", key.to_ascii_uppercase());
+        let name = env_of(key);
         if let Some(v) = (self.env)(&name) {
             return Some((Scalar::Str(v), Origin::Env(name)));
         }
@@ -517,24 +466,8 @@ impl Layers<'_> {
 
 /// The storage tiers as the configuration resolves them.
 struct Tiers {
-    /// The root of the embedded default (`data_dir`).
-    root: PathBuf,
     kv: EngineSpec,
     large: Option<EngineSpec>,
-    /// `kv` as set, with its origin (`None`: the embedded default).
-    kv_url: Option<(String, Origin)>,
-    /// `large` as set, with its origin.
-    large_url: Option<(String, Origin)>,
-    shared_media: bool,
-    fsync: bool,
-}
-
-/// Pin and token lifetimes and caps.
-struct TokenSettings {
-    pin_ttl: Duration,
-    token_ttl: Option<Duration>,
-    max_tokens: usize,
-    max_tokens_per_identity: usize,
 }
 
 /// The server's log format.
@@ -599,69 +532,6 @@ fn engine_options(schema: &str, shared_media: bool, fsync: bool) -> store_regist
     }
 }
 
-/// The resolved configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Config {
-    /// The kv engine.
-    pub kv: EngineSpec,
-    /// The large engine, if any.
-    pub large: Option<EngineSpec>,
-    /// The dispatch mode.
-    pub mode: Mode,
-    /// Fleet admission.
-    pub fleet: bool,
-    /// Delete-window length.
-    pub window: Duration,
-    /// Fleet pin-row lifetime.
-    pub pin_ttl: Duration,
-    /// This node's stable name: the owner of its fleet pin rows and GC
-    /// policy rows (ADR-045). `node_name`, else [`default_node_name`].
-    pub node_name: String,
-    /// `file://` large tier: shared-media declaration.
-    pub shared_media: bool,
-    /// `file://` large tier: fsync publishes.
-    pub fsync: bool,
-    /// `serve` listen address.
-    pub listen: String,
-    /// `serve`: largest accepted put.
-    pub max_blob_size: u64,
-    /// `serve`: pin-token idle lifetime, when set (ADR-018). Unset, tokens
-    /// never expire outside a fleet and live `pin_ttl` after their last
-    /// renewal in one. In fleet mode it is at most `pin_ttl`.
-    pub token_ttl: Option<Duration>,
-    /// `serve`: cap on live pin tokens plus puts in flight (at least 1).
-    pub max_tokens: usize,
-    /// `serve`: cap on the live tokens plus puts in flight of one
-    /// identity (at least 1).
-    pub max_tokens_per_identity: usize,
-    /// Namespaces registered with a liveness source that reports nothing
-    /// live (ADR-017): their unpinned entries are garbage.
-    pub unreferenced_namespaces: Vec<Namespace>,
-    /// `[gc]`: policies, liveness tables, scheduled sweeps (ADR-024).
-    pub gc: crate::gc::GcSettings,
-    /// `serve`: allow a non-loopback listen address without any identity.
-    pub insecure_no_auth: bool,
-    /// `serve`: log format.
-    pub log_format: LogFormat,
-    /// `serve`: `[auth]`, `[http]`, `[tls]`, `[limits]`.
-    pub sections: crate::security::Sections,
-    /// `serve`: the node's resumable-upload directory (ADR-034); default
-    /// `DIR/uploads` (DIR = `data_dir`).
-    pub uploads_dir: PathBuf,
-    /// `serve`: idle lifetime of an upload session.
-    pub upload_idle_timeout: Duration,
-    /// `serve`: the process umask, set before anything is created
-    /// (default `0o077`: files 0600, directories 0700).
-    pub umask: u32,
-    /// The root of the embedded default store (`data_dir`), when the kv
-    /// tier is that default: created 0700 if missing, whatever the umask.
-    pub default_root: Option<PathBuf>,
-    /// `serve`: bytes all open upload sessions may hold.
-    pub upload_max_bytes: u64,
-    /// `serve`: bytes one identity's open upload sessions may hold.
-    pub upload_max_bytes_per_identity: u64,
-}
-
 /// Parses a kv engine URL (`sqlite://PATH`, `postgres://…[?schema=S]`,
 /// `mem://`, … any kv engine of [`registry`]) with the configuration's
 /// `options`.
@@ -694,13 +564,8 @@ fn parse_mode(s: &str, threshold: u64) -> Result<Mode, Invalid> {
 
 /// An explicit `mode` must fit the tiers: caught here, with origins, rather
 /// than by the store builder at open.
-fn check_mode_tiers(
-    mode: Mode,
-    origin: &Origin,
-    kv_url: &Option<(String, Origin)>,
-    large_url: &Option<(String, Origin)>,
-    has_large: bool,
-) -> Result<(), ConfigError> {
+fn check_mode_tiers(mode: Mode, v: &Values, has_large: bool) -> Result<(), ConfigError> {
+    let origin = &v.mode.1;
     let name = match mode {
         Mode::MemOnly => "mem-only",
         Mode::KvOnly { .. } => "kv-only",
@@ -708,13 +573,13 @@ fn check_mode_tiers(
     };
     match (mode, has_large) {
         (Mode::DualTier { .. }, false) => {
-            let why = match (large_url, kv_url) {
-                (Some((_, o)), _) => format!("large is none ({o})"),
-                (None, Some((_, o))) => format!(
+            let why = match (&v.large, &v.kv) {
+                ((Some(_), o), _) => format!("large is none ({o})"),
+                ((None, _), (Some(_), o)) => format!(
                     "kv is set ({o}) and large is not, which leaves no large tier; \
                      set large (e.g. \"file://DIR/large\")"
                 ),
-                (None, None) => "there is none".to_string(),
+                _ => "there is none".to_string(),
             };
             Err(origin.err(
                 "mode",
@@ -722,9 +587,9 @@ fn check_mode_tiers(
             ))
         }
         (Mode::MemOnly | Mode::KvOnly { .. }, true) => {
-            let why = match large_url {
-                Some((_, o)) => format!("large is set ({o})"),
-                None => "the default store has one (set large = \"none\")".to_string(),
+            let why = match &v.large {
+                (Some(_), o) => format!("large is set ({o})"),
+                (None, _) => "the default store has one (set large = \"none\")".to_string(),
             };
             Err(origin.err(
                 "mode",
@@ -822,72 +687,30 @@ impl Config {
     }
 
     fn resolve(fc: FileConfig, l: &Layers) -> Result<Config, ConfigError> {
-        let f = l.flags;
-        let text = |s: Scalar| s.text();
-        let tiers = Self::resolve_tiers(&fc, l)?;
-        let Tiers {
-            root,
-            kv,
-            large,
-            kv_url,
-            shared_media,
-            fsync,
-            ..
-        } = &tiers;
-        let mode = Self::resolve_mode(&fc, l, &tiers)?;
-        let fleet = l
-            .get("fleet", f.fleet.as_ref(), &fc.fleet, Scalar::boolean)?
-            .is_some_and(|(b, _)| b);
-        let node_name = Self::resolve_node_name(&fc, l, root)?;
-        let tokens = Self::resolve_tokens(&fc, l, fleet)?;
-        let log_format = l
-            .get("log_format", None, &fc.log_format, |s| {
-                s.text()?.parse::<LogFormat>()
-            })?
-            .map_or(LogFormat::Text, |(f, _)| f);
-        let (gc, unreferenced_namespaces) = Self::resolve_gc(&fc, l, fleet)?;
-        let flag = |key: &str, file: &Option<Spanned<Scalar>>, default: bool| {
-            l.get(key, None, file, Scalar::boolean)
-                .map(|v| v.map_or(default, |(b, _)| b))
-        };
-        Ok(Config {
-            kv: kv.clone(),
-            large: large.clone(),
+        let v = Values::layered(&fc, l)?;
+        let tiers = Self::resolve_tiers(&v)?;
+        let mode = Self::resolve_mode(&v, &tiers)?;
+        Self::check_token_ttl(&v)?;
+        let (gc, unreferenced_namespaces) = Self::resolve_gc(&fc, l, v.fleet.0)?;
+        let root = &v.data_dir.0;
+        let derived = Derived {
+            kv: tiers.kv,
+            large: tiers.large,
             mode,
-            fleet,
-            window: l
-                .get("window", f.window.as_ref(), &fc.window, Scalar::duration)?
-                .map_or(Duration::from_secs(3600), |(d, _)| d),
-            pin_ttl: tokens.pin_ttl,
-            node_name,
-            shared_media: *shared_media,
-            fsync: *fsync,
-            listen: l
-                .get("listen", None, &fc.listen, text)?
-                .map_or_else(|| DEFAULT_LISTEN.to_string(), |(s, _)| s),
-            max_blob_size: Self::resolve_max_blob_size(&fc, l, mode)?,
-            token_ttl: tokens.token_ttl,
-            max_tokens: tokens.max_tokens,
-            max_tokens_per_identity: tokens.max_tokens_per_identity,
+            node_name: (v.node_name.0.clone()).unwrap_or_else(|| default_node_name(root)),
             unreferenced_namespaces,
             gc,
-            insecure_no_auth: flag("insecure_no_auth", &fc.insecure_no_auth, false)?,
-            log_format,
-            uploads_dir: l
-                .get("uploads_dir", None, &fc.uploads_dir, text)?
-                .map_or_else(|| root.join("uploads"), |(s, _)| PathBuf::from(s)),
-            upload_idle_timeout: Self::resolve_upload_idle_timeout(&fc, l)?,
-            umask: Self::resolve_umask(&fc, l)?,
-            default_root: kv_url.is_none().then(|| root.clone()),
-            upload_max_bytes: positive_size(
-                l,
-                "upload_max_bytes",
-                &fc.upload_max_bytes,
-                store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES,
-            )?,
-            upload_max_bytes_per_identity: Self::resolve_upload_max_per_identity(&fc, l)?,
             sections: Self::resolve_sections(fc.auth, fc.http, fc.tls, fc.limits, l)?,
-        })
+            uploads_dir: (v.uploads_dir.0.clone()).unwrap_or_else(|| root.join("uploads")),
+            default_root: v.kv.0.is_none().then(|| root.clone()),
+        };
+        // mem-only: the store is memory, so a smaller default.
+        let mem_only_default = mode == Mode::MemOnly && v.max_blob_size.1 == Origin::Default;
+        let mut config = Config::assemble(v, derived);
+        if mem_only_default {
+            config.max_blob_size = DEFAULT_MEM_ONLY_MAX_BLOB_SIZE;
+        }
+        Ok(config)
     }
 
     /// The server's sections: the file's `[http]` checked (an error names
@@ -912,71 +735,18 @@ impl Config {
         sections.with_env(l.env)
     }
 
-    /// `max_blob_size`; by default 64 MiB in mem-only mode (the store is
-    /// memory), else the ops layer's default.
-    fn resolve_max_blob_size(fc: &FileConfig, l: &Layers, mode: Mode) -> Result<u64, ConfigError> {
-        let default = if mode == Mode::MemOnly {
-            DEFAULT_MEM_ONLY_MAX_BLOB_SIZE
-        } else {
-            store_ops::DEFAULT_MAX_BLOB_SIZE
-        };
-        Ok(l.get(
-            "max_blob_size",
-            l.flags.max_blob_size.as_ref(),
-            &fc.max_blob_size,
-            Scalar::size,
-        )?
-        .map_or(default, |(n, _)| n))
-    }
-
-    /// `upload_max_bytes_per_identity` (positive).
-    fn resolve_upload_max_per_identity(fc: &FileConfig, l: &Layers) -> Result<u64, ConfigError> {
-        positive_size(
-            l,
-            "upload_max_bytes_per_identity",
-            &fc.upload_max_bytes_per_identity,
-            store_ops::uploads::DEFAULT_MAX_UPLOAD_BYTES_PER_OWNER,
-        )
-    }
-
-    /// The storage tiers: `schema`, `kv`, `large`, `data_dir` (the root
-    /// of the embedded default), `shared_media` and `fsync`.
-    fn resolve_tiers(fc: &FileConfig, l: &Layers) -> Result<Tiers, ConfigError> {
-        let f = l.flags;
-        let text = |s: Scalar| s.text();
-        let schema = l
-            .get("schema", None, &fc.schema, text)?
-            .map_or_else(|| DEFAULT_SCHEMA.to_string(), |(s, _)| s);
-        let kv_url = l.get("kv", f.kv.as_ref(), &fc.kv, text)?;
-        let large_url = l.get("large", f.large.as_ref(), &fc.large, text)?;
-        let data_dir = l.get("data_dir", f.data_dir.as_ref(), &fc.data_dir, |s| {
-            let d = s.text()?;
-            if d.trim().is_empty() {
-                return Err("data_dir must not be empty".into());
-            }
-            Ok(PathBuf::from(d.trim()))
-        })?;
+    /// The storage tiers: `kv`, `large` (with `schema`, `shared_media`
+    /// and `fsync`), else the embedded default rooted at `data_dir`.
+    fn resolve_tiers(v: &Values) -> Result<Tiers, ConfigError> {
+        let options = engine_options(&v.schema.0, v.shared_media.0, v.fsync.0);
+        let root = &v.data_dir.0;
         // The embedded default roots at data_dir; it applies only to a kv
         // (and large) tier left unset. kv set and large unset: kv-only
         // (no large tier), stated by `describe`.
-        let root = data_dir
-            .as_ref()
-            .map_or_else(|| PathBuf::from(DEFAULT_DATA_DIR), |(d, _)| d.clone());
-        let flag = |key: &str, file: &Option<Spanned<Scalar>>, default: bool| {
-            l.get(key, None, file, Scalar::boolean)
-                .map(|v| v.map_or(default, |(b, _)| b))
-        };
-        let shared_media = flag("shared_media", &fc.shared_media, false)?;
-        let fsync = flag("fsync", &fc.fsync, true)?;
-        let options = engine_options(&schema, shared_media, fsync);
-        let sqlite = |path: PathBuf| {
-            parse_kv(&format!("sqlite://{}", path.display()), &options)
-                .map_err(|e| Origin::Default.err("kv", e))
-        };
-        let kv = match &kv_url {
-            Some((url, origin)) => {
-                if let Some((_, dir_origin)) = &data_dir {
-                    return Err(dir_origin.err(
+        let kv = match &v.kv {
+            (Some(url), origin) => {
+                if v.data_dir.1 != Origin::Default {
+                    return Err(v.data_dir.1.err(
                         "data_dir",
                         format!(
                             "data_dir has no effect because kv is set ({origin}): data_dir is the \
@@ -987,13 +757,17 @@ impl Config {
                 }
                 parse_kv(url, &options).map_err(|e| origin.err("kv", e))?
             }
-            None => sqlite(root.join("kv.sqlite"))?,
+            (None, _) => parse_kv(
+                &format!("sqlite://{}", root.join("kv.sqlite").display()),
+                &options,
+            )
+            .map_err(|e| Origin::Default.err("kv", e))?,
         };
-        let large = match (&kv_url, &large_url) {
-            (_, Some((url, origin))) => {
+        let large = match (&v.kv.0, &v.large) {
+            (_, (Some(url), origin)) => {
                 parse_large(url, &options).map_err(|e| origin.err("large", e))?
             }
-            (None, None) => Some(
+            (None, (None, _)) => Some(
                 parse_large(
                     &format!("file://{}", root.join("large").display()),
                     &options,
@@ -1001,48 +775,24 @@ impl Config {
                 .map_err(|e| Origin::Default.err("large", e))?
                 .expect("a file:// URL names a large tier"),
             ),
-            (Some(_), None) => None,
+            (Some(_), (None, _)) => None,
         };
-        Ok(Tiers {
-            root,
-            kv,
-            large,
-            kv_url,
-            large_url,
-            shared_media,
-            fsync,
-        })
+        Ok(Tiers { kv, large })
     }
 
     /// The dispatch mode: `mode` and `threshold`, checked against the
     /// tiers, else what the tiers imply.
-    fn resolve_mode(fc: &FileConfig, l: &Layers, tiers: &Tiers) -> Result<Mode, ConfigError> {
-        let f = l.flags;
-        let text = |s: Scalar| s.text();
-        let Tiers {
-            kv,
-            large,
-            kv_url,
-            large_url,
-            ..
-        } = tiers;
-        let threshold = l
-            .get(
-                "threshold",
-                f.threshold.as_ref(),
-                &fc.threshold,
-                Scalar::size,
-            )?
-            .map_or(DEFAULT_THRESHOLD, |(t, _)| t);
-        Ok(match l.get("mode", f.mode.as_ref(), &fc.mode, text)? {
-            Some((m, origin)) => {
-                let mode = parse_mode(&m, threshold).map_err(|e| origin.err("mode", e))?;
-                check_mode_tiers(mode, &origin, kv_url, large_url, large.is_some())?;
+    fn resolve_mode(v: &Values, tiers: &Tiers) -> Result<Mode, ConfigError> {
+        let threshold = v.threshold.0;
+        Ok(match &v.mode {
+            (Some(m), origin) => {
+                let mode = parse_mode(m, threshold).map_err(|e| origin.err("mode", e))?;
+                check_mode_tiers(mode, v, tiers.large.is_some())?;
                 mode
             }
             // A kv tier private to the process (mem://) and no large
             // tier: everything lives in memory.
-            None => match (&kv, &large) {
+            (None, _) => match (&tiers.kv, &tiers.large) {
                 (kv, None) if kv.is_private() => Mode::MemOnly,
                 (_, None) => Mode::KvOnly { threshold },
                 (_, Some(_)) => Mode::DualTier { threshold },
@@ -1050,106 +800,43 @@ impl Config {
         })
     }
 
-    /// `node_name`, else the default name of this host and data root.
-    fn resolve_node_name(fc: &FileConfig, l: &Layers, root: &Path) -> Result<String, ConfigError> {
-        Ok(
-            match l.get("node_name", None, &fc.node_name, |s| {
-                let n = s.text()?;
-                let n = n.trim();
-                if n.is_empty() || n.len() > 200 || n.chars().any(|c| c.is_control()) {
-                    return Err(
-                        "node_name must be 1 to 200 characters without control characters".into(),
-                    );
-                }
-                Ok(n.to_string())
-            })? {
-                Some((n, _)) => n,
-                None => default_node_name(root),
-            },
-        )
-    }
-
-    /// `pin_ttl`, `token_ttl` (at most `pin_ttl` in a fleet) and the token
-    /// caps.
-    fn resolve_tokens(
-        fc: &FileConfig,
-        l: &Layers,
-        fleet: bool,
-    ) -> Result<TokenSettings, ConfigError> {
-        let (pin_ttl, pin_origin) = l
-            .get("pin_ttl", None, &fc.pin_ttl, Scalar::duration)?
-            .unwrap_or((Duration::from_secs(900), Origin::Default));
-        let token_ttl = l.get("token_ttl", None, &fc.token_ttl, Scalar::duration)?;
-        match &token_ttl {
-            Some((t, origin)) if t.is_zero() => {
-                return Err(origin.err(
-                    "token_ttl",
-                    "token_ttl = 0: the idle lifetime must be at least 1 second \
-                     (leave token_ttl unset for no idle expiry outside a fleet)",
-                ))
-            }
-            Some((t, origin)) if fleet && *t > pin_ttl => {
-                return Err(origin.err(
+    /// In a fleet, `token_ttl` is at most `pin_ttl`.
+    fn check_token_ttl(v: &Values) -> Result<(), ConfigError> {
+        match (&v.token_ttl, &v.pin_ttl) {
+            ((Some(t), origin), (pin_ttl, pin_origin)) if v.fleet.0 && t > pin_ttl => Err(origin
+                .err(
                     "token_ttl",
                     format!(
                         "token_ttl = {} exceeds pin_ttl = {} ({pin_origin}): in fleet mode a pin \
                      token must not outlive the pin row it renews (ADR-018)",
                         humantime::format_duration(*t),
-                        humantime::format_duration(pin_ttl),
+                        humantime::format_duration(*pin_ttl),
                     ),
-                ))
-            }
-            _ => {}
+                )),
+            _ => Ok(()),
         }
-        let token_ttl = token_ttl.map(|(t, _)| t);
-        let max_tokens = match l.get("max_tokens", None, &fc.max_tokens, Scalar::count)? {
-            Some((0, origin)) => {
-                return Err(origin.err(
-                    "max_tokens",
-                    "max_tokens = 0 would refuse every put; it must be at least 1",
-                ))
-            }
-            Some((n, _)) => n,
-            None => store_ops::DEFAULT_MAX_TOKENS,
-        };
-        let max_tokens_per_identity = match l.get(
-            "max_tokens_per_identity",
-            None,
-            &fc.max_tokens_per_identity,
-            Scalar::count,
-        )? {
-            Some((0, origin)) => {
-                return Err(origin.err(
-                    "max_tokens_per_identity",
-                    "max_tokens_per_identity = 0 would refuse every put; it must be at least 1",
-                ))
-            }
-            Some((n, _)) => n,
-            None => DEFAULT_MAX_TOKENS_PER_IDENTITY,
-        };
-        Ok(TokenSettings {
-            pin_ttl,
-            token_ttl,
-            max_tokens,
-            max_tokens_per_identity,
-        })
     }
 
     /// `[gc]` (with `BLOBPOOL_GC_INTERVAL`) and the unreferenced
-    /// namespaces (with `BLOBPOOL_GC_UNREFERENCED_NAMESPACES`).
+    /// namespaces (with `BLOBPOOL_GC_UNREFERENCED_NAMESPACES`); an error
+    /// names the variable when it set the value.
     fn resolve_gc(
         fc: &FileConfig,
         l: &Layers,
         fleet: bool,
     ) -> Result<(crate::gc::GcSettings, Vec<Namespace>), ConfigError> {
-        let unreferenced = match (l.env)("BLOBPOOL_GC_UNREFERENCED_NAMESPACES") {
-            Some(list) => (
+        let origin = |key: &str| {
+            let name = env_of(key);
+            (l.env)(&name).map(|v| (v, Origin::Env(name)))
+        };
+        let (unreferenced, unreferenced_origin) = match origin("gc.unreferenced_namespaces") {
+            Some((list, o)) => (
                 list.split(',')
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
                     .map(str::to_string)
                     .collect(),
-                Origin::Env("BLOBPOOL_GC_UNREFERENCED_NAMESPACES".into()),
+                o,
             ),
             None => (
                 fc.gc
@@ -1159,74 +846,24 @@ impl Config {
                 l.section("gc"),
             ),
         };
-        let interval_env = (l.env)("BLOBPOOL_GC_INTERVAL");
-        let gc_origin = match &interval_env {
-            Some(_) => Origin::Env("BLOBPOOL_GC_INTERVAL".into()),
-            None => l.section("gc"),
-        };
-        let gc = crate::gc::resolve(fc.gc.clone(), unreferenced.0.clone(), interval_env, fleet)
-            .map_err(|e| {
-                if e.key().is_some_and(|k| k.starts_with("gc.interval")) {
-                    e.from_origin(&gc_origin)
-                } else {
-                    e.from_origin(&l.section("gc"))
+        let interval = origin("gc.interval");
+        let interval_origin = interval.as_ref().map(|(_, o)| o.clone());
+        let interval = interval.map(|(v, _)| v);
+        let gc = crate::gc::resolve(fc.gc.clone(), unreferenced.clone(), interval, fleet).map_err(
+            |e| match e.key() {
+                Some(k) if k.starts_with("gc.interval") => {
+                    e.from_origin(interval_origin.as_ref().unwrap_or(&l.section("gc")))
                 }
-            })?;
+                Some("gc.unreferenced_namespaces") => e.from_origin(&unreferenced_origin),
+                _ => e.from_origin(&l.section("gc")),
+            },
+        )?;
+        // gc::resolve checked each name.
         let unreferenced_namespaces = unreferenced
-            .0
             .into_iter()
-            .map(|n| {
-                Namespace::new(n.clone()).map_err(|e| {
-                    unreferenced.1.err(
-                        "gc.unreferenced_namespaces",
-                        format!("gc.unreferenced_namespaces: {n:?}: {e}"),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+            .filter_map(|n| Namespace::new(n).ok())
+            .collect();
         Ok((gc, unreferenced_namespaces))
-    }
-
-    /// `upload_idle_timeout` (positive).
-    fn resolve_upload_idle_timeout(fc: &FileConfig, l: &Layers) -> Result<Duration, ConfigError> {
-        Ok(
-            match l.get(
-                "upload_idle_timeout",
-                None,
-                &fc.upload_idle_timeout,
-                Scalar::duration,
-            )? {
-                Some((d, origin)) if d.is_zero() => {
-                    return Err(origin.err(
-                        "upload_idle_timeout",
-                        "upload_idle_timeout = 0 would reap every upload session at once; \
-                     it must be positive",
-                    ))
-                }
-                Some((d, _)) => d,
-                None => store_ops::uploads::DEFAULT_UPLOAD_IDLE_TIMEOUT,
-            },
-        )
-    }
-
-    /// `umask` (octal, at most 0777).
-    fn resolve_umask(fc: &FileConfig, l: &Layers) -> Result<u32, ConfigError> {
-        Ok(
-            match l.get("umask", None, &fc.umask, |s| {
-                let t = s.text()?;
-                let t = t.trim();
-                match u32::from_str_radix(t.trim_start_matches("0o"), 8) {
-                    Ok(m) if m <= 0o777 && !t.is_empty() => Ok(m),
-                    _ => Err(format!(
-                        "umask = {t:?}: expected an octal mode like \"0077\" (at most 0777)"
-                    )
-                    .into()),
-                }
-            })? {
-                Some((m, _)) => m,
-                None => DEFAULT_UMASK,
-            },
-        )
     }
 
     /// The store's shape in one line, passwords redacted, e.g. `store: kv
@@ -1995,13 +1632,45 @@ mod tests {
         for name in &asked {
             check_environment([name.clone()]).unwrap();
         }
-        let mut listed: Vec<String> = KEY_VARIABLES
+        let mut listed: Vec<String> = SETTINGS
             .iter()
-            .chain(crate::security::SECTION_VARIABLES.iter())
-            .map(|s| s.to_string())
+            .map(Setting::env)
+            .chain(crate::security::SECTION_VARIABLES.map(String::from))
             .collect();
         listed.sort();
         assert_eq!(asked, listed);
+    }
+
+    /// Each default the table states (and docs/SERVER.md repeats, checked
+    /// by tidy) parses to the setting's constant.
+    #[test]
+    fn stated_defaults_are_the_constants() {
+        let checked: Vec<_> = settings::stated_defaults()
+            .into_iter()
+            .filter(|(_, _, constant)| constant != "Ok(None)")
+            .collect();
+        assert!(checked.len() > 15, "{checked:?}");
+        for (key, parsed, constant) in checked {
+            assert_eq!(parsed, constant, "{key}");
+        }
+    }
+
+    /// A bad `BLOBPOOL_GC_UNREFERENCED_NAMESPACES` is the variable's error,
+    /// not the file's `[gc]`'s.
+    #[test]
+    fn a_bad_unreferenced_namespace_names_its_variable() {
+        let env = env_of(&[("BLOBPOOL_GC_UNREFERENCED_NAMESPACES", "%")]);
+        let e = Config::from_layers("", &env, &flags()).unwrap_err();
+        assert_eq!(
+            e.split(": gc.").next(),
+            Some("environment BLOBPOOL_GC_UNREFERENCED_NAMESPACES"),
+            "{e}"
+        );
+        let e = Config::from_toml("[gc]\nunreferenced_namespaces = [\"%\"]").unwrap_err();
+        assert!(
+            e.starts_with("config file <toml>: [gc]: gc.unreferenced_namespaces"),
+            "{e}"
+        );
     }
 
     #[test]
