@@ -595,6 +595,7 @@ pub fn violations(root: &Path, metadata: &str) -> Result<Vec<String>, String> {
     bad.extend(room_violations(root, &crates)?);
     bad.extend(docs::rooms_violations(root, &engines(&crates)));
     bad.extend(docs::path_violations(root));
+    bad.extend(settings::violations(root));
     bad.extend(names::violations(root));
     bad.extend(fns::violations(root, &crates)?);
     Ok(bad)
@@ -642,5 +643,6 @@ pub fn check() -> Result<(), String> {
 mod docs;
 mod fns;
 mod names;
+mod settings;
 #[cfg(test)]
 mod tests;
