@@ -15,14 +15,18 @@
 //! - every other path needs each part defined somewhere in the workspace's
 //!   `.rs` files (crate, module or file, `fn`, type, trait, `const`,
 //!   `static`, macro, `use … as` name, enum variant, field) — or is a log
-//!   target the code names (`target: "blobpool::gc"`);
+//!   target the code names (`target: "blobpool::gc"`); and `Type::member`
+//!   needs the member to be the type's own: a function, constant or type
+//!   of one of its `impl` blocks (trait impls included) or of the trait's
+//!   body, a variant, a field (so a method moved to another type is
+//!   caught);
 //! - a bare type name, constant or call needs the word somewhere in the
 //!   code, out of
 //!   comments (sources, SQL, scripts, manifests and unit files count).
 //!
 //! ADRs are records of their day and are not checked.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Names of other projects or protocols the documents use in backticks:
@@ -67,6 +71,10 @@ pub(super) struct Vocabulary {
     /// Names defined in Rust: items, modules, files, fields, variants,
     /// crates.
     defs: BTreeSet<String>,
+    /// What each type, enum or trait defines: its functions, constants and
+    /// associated types (every `impl` and the trait's own body), variants,
+    /// fields.
+    members: BTreeMap<String, BTreeSet<String>>,
     /// Every identifier of the code outside comments, and file stems.
     words: BTreeSet<String>,
     /// Log targets the code names.
@@ -159,8 +167,9 @@ fn is_ident(t: &str) -> bool {
 }
 
 /// The names Rust tokens define: items after their keyword, `use … as`
-/// names, fields (a name before a single `:`) and enum variants.
-fn definitions(toks: &[&str], defs: &mut BTreeSet<String>) {
+/// names, fields (a name before a single `:`) and enum variants; and
+/// what each type or trait defines ([`owner`], [`body_names`]).
+fn definitions(toks: &[&str], v: &mut Vocabulary) {
     const ITEMS: [&str; 10] = [
         "fn", "struct", "enum", "trait", "type", "const", "static", "mod", "union", "as",
     ];
@@ -168,31 +177,82 @@ fn definitions(toks: &[&str], defs: &mut BTreeSet<String>) {
         let next = toks.get(i + 1).copied().unwrap_or("");
         let after = toks.get(i + 2).copied().unwrap_or("");
         if ITEMS.contains(t) && is_ident(next) {
-            defs.insert(next.to_string());
+            v.defs.insert(next.to_string());
         }
         if *t == "macro_rules" && next == "!" && is_ident(after) {
-            defs.insert(after.to_string());
+            v.defs.insert(after.to_string());
         }
         let single_colon = next == ":" && after != ":" && toks.get(i.wrapping_sub(1)) != Some(&":");
         if is_ident(t) && single_colon {
-            defs.insert(t.to_string());
+            v.defs.insert(t.to_string());
         }
-        if *t == "enum" {
-            variants(&toks[i..], defs);
+        // An item `impl` follows an item's end or an attribute, never a
+        // `:`, `->` or `(` (where `impl Trait` is a type).
+        let prev = if i == 0 { "}" } else { toks[i - 1] };
+        let item_impl = *t == "impl" && matches!(prev, "}" | ";" | "]" | "{" | "unsafe");
+        if item_impl || matches!(*t, "trait" | "struct" | "enum" | "union") {
+            if let Some((name, open)) = owner(&toks[i..]) {
+                let names = body_names(t, &toks[i + open..]);
+                if *t == "enum" {
+                    v.defs.extend(names.iter().map(|n| n.to_string()));
+                }
+                v.members
+                    .entry(name.to_string())
+                    .or_default()
+                    .extend(names.into_iter().map(str::to_string));
+            }
         }
     }
 }
 
-/// The variants of the enum whose tokens start `toks` (at `enum`).
-fn variants(toks: &[&str], defs: &mut BTreeSet<String>) {
-    let Some(open) = toks.iter().position(|t| *t == "{" || *t == ";") else {
-        return;
-    };
+/// The last name of the path that starts `toks` (`crate::x::Y<T>` → `Y`).
+fn path_end<'a>(toks: &[&'a str]) -> Option<&'a str> {
+    toks.iter()
+        .take_while(|t| is_ident(t) || **t == ":")
+        .filter(|t| is_ident(t))
+        .last()
+        .copied()
+}
+
+/// The type or trait the item at `toks[0]` (`impl`, `trait`, `struct`,
+/// `enum`, `union`) defines names of, and where its body opens: `impl<…>
+/// Trait for Type<…>` and `impl<…> Type<…>` both give `Type`.
+fn owner<'a>(toks: &[&'a str]) -> Option<(&'a str, usize)> {
+    let open = toks.iter().position(|t| *t == "{" || *t == ";")?;
     if toks[open] == ";" {
-        return;
+        return None;
     }
+    let head = &toks[1..open];
+    let name = if toks[0] != "impl" {
+        head.first().copied().filter(|t| is_ident(t))?
+    } else if let Some(f) = head
+        .iter()
+        .enumerate()
+        .position(|(k, t)| *t == "for" && head.get(k + 1) != Some(&"<"))
+    {
+        path_end(&head[f + 1..])?
+    } else {
+        let mut depth = 0;
+        let start = head.iter().position(|t| {
+            match *t {
+                "<" => depth += 1,
+                ">" => depth -= 1,
+                _ => {}
+            }
+            depth == 0 && is_ident(t)
+        })?;
+        path_end(&head[start..])?
+    };
+    Some((name, open))
+}
+
+/// The names a body (its tokens from the opening brace) defines at its top
+/// level: an enum's variants, a struct's fields, an impl's or trait's
+/// functions, constants and types.
+fn body_names<'a>(kind: &str, body: &[&'a str]) -> Vec<&'a str> {
     let (mut braces, mut parens) = (0i32, 0i32);
-    for (j, t) in toks.iter().enumerate().skip(open) {
+    let mut out = Vec::new();
+    for (j, t) in body.iter().enumerate() {
         match *t {
             "{" => braces += 1,
             "}" => braces -= 1,
@@ -201,13 +261,28 @@ fn variants(toks: &[&str], defs: &mut BTreeSet<String>) {
             _ => {}
         }
         if braces == 0 {
-            return;
+            break;
         }
-        let starts = matches!(toks[j - 1], "{" | "," | "]");
-        if braces == 1 && parens == 0 && starts && t.starts_with(|c: char| c.is_ascii_uppercase()) {
-            defs.insert(t.to_string());
+        if braces != 1 || parens != 0 || j == 0 || !is_ident(t) {
+            continue;
+        }
+        let (prev, next) = (body[j - 1], body.get(j + 1).copied().unwrap_or(""));
+        let named = match kind {
+            "enum" => {
+                matches!(prev, "{" | "," | "]") && t.starts_with(|c: char| c.is_ascii_uppercase())
+            }
+            "struct" | "union" => {
+                matches!(prev, "{" | "," | "pub" | ")")
+                    && next == ":"
+                    && body.get(j + 2) != Some(&":")
+            }
+            _ => matches!(prev, "fn" | "const" | "type"),
+        };
+        if named {
+            out.push(*t);
         }
     }
+    out
 }
 
 /// The `name = "…"` of a manifest's `[package]`.
@@ -244,7 +319,7 @@ pub(super) fn vocabulary(root: &Path) -> Vocabulary {
         match f.extension().and_then(|x| x.to_str()) {
             Some("rs") => {
                 v.defs.extend(stem);
-                definitions(&tokens(&unquoted(&code)), &mut v.defs);
+                definitions(&tokens(&unquoted(&code)), &mut v);
                 for quoted in text.split("target: \"").skip(1) {
                     v.targets
                         .extend(quoted.split('"').next().map(str::to_string));
@@ -316,7 +391,7 @@ fn reference(span: &str) -> Option<Reference<'_>> {
 impl Vocabulary {
     /// `None` when `r` is someone else's name; else whether it is wrong
     /// (the parts missing from the code).
-    fn missing<'a>(&self, r: &Reference<'a>) -> Option<Vec<&'a str>> {
+    fn missing(&self, r: &Reference<'_>) -> Option<Vec<String>> {
         match r {
             Reference::Path(head, _) | Reference::Bare(head) if EXTERNAL.contains(head) => None,
             Reference::Bare(head) if ENV_PREFIXES.iter().any(|p| head.starts_with(p)) => None,
@@ -329,18 +404,27 @@ impl Vocabulary {
                 if self.targets.contains(*head) {
                     return Some(Vec::new());
                 }
-                Some(
-                    parts
-                        .iter()
-                        .copied()
-                        .filter(|p| !self.defs.contains(*p))
-                        .collect(),
-                )
+                let mut missing: Vec<String> = parts
+                    .iter()
+                    .filter(|p| !self.defs.contains(**p))
+                    .map(|p| p.to_string())
+                    .collect();
+                if missing.is_empty() {
+                    // `Type::member`: the member must be the type's own (or
+                    // its traits'), not merely defined somewhere.
+                    for pair in parts.windows(2) {
+                        let of = self.members.get(pair[0]);
+                        if of.is_some_and(|m| !m.contains(pair[1])) {
+                            missing.push(format!("{}::{}", pair[0], pair[1]));
+                        }
+                    }
+                }
+                Some(missing)
             }
             Reference::Bare(word) => Some(if self.words.contains(*word) {
                 Vec::new()
             } else {
-                vec![*word]
+                vec![word.to_string()]
             }),
         }
     }
