@@ -349,8 +349,9 @@ impl Ctx {
     async fn release(&self) -> Res<()> {
         let held = std::mem::take(&mut *self.held.lock().unwrap());
         drop(held.receipts);
+        let open = store_ops::auth::Identity::open();
         for t in &held.tokens {
-            self.ops.release_token(t)?;
+            self.ops.release_token_as(&open, t)?;
         }
         for k in &held.large {
             self.store.delete(k).await?;

@@ -299,10 +299,11 @@ async fn a_body_longer_than_content_length_is_cut_at_the_declared_length() {
 
     // The transport-neutral layer enforces the declared length itself: a
     // reader longer than `len` fails with length_mismatch, nothing stored.
+    let open = store_ops::auth::Identity::open();
     for (len, body) in [(5u64, vec![1u8; 6]), (2000, vec![2u8; 5000])] {
         let e = s
             .ops
-            .put("strict", &body[..], Some(len), None)
+            .put_as(&open, "strict", &body[..], Some(len), None)
             .await
             .unwrap_err();
         assert_eq!(e.code, store_ops::ErrorCode::LengthMismatch);

@@ -266,7 +266,8 @@ async fn failed_and_cancelled_puts_free_their_token_slot() {
         .await
         .unwrap();
     let ops = s.ops.clone();
-    let slow = tokio::spawn(async move { ops.put("slow", reader, None, None).await });
+    let open = store_ops::auth::Identity::open();
+    let slow = tokio::spawn(async move { ops.put_as(&open, "slow", reader, None, None).await });
     assert!(eventually(10, || async { s.ops.tokens().reserved() == 1 }).await);
     // ...so one more put fills the cap of 2, and the next is refused.
     let (_held, _) = s.put_ok("docs", &b"one"[..]).await;
@@ -296,9 +297,13 @@ async fn non_fleet_tokens_have_no_idle_lifetime_by_default() {
     let ops = store_ops::Ops::new(store().await, store_ops::OpsConfig::default()).unwrap();
     assert_eq!(ops.tokens().ttl(), None);
     assert_eq!(ops.config().token_ttl, None);
-    let out = ops.put("docs", &b"kept"[..], None, None).await.unwrap();
+    let open = store_ops::auth::Identity::open();
+    let out = ops
+        .put_as(&open, "docs", &b"kept"[..], None, None)
+        .await
+        .unwrap();
     // Nothing ever reaps it.
-    assert_eq!(ops.reap_tokens(), 0);
+    assert_eq!(ops.tokens().reap(), 0);
     let key = store_types::Key::parse("docs", &out.response.digest).unwrap();
     assert_eq!(ops.store().pin_count(&key), 1);
     assert!(ops

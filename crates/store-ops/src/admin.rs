@@ -1,18 +1,15 @@
 //! Admin handlers: namespace and entry listings, per-namespace statistics,
-//! online verification, and the stored-inventory gauges of `/metrics`.
+//! online verification, health and the `/metrics` exposition.
 //!
 //! Every handler here needs the `admin` scope (checked by the transport
 //! binding with [`Ops::authorize`]).
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
 use serde::{Deserialize, Serialize};
-use store_core::{EntryPage, TierStats, VerifyOptions, VerifySummary, MAX_LIST_LIMIT};
+use store_core::{EntryPage, Store, TierStats, VerifyOptions, VerifySummary, MAX_LIST_LIMIT};
 use store_types::{Digest, Namespace};
-use tokio::sync::Notify;
 
 use crate::error::OpsError;
+use crate::payload::HealthResponse;
 use crate::Ops;
 
 /// The most entries read at once by [`Ops::verify`].
@@ -20,11 +17,6 @@ pub const MAX_VERIFY_CONCURRENCY: usize = 8;
 
 /// The default of [`VerifyRequest::concurrency`].
 pub const DEFAULT_VERIFY_CONCURRENCY: usize = 2;
-
-/// The stored-inventory gauges of `/metrics` are recomputed at most this
-/// often (and at most every ten times the last computation's duration,
-/// whichever is longer), and only when scraped.
-pub const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
 
 /// `GET /v1/namespaces`: namespaces holding at least one entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,10 +82,6 @@ pub struct VerifyRequest {
     pub concurrency: Option<usize>,
 }
 
-fn parse_ns(namespace: &str) -> Result<Namespace, OpsError> {
-    Namespace::new(namespace).map_err(OpsError::from)
-}
-
 impl Ops {
     /// Namespaces holding at least one entry (both tiers).
     pub async fn namespaces(&self) -> Result<NamespacesResponse, OpsError> {
@@ -111,7 +99,7 @@ impl Ops {
         after: Option<&str>,
         limit: Option<usize>,
     ) -> Result<EntryPage, OpsError> {
-        let ns = parse_ns(namespace)?;
+        let ns = Namespace::new(namespace)?;
         let after = after.map(Digest::parse).transpose()?;
         let limit = limit.unwrap_or(MAX_LIST_LIMIT);
         if limit == 0 || limit > MAX_LIST_LIMIT {
@@ -126,7 +114,7 @@ impl Ops {
     /// (every namespace, or `namespace` only). A full scan of the listed
     /// namespaces.
     pub async fn stats(&self, namespace: Option<&str>) -> Result<StatsResponse, OpsError> {
-        let ns = namespace.map(parse_ns).transpose()?;
+        let ns = namespace.map(Namespace::new).transpose()?;
         Ok(StatsResponse::new(self.store().stats(ns.as_ref()).await?))
     }
 
@@ -155,7 +143,7 @@ impl Ops {
             return Err(OpsError::bad_request("max_rate must be at least 1"));
         }
         let opts = VerifyOptions {
-            namespace: req.namespace.as_deref().map(parse_ns).transpose()?,
+            namespace: req.namespace.as_deref().map(Namespace::new).transpose()?,
             concurrency,
             max_rate: req.max_rate,
             ..VerifyOptions::new()
@@ -163,97 +151,37 @@ impl Ops {
         Ok(self.store().verify(&opts).await?)
     }
 
-    /// Starts the task that recomputes the stored-inventory gauges of
-    /// `/metrics` after a scrape found them older than
-    /// [`INVENTORY_REFRESH`] (or missing). A scrape never waits for it: it
-    /// renders the last snapshot (none before the first refresh). The
-    /// HTTP server runs one; abort the handle to stop it.
-    pub fn spawn_inventory_refresher(&self) -> tokio::task::JoinHandle<()> {
-        let ops = self.clone();
-        tokio::spawn(async move {
-            let inv = &ops.metrics().inventory;
-            loop {
-                inv.wanted.notified().await;
-                if !inv.stale() {
-                    continue;
-                }
-                let started = Instant::now();
-                match ops.store().stats(None).await {
-                    Ok(rows) => {
-                        *inv.lock() = Some(Snapshot {
-                            at: Instant::now(),
-                            took: started.elapsed(),
-                            rows,
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "inventory gauges: cannot compute statistics: {}",
-                            store_types::Report::new(&e)
-                        );
-                        // Do not retry at once on a failing backend.
-                        if let Some(s) = inv.lock().as_mut() {
-                            s.at = Instant::now();
-                        }
-                    }
-                }
-            }
-        })
-    }
-}
-
-/// The stored inventory as a scrape sees it.
-pub(crate) struct InventorySample {
-    /// Per namespace and tier.
-    pub(crate) rows: Vec<TierStats>,
-    /// Seconds since the snapshot was taken.
-    pub(crate) age_secs: f64,
-}
-
-struct Snapshot {
-    at: Instant,
-    took: Duration,
-    rows: Vec<TierStats>,
-}
-
-/// The last stored-inventory snapshot for `/metrics`, and the scrape
-/// signal that asks for a fresh one.
-#[derive(Default)]
-pub(crate) struct Inventory {
-    snapshot: Mutex<Option<Snapshot>>,
-    wanted: Notify,
-}
-
-impl std::fmt::Debug for Inventory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inventory")
-            .field("rows", &self.lock().as_ref().map(|s| s.rows.len()))
-            .finish()
-    }
-}
-
-impl Inventory {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Snapshot>> {
-        self.snapshot.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn stale(&self) -> bool {
-        match self.lock().as_ref() {
-            None => true,
-            Some(s) => s.at.elapsed() >= INVENTORY_REFRESH.max(s.took * 10),
+    /// Asks every tier one cheap question; `status: "unavailable"` with the
+    /// error when a tier fails.
+    pub async fn health(&self) -> HealthResponse {
+        let store = self.store();
+        let probe_ns = Namespace::new("health").expect("valid namespace");
+        let probe = store
+            .has_many(&probe_ns, &[Digest::from_bytes([0; 32])])
+            .await;
+        HealthResponse {
+            status: if probe.is_ok() { "ok" } else { "unavailable" }.to_string(),
+            mode: mode_name(store),
+            fleet: store.is_fleet(),
+            tokens: self.tokens().len() as u64,
+            error: probe
+                .err()
+                .map(|e| store_types::Report::new(&e).to_string()),
         }
     }
 
-    /// The last snapshot's rows and age, for the gauges of `/metrics`
-    /// (`crate::metrics`; `None` before the first refresh), and asks the
-    /// refresher for a fresh one.
-    pub(crate) fn sample(&self) -> Option<InventorySample> {
-        self.wanted.notify_one();
-        let guard = self.lock();
-        let s = guard.as_ref()?;
-        Some(InventorySample {
-            rows: s.rows.clone(),
-            age_secs: s.at.elapsed().as_secs_f64(),
-        })
+    /// The Prometheus text exposition of the counters.
+    pub fn render_metrics(&self) -> String {
+        self.tokens().reap();
+        self.metrics().render(&self.tokens().stats())
     }
+}
+
+fn mode_name(store: &Store) -> String {
+    match store.mode() {
+        store_core::Mode::MemOnly => "mem-only",
+        store_core::Mode::KvOnly { .. } => "kv-only",
+        store_core::Mode::DualTier { .. } => "dual-tier",
+    }
+    .to_string()
 }

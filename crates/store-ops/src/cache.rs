@@ -17,7 +17,7 @@ use tokio::io::AsyncRead;
 use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
 use crate::range::RangeRequest;
-use crate::{GetResponse, Ops, StatResponse};
+use crate::{GetResponse, Ops, PutOutcome, StatResponse};
 
 /// The key a content-addressed put records: `cas/<digest>` (Bazel's CAS
 /// path, with `--digest_function=blake3` Blobpool's own digest).
@@ -25,28 +25,7 @@ pub fn cas_key(digest: &Digest) -> RefName {
     RefName::new(format!("cas/{}", digest.to_hex())).expect("a digest's hex is a valid name")
 }
 
-/// Checks a cache namespace's extra base path (`http_path`): absolute,
-/// `[A-Za-z0-9._-]` segments, not shadowing the server's own routes.
-pub fn check_cache_path(path: &str) -> Result<(), Error> {
-    let bad = |why: &str| Err(Error::Config(format!("http_path {path:?}: {why}")));
-    let Some(rest) = path.strip_prefix('/') else {
-        return bad("must start with /");
-    };
-    let rest = rest.trim_end_matches('/');
-    if rest.is_empty() {
-        return bad("must not be the root");
-    }
-    if let Err(e) = RefName::new(rest) {
-        return bad(&e.to_string());
-    }
-    let first = rest.split('/').next().unwrap_or_default();
-    if ["v1", "cache", "health", "metrics"].contains(&first) {
-        return bad(
-            "must not start with /v1, /cache, /health or /metrics (the server's own routes)",
-        );
-    }
-    Ok(())
-}
+pub use crate::ops::config::check_cache_path;
 
 /// The digest a `cas/<64 hex>` key names; `None` for other keys.
 fn cas_digest(key: &RefName) -> Result<Option<Digest>, OpsError> {
@@ -92,7 +71,7 @@ impl Ops {
     /// (issue 39, ADR-052): nothing but its own rows with only `write`;
     /// anything with `delete`; nothing at all in a write-once cache
     /// namespace (there a key changes only by `DELETE` then `PUT`).
-    pub fn author<'a>(&self, identity: &'a Identity, ns: &Namespace) -> Author<'a> {
+    pub(crate) fn author<'a>(&self, identity: &'a Identity, ns: &Namespace) -> Author<'a> {
         let may = if self.config().immutable_caches.contains(ns) {
             Replace::Nothing
         } else if identity.allows(Scope::Delete, Some(ns.as_str())) {
@@ -106,18 +85,13 @@ impl Ops {
         }
     }
 
-    /// Whether `ns` is a write-once cache namespace (`immutable = true`).
-    pub fn is_immutable_cache(&self, ns: &Namespace) -> bool {
-        self.config().immutable_caches.contains(ns)
-    }
-
     /// Whether `ns` is one of this node's cache namespaces.
-    pub fn is_cache_namespace(&self, ns: &Namespace) -> bool {
+    pub(crate) fn is_cache_namespace(&self, ns: &Namespace) -> bool {
         self.config().cache_namespaces.contains(ns)
     }
 
     fn cache_ns(&self, namespace: &str) -> Result<(Namespace, Cache), OpsError> {
-        let ns = Namespace::new(namespace).map_err(OpsError::from)?;
+        let ns = Namespace::new(namespace)?;
         if !self.is_cache_namespace(&ns) {
             return Err(OpsError::new(
                 ErrorCode::NotFound,
@@ -163,6 +137,27 @@ impl Ops {
         Ok(previous)
     }
 
+    /// A put into cache namespace `ns` by the blob route: no token
+    /// (ADR-048): its `cas/<digest>` key protects the entry once written,
+    /// the receipt's pin until then.
+    pub(crate) async fn put_cache_entry<R>(
+        &self,
+        ns: &Namespace,
+        body: R,
+        options: store_core::PutOptions,
+    ) -> Result<PutOutcome, OpsError>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        let receipt = self.store().put_opts(ns, body, options).await?;
+        self.metrics().put(receipt.size, receipt.deduplicated);
+        // `cas/<digest>` names only its digest: nothing to replace.
+        let key = cas_key(&receipt.digest);
+        self.record_cache_key(ns, &key, &receipt, RefExpect::Any, Author::LIBRARY)
+            .await?;
+        Ok(PutOutcome::of(&receipt, true))
+    }
+
     /// `PUT /cache/{ns}/{key}` by `identity` (scope `write`, checked
     /// here): stores the body and points `key` at it if `precondition`
     /// holds (`If-Match` / `If-None-Match: *`: `ref_conflict`, 412,
@@ -204,13 +199,7 @@ impl Ops {
             }
         }
         let expect = cas_digest(&key)?;
-        let limit = self.config().max_blob_size;
-        if let Some(n) = len {
-            if n > limit {
-                return Err(Error::TooLarge { limit, got: n }.into());
-            }
-        }
-        let body = crate::ops::Limited::new(body, limit);
+        let body = self.limited(body, len)?;
         let receipt = self
             .store()
             .put_opts(&ns, body, store_core::PutOptions { len, expect })

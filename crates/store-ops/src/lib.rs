@@ -33,6 +33,7 @@ pub mod auth;
 pub mod bao;
 pub mod cache;
 mod error;
+mod inventory;
 mod metrics;
 mod ops;
 pub mod payload;
@@ -43,14 +44,14 @@ pub mod uploads;
 
 pub use admin::{
     NamespacesResponse, StatsResponse, StatsTotal, VerifyRequest, DEFAULT_VERIFY_CONCURRENCY,
-    INVENTORY_REFRESH, MAX_VERIFY_CONCURRENCY,
+    MAX_VERIFY_CONCURRENCY,
 };
 pub use error::{ErrorCode, OpsError, TOKEN_CAP_RETRY_AFTER, TRANSIENT_RETRY_AFTER};
+pub use inventory::INVENTORY_REFRESH;
 pub use metrics::Metrics;
-pub use ops::{
-    BaoResponse, GetResponse, Ops, OpsConfig, PutOutcome, BAO_MEMORY_MAX, DEFAULT_MAX_BLOB_SIZE,
-    DEFAULT_MAX_HAVE_DIGESTS,
-};
+pub use ops::blobs::{BaoResponse, GetResponse, PutOutcome, BAO_MEMORY_MAX};
+pub use ops::config::{OpsConfig, DEFAULT_MAX_BLOB_SIZE, DEFAULT_MAX_HAVE_DIGESTS};
+pub use ops::Ops;
 pub use payload::{
     ErrorBody, ErrorDetail, HaveRequest, HaveResponse, HealthResponse, PutResponse, StatResponse,
 };

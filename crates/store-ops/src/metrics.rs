@@ -42,8 +42,8 @@ pub struct Metrics {
     sweep_rescued: AtomicU64,
     sweep_bytes_freed: AtomicU64,
     errors: [AtomicU64; ErrorCode::ALL.len()],
-    /// The stored-inventory gauges (`crate::admin`).
-    pub(crate) inventory: crate::admin::Inventory,
+    /// The stored-inventory gauges (`crate::inventory`).
+    pub(crate) inventory: crate::inventory::Inventory,
     /// Per cache namespace (ADR-048): lookups hit/missed, puts and their
     /// bytes, and the keys' usage as last read. Cache namespaces are
     /// configured, so the label set is bounded.
@@ -166,7 +166,7 @@ struct View<'a> {
     tokens: &'a TokenStats,
     cache: BTreeMap<String, CacheCounters>,
     requests: BTreeMap<(Cow<'static, str>, &'static str), Histogram>,
-    inventory: Option<crate::admin::InventorySample>,
+    inventory: Option<crate::inventory::InventorySample>,
 }
 
 /// A metric family, declared once: name, type, help, and its samples.
@@ -671,7 +671,7 @@ impl Metrics {
         load(&self.errors[code.index()])
     }
 
-    /// Renders the text exposition: every family of [`FAMILIES`], with
+    /// Renders the text exposition: every family of `FAMILIES`, with
     /// the token gauges, then the extra text ([`Metrics::set_extra`]).
     /// Asks the inventory refresher for a fresh snapshot (a scrape never
     /// waits for one).

@@ -61,14 +61,6 @@ pub struct RefPage {
     pub next: Option<String>,
 }
 
-fn name(s: &str) -> Result<RefName, OpsError> {
-    RefName::new(s).map_err(OpsError::from)
-}
-
-fn namespace(s: &str) -> Result<Namespace, OpsError> {
-    Namespace::new(s).map_err(OpsError::from)
-}
-
 fn digest(s: &str) -> Result<Digest, OpsError> {
     Digest::parse(s.trim()).map_err(OpsError::from)
 }
@@ -135,8 +127,8 @@ impl Ops {
         expect: RefExpect,
     ) -> Result<SetRefResponse, OpsError> {
         self.authorize(identity, Scope::Write, Some(ns))?;
-        let n = namespace(ns)?;
-        let nm = name(ref_name)?;
+        let n = Namespace::new(ns)?;
+        let nm = RefName::new(ref_name)?;
         let d = digest(&req.digest)?;
         let refs = self.refs()?;
         if let Some(token) = &req.token {
@@ -179,8 +171,8 @@ impl Ops {
         ref_name: &str,
     ) -> Result<RefResponse, OpsError> {
         self.authorize(identity, Scope::Read, Some(ns))?;
-        let n = namespace(ns)?;
-        let nm = name(ref_name)?;
+        let n = Namespace::new(ns)?;
+        let nm = RefName::new(ref_name)?;
         let d = self
             .refs()?
             .get(&n, &nm)
@@ -206,8 +198,8 @@ impl Ops {
         expect: RefExpect,
     ) -> Result<String, OpsError> {
         self.authorize(identity, Scope::Write, Some(ns))?;
-        let n = namespace(ns)?;
-        let nm = name(ref_name)?;
+        let n = Namespace::new(ns)?;
+        let nm = RefName::new(ref_name)?;
         let author = self.author(identity, &n);
         match self.refs()?.delete_by(&n, &nm, expect, author).await? {
             Some(d) => Ok(d.to_hex()),
@@ -226,13 +218,13 @@ impl Ops {
         limit: usize,
     ) -> Result<RefPage, OpsError> {
         self.authorize(identity, Scope::Read, Some(ns))?;
-        let n = namespace(ns)?;
+        let n = Namespace::new(ns)?;
         if limit == 0 || limit > MAX_REF_PAGE {
             return Err(OpsError::bad_request(format!(
                 "limit must be between 1 and {MAX_REF_PAGE}"
             )));
         }
-        let after = after.map(name).transpose()?;
+        let after = after.map(RefName::new).transpose()?;
         let mut page = self
             .refs()?
             .list(&n, prefix, after.as_ref(), limit + 1)

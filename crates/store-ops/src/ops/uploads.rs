@@ -1,0 +1,156 @@
+//! The resumable-upload handlers (ADR-034) over [`crate::uploads`].
+
+use std::sync::Arc;
+
+use store_core::{Digest, Error, Namespace};
+use tokio::io::AsyncRead;
+
+use super::blobs::PutOutcome;
+use super::Ops;
+use crate::auth::{Identity, Scope};
+use crate::error::{ErrorCode, OpsError};
+use crate::uploads::{Session, UploadStatus, Uploads};
+
+impl Ops {
+    /// The upload sessions, or `not_found` when they are not enabled.
+    fn uploads(&self) -> Result<&Arc<Uploads>, OpsError> {
+        self.inner.uploads.as_ref().ok_or_else(|| {
+            OpsError::new(
+                ErrorCode::NotFound,
+                "resumable uploads are not enabled on this server (OpsConfig::uploads)",
+            )
+        })
+    }
+
+    /// The session `id` of `namespace`, if `identity` may use it.
+    fn upload_session(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+    ) -> Result<(&Arc<Uploads>, Arc<Session>), OpsError> {
+        let uploads = self.uploads()?;
+        let admin = identity.allows(Scope::Admin, None);
+        let session = uploads.find(namespace, id, identity.name(), admin)?;
+        Ok((uploads, session))
+    }
+
+    /// `uploads/open`: opens a resumable upload session into `namespace`
+    /// for `identity` (ADR-034). Refused with `too_many_uploads` at the
+    /// session caps. Cancel-safe: a dropped call leaves no session a client
+    /// knows of (at worst an idle one that is reaped).
+    pub async fn upload_open(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+    ) -> Result<UploadStatus, OpsError> {
+        let ns = Namespace::new(namespace)?;
+        self.uploads()?.create(identity.name(), ns).await
+    }
+
+    /// `uploads/status`: where session `id` stands (its committed offset).
+    /// Cancel-safe: it only reads.
+    pub async fn upload_status(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+    ) -> Result<UploadStatus, OpsError> {
+        let (_, session) = self.upload_session(identity, namespace, id)?;
+        Ok(session.status())
+    }
+
+    /// `uploads/append`: appends `body` to session `id`, starting at
+    /// `start` (which must be the committed offset: `upload_offset`
+    /// otherwise; `None` appends at it), and returns the new status. Each
+    /// acknowledged append is synced; a body that breaks commits what
+    /// arrived and fails with `incomplete_body`. The total is capped at
+    /// [`OpsConfig::max_blob_size`](crate::OpsConfig::max_blob_size).
+    ///
+    /// Cancel-safe: the committed offset advances only once the bytes are
+    /// synced, and never for the part a dropped call was writing.
+    pub async fn upload_append<R: AsyncRead + Unpin + Send>(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+        start: Option<u64>,
+        body: R,
+    ) -> Result<UploadStatus, OpsError> {
+        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let guard = uploads.claim(&session)?;
+        uploads
+            .append(&session, &guard, start, body, self.inner.cfg.max_blob_size)
+            .await?;
+        Ok(session.status())
+    }
+
+    /// `uploads/finish`: appends `body` (the last chunk, possibly empty) at
+    /// `start` as [`Ops::upload_append`], then stores the session's bytes
+    /// in its namespace through the ordinary put, expecting `digest`, and
+    /// ends the session: the answer is a put's (token and digest). A
+    /// mismatch fails with `verification` and publishes nothing; the
+    /// session stays (abort it, or let it expire).
+    ///
+    /// Cancel-safe as [`Ops::put_as`]: a dropped call leaves the session as
+    /// it was (and at worst an unpinned entry, which a retried finish
+    /// deduplicates onto).
+    pub async fn upload_finish<R: AsyncRead + Unpin + Send>(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+        digest: &str,
+        start: Option<u64>,
+        body: R,
+    ) -> Result<PutOutcome, OpsError> {
+        let expect = Digest::parse(digest.trim())?;
+        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let guard = uploads.claim(&session)?;
+        uploads
+            .append(&session, &guard, start, body, self.inner.cfg.max_blob_size)
+            .await?;
+        // A wrong digest is answered from the session's hasher, without
+        // reading the spool again (issue 30).
+        let actual = uploads.digest(&session, &guard).await?;
+        if actual != expect {
+            return Err(OpsError::from(Error::Verification {
+                expected: expect,
+                actual,
+            }));
+        }
+        let reader = uploads.reader(&session).await?;
+        let (owner, len) = (&session.owner, Some(session.offset()));
+        let out = self
+            .put_owned(owner, &session.ns, reader, len, Some(expect))
+            .await?;
+        uploads.remove(&session, &guard).await?;
+        drop(guard);
+        Ok(out)
+    }
+
+    /// `uploads/abort`: ends session `id` and removes its bytes.
+    /// Cancel-safe: once it starts removing, the removal runs to its end.
+    pub async fn upload_abort(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+    ) -> Result<(), OpsError> {
+        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let guard = uploads.claim(&session)?;
+        uploads.remove(&session, &guard).await
+    }
+
+    /// How many times an upload session's spool file was read whole (a
+    /// matching finish, or a hasher rebuilt after a restart); 0 when
+    /// uploads are not enabled. A wrong-digest finish never reads it.
+    pub fn upload_spool_reads(&self) -> u64 {
+        self.inner.uploads.as_ref().map_or(0, |u| u.spool_reads())
+    }
+
+    /// Open upload sessions (0 when uploads are not enabled).
+    pub fn upload_sessions(&self) -> usize {
+        self.inner.uploads.as_ref().map_or(0, |u| u.len())
+    }
+}
