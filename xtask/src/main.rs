@@ -1,12 +1,14 @@
 //! Project automation, run as `cargo xtask <command>`:
 //!
-//! - `ci`: `tidy`, the format check, clippy with `-D warnings`, every test
-//!   of the workspace (PostgreSQL tests included: they fail, never skip,
-//!   without a server at `DATABASE_URL`), the quickstart example, then
-//!   `fuzz --smoke`.
+//! - `ci`: `tidy`, the format check, clippy with `-D warnings`, the docs
+//!   (rustdoc with `-D warnings`, private items included: the flows in
+//!   module docs name items that must exist), every test of the workspace
+//!   (PostgreSQL tests included: they fail, never skip, without a server at
+//!   `DATABASE_URL`), the quickstart example, then `fuzz --smoke`.
 //! - `tidy` (alias `arch`): the architecture invariants (who may depend on
 //!   whom, the facade names no engine, no ignored tests, shared lints,
-//!   ADR citations); see `tidy.rs`.
+//!   ADR citations, the paths and code names the documents use); see
+//!   `tidy.rs`.
 //! - `fuzz --smoke | <target>... [--time S]`: the libFuzzer targets of
 //!   `fuzz/`; see `fuzz.rs`.
 //! - `soak`: the long runs CI bounds: the crash-model tests over many
@@ -117,6 +119,18 @@ fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ])?;
+    // After clippy, whose dependency metadata rustdoc reuses: it then
+    // documents the workspace crates alone (about a minute on 2 cores).
+    cargo_with(
+        &[
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--all-features",
+            "--document-private-items",
+        ],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
     cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"])?;
     // The README's library example is an `examples/` program: run it.
     cargo(&["run", "-p", "blobpool", "--example", "quickstart"])?;

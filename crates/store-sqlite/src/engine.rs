@@ -295,7 +295,7 @@ impl Engine for SqliteEngine {
     }
 
     /// One key: a foreground job (a direct delete). More (a sweep's
-    /// batch): bulk jobs of at most [`BULK_ROWS`] keys, each committed on
+    /// batch): bulk jobs of at most `BULK_ROWS` keys, each committed on
     /// its own after the queued puts (ADR-058). A failure part way leaves
     /// the earlier chunks deleted and answers the error; their keys stay
     /// staged, and the next sweep counts them vanished.

@@ -1,8 +1,8 @@
 //! A streamed read whose bytes arrive as owned chunks (TUNING.md §response-chunks): readable
-//! as bytes through [`BlobReader::reader`](crate::BlobReader::reader) (one
-//! copy into the caller's buffer), or taken chunk by chunk through
-//! [`BlobReader::Chunks`](crate::BlobReader::Chunks) (no copy) by a
-//! consumer that forwards them, such as an HTTP response body.
+//! as bytes through [`Chunks::reader`] (one copy into the caller's
+//! buffer), or taken chunk by chunk through [`Chunks::next_chunk`] (no
+//! copy) by a consumer that forwards them, such as an HTTP response body;
+//! an engine hands them over as [`BlobReader::Chunks`](crate::BlobReader::Chunks).
 
 use std::io;
 use std::pin::Pin;
