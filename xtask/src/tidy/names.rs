@@ -1,4 +1,4 @@
-//! The code names the documents use exist in the code.
+//! The code names the documents use exist in the code (ADR-063).
 //!
 //! A backticked span of README.md or docs/*.md is a code reference when it
 //! is a path (`Type::member`, `crate::module::Item`, optionally called,
