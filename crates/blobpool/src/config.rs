@@ -15,7 +15,7 @@
 //! (`BLOBPOOL_KV`, `BLOBPOOL_GC_UNREFERENCED_NAMESPACES`, comma separated).
 //! docs/SERVER.md's Configuration table is checked against it by `cargo
 //! xtask tidy`. `--data-dir` is a global flag; `serve` also takes the
-//! table's flags (see [`StoreFlags`]) and `--listen`, `--insecure-no-auth`,
+//! table's flags (see [`StoreFlags`]) and `--insecure-no-auth`,
 //! `--log-format`.
 //!
 //! Units: a duration is an integer of seconds or a humantime string
@@ -392,6 +392,9 @@ pub struct StoreFlags {
     /// Largest accepted put, e.g. 4GiB or bytes.
     #[arg(long, value_name = "SIZE")]
     pub max_blob_size: Option<String>,
+    /// Listen address [default: 127.0.0.1:7070, or `listen` in the config].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
 }
 
 /// 1-based line and column of byte `offset` in `text`.

@@ -186,9 +186,6 @@ enum Command {
     /// Run the HTTP server over the configured store until Ctrl-C/SIGTERM
     /// (in-flight requests finish first).
     Serve {
-        /// Listen address [default: 127.0.0.1:7070, or `listen` in the config].
-        #[arg(long, value_name = "ADDR")]
-        listen: Option<String>,
         /// Serve a non-loopback address without any API key, client
         /// certificate or anonymous grant configured: everyone gets every
         /// scope. Only on a network you trust (overrides the config's
@@ -466,20 +463,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     let json = cli.json;
     match &cli.command {
         Command::Serve {
-            listen,
             insecure_no_auth,
             log_format,
             store,
-        } => {
-            serve_command(
-                &cli,
-                listen.as_deref(),
-                *insecure_no_auth,
-                *log_format,
-                store,
-            )
-            .await
-        }
+        } => serve_command(&cli, *insecure_no_auth, *log_format, store).await,
         Command::Put {
             file,
             ns,
@@ -544,7 +531,6 @@ async fn run(cli: Cli) -> Result<(), CliError> {
 /// `serve`: the configuration with the command's own flags over it.
 async fn serve_command(
     cli: &Cli,
-    listen: Option<&str>,
     insecure_no_auth: bool,
     log_format: Option<LogFormat>,
     store: &config::StoreFlags,
@@ -553,9 +539,6 @@ async fn serve_command(
         return Err(CliError::usage("serve does not take --server"));
     }
     let mut cfg = load_config_with(cli, Some(store))?;
-    if let Some(l) = listen {
-        cfg.listen = l.to_string();
-    }
     if insecure_no_auth {
         cfg.insecure_no_auth = true;
     }

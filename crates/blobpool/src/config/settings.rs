@@ -144,7 +144,7 @@ settings! {
         /// `file://` large tier: fsync publishes.
         fsync: bool = true, "true", Scalar::boolean;
         /// `serve` listen address.
-        listen: String = DEFAULT_LISTEN.to_string(), "127.0.0.1:7070", Scalar::text;
+        listen: String = DEFAULT_LISTEN.to_string(), "127.0.0.1:7070", Scalar::text, flag;
         /// `serve`: largest accepted put (mem-only: 64 MiB unless set).
         max_blob_size: u64 = store_ops::DEFAULT_MAX_BLOB_SIZE, "16GiB", Scalar::size, flag;
         /// `serve`: pin-token idle lifetime, when set (ADR-018); at most `pin_ttl` in a fleet.
