@@ -77,6 +77,7 @@ impl SweepWork {
     /// entries are `keys`.
     pub async fn new(store: Store, keys: Vec<Key>) -> BenchResult<Self> {
         store
+            .gc()
             .register_liveness_source(ns(), Arc::new(NothingLive))
             .await
             .map_err(err)?;
@@ -94,7 +95,12 @@ impl Workload for SweepWork {
         Box::pin(async move {
             if self.staged {
                 for chunk in self.keys.chunks(10_000) {
-                    self.store.window().unstage(chunk).await.expect("unstage");
+                    self.store
+                        .gc()
+                        .window()
+                        .unstage(chunk)
+                        .await
+                        .expect("unstage");
                 }
                 self.staged = false;
             }
@@ -106,6 +112,7 @@ impl Workload for SweepWork {
         Box::pin(async move {
             let report = self
                 .store
+                .gc()
                 .sweep(SweepOptions::default())
                 .await
                 .expect("sweep");

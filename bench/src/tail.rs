@@ -148,10 +148,12 @@ async fn fill(store: &Store, ns: Namespace, n: usize, size: usize) -> BenchResul
 /// both namespaces' liveness sources. Returns the live keys.
 pub async fn prepare(store: &Store, plan: &TailPlan) -> BenchResult<Arc<Vec<Key>>> {
     store
+        .gc()
         .register_liveness_source(live_ns(), Arc::new(AllLive))
         .await
         .map_err(err)?;
     store
+        .gc()
         .register_liveness_source(garbage_ns(), Arc::new(NothingLive))
         .await
         .map_err(err)?;
@@ -254,8 +256,16 @@ pub async fn sweep_round(
         let (store, stop) = (store.clone(), stop.clone());
         tokio::spawn(async move {
             let result = async {
-                let mark = store.sweep(SweepOptions::default()).await.map_err(err)?;
-                let exec = store.sweep(SweepOptions::default()).await.map_err(err)?;
+                let mark = store
+                    .gc()
+                    .sweep(SweepOptions::default())
+                    .await
+                    .map_err(err)?;
+                let exec = store
+                    .gc()
+                    .sweep(SweepOptions::default())
+                    .await
+                    .map_err(err)?;
                 Ok::<_, String>((mark, exec))
             }
             .await;

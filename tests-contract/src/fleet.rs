@@ -236,6 +236,7 @@ impl FleetEnv {
             .await
             .expect("build fleet node");
         store
+            .gc()
             .register_liveness_source(ns.clone(), self.refs())
             .await
             .expect("register refs table");

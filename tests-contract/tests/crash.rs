@@ -386,7 +386,7 @@ impl Scenario for Sweep {
         }
         let entries = sweep_entries(seed);
         let n = entries.len();
-        match store.sweep(SweepOptions { batch: 3 }).await {
+        match store.gc().sweep(SweepOptions { batch: 3 }).await {
             Ok(r) => {
                 assert_eq!(r.total.staged, (n - 2) as u64, "{r:?}");
                 assert_eq!(r.total.protected.live, 2, "{r:?}");
@@ -429,7 +429,7 @@ impl Scenario for Sweep {
         let fresh = blob(&mut StdRng::seed_from_u64(seed ^ 0xf7e5), true);
         let fresh_acked = put(store, switch, rec, &fresh).await;
         clock.advance(PAST_WINDOW);
-        match store.sweep(SweepOptions { batch: 3 }).await {
+        match store.gc().sweep(SweepOptions { batch: 3 }).await {
             Ok(r) => {
                 let rescued = u64::from(late_acked) + u64::from(receipt.is_some());
                 assert_eq!(r.total.deleted, (n - 2) as u64 - rescued, "{r:?}");
@@ -685,14 +685,14 @@ async fn check(dir: &tempfile::TempDir, clock: &ManualClock, rec: &Record, conte
     store.set_gc_policy(ns(), GcPolicy::Refs).await.unwrap();
     let unreferenced: Vec<Digest> = present.difference(&referenced).copied().collect();
     clock.advance(PAST_WINDOW);
-    let first = store.sweep(SweepOptions { batch: 3 }).await.unwrap();
+    let first = store.gc().sweep(SweepOptions { batch: 3 }).await.unwrap();
     assert_eq!(
         local.stage_file_count().unwrap(),
         0,
         "{context}: stage files"
     );
     clock.advance(PAST_WINDOW);
-    let second = store.sweep(SweepOptions { batch: 3 }).await.unwrap();
+    let second = store.gc().sweep(SweepOptions { batch: 3 }).await.unwrap();
     let (a, b) = (first.total, second.total);
     let known = rec.entries.len() as u64;
     let r = referenced.len() as u64;

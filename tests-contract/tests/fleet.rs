@@ -29,7 +29,7 @@ const NS: &str = "fleet";
 const MIN: Duration = Duration::from_secs(60);
 
 async fn sweep(s: &Store) -> store_core::SweepReport {
-    s.sweep(SweepOptions::default()).await.expect("sweep")
+    s.gc().sweep(SweepOptions::default()).await.expect("sweep")
 }
 
 fn config_err(res: Result<Store, Error>, clause: &str) {
@@ -190,23 +190,28 @@ async fn liveness_registration_forms() {
         }
     }
     assert!(matches!(
-        node.register_liveness_source(ns_named(NS), Arc::new(Never)).await,
+        node.gc().register_liveness_source(ns_named(NS), Arc::new(Never)).await,
         Err(Error::Config(m)) if m.contains("in-process callbacks")
     ));
     let missing = store_core::LivenessTable::new(&env.pg.kv_schema, "no_such_table", "digest");
     assert!(matches!(
-        node.register_liveness_source(ns_named(NS), missing).await,
+        node.gc()
+            .register_liveness_source(ns_named(NS), missing)
+            .await,
         Err(Error::Config(_))
     ));
     let bad_col = store_core::LivenessTable::new(&env.pg.kv_schema, "refs", "nope");
     assert!(matches!(
-        node.register_liveness_source(ns_named(NS), bad_col).await,
+        node.gc()
+            .register_liveness_source(ns_named(NS), bad_col)
+            .await,
         Err(Error::Config(_))
     ));
     // The table form is refused by a non-fleet store.
     let plain = Store::builder().kv(MemEngine::new()).build().await.unwrap();
     assert!(matches!(
         plain
+            .gc()
             .register_liveness_source(ns_named(NS), env.refs())
             .await,
         Err(Error::Config(_))
@@ -235,9 +240,11 @@ async fn concurrent_sweeps_exactly_one_runs() {
     ];
     drop(nodes[0].put(&ns_named(NS), &b"x"[..]).await.unwrap());
     let gate = Arc::new((Notify::new(), Notify::new()));
-    nodes[0].set_protect(Arc::new(Park(gate.clone())));
+    nodes[0]
+        .gc()
+        .set_protect(Some(Arc::new(Park(gate.clone()))));
     let a = nodes[0].clone();
-    let first = tokio::spawn(async move { a.sweep(SweepOptions::default()).await });
+    let first = tokio::spawn(async move { a.gc().sweep(SweepOptions::default()).await });
     gate.0.notified().await; // node a holds the fleet lock
     for n in &nodes[1..] {
         let r = sweep(n).await;
@@ -247,7 +254,7 @@ async fn concurrent_sweeps_exactly_one_runs() {
     gate.1.notify_one();
     let r = first.await.unwrap().unwrap();
     assert_eq!(r.aborted, None);
-    nodes[0].clear_protect();
+    nodes[0].gc().set_protect(None);
     // The lock is free again for any node.
     assert_eq!(sweep(&nodes[2]).await.aborted, None);
 }
@@ -425,9 +432,12 @@ async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
     let key = r.key().clone();
     drop(r);
     env.advance(Duration::from_secs(40)).await;
-    assert!(a.renew_pin(&key).await.unwrap(), "renewal before expiry");
     assert!(
-        !b.renew_pin(&key).await.unwrap(),
+        a.gc().renew_pin(&key).await.unwrap(),
+        "renewal before expiry"
+    );
+    assert!(
+        !b.gc().renew_pin(&key).await.unwrap(),
         "node b owns no row for this key"
     );
     env.advance(Duration::from_secs(40)).await; // 80 s after the put, 40 after renewal
@@ -436,7 +446,7 @@ async fn renewal_keeps_entries_and_expired_pins_need_a_re_put() {
     assert!(a.has(&key).await.unwrap(), "renewed pin keeps the entry");
     env.advance(Duration::from_secs(30)).await; // the renewed row expired
     assert!(
-        !a.renew_pin(&key).await.unwrap(),
+        !a.gc().renew_pin(&key).await.unwrap(),
         "an expired row is not revived"
     );
     sweep(&b).await;

@@ -56,7 +56,7 @@ async fn cache_put(s: &Store, n: &Namespace, k: &str, seed: u64) -> Key {
 async fn two_sweeps(env: &FleetEnv, s: &Store) {
     env.advance(TTL + Duration::from_secs(1)).await;
     for _ in 0..2 {
-        let r = s.sweep(SweepOptions::default()).await.expect("sweep");
+        let r = s.gc().sweep(SweepOptions::default()).await.expect("sweep");
         assert!(
             matches!(
                 r.aborted,

@@ -21,7 +21,7 @@ const NS: &str = "edges";
 const TTL: Duration = Duration::from_secs(60);
 
 async fn sweep(s: &Store) -> store_core::SweepReport {
-    s.sweep(SweepOptions::default()).await.expect("sweep")
+    s.gc().sweep(SweepOptions::default()).await.expect("sweep")
 }
 
 fn big(seed: u64) -> Vec<u8> {
@@ -39,6 +39,7 @@ async fn hooked_node(env: &FleetEnv, owner: &str, hook: &Arc<DeleteHook>) -> Sto
         .await
         .expect("build hooked node");
     store
+        .gc()
         .register_liveness_source(ns_named(NS), env.refs())
         .await
         .unwrap();
@@ -94,8 +95,8 @@ async fn pin_protects_across_nodes(large: FleetLarge) {
     let r = a.put(&ns_named(NS), &data[..]).await.unwrap();
     let key = r.key().clone();
     drop(r);
-    let guard = a.pin(&key).await.unwrap().expect("present");
-    assert!(a.renew_pin(&key).await.unwrap(), "the pin row renews");
+    let guard = a.gc().pin(&key).await.unwrap().expect("present");
+    assert!(a.gc().renew_pin(&key).await.unwrap(), "the pin row renews");
     for _ in 0..3 {
         sweep(&b).await;
     }
@@ -146,7 +147,7 @@ async fn session_loss_mid_delete(large: FleetLarge) {
     hook.arm();
     let sweeper = {
         let a = a.clone();
-        tokio::spawn(async move { a.sweep(SweepOptions::default()).await })
+        tokio::spawn(async move { a.gc().sweep(SweepOptions::default()).await })
     };
     entered(&hook).await;
     let putter = {
@@ -217,7 +218,7 @@ async fn crashed_sweepers_fences_are_finished_by_the_next_sweep() {
     assert_eq!(sweep(&a).await.total.staged, 1);
     hook.fail_deletes(true);
     assert!(
-        a.sweep(SweepOptions::default()).await.is_err(),
+        a.gc().sweep(SweepOptions::default()).await.is_err(),
         "the sweeper 'died'"
     );
     let putter = {
@@ -273,14 +274,17 @@ async fn liveness_registrations_are_shared_by_the_fleet() {
     );
     assert!(!b.has(&gone).await.unwrap(), "b swept the namespace");
     // Idempotent: registering again through b adds nothing.
-    b.register_liveness_source(ns_named(NS), env.refs())
+    b.gc()
+        .register_liveness_source(ns_named(NS), env.refs())
         .await
         .unwrap();
     assert!(b
+        .gc()
         .deregister_liveness_table(&ns_named(NS), &env.refs())
         .await
         .unwrap());
     assert!(!a
+        .gc()
         .deregister_liveness_table(&ns_named(NS), &env.refs())
         .await
         .unwrap());
@@ -308,7 +312,7 @@ async fn a_second_delete_never_clears_the_first_ones_fence() {
     hook.arm();
     let sweeper = {
         let a = a.clone();
-        tokio::spawn(async move { a.sweep(SweepOptions::default()).await })
+        tokio::spawn(async move { a.gc().sweep(SweepOptions::default()).await })
     };
     entered(&hook).await;
     let deleter = {

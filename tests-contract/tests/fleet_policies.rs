@@ -44,7 +44,7 @@ async fn put(s: &Store, n: &Namespace, seed: u64) -> Key {
 /// A sweep; one with nothing to sweep at all ends early
 /// (`NoLivenessSources`), which counts as every namespace unswept.
 async fn sweep(s: &Store) -> SweepReport {
-    let r = s.sweep(SweepOptions::default()).await.expect("sweep");
+    let r = s.gc().sweep(SweepOptions::default()).await.expect("sweep");
     assert!(
         matches!(
             r.aborted,
@@ -262,7 +262,7 @@ async fn a_fleet_set_delayed_past_its_pin_fails() {
         .unwrap();
     let key = put(&a, &n, 9).await;
     // The facade's pin of a set: a pin row of node A's.
-    let pin = a.pin(&key).await.unwrap().expect("present");
+    let pin = a.gc().pin(&key).await.unwrap().expect("present");
     let a_pin = proof(&env, &key, "a").await;
     let backend = env.kv().await.refs().unwrap();
     // While the pin row holds, the guarded write commits.
@@ -304,7 +304,7 @@ async fn a_fleet_set_delayed_past_its_pin_fails() {
     let key = put(&a, &n, 10).await;
     let a_put_pin = proof(&env, &key, "a").await;
     env.advance(TTL + Duration::from_secs(1)).await;
-    let _b_pin = bare_node(&env, "b").await.pin(&key).await.unwrap();
+    let _b_pin = bare_node(&env, "b").await.gc().pin(&key).await.unwrap();
     assert!(backend
         .set_checked(
             &n,
@@ -336,14 +336,14 @@ async fn a_stalled_set_is_not_vouched_for_by_a_retrys_pin() {
         .unwrap();
     let key = put(&a, &n, 12).await;
     // The first set's pin, held (in A's process) while its write stalls.
-    let _first_pin = a.pin(&key).await.unwrap().expect("present");
+    let _first_pin = a.gc().pin(&key).await.unwrap().expect("present");
     let first = proof(&env, &key, "a").await;
     // The pin row expires; B's sweep finds the entry unprotected.
     let (_, second) = two_sweeps(&env, &b).await;
     assert_eq!(deleted(&second, &n), 1, "{second:?}");
     assert!(!a.has(&key).await.unwrap());
     // A's retry pins again and finds the entry missing.
-    assert!(a.pin(&key).await.unwrap().is_none());
+    assert!(a.gc().pin(&key).await.unwrap().is_none());
     let retry = proof(&env, &key, "a").await;
     assert_ne!(retry.generation, first.generation);
     // The stalled first set runs now, with its own pin's proof.
@@ -373,7 +373,7 @@ async fn a_fleet_set_on_a_fenced_key_fails() {
     let n = ns("fenced");
     let a = bare_node(&env, "a").await;
     let key = put(&a, &n, 11).await;
-    let _pin = a.pin(&key).await.unwrap().expect("present");
+    let _pin = a.gc().pin(&key).await.unwrap().expect("present");
     let a_pin = proof(&env, &key, "a").await;
     let mut c = env.conn().await;
     sqlx::query(sqlx::AssertSqlSafe(format!(

@@ -26,7 +26,7 @@ const WINDOW: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_secs(30);
 
 async fn sweep(s: &Store) -> SweepReport {
-    let r = s.sweep(SweepOptions::default()).await.expect("sweep");
+    let r = s.gc().sweep(SweepOptions::default()).await.expect("sweep");
     assert_eq!(r.aborted, None, "{r:?}");
     r
 }
@@ -68,7 +68,8 @@ async fn references_protect_across_nodes(large: FleetLarge) {
     assert_eq!(table.schema, env.pg.kv_schema);
     assert_eq!(table.namespace_column.as_deref(), Some("namespace"));
     for n in [&a, &b] {
-        n.register_liveness_source(ns_named(NS), Liveness::Table(table.clone()))
+        n.gc()
+            .register_liveness_source(ns_named(NS), Liveness::Table(table.clone()))
             .await
             .expect("register the references table");
     }
@@ -178,12 +179,14 @@ async fn one_registration_serves_the_fleet_per_namespace() {
     let env = FleetEnv::new(FleetLarge::None, Duration::ZERO, TTL).await;
     let (a, b) = (bare_node(&env, "a").await, bare_node(&env, "b").await);
     let other = Namespace::new("fleet-refs-other").unwrap();
-    a.register_liveness_source(ns_named(NS), Liveness::Table(refs_table(&env).await))
+    a.gc()
+        .register_liveness_source(ns_named(NS), Liveness::Table(refs_table(&env).await))
         .await
         .unwrap();
     // `other` is swept on the references table too, registered by B
     // (so both namespaces are swept).
-    b.register_liveness_source(other.clone(), Liveness::Table(refs_table(&env).await))
+    b.gc()
+        .register_liveness_source(other.clone(), Liveness::Table(refs_table(&env).await))
         .await
         .unwrap();
     let data = content(7, 64);

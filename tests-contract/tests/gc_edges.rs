@@ -50,10 +50,11 @@ async fn an_entry_in_both_tiers_is_counted_once_and_deleted_whole() {
     drop(r);
     let live = LiveSet::new();
     live.set(&key, true);
-    s.register_liveness_source(ns_named(NS), Arc::new(live.clone()))
+    s.gc()
+        .register_liveness_source(ns_named(NS), Arc::new(live.clone()))
         .await
         .unwrap();
-    let rep = s.sweep(SweepOptions::default()).await.unwrap();
+    let rep = s.gc().sweep(SweepOptions::default()).await.unwrap();
     assert_eq!(rep.total.scanned, 1, "{rep:?}");
     assert_eq!(rep.total.protected.live, 1, "{rep:?}");
     live.set(&key, false);

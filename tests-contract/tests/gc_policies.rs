@@ -81,8 +81,8 @@ async fn put_many(s: &Store, ns: &Namespace, seed: u64, n: usize) -> Vec<Key> {
 
 /// Two sweeps (window 0: stage, then delete); the reports.
 async fn two_sweeps(s: &Store) -> (SweepReport, SweepReport) {
-    let a = s.sweep(SweepOptions::default()).await.unwrap();
-    let b = s.sweep(SweepOptions::default()).await.unwrap();
+    let a = s.gc().sweep(SweepOptions::default()).await.unwrap();
+    let b = s.gc().sweep(SweepOptions::default()).await.unwrap();
     (a, b)
 }
 
@@ -271,12 +271,13 @@ async fn a_reference_protects_under_keep_with_a_source(kv: Kv) {
     let s = &e.store;
     let n = ns_named("keep-plus-source");
     s.set_gc_policy(n.clone(), GcPolicy::Keep).await.unwrap();
-    s.register_liveness_source(
-        n.clone(),
-        Arc::new(NothingLive) as Arc<dyn store_core::LivenessSource>,
-    )
-    .await
-    .unwrap();
+    s.gc()
+        .register_liveness_source(
+            n.clone(),
+            Arc::new(NothingLive) as Arc<dyn store_core::LivenessSource>,
+        )
+        .await
+        .unwrap();
     let keys = put_many(s, &n, 700, 2).await;
     s.refs()
         .unwrap()
@@ -336,12 +337,13 @@ impl store_core::LivenessSource for RegistersOnFirstProbe {
     async fn probe(&self, keys: &[Key]) -> store_core::Result<Vec<bool>> {
         let store = self.store.lock().unwrap().take();
         if let Some(s) = store {
-            s.register_liveness_source(
-                self.ns.clone(),
-                Arc::new(EverythingLive) as Arc<dyn store_core::LivenessSource>,
-            )
-            .await
-            .unwrap();
+            s.gc()
+                .register_liveness_source(
+                    self.ns.clone(),
+                    Arc::new(EverythingLive) as Arc<dyn store_core::LivenessSource>,
+                )
+                .await
+                .unwrap();
         }
         Ok(vec![false; keys.len()])
     }
@@ -355,26 +357,28 @@ async fn sources_are_reread_per_batch(kv: Kv) {
     let e = env(kv).await;
     let s = &e.store;
     let n = ns_named("reread");
-    s.register_liveness_source(
-        n.clone(),
-        Arc::new(NothingLive) as Arc<dyn store_core::LivenessSource>,
-    )
-    .await
-    .unwrap();
+    s.gc()
+        .register_liveness_source(
+            n.clone(),
+            Arc::new(NothingLive) as Arc<dyn store_core::LivenessSource>,
+        )
+        .await
+        .unwrap();
     let keys = put_many(s, &n, 800, 3).await;
     let one = SweepOptions { batch: 1 };
-    let staged = s.sweep(one.clone()).await.unwrap();
+    let staged = s.gc().sweep(one.clone()).await.unwrap();
     assert_eq!(counts(&staged, &n).0, 3, "{staged:?}");
-    s.register_liveness_source(
-        n.clone(),
-        Arc::new(RegistersOnFirstProbe {
-            store: std::sync::Mutex::new(Some(s.clone())),
-            ns: n.clone(),
-        }) as Arc<dyn store_core::LivenessSource>,
-    )
-    .await
-    .unwrap();
-    let r = s.sweep(one).await.unwrap();
+    s.gc()
+        .register_liveness_source(
+            n.clone(),
+            Arc::new(RegistersOnFirstProbe {
+                store: std::sync::Mutex::new(Some(s.clone())),
+                ns: n.clone(),
+            }) as Arc<dyn store_core::LivenessSource>,
+        )
+        .await
+        .unwrap();
+    let r = s.gc().sweep(one).await.unwrap();
     let c = &r.namespaces[&n];
     assert_eq!((c.deleted, c.rescued), (1, 2), "{r:?}");
     let left = futures::future::join_all(keys.iter().map(|k| s.has(k))).await;
@@ -434,7 +438,7 @@ async fn a_cancelled_set_keeps_its_pin_until_the_write_is_known_on_sqlite() {
     );
     // The caller gave up; the write is still queued: the pin must hold.
     assert_eq!(
-        s.pin_count(&key),
+        s.gc().pin_count(&key),
         1,
         "pin released before the write's outcome"
     );
@@ -442,7 +446,7 @@ async fn a_cancelled_set_keeps_its_pin_until_the_write_is_known_on_sqlite() {
     drop(blocker);
     // The write commits after all; then the pin goes.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while s.pin_count(&key) > 0 {
+    while s.gc().pin_count(&key) > 0 {
         assert!(std::time::Instant::now() < deadline, "pin never released");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -47,6 +47,7 @@ async fn setup(dir: &std::path::Path, hook: &Arc<DeleteHook>) -> (Store, Vec<u8>
         .await
         .unwrap();
     store
+        .gc()
         .register_liveness_source(ns_named(NS), Arc::new(LiveSet::new()))
         .await
         .unwrap();
@@ -102,6 +103,7 @@ async fn disconnect_mid_sweep_keeps_protection() {
     let (addr, _) = target.split_once('|').unwrap();
     assert_eq!(
         store
+            .gc()
             .sweep(SweepOptions::default())
             .await
             .unwrap()

@@ -94,6 +94,7 @@ async fn deletes_and_sweeps_through_the_store_leave_nothing_cached() {
     let mut deleted = 0;
     for _ in 0..2 {
         deleted += store
+            .gc()
             .sweep(SweepOptions::default())
             .await
             .unwrap()

@@ -99,10 +99,10 @@ async fn main() -> Res<()> {
         store.put(&gns, &body(1 << 40 | i)[..]).await?;
     }
     let t = Instant::now();
-    let stage = store.sweep(SweepOptions::default()).await?;
+    let stage = store.gc().sweep(SweepOptions::default()).await?;
     let staged_in = t.elapsed();
     let t = Instant::now();
-    let delete = store.sweep(SweepOptions::default()).await?;
+    let delete = store.gc().sweep(SweepOptions::default()).await?;
     let deleted_in = t.elapsed();
     println!(
         "sweep of {swept} unreferenced 1 KiB entries: staged {} in {:.2}s ({:.0}/s), deleted {} in {:.2}s ({:.0}/s)",

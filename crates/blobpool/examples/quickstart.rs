@@ -37,9 +37,10 @@ async fn main() -> Result<(), store_types::Error> {
     assert_eq!(&part[..], b"pool");
     drop(receipt); // unpinned and unreferenced: garbage from now on
     store
+        .gc()
         .register_liveness_source(ns, Arc::new(NothingReferenced))
         .await?;
-    let report = store.sweep(SweepOptions::default()).await?;
+    let report = store.gc().sweep(SweepOptions::default()).await?;
     println!("{key}: staged {} for deletion", report.total.staged);
     Ok(())
 }

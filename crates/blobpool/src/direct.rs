@@ -196,7 +196,7 @@ impl Direct {
 
     /// One sweep.
     pub async fn sweep(&self) -> Result<SweepReport, CliError> {
-        Ok(self.store.sweep(SweepOptions::default()).await?)
+        Ok(self.store.gc().sweep(SweepOptions::default()).await?)
     }
 }
 

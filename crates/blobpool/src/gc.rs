@@ -397,7 +397,7 @@ impl GcSettings {
     /// its rows for namespaces no longer configured; a one-off CLI command
     /// (`node = false`) reads the fleet's policies and writes none.
     pub async fn apply(&self, store: &Store, node: bool) -> Result<Vec<String>, Error> {
-        let policies: &[(Namespace, GcPolicy)] = if store.is_fleet() && !node {
+        let policies: &[(Namespace, GcPolicy)] = if store.gc().is_fleet() && !node {
             &[]
         } else {
             &self.policies
@@ -410,6 +410,7 @@ impl GcSettings {
         }
         for (ns, t) in &self.tables {
             store
+                .gc()
                 .register_liveness_source(ns.clone(), t.clone())
                 .await
                 .map_err(|e| match e {

@@ -195,7 +195,7 @@ fn log_token_policy(ops: &Ops) {
         Some(n) => format!(", at most {n} per identity"),
         None => String::new(),
     };
-    match (ops.store().is_fleet(), c.token_ttl) {
+    match (ops.store().gc().is_fleet(), c.token_ttl) {
         (false, Some(ttl)) => tracing::warn!(
             "token_ttl is set ({}s) outside a fleet: a pin token not renewed for that long \
              expires and stops protecting its entry, which a sweep may then delete \

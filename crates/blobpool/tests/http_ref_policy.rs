@@ -79,6 +79,7 @@ async fn set_ref(
 async fn sweep_twice(s: &Server) {
     for _ in 0..2 {
         s.store()
+            .gc()
             .sweep(store_core::SweepOptions::default())
             .await
             .unwrap();

@@ -57,10 +57,10 @@ async fn renewal_keeps_a_token_alive_and_idleness_ends_it() {
         assert_eq!(s.have_ok(probe.clone()).await, [true]);
     }
     let key = store_types::Key::parse("docs", &d).unwrap();
-    assert_eq!(s.store().pin_count(&key), 1);
+    assert_eq!(s.store().gc().pin_count(&key), 1);
     // Idle past the TTL: the token ends and its pin is dropped (by the
     // reaper, without any request).
-    assert!(eventually(10, || async { s.store().pin_count(&key) == 0 }).await);
+    assert!(eventually(10, || async { s.store().gc().pin_count(&key) == 0 }).await);
     assert_eq!(s.have_ok(probe).await, [false]);
     assert_eq!(s.ops.tokens().stats().expired, 1);
     // Unpinned: a direct delete now succeeds.
@@ -305,7 +305,7 @@ async fn non_fleet_tokens_have_no_idle_lifetime_by_default() {
     // Nothing ever reaps it.
     assert_eq!(ops.tokens().reap(), 0);
     let key = store_types::Key::parse("docs", &out.response.digest).unwrap();
-    assert_eq!(ops.store().pin_count(&key), 1);
+    assert_eq!(ops.store().gc().pin_count(&key), 1);
     assert!(ops
         .tokens()
         .lookup(out.response.token.as_deref().unwrap())

@@ -347,7 +347,7 @@ async fn corrupt_entries_are_reported_quarantined_and_healed_by_a_reput() {
     // The library with a quarantine directory: raw bytes land in DIR, the
     // entries leave the served set (the kv one although its put token
     // still pins it).
-    assert_eq!(s.store().pin_count(&ks), 1);
+    assert_eq!(s.store().gc().pin_count(&ks), 1);
     let qdir = s.dir.path().join("quarantine");
     let opts = VerifyOptions {
         quarantine_dir: Some(qdir.clone()),
@@ -379,7 +379,7 @@ async fn corrupt_entries_are_reported_quarantined_and_healed_by_a_reput() {
     );
     assert_eq!(s.get(&format!("/v1/blobs/docs/{ds}")).await.status(), 404);
     assert_eq!(s.get(&format!("/v1/blobs/docs/{dl}")).await.status(), 404);
-    assert_eq!(s.store().pin_count(&ks), 1, "pins stay");
+    assert_eq!(s.store().gc().pin_count(&ks), 1, "pins stay");
     let again = s.store().verify(&opts).await.unwrap();
     assert_eq!((again.checked, again.ok, again.corrupt), (2, 2, 0));
 

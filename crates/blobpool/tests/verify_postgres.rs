@@ -212,7 +212,7 @@ async fn flipped_bytes_in_a_postgres_row_and_a_large_object_are_quarantined_and_
             .await
             .unwrap();
     assert!(!exists, "the corrupt large object is unlinked");
-    assert_eq!(store.pin_count(&ks), 1, "pins stay");
+    assert_eq!(store.gc().pin_count(&ks), 1, "pins stay");
     assert!(store.has(&kf).await.unwrap());
     let again = store.verify(&opts).await.unwrap();
     assert_eq!(

@@ -50,7 +50,7 @@ pub use inspect::{
 };
 pub use put::{PutOptions, PutReceipt};
 pub use refs::{GcPolicy, Refs, SetRefOptions, SetRefOutcome};
-pub use store::{Liveness, Store};
+pub use store::{Gc, Liveness, Store};
 pub use store_types::{CacheBounds, CacheTrim, CacheUsage};
 pub use verified::{DEFAULT_OUTBOARD_CACHE_BYTES, OUTBOARD_KEPT_ABOVE, WHOLE_VERIFY_MAX};
 

@@ -7,7 +7,7 @@ use store_gc::{
 };
 use store_types::{
     Digest, Engine, Error, KvEngine, LargeEngine, LivenessTable, Namespace, PinIntent, ReadOptions,
-    Result, Stat, Tier, WindowClauses,
+    Result, Stat, Tier,
 };
 
 use crate::blob::Blob;
@@ -45,7 +45,7 @@ pub(crate) struct Inner {
 
 /// A liveness source: an in-process callback (non-fleet) or a named table
 /// in the shared database (fleet, ADR-012 §6.6). Both register through
-/// [`Store::register_liveness_source`].
+/// [`Gc::register_liveness_source`].
 #[derive(Clone)]
 pub enum Liveness {
     /// A batched in-process probe.
@@ -119,15 +119,9 @@ impl Store {
         self.inner.mode
     }
 
-    /// Whether this instance was built with `fleet: true`.
-    pub fn is_fleet(&self) -> bool {
+    /// Whether this instance was built with `fleet: true` ([`Gc::is_fleet`]).
+    pub(crate) fn is_fleet(&self) -> bool {
         self.inner.fleet.is_some()
-    }
-
-    /// The lifetime of this instance's fleet pin rows (`Some` in fleet
-    /// mode only): what a token layer must not outlive (ADR-018).
-    pub fn pin_ttl(&self) -> Option<std::time::Duration> {
-        self.inner.fleet.as_ref().map(|f| f.ttl)
     }
 
     /// This instance's owner name (written into fleet pin rows).
@@ -303,24 +297,7 @@ impl Store {
         r
     }
 
-    /// Pins an existing entry; `None` when absent. Pin first, then look:
-    /// an entry seen here cannot be deleted while the pin lives.
-    ///
-    /// - Non-fleet: an in-process pin, ordered against this instance's
-    ///   deletes by the delete gate.
-    /// - Fleet: also commits a pin row under the key's shared lock (the
-    ///   pin-first path puts use, waiting out a delete in flight), so every
-    ///   node's sweep sees it. The row expires after `pin_ttl` unless
-    ///   renewed with [`Store::renew_pin`]; dropping the guard releases the
-    ///   in-process pin only (ADR-016 §4).
-    ///
-    /// Cancel-safe: dropping the future releases the in-process pin; a pin
-    /// row it committed expires after its TTL.
-    pub async fn pin(&self, key: &Key) -> Result<Option<Pin>> {
-        Ok(self.pin_proved(key).await?.map(|(pin, _)| pin))
-    }
-
-    /// [`Store::pin`], also answering the generation of the pin row it
+    /// [`Gc::pin`], also answering the generation of the pin row it
     /// committed (fleet; `None` non-fleet): the proof a fleet reference
     /// set presents to its guard (`store_types::PinProof`, ADR-054).
     pub(crate) async fn pin_proved(
@@ -337,6 +314,67 @@ impl Store {
         } else {
             None
         })
+    }
+
+    /// The pin row a fleet put commits.
+    pub(crate) fn pin_intent(&self) -> Option<(PinIntent, &FleetState)> {
+        self.inner.fleet.as_ref().map(|f| {
+            (
+                PinIntent {
+                    owner: self.inner.owner.clone(),
+                    now: self.inner.clock.now(),
+                    ttl: f.ttl,
+                    host: f.pins.pin_host(),
+                },
+                f,
+            )
+        })
+    }
+
+    /// The collector's controls: sweeps, pins, liveness sources.
+    pub fn gc(&self) -> Gc<'_> {
+        Gc {
+            store: self,
+            inner: &self.inner,
+        }
+    }
+}
+
+/// The collector's controls of a [`Store`] ([`Store::gc`]): what protects
+/// entries (pins, liveness sources, the protect callback) and the sweep.
+#[derive(Clone, Copy)]
+pub struct Gc<'a> {
+    store: &'a Store,
+    inner: &'a Inner,
+}
+
+impl Gc<'_> {
+    /// Whether the store was built with `fleet: true`.
+    pub fn is_fleet(&self) -> bool {
+        self.inner.fleet.is_some()
+    }
+
+    /// The lifetime of this instance's fleet pin rows (`Some` in fleet
+    /// mode only): what a token layer must not outlive (ADR-018).
+    pub fn pin_ttl(&self) -> Option<std::time::Duration> {
+        self.inner.fleet.as_ref().map(|f| f.ttl)
+    }
+
+    /// Pins an existing entry; `None` when absent. Pin first, then look:
+    /// an entry seen here cannot be deleted while the pin lives.
+    ///
+    /// - Non-fleet: an in-process pin, ordered against this instance's
+    ///   deletes by the delete gate.
+    /// - Fleet: also commits a pin row under the key's shared lock (the
+    ///   pin-first path puts use, waiting out a delete in flight), so every
+    ///   node's sweep sees it. The row expires after `pin_ttl` unless
+    ///   renewed with [`Gc::renew_pin`]; dropping the guard releases the
+    ///   in-process pin only (ADR-016 §4).
+    ///
+    /// Cancel-safe: dropping the future releases the in-process pin; a pin
+    /// row it committed expires after its TTL.
+    pub async fn pin(&self, key: &Key) -> Result<Option<Pin>> {
+        Ok(self.store.pin_proved(key).await?.map(|(pin, _)| pin))
     }
 
     /// Registers a liveness source for `ns`; a namespace with no source is
@@ -406,23 +444,8 @@ impl Store {
                     .pin_renew(key, &self.inner.owner, self.inner.clock.now(), f.ttl)
                     .await
             }
-            None => Ok(self.pin_count(key) > 0),
+            None => Ok(self.inner.gc.pins().count(key) > 0),
         }
-    }
-
-    /// The pin row a fleet put commits.
-    pub(crate) fn pin_intent(&self) -> Option<(PinIntent, &FleetState)> {
-        self.inner.fleet.as_ref().map(|f| {
-            (
-                PinIntent {
-                    owner: self.inner.owner.clone(),
-                    now: self.inner.clock.now(),
-                    ttl: f.ttl,
-                    host: f.pins.pin_host(),
-                },
-                f,
-            )
-        })
     }
 
     /// Removes a liveness source registered through this instance (a fleet
@@ -433,14 +456,10 @@ impl Store {
         self.inner.gc.deregister_liveness_source(id).await
     }
 
-    /// Installs the protect callback (replacing any previous one).
-    pub fn set_protect(&self, callback: Arc<dyn ProtectCallback>) {
-        self.inner.gc.set_protect(Some(callback));
-    }
-
-    /// Removes the protect callback.
-    pub fn clear_protect(&self) {
-        self.inner.gc.set_protect(None);
+    /// Installs the protect callback (replacing any previous one), or
+    /// removes it (`None`).
+    pub fn set_protect(&self, callback: Option<Arc<dyn ProtectCallback>>) {
+        self.inner.gc.set_protect(callback);
     }
 
     /// One GC pass. `Err` only for operational failure; a deliberate no-op
@@ -452,7 +471,7 @@ impl Store {
     pub async fn sweep(&self, opts: SweepOptions) -> Result<SweepReport> {
         // Cache namespaces lose the keys outside their bounds first, so
         // this sweep stages the entries nothing protects any more.
-        self.trim_caches().await?;
+        self.store.trim_caches().await?;
         let r = self.inner.gc.sweep(&opts).await;
         match &r {
             // A sweep that deletes data says so, whoever called it.
@@ -475,9 +494,13 @@ impl Store {
         }
         r
     }
+}
 
+/// Test support (feature `testing`): what the collector holds now.
+#[cfg(feature = "testing")]
+impl<'a> Gc<'a> {
     /// The instance's delete window (its one window host).
-    pub fn window(&self) -> &Arc<dyn WindowClauses> {
+    pub fn window(&self) -> &'a Arc<dyn store_types::WindowClauses> {
         self.inner.gc.window()
     }
 

@@ -162,7 +162,7 @@ impl Ops {
         HealthResponse {
             status: if probe.is_ok() { "ok" } else { "unavailable" }.to_string(),
             mode: mode_name(store),
-            fleet: store.is_fleet(),
+            fleet: store.gc().is_fleet(),
             tokens: self.tokens().len() as u64,
             error: probe
                 .err()

@@ -60,8 +60,8 @@ impl Ops {
     ///
     /// Refuses with [`Error::Config`] a zero `token_ttl`, `max_tokens` or
     /// `max_tokens_per_owner`, and, when the store is fleet
-    /// ([`Store::is_fleet`]), a `token_ttl` above
-    /// the store's pin TTL ([`Store::pin_ttl`]) or an
+    /// ([`Gc::is_fleet`](store_core::Gc::is_fleet)), a `token_ttl` above
+    /// the store's pin TTL ([`Gc::pin_ttl`](store_core::Gc::pin_ttl)) or an
     /// [`OpsConfig::pin_ttl`] that differs from it. The kept configuration
     /// ([`Ops::config`]) holds the effective `token_ttl` (fleet: `pin_ttl`
     /// when unset).

@@ -39,15 +39,20 @@ async fn main() {
         .await
         .expect("build");
     store
+        .gc()
         .register_liveness_source(
             Namespace::new("fleet").unwrap(),
             LivenessTable::new(schema, "refs", "digest").with_namespace_column("ns"),
         )
         .await
         .expect("register");
-    store.set_protect(Arc::new(Hold(hold)));
+    store.gc().set_protect(Some(Arc::new(Hold(hold))));
     println!("ready");
-    let report = store.sweep(SweepOptions::default()).await.expect("sweep");
+    let report = store
+        .gc()
+        .sweep(SweepOptions::default())
+        .await
+        .expect("sweep");
     match report.aborted {
         Some(cause) => println!("aborted={}", serde_name(cause)),
         None => println!("aborted=none"),

@@ -202,9 +202,13 @@ pub async fn dedup(spec: Spec) {
         assert_eq!((a.tier, b.tier), (tier, tier));
         assert!(!a.deduplicated);
         assert!(b.deduplicated, "second put of the same bytes deduplicates");
-        assert_eq!(h.store.pin_count(a.key()), 2, "both receipts pin the entry");
+        assert_eq!(
+            h.store.gc().pin_count(a.key()),
+            2,
+            "both receipts pin the entry"
+        );
         drop(a);
-        assert_eq!(h.store.pin_count(b.key()), 1);
+        assert_eq!(h.store.gc().pin_count(b.key()), 1);
         let page = match tier {
             Tier::Kv => h.kv_engine(),
             Tier::Large => h.large_engine().unwrap(),
@@ -663,7 +667,7 @@ pub async fn concurrent_identical_puts(spec: Spec) {
         }
         let fresh = receipts.iter().filter(|r| !r.deduplicated).count();
         assert_eq!(fresh, 1, "len {len}: exactly one put writes");
-        assert_eq!(h.store.pin_count(receipts[0].key()), 16);
+        assert_eq!(h.store.gc().pin_count(receipts[0].key()), 16);
         let got = h.store.get(receipts[0].key()).await.unwrap().unwrap();
         assert_eq!(got.bytes().await.unwrap(), &data[..]);
         assert_eq!(h.stage_files().await, 0);

@@ -14,7 +14,11 @@ use crate::harness::{ns, Harness, Opts, Spec, THRESHOLD};
 use crate::support::{LiveSet, Protector};
 
 async fn sweep(h: &Harness) -> SweepReport {
-    h.store.sweep(SweepOptions::default()).await.expect("sweep")
+    h.store
+        .gc()
+        .sweep(SweepOptions::default())
+        .await
+        .expect("sweep")
 }
 
 /// Size of a scenario blob: "big" blobs go to the large tier where the
@@ -43,12 +47,13 @@ pub async fn sweep_without_sources_aborts(spec: Spec) {
     let live = LiveSet::new();
     let id = h
         .store
+        .gc()
         .register_liveness_source(ns(), Arc::new(live))
         .await
         .unwrap();
     assert_eq!(sweep(&h).await.total.staged, 1);
-    assert!(h.store.deregister_liveness_source(id).await.unwrap());
-    assert!(!h.store.deregister_liveness_source(id).await.unwrap());
+    assert!(h.store.gc().deregister_liveness_source(id).await.unwrap());
+    assert!(!h.store.gc().deregister_liveness_source(id).await.unwrap());
     let rep = sweep(&h).await;
     assert_eq!(rep.aborted, Some(GcAbortCause::NoLivenessSources));
     assert_eq!(rep.total, Default::default());
@@ -70,6 +75,7 @@ pub async fn namespace_without_source_never_swept(spec: Spec) {
     let (ka, kb) = (a.key().clone(), b.key().clone());
     drop((a, b));
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(LiveSet::new()))
         .await
         .unwrap();
@@ -98,11 +104,12 @@ pub async fn protect_failure_aborts(spec: Spec) {
     let key = r.key().clone();
     drop(r);
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(LiveSet::new()))
         .await
         .unwrap();
     let protector = Protector::default();
-    h.store.set_protect(Arc::new(protector.clone()));
+    h.store.gc().set_protect(Some(Arc::new(protector.clone())));
     assert_eq!(sweep(&h).await.total.staged, 1);
     protector.fail(true);
     let rep = sweep(&h).await;
@@ -118,7 +125,7 @@ pub async fn protect_failure_aborts(spec: Spec) {
     );
     assert_eq!(rep.total.deleted, 0);
     assert!(h.store.has(&key).await.unwrap());
-    assert_eq!(h.store.window().staged_count().await.unwrap(), 1);
+    assert_eq!(h.store.gc().window().staged_count().await.unwrap(), 1);
     // Direct deletes are refused with an error too, which keeps its cause.
     let refused = h.store.delete(&key).await.unwrap_err();
     assert!(matches!(refused, Error::Backend(_)), "{refused:?}");
@@ -139,6 +146,7 @@ pub async fn concurrent_sweep_reports_lock(spec: Spec) {
     drop(r);
     let gate = Arc::new((Notify::new(), Notify::new()));
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(LiveSet::gated(gate.clone())))
         .await
         .unwrap();
@@ -163,10 +171,11 @@ pub async fn direct_delete_refusals(spec: Spec) {
     let live = LiveSet::new();
     let protector = Protector::default();
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(live.clone()))
         .await
         .unwrap();
-    h.store.set_protect(Arc::new(protector.clone()));
+    h.store.gc().set_protect(Some(Arc::new(protector.clone())));
     for big in [false, true] {
         let data = content(if big { 21 } else { 20 }, size_of(&h, big));
         let r = h.store.put(&ns(), &data[..]).await.unwrap();
@@ -235,10 +244,11 @@ pub async fn run_scenario(spec: Spec, window: Duration, steps: &[Step]) {
     let live = LiveSet::new();
     let protector = Protector::default();
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(live.clone()))
         .await
         .unwrap();
-    h.store.set_protect(Arc::new(protector.clone()));
+    h.store.gc().set_protect(Some(Arc::new(protector.clone())));
     let mut pins: HashMap<&str, Vec<Pin>> = HashMap::new();
     let mut keys: HashMap<&str, (Key, u64)> = HashMap::new();
     for (i, step) in steps.iter().enumerate() {
@@ -447,6 +457,7 @@ pub async fn window_survives_restart(spec: Spec) {
     let h = Harness::open_with(spec, Opts { window }).await;
     let live = LiveSet::new();
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(live.clone()))
         .await
         .unwrap();
@@ -459,10 +470,11 @@ pub async fn window_survives_restart(spec: Spec) {
     live.set(&keys[1], true);
     let h = h.reopen().await;
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(live.clone()))
         .await
         .unwrap();
-    let staged = h.store.window().staged_count().await.unwrap();
+    let staged = h.store.gc().window().staged_count().await.unwrap();
     h.advance(Duration::from_secs(61)).await;
     let rep = sweep(&h).await.total;
     if h.durable_window() {
@@ -493,6 +505,7 @@ pub async fn concurrent_puts_and_sweeps(spec: Spec) {
     );
     let live = LiveSet::new();
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(live.clone()))
         .await
         .unwrap();
@@ -581,6 +594,7 @@ async fn staged_big_blob(h: &Harness, seed: u64) -> (Vec<u8>, Key, LiveSet) {
     drop(r);
     let live = LiveSet::new();
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(live.clone()))
         .await
         .unwrap();
@@ -628,7 +642,7 @@ pub async fn cancelled_sweep_keeps_protection(spec: Spec) {
     let (h, hook, data, _key, _live) = hooked_with_staged_blob(spec, 1101).await;
     hook.arm();
     let store = h.store.clone();
-    let sweeper = tokio::spawn(async move { store.sweep(SweepOptions::default()).await });
+    let sweeper = tokio::spawn(async move { store.gc().sweep(SweepOptions::default()).await });
     hook.entered().await;
     sweeper.abort();
     let _ = sweeper.await;
@@ -665,7 +679,7 @@ pub async fn due_key_busy_under_direct_delete_counted_once(spec: Spec) {
     let deleter = tokio::spawn(async move { store.delete(&k).await });
     hook.entered().await;
     let store = h.store.clone();
-    let sweeper = tokio::spawn(async move { store.sweep(SweepOptions::default()).await });
+    let sweeper = tokio::spawn(async move { store.gc().sweep(SweepOptions::default()).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
     hook.release();
     deleter.await.unwrap().expect("direct delete");
@@ -677,7 +691,7 @@ pub async fn due_key_busy_under_direct_delete_counted_once(spec: Spec) {
         "the due key is counted exactly once: {rep:?}"
     );
     assert_eq!(t.vanished, 1, "{rep:?}");
-    assert_eq!(h.store.window().staged_count().await.unwrap(), 0);
+    assert_eq!(h.store.gc().window().staged_count().await.unwrap(), 0);
     assert!(!h.store.has(&key).await.unwrap());
 }
 
@@ -707,7 +721,7 @@ pub async fn vanished_protected_due_key_counts_vanished(spec: Spec) {
     let rep = sweep(&h).await;
     assert_eq!(rep.total.rescued, 0, "{rep:?}");
     assert_eq!(rep.total.vanished, 1, "{rep:?}");
-    assert_eq!(h.store.window().staged_count().await.unwrap(), 0);
+    assert_eq!(h.store.gc().window().staged_count().await.unwrap(), 0);
 }
 
 /// A liveness source that answers "nothing live" and fails from its
@@ -753,10 +767,17 @@ pub async fn failure_after_committed_batches_reports_counts(spec: Spec) {
         probes: Default::default(),
         fail_from: 5,
     });
-    h.store.register_liveness_source(ns(), src).await.unwrap();
+    h.store
+        .gc()
+        .register_liveness_source(ns(), src)
+        .await
+        .unwrap();
     let one = SweepOptions { batch: 1 };
-    assert_eq!(h.store.sweep(one.clone()).await.unwrap().total.staged, 3);
-    match h.store.sweep(one).await {
+    assert_eq!(
+        h.store.gc().sweep(one.clone()).await.unwrap().total.staged,
+        3
+    );
+    match h.store.gc().sweep(one).await {
         Err(Error::SweepIncomplete {
             cause,
             deleted,
@@ -776,5 +797,5 @@ pub async fn failure_after_committed_batches_reports_counts(spec: Spec) {
         }
         other => panic!("expected SweepIncomplete, got {other:?}"),
     }
-    assert_eq!(h.store.window().staged_count().await.unwrap(), 2);
+    assert_eq!(h.store.gc().window().staged_count().await.unwrap(), 2);
 }

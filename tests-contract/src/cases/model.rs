@@ -99,6 +99,7 @@ async fn run(spec: Spec, ops: Vec<Op>) {
     .await;
     let live = LiveSet::new();
     h.store
+        .gc()
         .register_liveness_source(ns(), Arc::new(live.clone()))
         .await
         .unwrap();
@@ -153,7 +154,7 @@ async fn run(spec: Spec, ops: Vec<Op>) {
                 h.advance(Duration::from_secs(s)).await;
             }
             Op::Sweep => {
-                let rep = h.store.sweep(SweepOptions::default()).await.unwrap();
+                let rep = h.store.gc().sweep(SweepOptions::default()).await.unwrap();
                 let mut deleted = 0;
                 for m in model.iter_mut() {
                     if let Some(va) = m.staged {

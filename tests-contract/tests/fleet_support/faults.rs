@@ -12,9 +12,10 @@ use store_core::{Error, Key, Namespace, SweepOptions};
 use store_local::LocalEngine;
 use store_postgres::PostgresEngine;
 use store_types::{
-    BoundLivenessTable, Capabilities, Digest, Engine, EntryMeta, FleetBatch, Instance, KvEngine,
-    LargeEngine, LivenessTable, PinClauses, PinIntent, ProtectReason, PublishOutcome, ReadOptions,
-    Result, SizedRead, Stage, StagedWrite, Timestamp,
+    BatchClauses, BoundLivenessTable, Capabilities, Digest, Engine, EntryMeta, FleetBatch,
+    Instance, KvEngine, LargeEngine, LivenessClauses, LivenessTable, PinClauses, PinIntent,
+    PinRows, PolicyClauses, ProtectReason, PublishOutcome, ReadOptions, Result, SizedRead, Stage,
+    StagedWrite, Timestamp,
 };
 use tests_contract::data::content;
 use tests_contract::fleet::{FleetEnv, FleetLarge};
@@ -100,7 +101,7 @@ struct FailPinFirst(PostgresEngine);
 struct FailingPins(Arc<dyn PinClauses>);
 
 #[async_trait]
-impl PinClauses for FailingPins {
+impl PinRows for FailingPins {
     async fn pin_commit(&self, k: &Key, o: &str, n: Timestamp, t: Duration) -> Result<()> {
         self.0.pin_commit(k, o, n, t).await
     }
@@ -125,29 +126,16 @@ impl PinClauses for FailingPins {
                 .with_source("injected crash before the pin row committed"),
         )
     }
+}
+
+#[async_trait]
+impl LivenessClauses for FailingPins {
     async fn bind_liveness_table(
         &self,
         ns: &Namespace,
         t: &LivenessTable,
     ) -> Result<BoundLivenessTable> {
         self.0.bind_liveness_table(ns, t).await
-    }
-    async fn arbitrate(
-        &self,
-        keys: &[Key],
-        t: &[BoundLivenessTable],
-        now: Timestamp,
-    ) -> Result<Vec<Option<ProtectReason>>> {
-        self.0.arbitrate(keys, t, now).await
-    }
-    async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>> {
-        self.0.begin_batch(keys).await
-    }
-    async fn unfence(&self, keys: &[Key]) -> Result<()> {
-        self.0.unfence(keys).await
-    }
-    async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>> {
-        self.0.stale_fences(grace, limit).await
     }
     async fn register_liveness_table(
         &self,
@@ -168,6 +156,31 @@ impl PinClauses for FailingPins {
     async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>> {
         self.0.liveness_tables().await
     }
+}
+
+#[async_trait]
+impl BatchClauses for FailingPins {
+    async fn arbitrate(
+        &self,
+        keys: &[Key],
+        t: &[BoundLivenessTable],
+        now: Timestamp,
+    ) -> Result<Vec<Option<ProtectReason>>> {
+        self.0.arbitrate(keys, t, now).await
+    }
+    async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>> {
+        self.0.begin_batch(keys).await
+    }
+    async fn unfence(&self, keys: &[Key]) -> Result<()> {
+        self.0.unfence(keys).await
+    }
+    async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>> {
+        self.0.stale_fences(grace, limit).await
+    }
+}
+
+#[async_trait]
+impl PolicyClauses for FailingPins {
     async fn set_gc_policy(
         &self,
         ns: &Namespace,
@@ -234,6 +247,7 @@ pub async fn crash_between_pin_and_rename() {
     // Sweeps before expiry see no entry; after the TTL the row is reaped.
     assert_eq!(
         healthy
+            .gc()
             .sweep(SweepOptions::default())
             .await
             .unwrap()
@@ -241,7 +255,7 @@ pub async fn crash_between_pin_and_rename() {
         0
     );
     env.advance(ttl + Duration::from_secs(1)).await;
-    let r = healthy.sweep(SweepOptions::default()).await.unwrap();
+    let r = healthy.gc().sweep(SweepOptions::default()).await.unwrap();
     assert_eq!(r.reaped_pins, 1);
     assert_eq!(env.pin_rows(&key).await, 0);
     // A healthy put of the same bytes works afterwards.
@@ -422,6 +436,7 @@ async fn run_case(ops: Vec<Op>) {
             }
             Op::Sweep(n) => {
                 let rep = nodes[usize::from(n)]
+                    .gc()
                     .sweep(SweepOptions::default())
                     .await
                     .unwrap();

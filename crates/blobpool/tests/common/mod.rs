@@ -126,6 +126,7 @@ pub async fn start_in_at(dir: tempfile::TempDir, opts: Opts, addr: std::net::Soc
         .unwrap();
     for ns in &opts.unreferenced {
         store
+            .gc()
             .register_liveness_source(Namespace::new(*ns).unwrap(), Arc::new(NothingReferenced))
             .await
             .unwrap();

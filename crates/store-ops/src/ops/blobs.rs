@@ -192,7 +192,7 @@ impl Ops {
         self.inner.metrics.put(receipt.size, receipt.deduplicated);
         // The token holds the receipt's in-process pin (ADR-012 §2). In
         // fleet mode the put also committed a pin row, which renewal probes
-        // extend through `Store::renew_pin` (ADR-018). No await between the
+        // extend through `Gc::renew_pin` (ADR-018). No await between the
         // receipt and the mint: the pin cannot be lost to a cancellation.
         let mut out = PutOutcome::of(&receipt, false);
         out.response.token = Some(slot.mint(receipt.key().clone(), receipt.pin));
@@ -265,7 +265,7 @@ impl Ops {
                 // for in-process pins, `pin_renew` on the row in fleet mode.
                 // A pin row that expired ends the token: the putter's
                 // backstop is to put again.
-                if !self.inner.store.renew_pin(&key).await? {
+                if !self.inner.store.gc().renew_pin(&key).await? {
                     self.inner.tokens.release(&token);
                     return Ok(HaveResponse {
                         present: vec![false],

@@ -45,10 +45,10 @@ pub struct OpsConfig {
     /// that put ([`Ops::put_as`](crate::Ops::put_as)). Default
     /// `None`; zero is refused.
     pub max_tokens_per_owner: Option<usize>,
-    /// The store's fleet pin-row lifetime. [`Ops::new`](crate::Ops::new) takes it from the
-    /// store ([`Store::pin_ttl`]); a value given here must match it. The
-    /// token TTL is checked against it and defaults to it; ignored for a
-    /// non-fleet store. Default `None`.
+    /// The store's fleet pin-row lifetime. [`Ops::new`](crate::Ops::new)
+    /// takes it from the store ([`Gc::pin_ttl`](store_core::Gc::pin_ttl));
+    /// a value given here must match it. The token TTL is checked against
+    /// it and defaults to it; ignored for a non-fleet store. Default `None`.
     pub pin_ttl: Option<Duration>,
     /// Resumable upload sessions ([`crate::uploads`], ADR-034): where they
     /// spool, their idle expiry and caps. `None` (the default): the upload
@@ -94,7 +94,7 @@ impl OpsConfig {
     /// This configuration checked against `store` (see [`crate::Ops::new`]),
     /// with the store's pin TTL and the effective token TTL filled in.
     pub(crate) fn checked(mut self, store: &Store) -> Result<OpsConfig, Error> {
-        if let Some(ttl) = store.pin_ttl() {
+        if let Some(ttl) = store.gc().pin_ttl() {
             match self.pin_ttl {
                 Some(given) if given != ttl => {
                     return Err(Error::Config(format!(
@@ -106,7 +106,7 @@ impl OpsConfig {
                 _ => self.pin_ttl = Some(ttl),
             }
         }
-        self.token_ttl = effective_token_ttl(store.is_fleet(), &self)?;
+        self.token_ttl = effective_token_ttl(store.gc().is_fleet(), &self)?;
         for (path, ns) in &self.cache_paths {
             check_cache_path(path)?;
             if !self.cache_namespaces.contains(ns) {

@@ -96,7 +96,7 @@ impl Ops {
 
     /// One GC pass; the report is data even when the sweep aborted.
     pub async fn sweep(&self) -> Result<SweepReport, OpsError> {
-        let report = self.inner.store.sweep(SweepOptions::default()).await?;
+        let report = self.inner.store.gc().sweep(SweepOptions::default()).await?;
         self.inner.metrics.sweep(&report);
         Ok(report)
     }
