@@ -53,7 +53,7 @@ use std::time::Duration;
 #[cfg(test)]
 use store_core::DEFAULT_THRESHOLD;
 use store_core::{Mode, Store};
-use store_types::{Error, Namespace};
+use store_types::{Error, Namespace, Sharing};
 use toml::Spanned;
 
 pub use crate::error::{ConfigError, Invalid, Origin};
@@ -969,11 +969,24 @@ impl Config {
             Some(l) => Some(l.open_large().await?.engine),
             None => None,
         };
+        let mut stack = store_layers::LayerStack::new();
         if let Some(m) = metrics {
-            let stack = store_layers::LayerStack::new().layer(m.clone());
-            kv = stack.kv(kv);
-            large = large.map(|l| stack.large(l));
+            stack = stack.layer(m.clone());
         }
+        // Engines across a network retry transient failures (ADR-064),
+        // outside the metrics layer so each attempt is counted; an
+        // embedded file or local disk has none worth a second layer.
+        let retried = stack.clone().layer(store_layers::RetryLayer::default());
+        let across_network =
+            |s: Sharing| matches!(s, Sharing::DatabaseServer | Sharing::SharedService);
+        kv = match across_network(kv.capabilities().sharing) {
+            true => retried.kv(kv),
+            false => stack.kv(kv),
+        };
+        large = large.map(|l| match across_network(l.capabilities().sharing) {
+            true => retried.large(l),
+            false => stack.large(l),
+        });
         let mut b = Store::builder()
             .kv_shared(kv)
             .mode(self.mode)
