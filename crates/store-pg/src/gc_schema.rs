@@ -7,7 +7,7 @@ use store_types::{GcSchema, Result};
 use crate::plumbing::{gc_tables, migrate, GC_WINDOW_COMPONENT, GC_WINDOW_STEPS};
 
 /// A migration component: its name and its steps (see
-/// [`migrate`](crate::plumbing::migrate)).
+/// [`migrate`]).
 pub type Component = (&'static str, &'static [&'static str]);
 
 /// [`GcSchema`] for a PostgreSQL schema: creates `gc_window` (every GC

@@ -18,7 +18,7 @@ use crate::plumbing::{
 /// `<schema>.gc_now()` and `take_due` compares `visible_after <= gc_now()`,
 /// ignoring its `now` parameter (a node's clock), so every node of a fleet
 /// judges the window by the same clock (see
-/// [`GC_WINDOW_STEPS`](crate::plumbing::GC_WINDOW_STEPS)).
+/// [`GC_WINDOW_STEPS`]).
 #[derive(Clone, Debug)]
 pub struct PgWindow {
     pool: PgPool,

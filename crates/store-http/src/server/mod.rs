@@ -54,7 +54,8 @@
 //!
 //! # Memory after a burst
 //!
-//! Every [`TRIM_EVERY`], when at least [`TRIM_AFTER_CLOSED`] connections
+//! Every `TRIM_EVERY` (`accept.rs`), when at least `TRIM_AFTER_CLOSED`
+//! connections
 //! have closed since the last time, the loop asks the allocator to return
 //! its free memory to the system (glibc `malloc_trim`): the buffers of a
 //! flood or of stalled streams the timeouts ended would otherwise stay in
