@@ -25,6 +25,27 @@
 //!
 //! Nothing here knows about HTTP (the route is in `store-http`'s
 //! `handlers.rs`, the store reads in [`crate::Ops::get_bao`]).
+//!
+//! # How a bao stream flows
+//!
+//! ```text
+//! GET /v1/blobs/{ns}/{digest}, Accept: application/x-bao [, Range]
+//!  └─ Ops::get_bao: stat → resolve the range (416 as for plain gets)
+//!     ├─ size ≤ BAO_MEMORY_MAX: verified whole read → outboard::compute
+//!     │  → memory source
+//!     └─ larger: Store::outboard (validated, cached)
+//!        → Store::read_range(covering groups) → SpanReader (first group read
+//!          now: corrupt → 422 before any header)
+//!     → encode: bao-tree's encode_ranges_validated over the source,
+//!       into a channel of OUTPUT_CHANNEL × OUTPUT_CHUNK chunks → chunked
+//!       200 body (an error mid-way: the chunks before it, then an aborted
+//!       body)
+//! CLI get: Accept bao → decode (bao-tree's ResponseDecoder over the
+//!   body) → each verified group to the sink; a cut → one-byte bao probes
+//! ```
+//!
+//! The names: [`crate::BAO_MEMORY_MAX`], [`SpanReader`], [`encode`],
+//! [`OUTPUT_CHANNEL`], [`OUTPUT_CHUNK`], [`decode`].
 
 use std::io;
 use std::ops::Range;

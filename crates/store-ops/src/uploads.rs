@@ -59,6 +59,36 @@
 //! Sessions are per node. A session id starts with the id of the node that
 //! opened it; another node answers `upload_elsewhere` (HTTP 409) naming it,
 //! rather than `missing`. Two nodes must not share one upload directory.
+//!
+//! # How a resumable upload flows
+//!
+//! ```text
+//! POST /v1/uploads/{ns} (Content-Type: application/json) → Ops::upload_open:
+//!   caps (total, per owner) →
+//!   <dir>/<id>.{data,offset} created, .meta fsynced + renamed
+//! PATCH {location} (Content-Range a-…) → Ops::upload_append: claim the session
+//!   (upload_busy if another request holds it) → a == committed offset? (416)
+//!   → truncate data to the offset (drops a dead request's tail) → per
+//!   APPEND_CHUNK buffer: reserve its bytes (upload_max_bytes*, 507
+//!   upload_quota) → write at the offset + extend a copy of the session's
+//!   BLAKE3 (blocking pool) → fdatasync data → write + sync the offset file
+//!   → offset, hasher and reservation commit together, idle deadline
+//!   renewed → 204 Upload-Offset (a broken body commits what arrived)
+//! HEAD {location} → the committed offset (does not keep the session alive)
+//! PUT {location}?digest=d → Ops::upload_finish: append the last chunk → the
+//!   session's BLAKE3 ≠ d? → 422 at once (no spool read; after a restart the
+//!   hash is rebuilt once) → Store::put(spool file, len = offset, expect = d)
+//!   — the ordinary put: hash + outboard + publish, or Verification (422,
+//!   nothing published, session kept) → mint the token → remove the
+//!   session's files
+//! reaper (every ¼ idle timeout): idle sessions not held by a request → files
+//!   removed (finish, abort and reaping alike: files first, then the session
+//!   answers `missing`, in one blocking call holding its claim); startup:
+//!   sessions reloaded, data cut back to the committed offset
+//! ```
+//!
+//! The names: [`crate::Ops::upload_open`], [`crate::Ops::upload_append`],
+//! [`crate::Ops::upload_finish`], `APPEND_CHUNK`, [`UploadConfig::dir`].
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
