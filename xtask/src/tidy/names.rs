@@ -470,9 +470,104 @@ pub(super) fn check(root: &Path) -> (usize, Vec<String>) {
     (checked, bad)
 }
 
-/// The code references of the documents naming what the code lacks.
+/// Whether `file` (or, a folder, a `.rs` file under it) defines the
+/// constant or static `name`.
+fn defines_const(file: &Path, name: &str) -> bool {
+    let mut files = Vec::new();
+    if file.is_dir() {
+        code_files(file, &mut files);
+    } else {
+        files.push(file.to_path_buf());
+    }
+    files.iter().any(|f| {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            return false;
+        };
+        let code: String = text
+            .lines()
+            .map(|l| format!("{}\n", uncommented(l)))
+            .collect();
+        tokens(&code)
+            .windows(2)
+            .any(|w| matches!(w[0], "const" | "static") && w[1] == name)
+    })
+}
+
+/// The rows of docs/TUNING.md's constant tables (`| `NAME`, `OTHER` |
+/// crate `file.rs` | …`) whose constants the named files do not define:
+/// a constant moved or renamed leaves its row behind. A row naming only a
+/// crate is checked against the crate's sources; a row naming no crate
+/// (a setting, a time) is not checked.
+pub(super) fn tuning_rows(root: &Path) -> (usize, Vec<String>) {
+    let doc = root.join("docs").join("TUNING.md");
+    let Ok(text) = std::fs::read_to_string(&doc) else {
+        return (0, Vec::new());
+    };
+    let (mut checked, mut bad) = (0, Vec::new());
+    for (i, line) in text.lines().enumerate() {
+        let cells: Vec<&str> = line.split('|').collect();
+        if !line.starts_with("| `") || cells.len() < 4 {
+            continue;
+        }
+        let names: Vec<&str> = super::docs::code_spans(cells[1])
+            .into_iter()
+            .map(|(_, s)| s)
+            .filter(|s| {
+                s.len() > 1
+                    && s.chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            })
+            .collect();
+        let place = cells[2];
+        let crates: Vec<&str> = place
+            .split('`')
+            .next()
+            .unwrap_or("")
+            .split([',', ' '])
+            .filter(|c| c.starts_with("store-") || root.join("crates").join(c).is_dir())
+            .collect();
+        let files: Vec<&str> = super::docs::code_spans(place)
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect();
+        if crates.is_empty() {
+            continue;
+        }
+        let homes: Vec<PathBuf> = crates
+            .iter()
+            .flat_map(|c| {
+                let src = root.join("crates").join(c).join("src");
+                if files.is_empty() {
+                    vec![src]
+                } else {
+                    files.iter().map(|f| src.join(f)).collect()
+                }
+            })
+            .collect();
+        for name in names {
+            checked += 1;
+            if !homes.iter().any(|h| defines_const(h, name)) {
+                bad.push(format!(
+                    "{}:{}: the table puts `{name}` in {}, which defines no such constant",
+                    super::shown(root, &doc),
+                    i + 1,
+                    place.trim()
+                ));
+            }
+        }
+    }
+    (checked, bad)
+}
+
+/// The code references of the documents naming what the code lacks, and
+/// TUNING.md's constants not where its tables say.
 pub(super) fn violations(root: &Path) -> Vec<String> {
-    let (checked, bad) = check(root);
-    eprintln!("xtask: tidy: {checked} code names in README.md and docs/*.md checked");
+    let (checked, mut bad) = check(root);
+    let (rows, moved) = tuning_rows(root);
+    bad.extend(moved);
+    eprintln!(
+        "xtask: tidy: {checked} code names in README.md and docs/*.md checked, \
+         and {rows} constants of TUNING.md's tables where they say"
+    );
     bad
 }

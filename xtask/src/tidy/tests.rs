@@ -561,4 +561,40 @@ fn the_workspace_documents_name_code_that_exists() {
     let (checked, bad) = names::check(&crate::workspace_root());
     assert!(checked > 300, "only {checked} code names found");
     assert_eq!(bad, Vec::<String>::new());
+    let (rows, moved) = names::tuning_rows(&crate::workspace_root());
+    assert!(rows > 50, "only {rows} constants found in TUNING.md's tables");
+    assert_eq!(moved, Vec::<String>::new());
+}
+
+/// TUNING.md's constant tables say where each constant lives: a row whose
+/// file (or, with no file, crate) defines no such constant is caught.
+#[test]
+fn tuning_rows_name_where_their_constants_live() {
+    let t = Tree::new();
+    t.write(
+        "crates/store-mem/src/reader.rs",
+        "pub(crate) const CHUNK: usize = 1;\n// const GONE: usize = 2;\n",
+    );
+    t.write("crates/store-mem/src/sub/deep.rs", "static DEEP: u8 = 0;\n");
+    t.write(
+        "docs/TUNING.md",
+        "| constant | where | value |\n|---|---|---|\n\
+         | `CHUNK` | store-mem `reader.rs` | 1 |\n\
+         | `CHUNK`, `DEEP` | store-mem | 1, 0 |\n\
+         | `DEEP` | store-mem `sub/` | 0 |\n\
+         | `GONE` | store-mem `reader.rs` | 2 |\n\
+         | `CHUNK` | store-mem `lib.rs`, `reader.rs` | 1 |\n\
+         | `CHUNK` | store-sqlite `reader.rs` | 1 |\n\
+         | `window` | store-core `builder.rs` | 1 h |\n",
+    );
+    assert_eq!(
+        names::tuning_rows(&t.0),
+        (
+            7,
+            vec![
+                "docs/TUNING.md:6: the table puts `GONE` in store-mem `reader.rs`, which defines no such constant".to_string(),
+                "docs/TUNING.md:8: the table puts `CHUNK` in store-sqlite `reader.rs`, which defines no such constant".to_string(),
+            ]
+        )
+    );
 }
