@@ -36,8 +36,8 @@
 //! the owner); otherwise (a replace, or a precondition to report) it
 //! runs the references' protocol in one `READ COMMITTED` transaction: the
 //! row is read `FOR UPDATE`, the precondition and then [`Author::check`] are judged under
-//! that lock (refused: [`Error::RefConflict`](store_types::Error::RefConflict)
-//! or [`Error::NotOwner`](store_types::Error::NotOwner), nothing written),
+//! that lock (refused: [`Error::RefConflict`]
+//! or [`Error::NotOwner`], nothing written),
 //! and the row is updated — a record of the digest it holds keeps its
 //! owner and moves its access time forward. An insert that loses a race
 //! for an absent key is retried and then finds the winner's row.

@@ -14,13 +14,13 @@
 //!
 //! So the batch writes a **fence** row per doomed key *inside* its locked
 //! transaction and commits; only then are the media deleted, and the fences
-//! cleared (`PinClauses::unfence`) once every delete has finished. Every fleet put,
+//! cleared (`BatchClauses::unfence`) once every delete has finished. Every fleet put,
 //! pin and joint publish takes the key's shared lock and then checks the
 //! fence: a fenced key is waited out
 //! ([`wait_unfenced`](store_pg::fence::wait_unfenced)), never deduplicated
 //! onto. A fence whose sweeper never cleared it (crash) is older than the
 //! grace by the database's clock and is finished — media deleted again,
-//! idempotently, then cleared — by the next sweep (`PinClauses::stale_fences`).
+//! idempotently, then cleared — by the next sweep (`BatchClauses::stale_fences`).
 //!
 //! This module is the GC host's side: the tables, writing, clearing and
 //! finishing fences. The put's side (checking and waiting out a fence) is

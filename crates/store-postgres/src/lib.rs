@@ -60,7 +60,7 @@
 //! - Every other operation is one statement (`has_many`, `delete_many` and
 //!   every window/pin clause included), so each is atomic on its own —
 //!   except the fleet clauses, which are explicit transactions under the
-//!   per-key advisory-lock protocol (`PinClauses::put_pinned`, `pin_first`,
+//!   per-key advisory-lock protocol (`PinRows::put_pinned`, `pin_first`,
 //!   `begin_batch`; see [`store_pg::plumbing::key_lock`]): a fleet put is one
 //!   transaction of its own (shared key lock, entry insert, pin upsert),
 //!   not batched through group commit.
@@ -71,9 +71,9 @@
 //!
 //! GC safety across a fleet rests on one advisory lock per key in this
 //! database, id [`store_pg::plumbing::key_lock`]`(schema, key)`. Fleet puts
-//! (`PinClauses::put_pinned`, `pin_first`, pg-lo's `publish_pinned`) take
+//! (`PinRows::put_pinned`, `pin_first`, pg-lo's `publish_pinned`) take
 //! it shared in the transaction that commits their pin row; a sweep's
-//! execute batch (`PinClauses::begin_batch`) takes it exclusive for every
+//! execute batch (`BatchClauses::begin_batch`) takes it exclusive for every
 //! candidate (ascending id order, one statement, first in its
 //! `READ COMMITTED` transaction) and re-arbitrates in a later statement,
 //! so it sees every pin committed before it locked, and no pin can commit

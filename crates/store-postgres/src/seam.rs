@@ -12,9 +12,9 @@ use sqlx::Connection;
 use store_pg::plumbing::{db_err, duration_ms, sql, stable_key, upsert_pin};
 use store_pg::{Component, PgGcSchema};
 use store_types::{
-    BoundLivenessTable, FleetBatch, FleetPolicy, Instance, Key, LivenessTable, Namespace,
-    PinClauses, PinGeneration, PinIntent, PolicyRow, ProtectReason, PublishOutcome, Result,
-    SweepLockClause, SweepLockGuard, Timestamp,
+    BatchClauses, BoundLivenessTable, FleetBatch, FleetPolicy, Instance, Key, LivenessClauses,
+    LivenessTable, Namespace, PinGeneration, PinIntent, PinRows, PolicyClauses, PolicyRow,
+    ProtectReason, PublishOutcome, Result, SweepLockClause, SweepLockGuard, Timestamp,
 };
 
 use crate::fleet;
@@ -66,7 +66,7 @@ pub fn host_gc_schema(pool: PgPool, schema: impl Into<String>) -> PgGcSchema {
     PgGcSchema::with_host(pool, schema, GC_HOST_COMPONENTS)
 }
 
-/// [`PinClauses`] over `<schema>.gc_pins`. A row is live while
+/// [`PinClauses`](store_types::PinClauses) over `<schema>.gc_pins`. A row is live while
 /// `expires_at > {schema}.gc_now()`: rows are written and judged by the
 /// database's clock (see [`GC_WINDOW_STEPS`](store_pg::plumbing::GC_WINDOW_STEPS)),
 /// so the `now` parameters of the trait (a node's clock) are not used and
@@ -95,7 +95,7 @@ pub struct PgPins {
 impl PgPins {
     /// Pin clauses over `schema` (already validated); `host` is the
     /// engine's identity (`Instance::Postgres` of that schema), answered by
-    /// [`PinClauses::pin_host`].
+    /// [`PinRows::pin_host`].
     pub fn new(pool: PgPool, schema: impl Into<String>, host: Instance) -> Self {
         PgPins {
             pool,
@@ -106,7 +106,7 @@ impl PgPins {
 }
 
 #[async_trait]
-impl PinClauses for PgPins {
+impl PinRows for PgPins {
     async fn pin_commit(
         &self,
         key: &Key,
@@ -200,38 +200,16 @@ impl PinClauses for PgPins {
         fleet::check_host(&self.host, pin)?;
         fleet::pin_first(&self.pool, &self.schema, key, pin).await
     }
+}
 
+#[async_trait]
+impl LivenessClauses for PgPins {
     async fn bind_liveness_table(
         &self,
         ns: &Namespace,
         table: &LivenessTable,
     ) -> Result<BoundLivenessTable> {
         fleet::bind_liveness_table(&self.pool, ns, table).await
-    }
-
-    async fn arbitrate(
-        &self,
-        keys: &[Key],
-        tables: &[BoundLivenessTable],
-        _now: Timestamp,
-    ) -> Result<Vec<Option<ProtectReason>>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.pool.acquire().await.map_err(db_err)?;
-        fleet::arbitrate_on(&mut conn, &self.schema, keys, tables).await
-    }
-
-    async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>> {
-        fleet::begin_batch(&self.pool, &self.schema, keys).await
-    }
-
-    async fn unfence(&self, keys: &[Key]) -> Result<()> {
-        crate::fence::unfence(&self.pool, &self.schema, keys).await
-    }
-
-    async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>> {
-        crate::fence::stale_fences(&self.pool, &self.schema, grace, limit).await
     }
 
     async fn register_liveness_table(
@@ -257,7 +235,38 @@ impl PinClauses for PgPins {
     async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>> {
         crate::fence::registered(&self.pool, &self.schema).await
     }
+}
 
+#[async_trait]
+impl BatchClauses for PgPins {
+    async fn arbitrate(
+        &self,
+        keys: &[Key],
+        tables: &[BoundLivenessTable],
+        _now: Timestamp,
+    ) -> Result<Vec<Option<ProtectReason>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.pool.acquire().await.map_err(db_err)?;
+        fleet::arbitrate_on(&mut conn, &self.schema, keys, tables).await
+    }
+
+    async fn begin_batch(&self, keys: &[Key]) -> Result<Box<dyn FleetBatch>> {
+        fleet::begin_batch(&self.pool, &self.schema, keys).await
+    }
+
+    async fn unfence(&self, keys: &[Key]) -> Result<()> {
+        crate::fence::unfence(&self.pool, &self.schema, keys).await
+    }
+
+    async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>> {
+        crate::fence::stale_fences(&self.pool, &self.schema, grace, limit).await
+    }
+}
+
+#[async_trait]
+impl PolicyClauses for PgPins {
     async fn set_gc_policy(
         &self,
         ns: &Namespace,

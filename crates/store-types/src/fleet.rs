@@ -58,7 +58,7 @@ pub struct BoundLivenessTable {
 
 /// The pin row a fleet put commits: `(key, owner, expiry)` on `host`, the
 /// expiry being `ttl` after the **host's** now (see
-/// [`PinClauses`](crate::PinClauses), "Whose clock").
+/// [`PinRows`](crate::PinRows), "Whose clock").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PinIntent {
     /// The instance writing the row.
@@ -100,7 +100,7 @@ pub type PinGeneration = i64;
 pub struct PinProof<'a> {
     /// The pinning node (the store's owner name).
     pub owner: &'a str,
-    /// The generation the pin returned ([`PinClauses::pin_first`](crate::PinClauses::pin_first)).
+    /// The generation the pin returned ([`PinRows::pin_first`](crate::PinRows::pin_first)).
     pub generation: PinGeneration,
 }
 
@@ -137,7 +137,7 @@ pub trait FleetBatch: Send {
     /// Removes window rows inside the batch transaction.
     async fn unstage(&mut self, keys: &[Key]) -> Result<()>;
     /// Writes a durable **deletion fence** for each key inside the batch
-    /// transaction. From its commit until [`crate::PinClauses::unfence`],
+    /// transaction. From its commit until [`crate::BatchClauses::unfence`],
     /// every fleet put, pin and publish of a fenced key waits (it never
     /// deduplicates onto an entry that is being deleted), so the batch can
     /// commit — ending its locks and its session's part — *before* the

@@ -68,7 +68,8 @@ pub use refs::{
 };
 pub use retry::RetryPolicy;
 pub use seam::{
-    GcSchema, GcSeam, PinClauses, StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
+    BatchClauses, GcSchema, GcSeam, LivenessClauses, PinClauses, PinRows, PolicyClauses,
+    StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
 };
 
 /// Default chunk size used when streaming blobs between tiers (128 KiB):

@@ -123,6 +123,13 @@ pub trait WindowClauses: Send + Sync {
     }
 }
 
+/// The fleet host's clauses (postgres only), one trait per concern:
+/// [`PinRows`], [`LivenessClauses`], [`BatchClauses`] and
+/// [`PolicyClauses`]; every type with all four is one.
+pub trait PinClauses: PinRows + LivenessClauses + BatchClauses + PolicyClauses {}
+
+impl<T: PinRows + LivenessClauses + BatchClauses + PolicyClauses + ?Sized> PinClauses for T {}
+
 /// Fleet pin rows `(key, owner, expires_at, generation)` in `gc_pins`.
 ///
 /// # Generations (ADR-054)
@@ -145,7 +152,7 @@ pub trait WindowClauses: Send + Sync {
 /// caller's clock, for hosts without a clock of their own; the PostgreSQL
 /// host ignores them and binds `ttl` as a duration.
 #[async_trait]
-pub trait PinClauses: Send + Sync {
+pub trait PinRows: Send + Sync {
     /// Inserts or extends the pin row of (key, owner), expiring `ttl` after
     /// the host's now (a new generation if the row was absent or expired).
     async fn pin_commit(&self, key: &Key, owner: &str, now: Timestamp, ttl: Duration)
@@ -181,7 +188,12 @@ pub trait PinClauses: Send + Sync {
     /// generation after the commit (see "Generations" above): the proof a
     /// later reference set presents ([`crate::PinProof`]).
     async fn pin_first(&self, key: &Key, pin: &PinIntent) -> Result<PinGeneration>;
+}
 
+/// Fleet liveness tables: checked, bound, and registered in the shared
+/// database so every node's sweep consults them.
+#[async_trait]
+pub trait LivenessClauses: Send + Sync {
     /// Checks that a fleet liveness table exists and has the named columns;
     /// returns it bound to `ns` (with the digest column's encoding).
     async fn bind_liveness_table(
@@ -190,6 +202,36 @@ pub trait PinClauses: Send + Sync {
         table: &LivenessTable,
     ) -> Result<BoundLivenessTable>;
 
+    /// Registers a fleet liveness table for `ns` **in the shared database**
+    /// on behalf of `registrant` (checked as by
+    /// [`LivenessClauses::bind_liveness_table`]), so every node's sweep
+    /// consults it. Idempotent per registrant.
+    async fn register_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+        registrant: &str,
+    ) -> Result<BoundLivenessTable>;
+
+    /// Removes `registrant`'s registration of the table for `ns`, or with
+    /// `None` every registrant's (the table stops protecting anything);
+    /// `false` if nothing was registered. The table protects while any
+    /// registration of it remains.
+    async fn deregister_liveness_table(
+        &self,
+        ns: &Namespace,
+        table: &LivenessTable,
+        registrant: Option<&str>,
+    ) -> Result<bool>;
+
+    /// Every liveness table registered in the shared database, by any node.
+    async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>>;
+}
+
+/// A fleet sweep's arbitration and its execute batches, with the
+/// deletion fences they leave.
+#[async_trait]
+pub trait BatchClauses: Send + Sync {
     /// The mark phase's arbitration, unlocked: protection of each key by an
     /// unexpired pin row or a row in `tables`.
     async fn arbitrate(
@@ -211,32 +253,12 @@ pub trait PinClauses: Send + Sync {
     /// database's clock: deletes a sweeper started and never confirmed
     /// (it crashed, or lost its session). The next sweep finishes them.
     async fn stale_fences(&self, grace: Duration, limit: usize) -> Result<Vec<Key>>;
+}
 
-    /// Registers a fleet liveness table for `ns` **in the shared database**
-    /// on behalf of `registrant` (checked as by
-    /// [`PinClauses::bind_liveness_table`]), so every node's sweep consults
-    /// it. Idempotent per registrant.
-    async fn register_liveness_table(
-        &self,
-        ns: &Namespace,
-        table: &LivenessTable,
-        registrant: &str,
-    ) -> Result<BoundLivenessTable>;
-
-    /// Removes `registrant`'s registration of the table for `ns`, or with
-    /// `None` every registrant's (the table stops protecting anything);
-    /// `false` if nothing was registered. The table protects while any
-    /// registration of it remains.
-    async fn deregister_liveness_table(
-        &self,
-        ns: &Namespace,
-        table: &LivenessTable,
-        registrant: Option<&str>,
-    ) -> Result<bool>;
-
-    /// Every liveness table registered in the shared database, by any node.
-    async fn liveness_tables(&self) -> Result<Vec<BoundLivenessTable>>;
-
+/// Fleet GC policies (ADR-045), one row per namespace and node in the
+/// shared database.
+#[async_trait]
+pub trait PolicyClauses: Send + Sync {
     /// Records `owner`'s GC policy for `ns` in the shared database
     /// (ADR-045), or with `None` removes `owner`'s row. One statement: a
     /// changed policy replaces the node's old row atomically (the new one

@@ -145,7 +145,7 @@ impl Collector {
     /// cannot expose a delete in flight — and clear the fences (ADR-021).
     pub(super) async fn execute_fleet(
         &self,
-        pins: &dyn PinClauses,
+        pins: &dyn BatchClauses,
         snap: &Snapshot,
         protected: &HashSet<Key>,
         now: Timestamp,

@@ -8,7 +8,7 @@ impl Collector {
     /// (idempotent) and clears the fences.
     pub(super) async fn finish_stale_fences(
         &self,
-        pins: &dyn PinClauses,
+        pins: &dyn BatchClauses,
         batch: usize,
         cp: &mut Checkpoint<'_>,
         report: &mut SweepReport,

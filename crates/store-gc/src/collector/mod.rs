@@ -21,9 +21,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use store_types::{
-    fleet_swept_namespaces, BoundLivenessTable, CacheIndex, Digest, Engine, Error, ErrorKind, Key,
-    LivenessTable, Namespace, PinClauses, ProtectReason, RefStore, Report, Result, StagedCandidate,
-    SweepLockClause, Timestamp, WindowClauses,
+    fleet_swept_namespaces, BatchClauses, BoundLivenessTable, CacheIndex, Digest, Engine, Error,
+    ErrorKind, Key, LivenessTable, Namespace, PinClauses, ProtectReason, RefStore, Report, Result,
+    StagedCandidate, SweepLockClause, Timestamp, WindowClauses,
 };
 
 use crate::pins::GateState;
