@@ -3,15 +3,14 @@
 //! and `POST /v1/verify`.
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Extension, Path, State};
-use axum::http::{HeaderMap, Uri};
+use axum::extract::State;
+use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use super::handlers::{audit, fail, require_json};
-use store_ops::auth::{Identity, Scope};
+use super::extract::{json_body, Admin, Authorized, Json as Takes, PathOf};
+use super::respond::{audit, fail, or_fail};
 use store_ops::Ops;
 use store_ops::OpsError;
 use store_ops::VerifyRequest;
@@ -61,13 +60,7 @@ fn param<'a>(q: &[(&str, &'a str)], name: &str) -> Option<&'a str> {
 }
 
 /// `GET /v1/namespaces`.
-pub(super) async fn namespaces(
-    State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-) -> Response {
-    if let Err(e) = ops.authorize(&identity, Scope::Admin, None) {
-        return fail(&ops, e);
-    }
+pub(super) async fn namespaces(State(ops): State<Ops>, _: Authorized<Admin>) -> Response {
     let r = ops.namespaces().await;
     answer(&ops, r)
 }
@@ -75,21 +68,11 @@ pub(super) async fn namespaces(
 /// `GET /v1/namespaces/{ns}/entries?after=DIGEST&limit=N`.
 pub(super) async fn entries(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<String>, PathRejection>,
+    _: Authorized<Admin>,
+    PathOf(ns): PathOf<String>,
     uri: Uri,
 ) -> Response {
-    if let Err(e) = ops.authorize(&identity, Scope::Admin, None) {
-        return fail(&ops, e);
-    }
-    let ns = match path {
-        Ok(Path(ns)) => ns,
-        Err(e) => return fail(&ops, OpsError::bad_request(format!("invalid path: {e}"))),
-    };
-    let q = match query(&uri, &["after", "limit"]) {
-        Ok(q) => q,
-        Err(e) => return fail(&ops, e),
-    };
+    let q = or_fail!(&ops, query(&uri, &["after", "limit"]));
     let limit = match param(&q, "limit").map(str::parse::<usize>).transpose() {
         Ok(l) => l,
         Err(e) => return fail(&ops, OpsError::bad_request(format!("limit: {e}"))),
@@ -99,18 +82,8 @@ pub(super) async fn entries(
 }
 
 /// `GET /v1/stats[?namespace=NS]`.
-pub(super) async fn stats(
-    State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    uri: Uri,
-) -> Response {
-    if let Err(e) = ops.authorize(&identity, Scope::Admin, None) {
-        return fail(&ops, e);
-    }
-    let q = match query(&uri, &["namespace"]) {
-        Ok(q) => q,
-        Err(e) => return fail(&ops, e),
-    };
+pub(super) async fn stats(State(ops): State<Ops>, _: Authorized<Admin>, uri: Uri) -> Response {
+    let q = or_fail!(&ops, query(&uri, &["namespace"]));
     let r = ops.stats(param(&q, "namespace")).await;
     answer(&ops, r)
 }
@@ -119,39 +92,20 @@ pub(super) async fn stats(
 /// "concurrency"?}` (`Content-Type: application/json`).
 pub(super) async fn verify(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    headers: HeaderMap,
+    Authorized { who, .. }: Authorized<Takes<Admin>>,
     body: Body,
 ) -> Response {
-    if let Err(e) = require_json(&headers) {
-        return fail(&ops, e);
-    }
-    if let Err(e) = ops.authorize(&identity, Scope::Admin, None) {
-        return fail(&ops, e);
-    }
-    let bytes = match axum::body::to_bytes(body, VERIFY_BODY_LIMIT).await {
-        Ok(b) => b,
-        Err(e) => {
-            return fail(
-                &ops,
-                OpsError::bad_request(format!(
-                    "verify request body (at most {VERIFY_BODY_LIMIT} bytes): {e}"
-                )),
-            )
-        }
-    };
+    let bytes = axum::body::to_bytes(body, VERIFY_BODY_LIMIT).await;
+    let bytes = or_fail!(
+        &ops,
+        bytes.map_err(|e| OpsError::bad_request(format!(
+            "verify request body (at most {VERIFY_BODY_LIMIT} bytes): {e}"
+        )))
+    );
     let req: VerifyRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         VerifyRequest::default()
     } else {
-        match serde_json::from_slice(&bytes) {
-            Ok(r) => r,
-            Err(e) => {
-                return fail(
-                    &ops,
-                    OpsError::bad_request(format!("invalid verify request: {e}")),
-                )
-            }
-        }
+        or_fail!(&ops, json_body(&bytes, "verify request"))
     };
     let r = ops.verify(req).await;
     let summary = match &r {
@@ -161,6 +115,6 @@ pub(super) async fn verify(
         ),
         Err(e) => e.code.as_str().to_string(),
     };
-    audit(&identity, "verify", "-", &summary);
+    audit(&who, "verify", "-", &summary);
     answer(&ops, r)
 }

@@ -1,5 +1,5 @@
 //! `/cache/{ns}/{key}`: the HTTP build-cache protocol (issue 31,
-//! ADR-048) over [`Ops::cache_put`] and friends.
+//! ADR-048) over [`Ops::cache_put_as`] and friends.
 //!
 //! | method | answer |
 //! |---|---|
@@ -10,8 +10,8 @@
 //! | `MKCOL` | `201`: directories are implicit (WebDAV clients, sccache) |
 //! | `PROPFIND` | `207`: a collection for a path ending in `/`, else the key's length or `404` |
 //!
-//! Scopes: `read` for `GET`, `HEAD` and `PROPFIND`; `write` for `PUT` and
-//! `MKCOL`; `delete` for `DELETE`. With only `write`, a `PUT` creates keys
+//! Scopes (the route table's): `read` for `GET`, `HEAD` and `PROPFIND`;
+//! `write` for `PUT` and `MKCOL`; `delete` for `DELETE`. With only `write`, a `PUT` creates keys
 //! and re-puts the bytes a key names, but replaces a key another identity
 //! set only with `delete` (`403`); in a write-once namespace
 //! (`immutable = true`) nobody replaces a key (ADR-052). `PUT` honours
@@ -30,12 +30,18 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::body::body_reader;
-use super::handlers::{audit, blob_response, entry_headers, fail, value, Caller};
-use store_ops::auth::{Identity, Scope};
+use super::extract::{declared_length, Caller};
+use super::respond::{audit, blob_response, entry_headers, fail, or_fail, value};
+use super::routes::ROUTES;
+use store_ops::auth::Identity;
 use store_ops::range::parse_range_header;
 use store_ops::refs::expect_from_headers;
 use store_ops::Ops;
 use store_ops::{ErrorCode, OpsError};
+
+/// The template of a cache key's route, whose rows give each method's
+/// scope (for every cache path).
+const CACHE_KEY: &str = "/cache/{ns}/{*key}";
 
 /// Every method on `/cache/{ns}` and `/cache/{ns}/` (no key).
 pub(super) async fn cache_ns(
@@ -63,7 +69,7 @@ pub(super) async fn cache_key(
 /// `{*key}` route.
 pub(super) fn alias(ns: String, keyed: bool) -> axum::routing::MethodRouter<Ops> {
     let ns: std::sync::Arc<str> = ns.into();
-    let route = if keyed {
+    if keyed {
         axum::routing::any(
             move |State(ops): State<Ops>,
                   Caller(identity): Caller,
@@ -76,32 +82,22 @@ pub(super) fn alias(ns: String, keyed: bool) -> axum::routing::MethodRouter<Ops>
                 serve(ops, identity, ns.to_string(), String::new(), req)
             },
         )
-    };
-    route.layer(axum::extract::DefaultBodyLimit::disable())
+    }
 }
 
 async fn serve(ops: Ops, identity: Identity, ns: String, key: String, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
-    let scope = match method.as_str() {
-        "GET" | "HEAD" | "PROPFIND" => Scope::Read,
-        "PUT" | "MKCOL" => Scope::Write,
-        "DELETE" => Scope::Delete,
-        _ => {
-            return fail(
-                &ops,
-                OpsError::new(
-                    ErrorCode::MethodNotAllowed,
-                    format!(
-                        "{method} is not a cache method (GET, HEAD, PUT, DELETE, MKCOL, PROPFIND)"
-                    ),
-                ),
-            )
-        }
-    };
-    if let Err(e) = ops.authorize(&identity, scope, Some(&ns)) {
-        return fail(&ops, e);
-    }
+    // The scope of the method's row in the route table.
+    let row = ROUTES
+        .iter()
+        .find(|r| r.path == CACHE_KEY && r.method == method.as_str());
+    let scope = row.and_then(|r| r.scope).ok_or_else(|| {
+        let m = format!("{method} is not a cache method (GET, HEAD, PUT, DELETE, MKCOL, PROPFIND)");
+        OpsError::new(ErrorCode::MethodNotAllowed, m)
+    });
+    let scope = or_fail!(&ops, scope);
+    or_fail!(&ops, ops.authorize(&identity, scope, Some(&ns)));
     let is_dir = key.is_empty() || key.ends_with('/');
     match method.as_str() {
         "MKCOL" => match ops.cache_namespace_check(&ns) {
@@ -172,20 +168,14 @@ async fn put(
     body: Body,
 ) -> Response {
     let header = |name: axum::http::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    let precondition = match expect_from_headers(
-        header(axum::http::header::IF_MATCH),
-        header(axum::http::header::IF_NONE_MATCH),
-    ) {
-        Ok(x) => x,
-        Err(e) => return fail(ops, e),
-    };
-    let len = match headers.get(CONTENT_LENGTH) {
-        None => None,
-        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
-            Some(n) => Some(n),
-            None => return fail(ops, OpsError::bad_request("invalid Content-Length header")),
-        },
-    };
+    let precondition = or_fail!(
+        ops,
+        expect_from_headers(
+            header(axum::http::header::IF_MATCH),
+            header(axum::http::header::IF_NONE_MATCH),
+        )
+    );
+    let len = or_fail!(ops, declared_length(headers));
     let (reader, body_failed) = body_reader(body);
     let r = ops
         .cache_put_as(identity, ns, key, reader, len, precondition)
@@ -238,9 +228,7 @@ async fn put(
 /// length for a key, `404` for a missing key.
 async fn propfind(ops: &Ops, ns: &str, key: &str, is_dir: bool, path: &str) -> Response {
     let prop = if is_dir {
-        if let Err(e) = ops.cache_namespace_check(ns) {
-            return fail(ops, e);
-        }
+        or_fail!(ops, ops.cache_namespace_check(ns));
         // Directories are implicit: no time of their own.
         format!(
             "<D:resourcetype><D:collection/></D:resourcetype>\

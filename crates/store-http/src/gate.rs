@@ -8,17 +8,20 @@
 //! a task-local ([`request_id`]) so that a redacted error can name it.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, WWW_AUTHENTICATE};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::{AUTHORIZATION, HOST};
+use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use rand::RngCore;
 
+use super::extract::declared_length;
+use super::respond::fail;
+use super::routes::{label, ns_segment, LABELS, ROUTES};
 use super::{HttpConfig, PeerInfo};
 use store_ops::auth::{Auth, Identity};
 use store_ops::Ops;
@@ -78,9 +81,25 @@ pub(crate) struct Gate {
     /// Lowercase host names; empty accepts any, and so does `*` (the
     /// explicit form the configuration asks for).
     pub(crate) allowed_hosts: Vec<String>,
-    /// The cache namespaces' own base paths (`http_path`, without a
-    /// trailing `/`) and their namespaces, for the route labels.
-    cache_paths: Vec<(String, String)>,
+    /// The label and the namespace's place of every path template the
+    /// router mounts, by template (the cache namespaces' base paths
+    /// beside [`ROUTES`]).
+    labels: HashMap<String, Label>,
+}
+
+/// A route's label in metrics and access lines, and where its namespace is.
+struct Label {
+    route: Cow<'static, str>,
+    ns: Ns,
+}
+
+/// Where a route names its namespace.
+enum Ns {
+    None,
+    /// The path's `/`-separated segment.
+    Segment(usize),
+    /// The route's own: a cache namespace's base path.
+    Fixed(String),
 }
 
 impl Gate {
@@ -92,12 +111,7 @@ impl Gate {
                 .iter()
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
-            cache_paths: ops
-                .config()
-                .cache_paths
-                .iter()
-                .map(|(path, ns)| (path.trim_end_matches('/').to_string(), ns.to_string()))
-                .collect(),
+            labels: labels(&ops),
             ops,
         })
     }
@@ -134,49 +148,44 @@ impl Gate {
         Ok(())
     }
 
-    /// The route's label and namespace: [`route_of`], else
-    /// [`base_path_route`].
-    fn route<'p>(&self, path: &'p str) -> (Cow<'static, str>, Option<Cow<'p, str>>) {
-        match route_of(path) {
-            (UNKNOWN_ROUTE, None) => match base_path_route(&self.cache_paths, path) {
-                Some((route, ns)) => (Cow::Owned(route), Some(Cow::Owned(ns.to_string()))),
-                None => (Cow::Borrowed(UNKNOWN_ROUTE), None),
-            },
-            (route, ns) => (Cow::Borrowed(route), ns.map(Cow::Borrowed)),
+    /// The label and namespace place of the route that matched.
+    fn route(&self, matched: Option<&MatchedPath>) -> (Cow<'static, str>, &Ns) {
+        match matched.and_then(|m| self.labels.get(m.as_str())) {
+            Some(l) => (l.route.clone(), &l.ns),
+            None => (Cow::Borrowed(UNKNOWN_ROUTE), &Ns::None),
         }
     }
 }
 
-/// A path under a cache namespace's own base path (`http_path`): its
-/// label, `BASE` or `BASE/{key}` (a configured path, so the label set
-/// stays bounded), and the namespace.
-fn base_path_route<'c>(
-    cache_paths: &'c [(String, String)],
-    path: &str,
-) -> Option<(String, &'c str)> {
-    cache_paths.iter().find_map(|(base, ns)| {
-        let rest = path.strip_prefix(base.as_str())?;
-        if rest.is_empty() || rest == "/" {
-            Some((base.clone(), ns.as_str()))
-        } else if rest.starts_with('/') {
-            Some((format!("{base}/{{key}}"), ns.as_str()))
-        } else {
-            None
+/// The labels of the route table's templates (borrowed from [`LABELS`])
+/// and of the cache namespaces' base paths (`BASE`, `BASE/`,
+/// `BASE/{*key}`).
+fn labels(ops: &Ops) -> HashMap<String, Label> {
+    let mut out = HashMap::new();
+    for r in ROUTES {
+        let ns = ns_segment(r.path).map_or(Ns::None, Ns::Segment);
+        let route = Cow::Borrowed(LABELS[r.path].as_str());
+        out.insert(r.path.to_string(), Label { route, ns });
+    }
+    for (path, ns) in &ops.config().cache_paths {
+        let base = path.trim_end_matches('/');
+        for p in [
+            base.to_string(),
+            format!("{base}/"),
+            format!("{base}/{{*key}}"),
+        ] {
+            let (route, ns) = (Cow::Owned(label(&p)), Ns::Fixed(ns.to_string()));
+            out.insert(p, Label { route, ns });
         }
-    })
+    }
+    out
 }
 
 /// The label of a path no route serves.
 const UNKNOWN_ROUTE: &str = "(unknown)";
 
 /// The host part of a `Host` value or URI authority: no port, no
-/// brackets around an IPv6 literal, lowercase.
-#[cfg(test)]
-pub(crate) fn host_name(authority: &str) -> String {
-    host_part(authority).to_ascii_lowercase()
-}
-
-/// [`host_name`] without the lowercasing (and so without allocating).
+/// brackets around an IPv6 literal (not lowercased: no allocation).
 fn host_part(authority: &str) -> &str {
     let a = authority.trim();
     let host = if let Some(rest) = a.strip_prefix('[') {
@@ -190,67 +199,6 @@ fn host_part(authority: &str) -> &str {
     host.trim_end_matches('.')
 }
 
-/// The route's label and namespace for the access log (no digests or
-/// tokens: the label is the route pattern).
-fn route_of(path: &str) -> (&'static str, Option<&str>) {
-    // The first five segments (no route has more; `..` patterns only
-    // need to know there are more), without a Vec per request.
-    let mut buf = [""; 5];
-    let mut n = 0;
-    for (slot, part) in buf.iter_mut().zip(path.trim_start_matches('/').split('/')) {
-        *slot = part;
-        n += 1;
-    }
-    match &buf[..n] {
-        ["v1", "blobs", ns] => ("/v1/blobs/{ns}", Some(ns)),
-        ["v1", "blobs", ns, _] => ("/v1/blobs/{ns}/{digest}", Some(ns)),
-        ["v1", "have"] => ("/v1/have", None),
-        ["v1", "tokens", _] => ("/v1/tokens/{token}", None),
-        ["v1", "sweep"] => ("/v1/sweep", None),
-        ["v1", "refs", ns] => ("/v1/refs/{ns}", Some(ns)),
-        ["v1", "refs", ns, ..] => ("/v1/refs/{ns}/{name}", Some(ns)),
-        ["v1", "namespaces"] => ("/v1/namespaces", None),
-        ["v1", "namespaces", ns, "entries"] => ("/v1/namespaces/{ns}/entries", Some(ns)),
-        ["v1", "stats"] => ("/v1/stats", None),
-        ["v1", "verify"] => ("/v1/verify", None),
-        ["v1", "uploads", ns] => ("/v1/uploads/{ns}", Some(ns)),
-        ["v1", "uploads", ns, _] => ("/v1/uploads/{ns}/{id}", Some(ns)),
-        ["health"] => ("/health", None),
-        ["metrics"] => ("/metrics", None),
-        ["cache", ns] | ["cache", ns, ""] => ("/cache/{ns}", Some(ns)),
-        ["cache", ns, ..] => ("/cache/{ns}/{key}", Some(ns)),
-        _ => (UNKNOWN_ROUTE, None),
-    }
-}
-
-/// A JSON error answer from the gate itself (before any handler).
-fn refuse(ops: &Ops, e: OpsError, id: RequestId) -> Response {
-    ops.metrics().error(e.code);
-    let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-    let mut resp = (status, Json(e.body())).into_response();
-    if e.code == ErrorCode::Unauthorized {
-        resp.headers_mut().insert(
-            WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"blobpool\""),
-        );
-        // Build tools send the key as a Basic password.
-        resp.headers_mut().append(
-            WWW_AUTHENTICATE,
-            HeaderValue::from_static("Basic realm=\"blobpool\""),
-        );
-    }
-    resp.headers_mut().insert(RequestId::NAME, id.header());
-    resp
-}
-
-/// A `Content-Length` header's value; 0 when absent or invalid.
-fn content_length(h: &HeaderMap) -> u64 {
-    h.get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-}
-
 /// The middleware. Per request it reads the clock twice (the latency
 /// histogram and the access log share one measurement) and allocates
 /// only the request id's header value; what only the access log needs
@@ -260,14 +208,20 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
     let started = Instant::now();
     let id = RequestId::new();
     let method = req.method().clone();
-    // A `Uri` clone shares its bytes: the route label borrows from it.
-    let uri = req.uri().clone();
-    let (route, ns) = gate.route(uri.path());
-    let req_bytes = content_length(req.headers());
+    let (route, ns) = gate.route(req.extensions().get::<MatchedPath>());
+    let logged = tracing::enabled!(target: "blobpool::access", tracing::Level::INFO);
+    // Only the access line names the namespace (a `Uri` clone shares its
+    // bytes: the namespace borrows from it).
+    let uri = logged.then(|| req.uri().clone());
+    let ns = match (ns, &uri) {
+        (Ns::Segment(i), Some(uri)) => uri.path().split('/').nth(*i),
+        (Ns::Fixed(ns), Some(_)) => Some(ns.as_str()),
+        _ => None,
+    };
+    let req_bytes = declared_length(req.headers()).ok().flatten().unwrap_or(0);
     let peer = req.extensions().get::<PeerInfo>();
     let remote = peer.map(|p| p.remote);
     let outcome = gate.admit(&req, peer);
-    let logged = tracing::enabled!(target: "blobpool::access", tracing::Level::INFO);
 
     let (identity_name, mut resp) = match outcome {
         Ok(identity) => {
@@ -276,7 +230,8 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
             let resp = REQUEST_ID.scope(id, next.run(req)).await;
             (name, resp)
         }
-        Err(e) => (None, refuse(&gate.ops, e, id)),
+        // The handlers' error answer, logged under the request's id.
+        Err(e) => (None, REQUEST_ID.sync_scope(id, || fail(&gate.ops, e))),
     };
     resp.headers_mut().insert(RequestId::NAME, id.header());
     let elapsed = started.elapsed().as_secs_f64();
@@ -290,7 +245,7 @@ pub(crate) async fn gate(State(gate): State<Arc<Gate>>, mut req: Request, next: 
             identity: identity_name.as_deref().unwrap_or("-"),
             method: &method,
             route: &route,
-            ns: ns.as_deref().unwrap_or("-"),
+            ns: ns.unwrap_or("-"),
             resp: &resp,
             req_bytes,
             elapsed,
@@ -324,7 +279,7 @@ fn access_log(l: AccessLine<'_>) {
         namespace = l.ns,
         status = l.resp.status().as_u16(),
         request_bytes = l.req_bytes,
-        response_bytes = content_length(l.resp.headers()),
+        response_bytes = declared_length(l.resp.headers()).ok().flatten().unwrap_or(0),
         // Time to the response head; bodies stream after it.
         duration_ms = l.elapsed * 1000.0,
         "request"
@@ -335,6 +290,10 @@ fn access_log(l: AccessLine<'_>) {
 mod tests {
     use super::*;
 
+    fn host_name(authority: &str) -> String {
+        host_part(authority).to_ascii_lowercase()
+    }
+
     #[test]
     fn host_names_drop_ports_and_brackets() {
         assert_eq!(host_name("Example.COM:8080"), "example.com");
@@ -342,36 +301,5 @@ mod tests {
         assert_eq!(host_name("[::1]:7070"), "::1");
         assert_eq!(host_name("127.0.0.1:7070"), "127.0.0.1");
         assert_eq!(host_name("blobs.example.com."), "blobs.example.com");
-    }
-
-    #[test]
-    fn routes_are_labelled_without_secrets() {
-        assert_eq!(
-            route_of("/v1/blobs/docs/abc"),
-            ("/v1/blobs/{ns}/{digest}", Some("docs"))
-        );
-        assert_eq!(route_of("/v1/tokens/secret"), ("/v1/tokens/{token}", None));
-        assert_eq!(route_of("/nope"), ("(unknown)", None));
-        assert_eq!(route_of("/v1/uploads/up"), ("/v1/uploads/{ns}", Some("up")));
-        assert_eq!(
-            route_of("/v1/uploads/up/0a1b2c3d-ff"),
-            ("/v1/uploads/{ns}/{id}", Some("up"))
-        );
-        assert_eq!(route_of("/cache/cc/a/b"), ("/cache/{ns}/{key}", Some("cc")));
-    }
-
-    #[test]
-    fn base_paths_are_labelled_by_their_configured_path() {
-        let paths = vec![("/bazel".to_string(), "bazel".to_string())];
-        let r = |p: &str| base_path_route(&paths, p);
-        assert_eq!(r("/bazel"), Some(("/bazel".to_string(), "bazel")));
-        assert_eq!(r("/bazel/"), Some(("/bazel".to_string(), "bazel")));
-        assert_eq!(
-            r("/bazel/cas/0123abcd"),
-            Some(("/bazel/{key}".to_string(), "bazel"))
-        );
-        // A path that only shares the prefix is not under the base path.
-        assert_eq!(r("/bazelisk/x"), None);
-        assert_eq!(r("/other"), None);
     }
 }

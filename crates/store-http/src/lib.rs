@@ -10,8 +10,10 @@
 //! Identities and scopes come from [`store_ops::auth`]: the gate hands it
 //! the `Authorization` header and the verified client certificate.
 //!
-//! - router assembly: `router`; routes and handlers: `handlers`, `admin`,
-//!   `cache`, `refs`, `uploads` (request and response bodies in `body`);
+//! - the route table: `routes`; router assembly: `router`; handlers:
+//!   `handlers`, `admin`, `cache`, `refs`, `uploads`, over the extractors
+//!   in `extract` (caller, path, scope) and the shared answers in
+//!   `respond` (request and response bodies in `body`);
 //! - the gate in front of every route (request id, `Host` check,
 //!   authentication, access log): `gate`;
 //! - the connection layer ([`serve_router`]): `server` (the accept loop,
@@ -22,30 +24,9 @@
 //! `cargo xtask tidy`); it sees engines only through the `Ops` it is
 //! handed.
 //!
-//! The routes:
-//!
-//! | route | handler |
-//! |---|---|
-//! | `PUT /v1/blobs/{ns}` | [`Ops::put`] — body = blob, streamed |
-//! | `GET /v1/blobs/{ns}/{digest}` | [`Ops::get`] — streamed, `Range` → 206 |
-//! | `GET /v1/blobs/{ns}/{digest}`, `Accept: application/x-bao` | [`Ops::get_bao`] — a verified stream ([`store_ops::bao`]), `Range` → 200 + `x-blobpool-bao-range` |
-//! | `HEAD /v1/blobs/{ns}/{digest}` | [`Ops::stat`] as headers |
-//! | `DELETE /v1/blobs/{ns}/{digest}` | [`Ops::delete`] — 204 / 404 / 409 |
-//! | `POST /v1/have` | [`Ops::have`] |
-//! | `DELETE /v1/tokens/{token}` | [`Ops::release_token`] |
-//! | `POST /v1/sweep` | [`Ops::sweep`] — the `SweepReport` as JSON |
-//! | `GET /health` | [`Ops::health`] |
-//! | `GET /metrics` | [`Ops::render_metrics`] |
-//! | `GET /v1/namespaces` | [`Ops::namespaces`] (admin) |
-//! | `GET /v1/namespaces/{ns}/entries` | [`Ops::list_entries`] (admin) |
-//! | `GET /v1/stats` | [`Ops::stats`] (admin) |
-//! | `POST /v1/verify` | [`Ops::verify`] (admin) |
-//! | `POST /v1/uploads/{ns}` | [`Ops::upload_open`] — a resumable upload session |
-//! | `PATCH /v1/uploads/{ns}/{id}` | [`Ops::upload_append`] — `Content-Range` at the offset |
-//! | `HEAD /v1/uploads/{ns}/{id}` | [`Ops::upload_status`] — `Upload-Offset` |
-//! | `PUT /v1/uploads/{ns}/{id}?digest=` | [`Ops::upload_finish`] — a put's answer |
-//! | `DELETE /v1/uploads/{ns}/{id}` | [`Ops::upload_abort`] |
-//! | `GET/HEAD/PUT/DELETE/MKCOL/PROPFIND /cache/{ns}/{key}` | [`Ops::cache_get`], [`Ops::cache_stat`], [`Ops::cache_put`], [`Ops::cache_delete`] — the build-cache protocol (`cache` module, ADR-048) |
+//! The routes, their scopes and handlers are one table, `routes::ROUTES`
+//! (docs/SERVER.md's route list is tested against it); each handler is a
+//! thin translation to one [`Ops`] method.
 //!
 //! Request bodies are never buffered whole (the blob route streams into
 //! the store; `/v1/have` reads at most [`have_body_limit`] bytes), and
@@ -56,10 +37,13 @@
 mod admin;
 mod body;
 mod cache;
+mod extract;
 mod gate;
 mod handlers;
 mod refs;
+mod respond;
 mod router;
+mod routes;
 mod server;
 mod tls;
 mod uploads;
@@ -72,6 +56,7 @@ use store_ops::Ops;
 
 pub use body::have_body_limit;
 pub use gate::HEADER_REQUEST_ID;
+pub use respond::HEADER_UPLOAD_OFFSET;
 pub use router::{router, router_with};
 pub use server::{
     raise_nofile_limit, serve_router, serve_router_with_reloader, PeerInfo, ServerLimits,
@@ -79,7 +64,6 @@ pub use server::{
 };
 pub use store_ops::auth::ClientCert;
 pub use tls::{ClientAuth, TlsReloader, TlsSettings};
-pub use uploads::HEADER_UPLOAD_OFFSET;
 
 /// Everything the HTTP binding needs beyond the [`Ops`]: who may do what,
 /// which `Host` names and browser origins are accepted, connection limits
@@ -254,7 +238,7 @@ fn reap_interval(ttl: Duration) -> Duration {
 ///
 /// Not cancel-safe in the graceful sense: dropping the future closes the
 /// listener and every connection at once (in-flight puts are cancelled,
-/// which publishes nothing or leaves an unpinned entry, see [`Ops::put`])
+/// which publishes nothing or leaves an unpinned entry, see [`Ops::put_as`])
 /// and leaves the reaper running until `ops` is dropped. Resolve
 /// `shutdown` instead to drain.
 pub async fn serve<F>(listener: tokio::net::TcpListener, ops: Ops, shutdown: F) -> io::Result<()>

@@ -12,8 +12,7 @@
 //! precondition is `412 ref_conflict`. Answers carry `ETag: "<digest>"`.
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::header::{ETAG, IF_MATCH, IF_NONE_MATCH};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,8 +20,8 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::body::read_limited;
-use super::handlers::{audit, fail, path_error, require_json};
-use store_ops::auth::Identity;
+use super::extract::{json_body, Authorized, Caller, Json as Takes, PathOf, Write};
+use super::respond::{audit, fail, or_fail};
 use store_ops::refs::{expect_from_headers, SetRefRequest, MAX_REF_PAGE};
 use store_ops::Ops;
 use store_ops::OpsError;
@@ -48,48 +47,24 @@ fn with_etag(mut resp: Response, digest: &str) -> Response {
 }
 
 /// `PUT /v1/refs/{ns}/{*name}`.
+/// Authorized before the body is read: an unauthorised client costs no
+/// more than its headers.
 pub(super) async fn set_ref(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    Authorized { who, path, .. }: Authorized<Takes<Write>, (String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (ns, name) = match path {
-        Ok(Path(p)) => p,
-        Err(e) => return fail(&ops, path_error(e)),
-    };
-    if let Err(e) = require_json(&headers) {
-        return fail(&ops, e);
-    }
-    // Before the body is read: an unauthorised client costs no more than
-    // its headers.
-    if let Err(e) = ops.authorize(&identity, store_ops::auth::Scope::Write, Some(&ns)) {
-        return fail(&ops, e);
-    }
-    let expect = match precondition(&headers) {
-        Ok(x) => x,
-        Err(e) => return fail(&ops, e),
-    };
-    let bytes = match read_limited(body, SET_BODY_LIMIT, 1).await {
-        Ok(b) => b,
-        Err(e) => return fail(&ops, e),
-    };
-    let req: SetRefRequest = match serde_json::from_slice(&bytes) {
-        Ok(r) => r,
-        Err(e) => {
-            return fail(
-                &ops,
-                OpsError::bad_request(format!("invalid ref body: {e}")),
-            )
-        }
-    };
+    let (ns, name) = path;
+    let expect = or_fail!(&ops, precondition(&headers));
+    let bytes = or_fail!(&ops, read_limited(body, SET_BODY_LIMIT, 1).await);
+    let req: SetRefRequest = or_fail!(&ops, json_body(&bytes, "ref body"));
     let had_token = req.token.is_some();
-    let r = ops.set_ref_as(&identity, &ns, &name, req, expect).await;
+    let r = ops.set_ref_as(&who, &ns, &name, req, expect).await;
     // Every set is audited, with or without a token; a first reference
     // that switched the namespace to `refs` says so (ADR-045).
     audit(
-        &identity,
+        &who,
         "set_ref",
         &format!("{ns}/{name}"),
         &match &r {
@@ -109,7 +84,7 @@ pub(super) async fn set_ref(
     if had_token {
         let released = matches!(&r, Ok(s) if s.token_released);
         audit(
-            &identity,
+            &who,
             "release_token",
             &format!("{ns} (with ref {name})"),
             if released { "ok" } else { "kept" },
@@ -132,13 +107,9 @@ pub(super) async fn set_ref(
 /// `GET /v1/refs/{ns}/{*name}`.
 pub(super) async fn get_ref(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    Caller(identity): Caller,
+    PathOf((ns, name)): PathOf<(String, String)>,
 ) -> Response {
-    let (ns, name) = match path {
-        Ok(Path(p)) => p,
-        Err(e) => return fail(&ops, path_error(e)),
-    };
     match ops.get_ref_as(&identity, &ns, &name).await {
         Ok(r) => {
             let d = r.digest.clone();
@@ -151,14 +122,10 @@ pub(super) async fn get_ref(
 /// `DELETE /v1/refs/{ns}/{*name}`.
 pub(super) async fn delete_ref(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    Caller(identity): Caller,
+    PathOf((ns, name)): PathOf<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let (ns, name) = match path {
-        Ok(Path(p)) => p,
-        Err(e) => return fail(&ops, path_error(e)),
-    };
     let r = match precondition(&headers) {
         Ok(expect) => ops.delete_ref_as(&identity, &ns, &name, expect).await,
         Err(e) => Err(e),
@@ -191,14 +158,10 @@ pub(super) struct ListQuery {
 /// `GET /v1/refs/{ns}`.
 pub(super) async fn list_refs(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<String>, PathRejection>,
+    Caller(identity): Caller,
+    PathOf(ns): PathOf<String>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let ns = match path {
-        Ok(Path(ns)) => ns,
-        Err(e) => return fail(&ops, path_error(e)),
-    };
     let q = match query {
         Ok(Query(q)) => q,
         Err(e) => return fail(&ops, OpsError::bad_request(format!("invalid query: {e}"))),

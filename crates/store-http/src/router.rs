@@ -1,15 +1,13 @@
-//! Router assembly: every route of the crate documentation bound to its
-//! handler, behind the gate and, when origins are configured, CORS.
+//! Router assembly: the route table ([`routes::ROUTES`]) and the cache
+//! namespaces' own base paths, behind the gate and, when origins are
+//! configured, CORS.
 
-use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post, put};
 use axum::Router;
 use store_ops::Ops;
 
 use crate::{
-    admin, cache, gate, handlers, refs, uploads, HttpConfig, HEADER_CREATED_AT,
-    HEADER_DEDUPLICATED, HEADER_DIGEST, HEADER_EXPECT_DIGEST, HEADER_REQUEST_ID, HEADER_TIER,
-    HEADER_UPLOAD_OFFSET,
+    cache, gate, handlers, routes, HttpConfig, HEADER_CREATED_AT, HEADER_DEDUPLICATED,
+    HEADER_DIGEST, HEADER_EXPECT_DIGEST, HEADER_REQUEST_ID, HEADER_TIER, HEADER_UPLOAD_OFFSET,
 };
 
 /// The axum router over `ops` with [`HttpConfig::default`] (open, any
@@ -83,55 +81,7 @@ fn routes(ops: Ops) -> Router {
                 cache::alias(ns.to_string(), true),
             );
     }
-    router
-        .route(
-            "/v1/blobs/{ns}",
-            // The handler streams the body itself; no default 2 MB limit.
-            put(handlers::put_blob).layer(DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/v1/blobs/{ns}/{digest}",
-            get(handlers::get_blob)
-                .head(handlers::head_blob)
-                .delete(handlers::delete_blob),
-        )
-        .route("/v1/uploads/{ns}", post(uploads::open))
-        .route(
-            "/v1/uploads/{ns}/{id}",
-            axum::routing::patch(uploads::append)
-                .head(uploads::status)
-                .put(uploads::finish)
-                .delete(uploads::abort)
-                .layer(DefaultBodyLimit::disable()),
-        )
-        .route("/v1/have", post(handlers::have))
-        .route("/v1/tokens/{token}", delete(handlers::release_token))
-        .route("/v1/sweep", post(handlers::sweep))
-        .route("/v1/refs/{ns}", get(refs::list_refs))
-        .route(
-            "/v1/refs/{ns}/{*name}",
-            put(refs::set_ref)
-                .get(refs::get_ref)
-                .delete(refs::delete_ref),
-        )
-        .route("/v1/namespaces", get(admin::namespaces))
-        .route("/v1/namespaces/{ns}/entries", get(admin::entries))
-        .route("/v1/stats", get(admin::stats))
-        .route("/v1/verify", post(admin::verify))
-        .route(
-            "/cache/{ns}",
-            axum::routing::any(cache::cache_ns).layer(DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/cache/{ns}/",
-            axum::routing::any(cache::cache_ns).layer(DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/cache/{ns}/{*key}",
-            axum::routing::any(cache::cache_key).layer(DefaultBodyLimit::disable()),
-        )
-        .route("/health", get(handlers::health))
-        .route("/metrics", get(handlers::metrics))
+    routes::mount(router)
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .with_state(ops)

@@ -17,34 +17,19 @@
 use std::collections::HashMap;
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::header::{CONTENT_RANGE, LOCATION};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 
 use super::body::body_reader;
-use super::handlers::{audit, fail, outcome, path_error, put_answer, require_json};
+use super::extract::{Authorized, Caller, Json as Takes, PathOf, Write};
+use super::respond::{audit, fail, offset_headers, outcome, put_answer};
 use store_ops::auth::{Identity, Scope};
 use store_ops::uploads::UploadStatus;
 use store_ops::Ops;
 use store_ops::OpsError;
-
-/// Response header: the session's committed offset.
-pub const HEADER_UPLOAD_OFFSET: &str = "upload-offset";
-
-/// `Upload-Offset: n` and the registry's `Range: 0-(n-1)` (absent at 0).
-pub(crate) fn offset_headers(h: &mut HeaderMap, offset: u64) {
-    if let Ok(v) = HeaderValue::from_str(&offset.to_string()) {
-        h.insert(HeaderName::from_static(HEADER_UPLOAD_OFFSET), v);
-    }
-    if offset > 0 {
-        if let Ok(v) = HeaderValue::from_str(&format!("0-{}", offset - 1)) {
-            h.insert(axum::http::header::RANGE, v);
-        }
-    }
-}
 
 /// The start of a chunk's `Content-Range: bytes a-b/*` (or `a-b/total`,
 /// or `a-*`); `None` without the header. `b` must match the body's length
@@ -79,39 +64,17 @@ fn status_response(code: StatusCode, st: &UploadStatus, with_body: bool) -> Resp
 }
 
 /// `POST /v1/uploads/{ns}` (`Content-Type: application/json`, no body).
+/// Like every other POST it takes `Content-Type: application/json`: a
+/// browser cannot send it cross-site without a CORS preflight (no
+/// cross-site session opens).
 pub(super) async fn open(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
+    Authorized { who, path: ns, .. }: Authorized<Takes<Write>, String>,
 ) -> Response {
-    let ns = match path {
-        Ok(Path(ns)) => ns,
-        Err(e) => return fail(&ops, path_error(e)),
-    };
-    // Like every other POST: a browser cannot send this content type
-    // cross-site without a CORS preflight (no cross-site session opens).
-    if let Err(e) = require_json(&headers) {
-        return fail(&ops, e);
-    }
-    if let Err(e) = ops.authorize(&identity, Scope::Write, Some(&ns)) {
-        return fail(&ops, e);
-    }
-    match ops.upload_open(&identity, &ns).await {
+    match ops.upload_open(&who, &ns).await {
         Ok(st) => status_response(StatusCode::CREATED, &st, true),
         Err(e) => fail(&ops, e),
     }
-}
-
-/// Authorizes a request on session `(ns, id)`.
-fn session_path(
-    ops: &Ops,
-    identity: &Identity,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<(String, String), OpsError> {
-    let (ns, id) = path.map(|Path(p)| p).map_err(path_error)?;
-    check_session(ops, identity, &ns, &id)?;
-    Ok((ns, id))
 }
 
 /// The audit target of session `(ns, id)`: `{ns}/{id}`, or `{ns}/-` for
@@ -124,7 +87,7 @@ fn audit_target(ns: &str, id: &str) -> String {
     }
 }
 
-/// [`session_path`] on an extracted path.
+/// Authorizes a request on session `(ns, id)`.
 fn check_session(ops: &Ops, identity: &Identity, ns: &str, id: &str) -> Result<(), OpsError> {
     ops.authorize(identity, Scope::Write, Some(ns))?;
     // Checked before the id can reach an answer or a log line: a session
@@ -141,11 +104,11 @@ fn check_session(ops: &Ops, identity: &Identity, ns: &str, id: &str) -> Result<(
 /// `HEAD /v1/uploads/{ns}/{id}`.
 pub(super) async fn status(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    Caller(identity): Caller,
+    PathOf((ns, id)): PathOf<(String, String)>,
 ) -> Response {
-    let r = match session_path(&ops, &identity, path) {
-        Ok((ns, id)) => ops.upload_status(&identity, &ns, &id).await,
+    let r = match check_session(&ops, &identity, &ns, &id) {
+        Ok(()) => ops.upload_status(&identity, &ns, &id).await,
         Err(e) => Err(e),
     };
     match r {
@@ -157,13 +120,13 @@ pub(super) async fn status(
 /// `PATCH /v1/uploads/{ns}/{id}`.
 pub(super) async fn append(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    Caller(identity): Caller,
+    PathOf((ns, id)): PathOf<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let r = async {
-        let (ns, id) = session_path(&ops, &identity, path)?;
+        check_session(&ops, &identity, &ns, &id)?;
         let start = chunk_start(&headers)?;
         let (reader, _) = body_reader(body);
         ops.upload_append(&identity, &ns, &id, start, reader).await
@@ -178,16 +141,13 @@ pub(super) async fn append(
 /// `PUT /v1/uploads/{ns}/{id}?digest=<hex>`.
 pub(super) async fn finish(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    Caller(identity): Caller,
+    // After the query, as axum's rejection of it comes first.
     Query(query): Query<HashMap<String, String>>,
+    PathOf((ns, id)): PathOf<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (ns, id) = match path {
-        Ok(Path(p)) => p,
-        Err(e) => return fail(&ops, path_error(e)),
-    };
     let r = async {
         check_session(&ops, &identity, &ns, &id)?;
         let digest = query.get("digest").ok_or_else(|| {
@@ -224,13 +184,9 @@ pub(super) async fn finish(
 /// `DELETE /v1/uploads/{ns}/{id}`.
 pub(super) async fn abort(
     State(ops): State<Ops>,
-    Extension(identity): Extension<Identity>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    Caller(identity): Caller,
+    PathOf((ns, id)): PathOf<(String, String)>,
 ) -> Response {
-    let (ns, id) = match path {
-        Ok(Path(p)) => p,
-        Err(e) => return fail(&ops, path_error(e)),
-    };
     let r = async {
         check_session(&ops, &identity, &ns, &id)?;
         // What the session held, for the audit line (a status read: it

@@ -1,0 +1,210 @@
+//! The route table: every route's method, path template, scope and
+//! handler, once. The router mounts it ([`mount`]), the gate labels its
+//! metrics and access lines by the template that matched ([`label`]), and
+//! a test holds docs/SERVER.md's route list to it. Adding a route is a row
+//! here, its handler and its line in SERVER.md.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use axum::handler::Handler;
+use axum::http::Method;
+use axum::routing::{any, MethodFilter, MethodRouter};
+use axum::Router;
+use store_ops::auth::Scope::{self, Admin, Delete, Read, Write};
+use store_ops::Ops;
+
+use crate::{admin, cache, handlers, refs, uploads};
+
+/// One route: `method` on the axum path template `path` (`{*name}` takes
+/// the rest of the path), needing `scope` (`None`: no scope), served by
+/// `handler`.
+pub(crate) struct Route {
+    pub(crate) method: &'static str,
+    pub(crate) path: &'static str,
+    pub(crate) scope: Option<Scope>,
+    pub(crate) handler: Mount,
+}
+
+/// Adds a handler to a path's method router for a method (`None`: every
+/// method, for a path with WebDAV methods, which axum cannot filter).
+pub(crate) type Mount = fn(MethodRouter<Ops>, Option<MethodFilter>) -> MethodRouter<Ops>;
+
+const fn r(method: &'static str, path: &'static str, scope: Scope, handler: Mount) -> Route {
+    Route {
+        method,
+        path,
+        scope: Some(scope),
+        handler,
+    }
+}
+
+/// Every route (the rows of a path mount in this order: it is the order
+/// of the `Allow` header). The rows of a path with a WebDAV method all
+/// name one handler, which dispatches on the method itself.
+#[rustfmt::skip]
+pub(crate) static ROUTES: &[Route] = &[
+    r("PUT", "/v1/blobs/{ns}", Write, |m, f| at(m, f, handlers::put_blob)),
+    r("GET", "/v1/blobs/{ns}/{digest}", Read, |m, f| at(m, f, handlers::get_blob)),
+    r("HEAD", "/v1/blobs/{ns}/{digest}", Read, |m, f| at(m, f, handlers::head_blob)),
+    r("DELETE", "/v1/blobs/{ns}/{digest}", Delete, |m, f| at(m, f, handlers::delete_blob)),
+    r("POST", "/v1/uploads/{ns}", Write, |m, f| at(m, f, uploads::open)),
+    r("PATCH", "/v1/uploads/{ns}/{id}", Write, |m, f| at(m, f, uploads::append)),
+    r("HEAD", "/v1/uploads/{ns}/{id}", Write, |m, f| at(m, f, uploads::status)),
+    r("PUT", "/v1/uploads/{ns}/{id}", Write, |m, f| at(m, f, uploads::finish)),
+    r("DELETE", "/v1/uploads/{ns}/{id}", Write, |m, f| at(m, f, uploads::abort)),
+    r("POST", "/v1/have", Read, |m, f| at(m, f, handlers::have)),
+    r("DELETE", "/v1/tokens/{token}", Write, |m, f| at(m, f, handlers::release_token)),
+    r("POST", "/v1/sweep", Admin, |m, f| at(m, f, handlers::sweep)),
+    r("GET", "/v1/refs/{ns}", Read, |m, f| at(m, f, refs::list_refs)),
+    r("PUT", "/v1/refs/{ns}/{*name}", Write, |m, f| at(m, f, refs::set_ref)),
+    r("GET", "/v1/refs/{ns}/{*name}", Read, |m, f| at(m, f, refs::get_ref)),
+    r("DELETE", "/v1/refs/{ns}/{*name}", Write, |m, f| at(m, f, refs::delete_ref)),
+    r("GET", "/v1/namespaces", Admin, |m, f| at(m, f, admin::namespaces)),
+    r("GET", "/v1/namespaces/{ns}/entries", Admin, |m, f| at(m, f, admin::entries)),
+    r("GET", "/v1/stats", Admin, |m, f| at(m, f, admin::stats)),
+    r("POST", "/v1/verify", Admin, |m, f| at(m, f, admin::verify)),
+    r("MKCOL", "/cache/{ns}", Write, |m, f| at(m, f, cache::cache_ns)),
+    r("PROPFIND", "/cache/{ns}", Read, |m, f| at(m, f, cache::cache_ns)),
+    r("MKCOL", "/cache/{ns}/", Write, |m, f| at(m, f, cache::cache_ns)),
+    r("PROPFIND", "/cache/{ns}/", Read, |m, f| at(m, f, cache::cache_ns)),
+    r("PUT", "/cache/{ns}/{*key}", Write, |m, f| at(m, f, cache::cache_key)),
+    r("GET", "/cache/{ns}/{*key}", Read, |m, f| at(m, f, cache::cache_key)),
+    r("HEAD", "/cache/{ns}/{*key}", Read, |m, f| at(m, f, cache::cache_key)),
+    r("DELETE", "/cache/{ns}/{*key}", Delete, |m, f| at(m, f, cache::cache_key)),
+    r("MKCOL", "/cache/{ns}/{*key}", Write, |m, f| at(m, f, cache::cache_key)),
+    r("PROPFIND", "/cache/{ns}/{*key}", Read, |m, f| at(m, f, cache::cache_key)),
+    Route { method: "GET", path: "/health", scope: None, handler: |m, f| at(m, f, handlers::health) },
+    r("GET", "/metrics", Admin, |m, f| at(m, f, handlers::metrics)),
+];
+
+fn at<H: Handler<T, Ops>, T: 'static>(
+    m: MethodRouter<Ops>,
+    f: Option<MethodFilter>,
+    h: H,
+) -> MethodRouter<Ops> {
+    match f {
+        Some(f) => m.on(f, h),
+        None => any(h),
+    }
+}
+
+/// `router` with every route of [`ROUTES`] mounted.
+pub(crate) fn mount(mut router: Router<Ops>) -> Router<Ops> {
+    let filter = |m: &str| -> Option<MethodFilter> {
+        Method::from_bytes(m.as_bytes()).ok()?.try_into().ok()
+    };
+    for (i, first) in ROUTES.iter().enumerate() {
+        if ROUTES[..i].iter().any(|r| r.path == first.path) {
+            continue;
+        }
+        let rows = ROUTES.iter().filter(|r| r.path == first.path);
+        let methods = if rows.clone().any(|r| filter(r.method).is_none()) {
+            (first.handler)(MethodRouter::new(), None)
+        } else {
+            rows.fold(MethodRouter::new(), |m, r| (r.handler)(m, filter(r.method)))
+        };
+        router = router.route(first.path, methods);
+    }
+    router
+}
+
+/// The label of a path template in metrics and access lines: the
+/// template with `{*name}` written `{name}` and no trailing `/`
+/// (`/cache/{ns}/` is `/cache/{ns}`).
+pub(crate) fn label(path: &str) -> String {
+    let l = path.replace("{*", "{");
+    match l.strip_suffix('/') {
+        Some(s) if !s.is_empty() => s.to_string(),
+        _ => l,
+    }
+}
+
+/// [`label`] of every path of [`ROUTES`], computed once (a label is
+/// borrowed per request, never built).
+pub(crate) static LABELS: LazyLock<HashMap<&'static str, String>> =
+    LazyLock::new(|| ROUTES.iter().map(|r| (r.path, label(r.path))).collect());
+
+/// Where a path template names the namespace: its `/`-separated segment.
+pub(crate) fn ns_segment(path: &str) -> Option<usize> {
+    path.split('/').position(|s| s == "{ns}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// `(method, path, scope)` of each route docs/SERVER.md's `## Routes`
+    /// table lists: a cell may name several methods (`GET` / `HEAD`) and
+    /// paths; a scope cell names one scope for all of a row's methods, or
+    /// one each.
+    fn documented() -> BTreeSet<(String, String, String)> {
+        let doc = include_str!("../../../docs/SERVER.md");
+        let start = doc.find("\n## Routes\n").expect("SERVER.md has ## Routes");
+        let ticked = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let mut out = BTreeSet::new();
+        for line in doc[start..]
+            .lines()
+            .skip(4)
+            .take_while(|l| l.starts_with('|'))
+        {
+            let cols: Vec<&str> = line.trim_matches('|').split('|').collect();
+            let methods: Vec<String> = ticked(cols[0])
+                .into_iter()
+                .filter(|m| m.bytes().all(|b| b.is_ascii_uppercase()))
+                .collect();
+            let scopes: Vec<String> = ticked(cols[2])
+                .into_iter()
+                .filter(|s| ["read", "write", "delete", "admin"].contains(&s.as_str()))
+                .collect();
+            for (i, m) in methods.iter().enumerate() {
+                let scope = match scopes.len() {
+                    0 => "none".to_string(),
+                    n if n == methods.len() => scopes[i].clone(),
+                    _ => scopes[0].clone(),
+                };
+                for p in ticked(cols[1]).iter().filter(|p| p.starts_with('/')) {
+                    let p = p.split('?').next().unwrap_or(p).to_string();
+                    out.insert((m.clone(), p, scope.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn server_md_lists_the_route_table() {
+        let table: BTreeSet<(String, String, String)> = ROUTES
+            .iter()
+            .map(|r| {
+                let scope = r.scope.map_or("none", Scope::as_str);
+                (r.method.to_string(), label(r.path), scope.to_string())
+            })
+            .collect();
+        let doc = documented();
+        let missing: Vec<_> = table.difference(&doc).collect();
+        let extra: Vec<_> = doc.difference(&table).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "docs/SERVER.md ## Routes differs from routes::ROUTES: not documented {missing:?}, \
+             documented but not routed {extra:?}"
+        );
+    }
+
+    #[test]
+    fn labels_name_the_template_without_secrets() {
+        assert_eq!(label("/v1/blobs/{ns}/{digest}"), "/v1/blobs/{ns}/{digest}");
+        assert_eq!(label("/v1/refs/{ns}/{*name}"), "/v1/refs/{ns}/{name}");
+        assert_eq!(label("/cache/{ns}/"), "/cache/{ns}");
+        assert_eq!(label("/bazel/{*key}"), "/bazel/{key}");
+        assert_eq!(ns_segment("/v1/uploads/{ns}/{id}"), Some(3));
+        assert_eq!(ns_segment("/v1/tokens/{token}"), None);
+    }
+}
