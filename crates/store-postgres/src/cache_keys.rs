@@ -48,15 +48,15 @@
 //! all (a trim's batch: one `remove_unchanged`); `record`'s
 //! transaction rolls back when dropped before its commit: cancel-safe.
 
-use sqlx::postgres::{PgPool, Postgres};
-use sqlx::{Row, Transaction};
+use sqlx::postgres::PgPool;
+use sqlx::Row;
 use store_pg::plumbing::{db_err, digest_col, digest_params, named_in, namespace_col, sql};
 use store_types::{
     Author, CacheEntry, CacheIndex, CachePage, CacheTrim, CacheUsage, Digest, Error, LivenessTable,
     Namespace, RefExpect, RefName, Result, Timestamp,
 };
 
-use crate::refs::{admit, stored_name};
+use crate::refs::{admit, begin_read_committed, stored_name};
 
 /// Migration component of the cache-key table.
 pub const CACHE_COMPONENT: &str = "cache";
@@ -161,21 +161,6 @@ impl PgCacheKeys {
         Ok(r.rows_affected() > 0)
     }
 
-    /// A `READ COMMITTED` transaction the server ends by itself if its
-    /// client goes quiet inside it (as the references' `begin`).
-    async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await
-            .map_err(db_err)?;
-        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '30s'")
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        Ok(tx)
-    }
-
     /// One locked attempt of `record`: `Ok(None)` when the key was absent
     /// and a concurrent insert won the race to create it (retry).
     #[allow(clippy::too_many_arguments)]
@@ -188,7 +173,7 @@ impl PgCacheKeys {
         expect: RefExpect,
         author: Author<'_>,
     ) -> Result<Option<Option<Digest>>> {
-        let mut tx = self.begin().await?;
+        let mut tx = begin_read_committed(&self.pool).await?;
         let row = sqlx::query(self.sql(
             "SELECT digest, owner FROM {schema}.cache_keys
              WHERE namespace = $1 AND key = $2 FOR UPDATE",

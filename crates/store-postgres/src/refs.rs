@@ -146,23 +146,6 @@ impl PgRefs {
         sql(&self.schema, template)
     }
 
-    /// A `READ COMMITTED` transaction that the server ends by itself if
-    /// its client goes quiet inside it (a `set`/`delete` future dropped
-    /// between its locked read and its commit holds the row lock only
-    /// until sqlx's queued rollback runs or, at worst, this timeout).
-    async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
-        let mut tx = self
-            .pool
-            .begin_with(BEGIN_READ_COMMITTED)
-            .await
-            .map_err(db_err)?;
-        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '30s'")
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        Ok(tx)
-    }
-
     /// The reference's digest and owner, its row locked until `tx` ends
     /// (nothing is locked when it does not exist).
     async fn current_for_update(
@@ -195,7 +178,7 @@ impl PgRefs {
         author: Author<'_>,
         pin: Option<PinProof<'_>>,
     ) -> Result<Option<Option<Digest>>> {
-        let mut tx = self.begin().await?;
+        let mut tx = begin_read_committed(&self.pool).await?;
         if let Some(pin) = pin {
             let key = Key::new(ns.clone(), digest);
             if !self.entry_still_pinned(&mut tx, &key, pin).await? {
@@ -330,6 +313,23 @@ fn could_prefix_a_name(prefix: &str) -> bool {
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-'))
 }
 
+/// A `READ COMMITTED` transaction that the server ends by itself if its
+/// client goes quiet inside it (a reference's `set`/`delete` or a cache
+/// key's `record` dropped between its locked read and its commit holds
+/// the row lock only until sqlx's queued rollback runs or, at worst, this
+/// timeout).
+pub(crate) async fn begin_read_committed(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
+    let mut tx = pool
+        .begin_with(BEGIN_READ_COMMITTED)
+        .await
+        .map_err(db_err)?;
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '30s'")
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    Ok(tx)
+}
+
 pub(crate) fn stored_name(name: String) -> Result<RefName> {
     RefName::new(name).map_err(|e| {
         Error::backend(
@@ -384,7 +384,7 @@ impl RefStore for PgRefs {
         expect: RefExpect,
         author: Author<'_>,
     ) -> Result<Option<Digest>> {
-        let mut tx = self.begin().await?;
+        let mut tx = begin_read_committed(&self.pool).await?;
         let row = self.current_for_update(&mut tx, ns, name).await?;
         let current = row.as_ref().map(|r| r.0);
         if let Err(refused) = admit(author, name, row.as_ref(), expect, None) {
