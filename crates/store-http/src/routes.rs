@@ -198,6 +198,52 @@ mod tests {
         );
     }
 
+    /// Concrete paths, routed over the table's templates, get the labels
+    /// and namespaces the gate's hand-kept `route_of` gave them.
+    #[tokio::test]
+    async fn requests_are_labelled_by_the_template_they_match() {
+        use axum::extract::MatchedPath;
+        use tower_service::Service;
+        let mut router: Router = Router::new();
+        for (i, r) in ROUTES.iter().enumerate() {
+            if ROUTES[..i].iter().all(|o| o.path != r.path) {
+                let answer = |m: MatchedPath| async move {
+                    let ns = ns_segment(m.as_str()).map_or("-".into(), |i| i.to_string());
+                    format!("{} {ns}", label(m.as_str()))
+                };
+                router = router.route(r.path, any(answer));
+            }
+        }
+        for (path, route, ns) in [
+            ("/v1/blobs/docs", "/v1/blobs/{ns}", "docs"),
+            ("/v1/blobs/docs/abc", "/v1/blobs/{ns}/{digest}", "docs"),
+            ("/v1/tokens/secret", "/v1/tokens/{token}", "-"),
+            ("/v1/uploads/up", "/v1/uploads/{ns}", "up"),
+            ("/v1/uploads/up/0a1b2c3d-ff", "/v1/uploads/{ns}/{id}", "up"),
+            ("/v1/refs/r", "/v1/refs/{ns}", "r"),
+            ("/v1/refs/r/a/b/c", "/v1/refs/{ns}/{name}", "r"),
+            (
+                "/v1/namespaces/n/entries",
+                "/v1/namespaces/{ns}/entries",
+                "n",
+            ),
+            ("/cache/cc", "/cache/{ns}", "cc"),
+            ("/cache/cc/", "/cache/{ns}", "cc"),
+            ("/cache/cc/a/b", "/cache/{ns}/{key}", "cc"),
+            ("/metrics", "/metrics", "-"),
+        ] {
+            let req = axum::http::Request::get(path).body(axum::body::Body::empty());
+            let resp = router.call(req.unwrap()).await.unwrap();
+            let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
+            let (got, at) = std::str::from_utf8(&body).unwrap().split_once(' ').unwrap();
+            assert_eq!(got, route, "{path}");
+            let got_ns = at
+                .parse()
+                .map_or("-", |i: usize| path.split('/').nth(i).unwrap());
+            assert_eq!(got_ns, ns, "{path}");
+        }
+    }
+
     #[test]
     fn labels_name_the_template_without_secrets() {
         assert_eq!(label("/v1/blobs/{ns}/{digest}"), "/v1/blobs/{ns}/{digest}");
