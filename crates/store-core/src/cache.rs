@@ -337,7 +337,7 @@ impl Cache {
     /// [`Cache::record`] if `expect` holds ([`Error::RefConflict`] with the
     /// key's digest otherwise) and `author` may change the key (a key
     /// another writer set is replaced only by [`Replace::Any`](store_types::Replace::Any);
-    /// [`Error::NotOwner`](store_types::Error::NotOwner) otherwise, ADR-052).
+    /// [`Error::NotOwner`] otherwise, ADR-052).
     /// Returns the digest the key held before. A receipt of an entry in
     /// another namespace is refused ([`Error::ReceiptMismatch`]): its pin
     /// would protect nothing the key names.

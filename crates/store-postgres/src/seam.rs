@@ -74,7 +74,7 @@ pub fn host_gc_schema(pool: PgPool, schema: impl Into<String>) -> PgGcSchema {
 ///
 /// Every writer of a row (`pin_commit`, `pin_renew`, `put_pinned`,
 /// `pin_first`, and pg-lo's joint publish through
-/// [`upsert_pin`](store_pg::plumbing::upsert_pin)) holds the key's fleet
+/// [`upsert_pin`]) holds the key's fleet
 /// lock shared and judges the row's expiry by the clock at a statement
 /// after that lock, so the row's generation (`pin_id`, ADR-054) is kept
 /// only across extensions of a row no sweep batch could have judged
