@@ -50,7 +50,6 @@ mod uploads;
 
 use std::future::Future;
 use std::io;
-use std::time::Duration;
 
 use store_ops::Ops;
 
@@ -225,16 +224,10 @@ pub const HEADER_BAO_RANGE: &str = "x-blobpool-bao-range";
 /// Response header on puts: `true` when the entry already existed.
 pub const HEADER_DEDUPLICATED: &str = "x-blobpool-deduplicated";
 
-/// How often the server ends expired pin tokens: a quarter of the TTL,
-/// between 50 ms and 30 s.
-fn reap_interval(ttl: Duration) -> Duration {
-    (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30))
-}
-
 /// Serves `ops` on `listener` until `shutdown` resolves, then stops
 /// accepting connections and waits for in-flight requests (puts included)
-/// to finish. When tokens have an idle TTL, runs the token reaper
-/// meanwhile.
+/// to finish. Runs [`Ops::spawn_tasks`] (the reapers, the inventory
+/// refresher) meanwhile.
 ///
 /// Not cancel-safe in the graceful sense: dropping the future closes the
 /// listener and every connection at once (in-flight puts are cancelled,
@@ -274,21 +267,10 @@ where
             )
         })?;
     }
-    let reaper = ops
-        .tokens()
-        .ttl()
-        .map(|ttl| ops.spawn_token_reaper(reap_interval(ttl)));
-    let inventory = ops.spawn_inventory_refresher();
-    let upload_reaper = ops.spawn_upload_reaper();
+    let tasks = ops.spawn_tasks();
     let app = router_with(ops, &cfg);
     let result = serve_router(listener, app, cfg.limits, cfg.tls, shutdown).await;
-    if let Some(r) = reaper {
-        r.abort();
-    }
-    inventory.abort();
-    if let Some(r) = upload_reaper {
-        r.abort();
-    }
+    tasks.iter().for_each(|t| t.abort());
     result
 }
 

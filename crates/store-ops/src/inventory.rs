@@ -1,6 +1,6 @@
 //! The stored-inventory gauges of `/metrics`: the last snapshot of the
 //! store's statistics and the scrape signal that asks for a fresh one
-//! (refreshed by the task [`crate::Ops::spawn_inventory_refresher`] starts).
+//! (refreshed by a task of [`crate::Ops::spawn_tasks`]).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

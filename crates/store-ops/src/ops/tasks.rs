@@ -9,6 +9,23 @@ use store_core::{SweepOptions, SweepReport};
 use super::{Inner, Ops};
 use crate::error::OpsError;
 
+/// Spawns `f` every `every` (delayed ticks) until `weak` is gone.
+fn every_tick<F, Fut, T>(every: Duration, weak: Weak<Inner>, f: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(Arc<Inner>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(inner) = weak.upgrade() else { return };
+            f(inner).await;
+        }
+    })
+}
+
 /// `d` ± 10%.
 fn jittered(d: Duration) -> Duration {
     use rand::Rng;
@@ -16,39 +33,39 @@ fn jittered(d: Duration) -> Duration {
 }
 
 impl Ops {
-    /// Spawns the upload-session reaper (every quarter of the idle timeout,
-    /// at most a minute), or `None` when uploads are not enabled. The task
-    /// stops by itself once every clone of this `Ops` is dropped.
-    pub fn spawn_upload_reaper(&self) -> Option<tokio::task::JoinHandle<()>> {
-        let every = self.inner.uploads.as_ref()?.reap_every();
+    /// Spawns the server's background tasks; abort the handles to stop
+    /// them. The token reaper, when tokens have an idle TTL, runs every
+    /// quarter of it (50 ms to 30 s); the upload-session reaper, when
+    /// uploads are enabled, every quarter of the idle timeout (at most a
+    /// minute); both also stop once every clone of this `Ops` is dropped.
+    /// The third recomputes `/metrics`' inventory gauges after a scrape
+    /// found them older than [`crate::INVENTORY_REFRESH`] (a scrape never
+    /// waits for it: it renders the last snapshot, none before the first).
+    pub fn spawn_tasks(&self) -> Vec<tokio::task::JoinHandle<()>> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        Some(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let token_reap = self.inner.tokens.ttl().map(|ttl| {
+            let every = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+            every_tick(every, weak.clone(), |i| async move { i.tokens.reap() })
+        });
+        let upload_reap = self.inner.uploads.as_ref().map(|u| {
+            let f = |i: Arc<Inner>| async move {
+                if let Some(uploads) = i.uploads.clone() {
+                    drop(i);
+                    uploads.reap().await;
+                }
+            };
+            every_tick(u.reap_every(), weak, f)
+        });
+        let ops = self.clone();
+        let inventory = tokio::spawn(async move {
             loop {
-                tick.tick().await;
-                let Some(uploads) = weak.upgrade().and_then(|i| i.uploads.clone()) else {
-                    return;
-                };
-                uploads.reap().await;
+                ops.metrics().inventory.refresh(ops.store()).await;
             }
-        }))
-    }
-
-    /// Spawns a task ending expired tokens every `every` (useful only when
-    /// tokens have a TTL). The task stops by itself once every clone of
-    /// this `Ops` is dropped.
-    pub fn spawn_token_reaper(&self, every: Duration) -> tokio::task::JoinHandle<()> {
-        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(inner) = weak.upgrade() else { return };
-                inner.tokens.reap();
-            }
-        })
+        });
+        [token_reap, upload_reap, Some(inventory)]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Spawns a task running [`Ops::sweep`] every `every` ±10% (jitter, so
@@ -76,20 +93,6 @@ impl Ops {
                         tracing::warn!(target: "blobpool::gc", "scheduled sweep failed: {}", store_types::Report::new(&e))
                     }
                 }
-            }
-        })
-    }
-
-    /// Starts the task that recomputes the stored-inventory gauges of
-    /// `/metrics` after a scrape found them older than
-    /// [`crate::INVENTORY_REFRESH`] (or missing). A scrape never waits for
-    /// it: it renders the last snapshot (none before the first refresh).
-    /// The HTTP server runs one; abort the handle to stop it.
-    pub fn spawn_inventory_refresher(&self) -> tokio::task::JoinHandle<()> {
-        let ops = self.clone();
-        tokio::spawn(async move {
-            loop {
-                ops.metrics().inventory.refresh(ops.store()).await;
             }
         })
     }
