@@ -1300,7 +1300,7 @@ async fn a_large_put_goes_through_an_upload_session() {
     assert_eq!(proxy.count("PATCH /v1/uploads/cli/"), 2, "two 8 MiB chunks");
     assert_eq!(proxy.count(&format!("?digest={digest} HTTP/1.1")), 1);
     assert_eq!(proxy.count("PUT /v1/blobs/"), 0, "no plain put");
-    assert_eq!(s.ops.upload_sessions(), 0, "the session ended");
+    assert_eq!(s.ops.uploads().sessions(), 0, "the session ended");
     assert!(spooled_sessions(&s).is_empty());
     // Below the threshold: a plain put.
     let base = proxy.base.clone();
@@ -1383,7 +1383,7 @@ async fn a_put_resumes_after_the_server_restarts_mid_upload() {
         .await;
     assert_eq!(resp.status(), 200);
     assert!(resp.bytes().await.unwrap() == data);
-    assert_eq!(s.ops.upload_sessions(), 0);
+    assert_eq!(s.ops.uploads().sessions(), 0);
     assert!(spooled_sessions(&s).is_empty());
     // Resumed, not started over: what was committed before the restart
     // was not sent again (at most the chunk the restart cut was).

@@ -314,7 +314,7 @@ async fn idle_sessions_are_reaped_with_their_files() {
     assert!(gone, "the idle session was reaped");
     assert_eq!(spool_files(&s), 0, "no files left behind");
     assert_error(patch(&s, &location, 9, b"late").await, 404, "missing").await;
-    assert_eq!(s.ops.upload_sessions(), 0);
+    assert_eq!(s.ops.uploads().sessions(), 0);
 }
 
 #[tokio::test]
@@ -404,7 +404,7 @@ async fn wrong_digest_finishes_do_not_reread_the_session() {
         assert_error(finish(&s, &location, &wrong).await, 422, "verification").await;
     }
     assert_eq!(
-        s.ops.upload_spool_reads(),
+        s.ops.uploads().spool_reads(),
         0,
         "a wrong digest read the spool"
     );
@@ -413,10 +413,10 @@ async fn wrong_digest_finishes_do_not_reread_the_session() {
     for _ in 0..3 {
         assert_error(finish(&s, &location, &wrong).await, 422, "verification").await;
     }
-    assert_eq!(s.ops.upload_spool_reads(), 1);
+    assert_eq!(s.ops.uploads().spool_reads(), 1);
     let resp = finish(&s, &location, &digest(&data)).await;
     assert_eq!(resp.status(), StatusCode::CREATED);
-    assert_eq!(s.ops.upload_spool_reads(), 2, "the put reads it once");
+    assert_eq!(s.ops.uploads().spool_reads(), 2, "the put reads it once");
     assert_eq!(get_bytes(&s, &digest(&data)).await.unwrap(), data);
 }
 
@@ -505,7 +505,7 @@ async fn cross_site_opens_and_malformed_ids_are_refused() {
         }
         assert_error(r.send().await.unwrap(), 415, "unsupported_media_type").await;
     }
-    assert_eq!(s.ops.upload_sessions(), 0);
+    assert_eq!(s.ops.uploads().sessions(), 0);
     let evil = "ZZ%0a%1b[31mforged";
     let resp = s
         .http

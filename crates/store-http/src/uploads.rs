@@ -71,7 +71,7 @@ pub(super) async fn open(
     State(ops): State<Ops>,
     Authorized { who, path: ns, .. }: Authorized<Takes<Write>, String>,
 ) -> Response {
-    match ops.upload_open(&who, &ns).await {
+    match ops.uploads().open(&who, &ns).await {
         Ok(st) => status_response(StatusCode::CREATED, &st, true),
         Err(e) => fail(&ops, e),
     }
@@ -108,7 +108,7 @@ pub(super) async fn status(
     PathOf((ns, id)): PathOf<(String, String)>,
 ) -> Response {
     let r = match check_session(&ops, &identity, &ns, &id) {
-        Ok(()) => ops.upload_status(&identity, &ns, &id).await,
+        Ok(()) => ops.uploads().status(&identity, &ns, &id).await,
         Err(e) => Err(e),
     };
     match r {
@@ -129,7 +129,9 @@ pub(super) async fn append(
         check_session(&ops, &identity, &ns, &id)?;
         let start = chunk_start(&headers)?;
         let (reader, _) = body_reader(body);
-        ops.upload_append(&identity, &ns, &id, start, reader).await
+        ops.uploads()
+            .append(&identity, &ns, &id, start, reader)
+            .await
     }
     .await;
     match r {
@@ -155,7 +157,8 @@ pub(super) async fn finish(
         })?;
         let start = chunk_start(&headers)?;
         let (reader, _) = body_reader(body);
-        ops.upload_finish(&identity, &ns, &id, digest, start, reader)
+        ops.uploads()
+            .finish(&identity, &ns, &id, digest, start, reader)
             .await
     }
     .await;
@@ -191,8 +194,8 @@ pub(super) async fn abort(
         check_session(&ops, &identity, &ns, &id)?;
         // What the session held, for the audit line (a status read: it
         // neither claims the session nor keeps it alive).
-        let before = ops.upload_status(&identity, &ns, &id).await?;
-        ops.upload_abort(&identity, &ns, &id).await?;
+        let before = ops.uploads().status(&identity, &ns, &id).await?;
+        ops.uploads().abort(&identity, &ns, &id).await?;
         Ok::<_, OpsError>(before.offset)
     }
     .await;

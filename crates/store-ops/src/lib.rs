@@ -51,6 +51,7 @@ pub use inventory::INVENTORY_REFRESH;
 pub use metrics::Metrics;
 pub use ops::blobs::{BaoResponse, GetResponse, PutOutcome, BAO_MEMORY_MAX};
 pub use ops::config::{OpsConfig, DEFAULT_MAX_BLOB_SIZE, DEFAULT_MAX_HAVE_DIGESTS};
+pub use ops::uploads::UploadOps;
 pub use ops::Ops;
 pub use payload::{
     ErrorBody, ErrorDetail, HaveRequest, HaveResponse, HealthResponse, PutResponse, StatResponse,

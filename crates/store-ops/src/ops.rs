@@ -21,7 +21,7 @@ pub(crate) mod blobs;
 pub(crate) mod config;
 mod tasks;
 mod tokens;
-mod uploads;
+pub(crate) mod uploads;
 
 struct Inner {
     store: Store,

@@ -63,10 +63,10 @@
 //! # How a resumable upload flows
 //!
 //! ```text
-//! POST /v1/uploads/{ns} (Content-Type: application/json) → Ops::upload_open:
+//! POST /v1/uploads/{ns} (Content-Type: application/json) → Ops::uploads().open:
 //!   caps (total, per owner) →
 //!   <dir>/<id>.{data,offset} created, .meta fsynced + renamed
-//! PATCH {location} (Content-Range a-…) → Ops::upload_append: claim the session
+//! PATCH {location} (Content-Range a-…) → Ops::uploads().append: claim the session
 //!   (upload_busy if another request holds it) → a == committed offset? (416)
 //!   → truncate data to the offset (drops a dead request's tail) → per
 //!   APPEND_CHUNK buffer: reserve its bytes (upload_max_bytes*, 507
@@ -75,7 +75,7 @@
 //!   → offset, hasher and reservation commit together, idle deadline
 //!   renewed → 204 Upload-Offset (a broken body commits what arrived)
 //! HEAD {location} → the committed offset (does not keep the session alive)
-//! PUT {location}?digest=d → Ops::upload_finish: append the last chunk → the
+//! PUT {location}?digest=d → Ops::uploads().finish: append the last chunk → the
 //!   session's BLAKE3 ≠ d? → 422 at once (no spool read; after a restart the
 //!   hash is rebuilt once) → Store::put(spool file, len = offset, expect = d)
 //!   — the ordinary put: hash + outboard + publish, or Verification (422,
@@ -87,8 +87,8 @@
 //!   sessions reloaded, data cut back to the committed offset
 //! ```
 //!
-//! The names: [`crate::Ops::upload_open`], [`crate::Ops::upload_append`],
-//! [`crate::Ops::upload_finish`], `APPEND_CHUNK`, [`UploadConfig::dir`].
+//! The names: [`crate::UploadOps::open`], [`crate::UploadOps::append`],
+//! [`crate::UploadOps::finish`], `APPEND_CHUNK`, [`UploadConfig::dir`].
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};

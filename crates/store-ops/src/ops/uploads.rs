@@ -1,4 +1,5 @@
-//! The resumable-upload handlers (ADR-034) over [`crate::uploads`].
+//! The resumable-upload handlers (ADR-034) over [`crate::uploads`],
+//! behind [`Ops::uploads`].
 
 use std::sync::Arc;
 
@@ -11,10 +12,21 @@ use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
 use crate::uploads::{Session, UploadStatus, Uploads};
 
+/// The resumable-upload handlers of an [`Ops`] ([`Ops::uploads`]).
+#[derive(Clone, Copy, Debug)]
+pub struct UploadOps<'a>(&'a Ops);
+
 impl Ops {
+    /// The resumable-upload handlers.
+    pub fn uploads(&self) -> UploadOps<'_> {
+        UploadOps(self)
+    }
+}
+
+impl UploadOps<'_> {
     /// The upload sessions, or `not_found` when they are not enabled.
-    fn uploads(&self) -> Result<&Arc<Uploads>, OpsError> {
-        self.inner.uploads.as_ref().ok_or_else(|| {
+    fn enabled(&self) -> Result<&Arc<Uploads>, OpsError> {
+        self.0.inner.uploads.as_ref().ok_or_else(|| {
             OpsError::new(
                 ErrorCode::NotFound,
                 "resumable uploads are not enabled on this server (OpsConfig::uploads)",
@@ -23,13 +35,13 @@ impl Ops {
     }
 
     /// The session `id` of `namespace`, if `identity` may use it.
-    fn upload_session(
+    fn session(
         &self,
         identity: &Identity,
         namespace: &str,
         id: &str,
     ) -> Result<(&Arc<Uploads>, Arc<Session>), OpsError> {
-        let uploads = self.uploads()?;
+        let uploads = self.enabled()?;
         let admin = identity.allows(Scope::Admin, None);
         let session = uploads.find(namespace, id, identity.name(), admin)?;
         Ok((uploads, session))
@@ -39,24 +51,24 @@ impl Ops {
     /// for `identity` (ADR-034). Refused with `too_many_uploads` at the
     /// session caps. Cancel-safe: a dropped call leaves no session a client
     /// knows of (at worst an idle one that is reaped).
-    pub async fn upload_open(
+    pub async fn open(
         &self,
         identity: &Identity,
         namespace: &str,
     ) -> Result<UploadStatus, OpsError> {
         let ns = Namespace::new(namespace)?;
-        self.uploads()?.create(identity.name(), ns).await
+        self.enabled()?.create(identity.name(), ns).await
     }
 
     /// `uploads/status`: where session `id` stands (its committed offset).
     /// Cancel-safe: it only reads.
-    pub async fn upload_status(
+    pub async fn status(
         &self,
         identity: &Identity,
         namespace: &str,
         id: &str,
     ) -> Result<UploadStatus, OpsError> {
-        let (_, session) = self.upload_session(identity, namespace, id)?;
+        let (_, session) = self.session(identity, namespace, id)?;
         Ok(session.status())
     }
 
@@ -69,7 +81,7 @@ impl Ops {
     ///
     /// Cancel-safe: the committed offset advances only once the bytes are
     /// synced, and never for the part a dropped call was writing.
-    pub async fn upload_append<R: AsyncRead + Unpin + Send>(
+    pub async fn append<R: AsyncRead + Unpin + Send>(
         &self,
         identity: &Identity,
         namespace: &str,
@@ -77,16 +89,22 @@ impl Ops {
         start: Option<u64>,
         body: R,
     ) -> Result<UploadStatus, OpsError> {
-        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let (uploads, session) = self.session(identity, namespace, id)?;
         let guard = uploads.claim(&session)?;
         uploads
-            .append(&session, &guard, start, body, self.inner.cfg.max_blob_size)
+            .append(
+                &session,
+                &guard,
+                start,
+                body,
+                self.0.inner.cfg.max_blob_size,
+            )
             .await?;
         Ok(session.status())
     }
 
     /// `uploads/finish`: appends `body` (the last chunk, possibly empty) at
-    /// `start` as [`Ops::upload_append`], then stores the session's bytes
+    /// `start` as [`UploadOps::append`], then stores the session's bytes
     /// in its namespace through the ordinary put, expecting `digest`, and
     /// ends the session: the answer is a put's (token and digest). A
     /// mismatch fails with `verification` and publishes nothing; the
@@ -95,7 +113,7 @@ impl Ops {
     /// Cancel-safe as [`Ops::put_as`]: a dropped call leaves the session as
     /// it was (and at worst an unpinned entry, which a retried finish
     /// deduplicates onto).
-    pub async fn upload_finish<R: AsyncRead + Unpin + Send>(
+    pub async fn finish<R: AsyncRead + Unpin + Send>(
         &self,
         identity: &Identity,
         namespace: &str,
@@ -105,10 +123,16 @@ impl Ops {
         body: R,
     ) -> Result<PutOutcome, OpsError> {
         let expect = Digest::parse(digest.trim())?;
-        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let (uploads, session) = self.session(identity, namespace, id)?;
         let guard = uploads.claim(&session)?;
         uploads
-            .append(&session, &guard, start, body, self.inner.cfg.max_blob_size)
+            .append(
+                &session,
+                &guard,
+                start,
+                body,
+                self.0.inner.cfg.max_blob_size,
+            )
             .await?;
         // A wrong digest is answered from the session's hasher, without
         // reading the spool again (issue 30).
@@ -121,7 +145,7 @@ impl Ops {
         }
         let reader = uploads.reader(&session).await?;
         let (owner, len) = (&session.owner, Some(session.offset()));
-        let out = self
+        let out = (self.0)
             .put_owned(owner, &session.ns, reader, len, Some(expect))
             .await?;
         uploads.remove(&session, &guard).await?;
@@ -131,13 +155,13 @@ impl Ops {
 
     /// `uploads/abort`: ends session `id` and removes its bytes.
     /// Cancel-safe: once it starts removing, the removal runs to its end.
-    pub async fn upload_abort(
+    pub async fn abort(
         &self,
         identity: &Identity,
         namespace: &str,
         id: &str,
     ) -> Result<(), OpsError> {
-        let (uploads, session) = self.upload_session(identity, namespace, id)?;
+        let (uploads, session) = self.session(identity, namespace, id)?;
         let guard = uploads.claim(&session)?;
         uploads.remove(&session, &guard).await
     }
@@ -145,12 +169,12 @@ impl Ops {
     /// How many times an upload session's spool file was read whole (a
     /// matching finish, or a hasher rebuilt after a restart); 0 when
     /// uploads are not enabled. A wrong-digest finish never reads it.
-    pub fn upload_spool_reads(&self) -> u64 {
-        self.inner.uploads.as_ref().map_or(0, |u| u.spool_reads())
+    pub fn spool_reads(&self) -> u64 {
+        self.0.inner.uploads.as_ref().map_or(0, |u| u.spool_reads())
     }
 
     /// Open upload sessions (0 when uploads are not enabled).
-    pub fn upload_sessions(&self) -> usize {
-        self.inner.uploads.as_ref().map_or(0, |u| u.len())
+    pub fn sessions(&self) -> usize {
+        self.0.inner.uploads.as_ref().map_or(0, |u| u.len())
     }
 }
