@@ -1,8 +1,9 @@
 //! Records the git commit the binary is built from, for
-//! `blobpool_build_info{git}` on `/metrics`. Built without git or outside
-//! a checkout (a source tarball; the container build, whose context leaves
-//! `.git` out) it records nothing and never fails: `BUILD_GIT_COMMIT` is
-//! then empty.
+//! `blobpool_build_info{git}` on `/metrics` and `blobpool --version`
+//! (`BUILD_VERSION`: `0.1.0 (commit 0123456789ab)`). Built without git or
+//! outside a checkout (a source tarball; the container build, whose context
+//! leaves `.git` out) it records nothing and never fails: `BUILD_GIT_COMMIT`
+//! is then empty and `BUILD_VERSION` the crate's version alone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,4 +49,10 @@ fn main() {
         watch(&dir, "packed-refs");
     }
     println!("cargo:rustc-env=BUILD_GIT_COMMIT={commit}");
+    let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    let version = match commit.as_str() {
+        "" => version,
+        c => format!("{version} (commit {c})"),
+    };
+    println!("cargo:rustc-env=BUILD_VERSION={version}");
 }

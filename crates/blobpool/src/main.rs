@@ -70,7 +70,7 @@ Examples:
 
 /// Blobpool: a content-addressed blob store.
 #[derive(Debug, Parser)]
-#[command(name = "blobpool", version, about, after_help = AFTER_HELP)]
+#[command(name = "blobpool", version = env!("BUILD_VERSION"), about, after_help = AFTER_HELP)]
 struct Cli {
     /// TOML config file [default: ./blobpool.toml if present].
     #[arg(long, global = true, env = "BLOBPOOL_CONFIG", value_name = "FILE")]
