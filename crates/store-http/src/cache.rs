@@ -1,5 +1,5 @@
 //! `/cache/{ns}/{key}`: the HTTP build-cache protocol (issue 31,
-//! ADR-048) over [`Ops::cache_put_as`] and friends.
+//! ADR-048) over [`Ops::cache`].
 //!
 //! | method | answer |
 //! |---|---|
@@ -100,7 +100,7 @@ async fn serve(ops: Ops, identity: Identity, ns: String, key: String, req: Reque
     or_fail!(&ops, ops.authorize(&identity, scope, Some(&ns)));
     let is_dir = key.is_empty() || key.ends_with('/');
     match method.as_str() {
-        "MKCOL" => match ops.cache_namespace_check(&ns) {
+        "MKCOL" => match ops.cache().check(&ns) {
             Ok(()) => StatusCode::CREATED.into_response(),
             Err(e) => fail(&ops, e),
         },
@@ -118,12 +118,12 @@ async fn serve(ops: Ops, identity: Identity, ns: String, key: String, req: Reque
                 .get(RANGE)
                 .and_then(|v| v.to_str().ok())
                 .and_then(parse_range_header);
-            match ops.cache_get(&ns, &key, range).await {
+            match ops.cache().get(&ns, &key, range).await {
                 Ok(got) => blob_response(ops, got).await,
                 Err(e) => fail(&ops, e),
             }
         }
-        "HEAD" => match ops.cache_stat(&ns, &key).await {
+        "HEAD" => match ops.cache().stat(&ns, &key).await {
             Ok(st) => {
                 let mut h = HeaderMap::new();
                 entry_headers(&mut h, &st.digest, st.tier);
@@ -138,7 +138,7 @@ async fn serve(ops: Ops, identity: Identity, ns: String, key: String, req: Reque
 
 /// `DELETE`: removes the key, audited with the digest it named.
 async fn delete(ops: &Ops, identity: &Identity, ns: &str, key: &str) -> Response {
-    let r = ops.cache_delete(ns, key).await;
+    let r = ops.cache().delete(ns, key).await;
     audit(
         identity,
         "cache_delete",
@@ -178,7 +178,8 @@ async fn put(
     let len = or_fail!(ops, declared_length(headers));
     let (reader, body_failed) = body_reader(body);
     let r = ops
-        .cache_put_as(identity, ns, key, reader, len, precondition)
+        .cache()
+        .put(identity, ns, key, reader, len, precondition)
         .await;
     // A key that existed (replaced, re-put, or refused) is audited; a new
     // key is not (every build output would be).
@@ -228,7 +229,7 @@ async fn put(
 /// length for a key, `404` for a missing key.
 async fn propfind(ops: &Ops, ns: &str, key: &str, is_dir: bool, path: &str) -> Response {
     let prop = if is_dir {
-        or_fail!(ops, ops.cache_namespace_check(ns));
+        or_fail!(ops, ops.cache().check(ns));
         // Directories are implicit: no time of their own.
         format!(
             "<D:resourcetype><D:collection/></D:resourcetype>\
@@ -236,7 +237,7 @@ async fn propfind(ops: &Ops, ns: &str, key: &str, is_dir: bool, path: &str) -> R
             httpdate::fmt_http_date(std::time::UNIX_EPOCH)
         )
     } else {
-        match ops.cache_stat(ns, key).await {
+        match ops.cache().stat(ns, key).await {
             Ok(st) => format!(
                 "<D:resourcetype/><D:getcontentlength>{}</D:getcontentlength>\
                  <D:getetag>\"{}\"</D:getetag><D:getlastmodified>{}</D:getlastmodified>",

@@ -251,7 +251,7 @@ pub(super) async fn health(State(ops): State<Ops>) -> Response {
 
 /// `GET /metrics`.
 pub(super) async fn metrics(State(ops): State<Ops>, _: Authorized<Admin>) -> Response {
-    if let Err(e) = ops.refresh_cache_usage().await {
+    if let Err(e) = ops.cache().refresh_usage().await {
         // The gauges keep their last reading; the rest still renders.
         tracing::warn!("reading cache usage for /metrics failed: {e}");
     }

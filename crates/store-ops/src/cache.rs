@@ -48,9 +48,35 @@ fn cas_digest(key: &RefName) -> Result<Option<Digest>, OpsError> {
 /// the `cache_keys` fuzz target.
 #[doc(hidden)]
 pub fn parse_cache_key(key: &str) -> Result<(RefName, Option<Digest>), OpsError> {
-    let key = Ops::cache_key(key)?;
+    let key = cache_key(key)?;
     let digest = cas_digest(&key)?;
     Ok((key, digest))
+}
+
+fn cache_key(key: &str) -> Result<RefName, OpsError> {
+    RefName::new(key).map_err(|e| OpsError::new(ErrorCode::KeyInvalid, format!("cache key: {e}")))
+}
+
+fn no_entry(key: &RefName, ns: &Namespace) -> OpsError {
+    OpsError::new(ErrorCode::NotFound, format!("no cache entry {key} in {ns}"))
+}
+
+/// `r`, unless it found the entry `key` named missing: then the key is
+/// forgotten (a sweep deleted its entry) and the answer is `not_found`.
+async fn unless_gone<T>(
+    r: Result<T, OpsError>,
+    ns: &Namespace,
+    cache: &Cache,
+    key: &RefName,
+    d: Digest,
+) -> Result<T, OpsError> {
+    match r {
+        Err(e) if e.code == ErrorCode::Missing => {
+            cache.forget_missing(ns, key, d).await?;
+            Err(no_entry(key, ns))
+        }
+        r => r,
+    }
 }
 
 /// What a cache put stored.
@@ -90,34 +116,6 @@ impl Ops {
         self.config().cache_namespaces.contains(ns)
     }
 
-    fn cache_ns(&self, namespace: &str) -> Result<(Namespace, Cache), OpsError> {
-        let ns = Namespace::new(namespace)?;
-        if !self.is_cache_namespace(&ns) {
-            return Err(OpsError::new(
-                ErrorCode::NotFound,
-                format!(
-                    "namespace {ns} is not a cache namespace on this server (configure \
-                     [gc.namespaces.{ns}] policy = \"cache\")"
-                ),
-            ));
-        }
-        let cache = self.store().cache().ok_or_else(|| {
-            OpsError::from(Error::Config("this kv engine holds no cache keys".into()))
-        })?;
-        Ok((ns, cache))
-    }
-
-    /// `Ok` when `namespace` is one of this node's cache namespaces, else
-    /// the `not_found` answer naming the configuration it needs.
-    pub fn cache_namespace_check(&self, namespace: &str) -> Result<(), OpsError> {
-        self.cache_ns(namespace).map(|_| ())
-    }
-
-    fn cache_key(key: &str) -> Result<RefName, OpsError> {
-        RefName::new(key)
-            .map_err(|e| OpsError::new(ErrorCode::KeyInvalid, format!("cache key: {e}")))
-    }
-
     /// Writes `key → receipt's entry` while the receipt's pin holds it, if
     /// `expect` holds and `author` may change the key; returns the digest
     /// the key named before.
@@ -129,10 +127,10 @@ impl Ops {
         expect: RefExpect,
         author: Author<'_>,
     ) -> Result<Option<Digest>, OpsError> {
-        let cache = self.store().cache().ok_or_else(|| {
-            OpsError::from(Error::Config("this kv engine holds no cache keys".into()))
-        })?;
-        let previous = cache.record_by(ns, key, receipt, expect, author).await?;
+        let previous = self
+            .cache_index()?
+            .record_by(ns, key, receipt, expect, author)
+            .await?;
         self.metrics().cache_put(ns.as_str(), receipt.size);
         Ok(previous)
     }
@@ -158,6 +156,42 @@ impl Ops {
         Ok(PutOutcome::of(&receipt, true))
     }
 
+    fn cache_index(&self) -> Result<Cache, OpsError> {
+        let none = || Error::Config("this kv engine holds no cache keys".into()).into();
+        self.store().cache().ok_or_else(none)
+    }
+
+    /// The build-cache handlers.
+    pub fn cache(&self) -> CacheOps<'_> {
+        CacheOps(self)
+    }
+}
+
+/// The build-cache handlers of an [`Ops`] ([`Ops::cache`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CacheOps<'a>(&'a Ops);
+
+impl CacheOps<'_> {
+    fn ns(&self, namespace: &str) -> Result<(Namespace, Cache), OpsError> {
+        let ns = Namespace::new(namespace)?;
+        if !self.0.is_cache_namespace(&ns) {
+            return Err(OpsError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "namespace {ns} is not a cache namespace on this server (configure \
+                     [gc.namespaces.{ns}] policy = \"cache\")"
+                ),
+            ));
+        }
+        Ok((ns, self.0.cache_index()?))
+    }
+
+    /// `Ok` when `namespace` is one of this node's cache namespaces, else
+    /// the `not_found` answer naming the configuration it needs.
+    pub fn check(&self, namespace: &str) -> Result<(), OpsError> {
+        self.ns(namespace).map(|_| ())
+    }
+
     /// `PUT /cache/{ns}/{key}` by `identity` (scope `write`, checked
     /// here): stores the body and points `key` at it if `precondition`
     /// holds (`If-Match` / `If-None-Match: *`: `ref_conflict`, 412,
@@ -174,7 +208,7 @@ impl Ops {
     ///
     /// Cancel-safe: dropped before the key is written, the entry (if
     /// stored) is garbage for the next sweep and the key unchanged.
-    pub async fn cache_put_as<R>(
+    pub async fn put<R>(
         &self,
         identity: &Identity,
         namespace: &str,
@@ -186,9 +220,9 @@ impl Ops {
     where
         R: AsyncRead + Unpin + Send,
     {
-        self.authorize(identity, Scope::Write, Some(namespace))?;
-        let (ns, cache) = self.cache_ns(namespace)?;
-        let key = Self::cache_key(key)?;
+        self.0.authorize(identity, Scope::Write, Some(namespace))?;
+        let (ns, cache) = self.ns(namespace)?;
+        let key = cache_key(key)?;
         if precondition == RefExpect::Absent {
             if let Some(current) = cache.lookup(&ns, &key).await? {
                 return Err(Error::RefConflict {
@@ -199,19 +233,20 @@ impl Ops {
             }
         }
         let expect = cas_digest(&key)?;
-        let body = self.limited(body, len)?;
+        let body = self.0.limited(body, len)?;
         let receipt = self
+            .0
             .store()
             .put_opts(&ns, body, store_core::PutOptions { len, expect })
             .await?;
-        self.metrics().put(receipt.size, receipt.deduplicated);
-        let previous = self
+        self.0.metrics().put(receipt.size, receipt.deduplicated);
+        let previous = (self.0)
             .record_cache_key(
                 &ns,
                 &key,
                 &receipt,
                 precondition,
-                self.author(identity, &ns),
+                self.0.author(identity, &ns),
             )
             .await?;
         Ok(CachePutOutcome {
@@ -224,18 +259,19 @@ impl Ops {
 
     /// The digest `key` names in the cache namespace, counting a hit or a
     /// miss. A `cas/<digest>` key also finds an entry put without the key.
-    async fn cache_resolve(
+    async fn resolve(
         &self,
         namespace: &str,
         key: &str,
     ) -> Result<(Namespace, Cache, RefName, Digest), OpsError> {
-        let (ns, cache) = self.cache_ns(namespace)?;
-        let key = Self::cache_key(key)?;
+        let (ns, cache) = self.ns(namespace)?;
+        let key = cache_key(key)?;
         let found = match cache.lookup(&ns, &key).await? {
             Some(d) => Some(d),
             None => match cas_digest(&key)? {
                 Some(d)
                     if self
+                        .0
                         .store()
                         .stat(&store_core::Key::new(ns.clone(), d))
                         .await?
@@ -247,51 +283,32 @@ impl Ops {
                 _ => None,
             },
         };
-        self.metrics().cache_lookup(ns.as_str(), found.is_some());
+        self.0.metrics().cache_lookup(ns.as_str(), found.is_some());
         match found {
             Some(d) => Ok((ns, cache, key, d)),
-            None => Err(OpsError::new(
-                ErrorCode::NotFound,
-                format!("no cache entry {key} in {ns}"),
-            )),
+            None => Err(no_entry(&key, &ns)),
         }
     }
 
     /// `GET /cache/{ns}/{key}`: the entry `key` names, streamed (`Range`
     /// as for blobs). `not_found` when the key or its entry is gone (a
     /// key whose entry a sweep deleted is removed). Cancel-safe (a read).
-    pub async fn cache_get(
+    pub async fn get(
         &self,
         namespace: &str,
         key: &str,
         range: Option<RangeRequest>,
     ) -> Result<GetResponse, OpsError> {
-        let (ns, cache, key, d) = self.cache_resolve(namespace, key).await?;
-        match self.get(ns.as_str(), &d.to_hex(), range).await {
-            Err(e) if e.code == ErrorCode::Missing => {
-                cache.forget_missing(&ns, &key, d).await?;
-                Err(OpsError::new(
-                    ErrorCode::NotFound,
-                    format!("no cache entry {key} in {ns}"),
-                ))
-            }
-            r => r,
-        }
+        let (ns, cache, key, d) = self.resolve(namespace, key).await?;
+        let r = self.0.get(ns.as_str(), &d.to_hex(), range).await;
+        unless_gone(r, &ns, &cache, &key, d).await
     }
 
     /// `HEAD /cache/{ns}/{key}`: the entry's stat. Cancel-safe (a read).
-    pub async fn cache_stat(&self, namespace: &str, key: &str) -> Result<StatResponse, OpsError> {
-        let (ns, cache, key, d) = self.cache_resolve(namespace, key).await?;
-        match self.stat(ns.as_str(), &d.to_hex()).await {
-            Err(e) if e.code == ErrorCode::Missing => {
-                cache.forget_missing(&ns, &key, d).await?;
-                Err(OpsError::new(
-                    ErrorCode::NotFound,
-                    format!("no cache entry {key} in {ns}"),
-                ))
-            }
-            r => r,
-        }
+    pub async fn stat(&self, namespace: &str, key: &str) -> Result<StatResponse, OpsError> {
+        let (ns, cache, key, d) = self.resolve(namespace, key).await?;
+        let r = self.0.stat(ns.as_str(), &d.to_hex()).await;
+        unless_gone(r, &ns, &cache, &key, d).await
     }
 
     /// `DELETE /cache/{ns}/{key}`: removes the key; the digest it named
@@ -299,13 +316,9 @@ impl Ops {
     /// sweep unless another key, a reference or a pin protects it. Scopes
     /// are the caller's business ([`Scope::Delete`]). Cancel-safe: one
     /// atomic removal of the key as it was read.
-    pub async fn cache_delete(
-        &self,
-        namespace: &str,
-        key: &str,
-    ) -> Result<Option<Digest>, OpsError> {
-        let (ns, cache) = self.cache_ns(namespace)?;
-        let key = Self::cache_key(key)?;
+    pub async fn delete(&self, namespace: &str, key: &str) -> Result<Option<Digest>, OpsError> {
+        let (ns, cache) = self.ns(namespace)?;
+        let key = cache_key(key)?;
         // A malformed `cas/` key is `key_invalid` here as on every method.
         cas_digest(&key)?;
         // Removed only while it names what was read, so the digest
@@ -320,28 +333,28 @@ impl Ops {
             }
         }
     }
-}
 
-impl Ops {
     /// Reads what each cache namespace's keys hold into the
     /// `blobpool_cache_keys`/`blobpool_cache_bytes` gauges (called before
     /// `/metrics` renders; one aggregate read of the cache-key table).
     /// Cancel-safe (a read).
-    pub async fn refresh_cache_usage(&self) -> Result<(), OpsError> {
-        if self.config().cache_namespaces.is_empty() {
+    pub async fn refresh_usage(&self) -> Result<(), OpsError> {
+        if self.0.config().cache_namespaces.is_empty() {
             return Ok(());
         }
-        let Some(cache) = self.store().cache() else {
+        let Some(cache) = self.0.store().cache() else {
             return Ok(());
         };
         let usage = cache.usage().await?;
-        for ns in &self.config().cache_namespaces {
+        for ns in &self.0.config().cache_namespaces {
             let u = usage
                 .iter()
                 .find(|(n, _)| n == ns)
                 .map(|(_, u)| *u)
                 .unwrap_or_default();
-            self.metrics().set_cache_usage(ns.as_str(), u.keys, u.bytes);
+            self.0
+                .metrics()
+                .set_cache_usage(ns.as_str(), u.keys, u.bytes);
         }
         Ok(())
     }
