@@ -60,7 +60,7 @@ pub(super) async fn set_ref(
     let bytes = or_fail!(&ops, read_limited(body, SET_BODY_LIMIT, 1).await);
     let req: SetRefRequest = or_fail!(&ops, json_body(&bytes, "ref body"));
     let had_token = req.token.is_some();
-    let r = ops.set_ref_as(&who, &ns, &name, req, expect).await;
+    let r = ops.refs().set(&who, &ns, &name, req, expect).await;
     // Every set is audited, with or without a token; a first reference
     // that switched the namespace to `refs` says so (ADR-045).
     audit(
@@ -110,7 +110,7 @@ pub(super) async fn get_ref(
     Caller(identity): Caller,
     PathOf((ns, name)): PathOf<(String, String)>,
 ) -> Response {
-    match ops.get_ref_as(&identity, &ns, &name).await {
+    match ops.refs().get(&identity, &ns, &name).await {
         Ok(r) => {
             let d = r.digest.clone();
             with_etag(Json(r).into_response(), &d)
@@ -127,7 +127,7 @@ pub(super) async fn delete_ref(
     headers: HeaderMap,
 ) -> Response {
     let r = match precondition(&headers) {
-        Ok(expect) => ops.delete_ref_as(&identity, &ns, &name, expect).await,
+        Ok(expect) => ops.refs().delete(&identity, &ns, &name, expect).await,
         Err(e) => Err(e),
     };
     audit(
@@ -167,7 +167,8 @@ pub(super) async fn list_refs(
         Err(e) => return fail(&ops, OpsError::bad_request(format!("invalid query: {e}"))),
     };
     match ops
-        .list_refs_as(
+        .refs()
+        .list(
             &identity,
             &ns,
             &q.prefix,

@@ -90,8 +90,19 @@ pub fn expect_from_headers(
 }
 
 impl Ops {
+    /// The reference handlers.
+    pub fn refs(&self) -> RefOps<'_> {
+        RefOps(self)
+    }
+}
+
+/// The reference handlers of an [`Ops`] ([`Ops::refs`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RefOps<'a>(&'a Ops);
+
+impl RefOps<'_> {
     fn refs(&self) -> Result<Refs, OpsError> {
-        self.store().refs().ok_or_else(|| {
+        self.0.store().refs().ok_or_else(|| {
             OpsError::new(
                 ErrorCode::NotFound,
                 "this server's kv engine holds no references",
@@ -118,7 +129,7 @@ impl Ops {
     /// Cancel-safe: [`Refs::set_with`] runs to its outcome whether or not
     /// this future is dropped; the token is released only after the commit
     /// (dropped in between, it stays and its owner releases it as usual).
-    pub async fn set_ref_as(
+    pub async fn set(
         &self,
         identity: &Identity,
         ns: &str,
@@ -126,13 +137,13 @@ impl Ops {
         req: SetRefRequest,
         expect: RefExpect,
     ) -> Result<SetRefResponse, OpsError> {
-        self.authorize(identity, Scope::Write, Some(ns))?;
+        self.0.authorize(identity, Scope::Write, Some(ns))?;
         let n = Namespace::new(ns)?;
         let nm = RefName::new(ref_name)?;
         let d = digest(&req.digest)?;
         let refs = self.refs()?;
         if let Some(token) = &req.token {
-            let (key, _) = self.check_owner(identity, token)?;
+            let (key, _) = self.0.check_owner(identity, token)?;
             if key.namespace != n || key.digest != d {
                 return Err(OpsError::bad_request(
                     "the token pins another entry than the one the reference names",
@@ -140,7 +151,7 @@ impl Ops {
             }
         }
         let adopt_policy = identity.allows(Scope::Delete, Some(ns));
-        let author = self.author(identity, &n);
+        let author = self.0.author(identity, &n);
         let opts = SetRefOptions {
             adopt_policy,
             owner: author.name.map(str::to_string),
@@ -148,7 +159,7 @@ impl Ops {
         };
         let out = refs.set_with(&n, &nm, d, expect, opts).await?;
         let token_released = match &req.token {
-            Some(t) => self.release_token_as(identity, t).is_ok(),
+            Some(t) => self.0.release_token_as(identity, t).is_ok(),
             None => false,
         };
         Ok(SetRefResponse {
@@ -164,13 +175,13 @@ impl Ops {
     }
 
     /// The reference (scope `read`). `missing` when absent.
-    pub async fn get_ref_as(
+    pub async fn get(
         &self,
         identity: &Identity,
         ns: &str,
         ref_name: &str,
     ) -> Result<RefResponse, OpsError> {
-        self.authorize(identity, Scope::Read, Some(ns))?;
+        self.0.authorize(identity, Scope::Read, Some(ns))?;
         let n = Namespace::new(ns)?;
         let nm = RefName::new(ref_name)?;
         let d = self
@@ -190,17 +201,17 @@ impl Ops {
     /// a conflict when it exists). With only `write`, an identity deletes
     /// only references it set; another identity's needs `delete` on the
     /// namespace (`forbidden`, ADR-052).
-    pub async fn delete_ref_as(
+    pub async fn delete(
         &self,
         identity: &Identity,
         ns: &str,
         ref_name: &str,
         expect: RefExpect,
     ) -> Result<String, OpsError> {
-        self.authorize(identity, Scope::Write, Some(ns))?;
+        self.0.authorize(identity, Scope::Write, Some(ns))?;
         let n = Namespace::new(ns)?;
         let nm = RefName::new(ref_name)?;
-        let author = self.author(identity, &n);
+        let author = self.0.author(identity, &n);
         match self.refs()?.delete_by(&n, &nm, expect, author).await? {
             Some(d) => Ok(d.to_hex()),
             None => Err(OpsError::new(ErrorCode::Missing, "no such reference")),
@@ -209,7 +220,7 @@ impl Ops {
 
     /// A page of references (scope `read`): names starting with `prefix`,
     /// after `after`, at most `limit` (≤ [`MAX_REF_PAGE`]).
-    pub async fn list_refs_as(
+    pub async fn list(
         &self,
         identity: &Identity,
         ns: &str,
@@ -217,7 +228,7 @@ impl Ops {
         after: Option<&str>,
         limit: usize,
     ) -> Result<RefPage, OpsError> {
-        self.authorize(identity, Scope::Read, Some(ns))?;
+        self.0.authorize(identity, Scope::Read, Some(ns))?;
         let n = Namespace::new(ns)?;
         if limit == 0 || limit > MAX_REF_PAGE {
             return Err(OpsError::bad_request(format!(
