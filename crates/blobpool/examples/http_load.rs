@@ -351,7 +351,7 @@ impl Ctx {
         drop(held.receipts);
         let open = store_ops::auth::Identity::open();
         for t in &held.tokens {
-            self.ops.release_token_as(&open, t)?;
+            self.ops.release_token(&open, t)?;
         }
         for k in &held.large {
             self.store.delete(k).await?;

@@ -303,7 +303,7 @@ async fn a_body_longer_than_content_length_is_cut_at_the_declared_length() {
     for (len, body) in [(5u64, vec![1u8; 6]), (2000, vec![2u8; 5000])] {
         let e = s
             .ops
-            .put_as(&open, "strict", &body[..], Some(len), None)
+            .put(&open, "strict", &body[..], Some(len), None)
             .await
             .unwrap_err();
         assert_eq!(e.code, store_ops::ErrorCode::LengthMismatch);

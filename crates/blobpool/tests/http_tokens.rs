@@ -267,7 +267,7 @@ async fn failed_and_cancelled_puts_free_their_token_slot() {
         .unwrap();
     let ops = s.ops.clone();
     let open = store_ops::auth::Identity::open();
-    let slow = tokio::spawn(async move { ops.put_as(&open, "slow", reader, None, None).await });
+    let slow = tokio::spawn(async move { ops.put(&open, "slow", reader, None, None).await });
     assert!(eventually(10, || async { s.ops.tokens().reserved() == 1 }).await);
     // ...so one more put fills the cap of 2, and the next is refused.
     let (_held, _) = s.put_ok("docs", &b"one"[..]).await;
@@ -299,7 +299,7 @@ async fn non_fleet_tokens_have_no_idle_lifetime_by_default() {
     assert_eq!(ops.config().token_ttl, None);
     let open = store_ops::auth::Identity::open();
     let out = ops
-        .put_as(&open, "docs", &b"kept"[..], None, None)
+        .put(&open, "docs", &b"kept"[..], None, None)
         .await
         .unwrap();
     // Nothing ever reaps it.

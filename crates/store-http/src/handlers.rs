@@ -65,7 +65,7 @@ pub(super) async fn put_blob(
         ))
     );
     let (reader, body_failed) = body_reader(body);
-    match ops.put_as(&who, &ns, reader, len, expect).await {
+    match ops.put(&who, &ns, reader, len, expect).await {
         Ok(out) => put_answer(&ns, &out),
         Err(mut e) => {
             if body_failed.load(Ordering::SeqCst) && e.code.redacts_message() {
@@ -186,7 +186,7 @@ pub(super) async fn have(
         Scope::Read
     };
     or_fail!(&ops, ops.authorize(&identity, scope, Some(&req.namespace)));
-    match ops.have_as(&identity, req).await {
+    match ops.have(&identity, req).await {
         Ok(r) => Json(r).into_response(),
         Err(e) => fail(&ops, e),
     }
@@ -198,7 +198,7 @@ pub(super) async fn release_token(
     Caller(identity): Caller,
     PathOf(token): PathOf<String>,
 ) -> Response {
-    let r = ops.release_token_as(&identity, &token);
+    let r = ops.release_token(&identity, &token);
     // The audit line names the pinned key, never the token (a bearer
     // secret of its owner).
     let target = match &r {

@@ -231,7 +231,7 @@ pub const HEADER_DEDUPLICATED: &str = "x-blobpool-deduplicated";
 ///
 /// Not cancel-safe in the graceful sense: dropping the future closes the
 /// listener and every connection at once (in-flight puts are cancelled,
-/// which publishes nothing or leaves an unpinned entry, see [`Ops::put_as`])
+/// which publishes nothing or leaves an unpinned entry, see [`Ops::put`])
 /// and leaves the reaper running until `ops` is dropped. Resolve
 /// `shutdown` instead to drain.
 pub async fn serve<F>(listener: tokio::net::TcpListener, ops: Ops, shutdown: F) -> io::Result<()>

@@ -159,7 +159,7 @@ impl RefOps<'_> {
         };
         let out = refs.set_with(&n, &nm, d, expect, opts).await?;
         let token_released = match &req.token {
-            Some(t) => self.0.release_token_as(identity, t).is_ok(),
+            Some(t) => self.0.release_token(identity, t).is_ok(),
             None => false,
         };
         Ok(SetRefResponse {

@@ -133,7 +133,7 @@ impl Ops {
     /// release it) and counts against its cap
     /// ([`OpsConfig::max_tokens_per_owner`](crate::OpsConfig::max_tokens_per_owner)). Scopes are the caller's
     /// business ([`Ops::authorize`] with [`Scope::Write`](crate::auth::Scope::Write)).
-    pub async fn put_as<R>(
+    pub async fn put<R>(
         &self,
         identity: &Identity,
         namespace: &str,
@@ -211,7 +211,7 @@ impl Ops {
     /// another identity than `identity` (nothing is renewed). Scopes are
     /// the caller's business ([`Scope::Read`](crate::auth::Scope::Read) for an existence probe,
     /// [`Scope::Write`](crate::auth::Scope::Write) for a renewal).
-    pub async fn have_as(
+    pub async fn have(
         &self,
         identity: &Identity,
         req: HaveRequest,

@@ -42,7 +42,7 @@ pub struct OpsConfig {
     pub max_tokens: usize,
     /// Optional cap on the live tokens plus puts in flight of one token
     /// owner (the same refusal). Tokens belong to the identity
-    /// that put ([`Ops::put_as`](crate::Ops::put_as)). Default
+    /// that put ([`Ops::put`](crate::Ops::put)). Default
     /// `None`; zero is refused.
     pub max_tokens_per_owner: Option<usize>,
     /// The store's fleet pin-row lifetime. [`Ops::new`](crate::Ops::new)

@@ -42,7 +42,7 @@ impl Ops {
     /// [`Scope::Write`] on the token's namespace (a key whose write scope
     /// was withdrawn cannot act on what it minted). Returns the key the
     /// token pinned (for the audit line).
-    pub fn release_token_as(&self, identity: &Identity, token: &str) -> Result<Key, OpsError> {
+    pub fn release_token(&self, identity: &Identity, token: &str) -> Result<Key, OpsError> {
         let (key, _) = self.check_owner(identity, token)?;
         if !identity.allows(Scope::Admin, None) {
             self.authorize(identity, Scope::Write, Some(key.namespace.as_str()))?;

@@ -110,7 +110,7 @@ impl UploadOps<'_> {
     /// mismatch fails with `verification` and publishes nothing; the
     /// session stays (abort it, or let it expire).
     ///
-    /// Cancel-safe as [`Ops::put_as`]: a dropped call leaves the session as
+    /// Cancel-safe as [`Ops::put`]: a dropped call leaves the session as
     /// it was (and at worst an unpinned entry, which a retried finish
     /// deduplicates onto).
     pub async fn finish<R: AsyncRead + Unpin + Send>(
