@@ -562,7 +562,10 @@ fn the_workspace_documents_name_code_that_exists() {
     assert!(checked > 300, "only {checked} code names found");
     assert_eq!(bad, Vec::<String>::new());
     let (rows, moved) = names::tuning_rows(&crate::workspace_root());
-    assert!(rows > 50, "only {rows} constants found in TUNING.md's tables");
+    assert!(
+        rows > 50,
+        "only {rows} constants found in TUNING.md's tables"
+    );
     assert_eq!(moved, Vec::<String>::new());
 }
 
