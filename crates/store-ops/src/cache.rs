@@ -240,14 +240,9 @@ impl CacheOps<'_> {
             .put_opts(&ns, body, store_core::PutOptions { len, expect })
             .await?;
         self.0.metrics().put(receipt.size, receipt.deduplicated);
+        let author = self.0.author(identity, &ns);
         let previous = (self.0)
-            .record_cache_key(
-                &ns,
-                &key,
-                &receipt,
-                precondition,
-                self.0.author(identity, &ns),
-            )
+            .record_cache_key(&ns, &key, &receipt, precondition, author)
             .await?;
         Ok(CachePutOutcome {
             digest: receipt.digest,
@@ -339,22 +334,18 @@ impl CacheOps<'_> {
     /// `/metrics` renders; one aggregate read of the cache-key table).
     /// Cancel-safe (a read).
     pub async fn refresh_usage(&self) -> Result<(), OpsError> {
-        if self.0.config().cache_namespaces.is_empty() {
+        let ops = self.0;
+        if ops.config().cache_namespaces.is_empty() {
             return Ok(());
         }
-        let Some(cache) = self.0.store().cache() else {
+        let Some(cache) = ops.store().cache() else {
             return Ok(());
         };
         let usage = cache.usage().await?;
-        for ns in &self.0.config().cache_namespaces {
-            let u = usage
-                .iter()
-                .find(|(n, _)| n == ns)
-                .map(|(_, u)| *u)
-                .unwrap_or_default();
-            self.0
-                .metrics()
-                .set_cache_usage(ns.as_str(), u.keys, u.bytes);
+        for ns in &ops.config().cache_namespaces {
+            let u = usage.iter().find(|(n, _)| n == ns).map(|(_, u)| *u);
+            let u = u.unwrap_or_default();
+            ops.metrics().set_cache_usage(ns.as_str(), u.keys, u.bytes);
         }
         Ok(())
     }

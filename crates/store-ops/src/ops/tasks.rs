@@ -10,9 +10,10 @@ use super::{Inner, Ops};
 use crate::error::OpsError;
 
 /// Spawns `f` every `every` (delayed ticks) until `weak` is gone.
-fn every_tick<F, Fut, T>(every: Duration, weak: Weak<Inner>, f: F) -> tokio::task::JoinHandle<()>
+fn every_tick<S, F, Fut, T>(every: Duration, weak: Weak<S>, f: F) -> tokio::task::JoinHandle<()>
 where
-    F: Fn(Arc<Inner>) -> Fut + Send + 'static,
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = T> + Send,
 {
     tokio::spawn(async move {
@@ -20,8 +21,8 @@ where
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let Some(inner) = weak.upgrade() else { return };
-            f(inner).await;
+            let Some(held) = weak.upgrade() else { return };
+            f(held).await;
         }
     })
 }
@@ -42,19 +43,16 @@ impl Ops {
     /// found them older than [`crate::INVENTORY_REFRESH`] (a scrape never
     /// waits for it: it renders the last snapshot, none before the first).
     pub fn spawn_tasks(&self) -> Vec<tokio::task::JoinHandle<()>> {
-        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let token_reap = self.inner.tokens.ttl().map(|ttl| {
             let every = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
-            every_tick(every, weak.clone(), |i| async move { i.tokens.reap() })
+            let weak = Arc::downgrade(&self.inner);
+            every_tick(every, weak, |i: Arc<Inner>| async move { i.tokens.reap() })
         });
+        // The session table lives as long as `inner`, its only holder.
         let upload_reap = self.inner.uploads.as_ref().map(|u| {
-            let f = |i: Arc<Inner>| async move {
-                if let Some(uploads) = i.uploads.clone() {
-                    drop(i);
-                    uploads.reap().await;
-                }
-            };
-            every_tick(u.reap_every(), weak, f)
+            every_tick(u.reap_every(), Arc::downgrade(u), |u| async move {
+                u.reap().await
+            })
         });
         let ops = self.clone();
         let inventory = tokio::spawn(async move {

@@ -90,16 +90,8 @@ impl UploadOps<'_> {
         body: R,
     ) -> Result<UploadStatus, OpsError> {
         let (uploads, session) = self.session(identity, namespace, id)?;
-        let guard = uploads.claim(&session)?;
-        uploads
-            .append(
-                &session,
-                &guard,
-                start,
-                body,
-                self.0.inner.cfg.max_blob_size,
-            )
-            .await?;
+        let (guard, max) = (uploads.claim(&session)?, self.0.inner.cfg.max_blob_size);
+        uploads.append(&session, &guard, start, body, max).await?;
         Ok(session.status())
     }
 
@@ -124,16 +116,8 @@ impl UploadOps<'_> {
     ) -> Result<PutOutcome, OpsError> {
         let expect = Digest::parse(digest.trim())?;
         let (uploads, session) = self.session(identity, namespace, id)?;
-        let guard = uploads.claim(&session)?;
-        uploads
-            .append(
-                &session,
-                &guard,
-                start,
-                body,
-                self.0.inner.cfg.max_blob_size,
-            )
-            .await?;
+        let (guard, max) = (uploads.claim(&session)?, self.0.inner.cfg.max_blob_size);
+        uploads.append(&session, &guard, start, body, max).await?;
         // A wrong digest is answered from the session's hasher, without
         // reading the spool again (issue 30).
         let actual = uploads.digest(&session, &guard).await?;
