@@ -2,8 +2,9 @@
 //! `blobpool_build_info{git}` on `/metrics` and `blobpool --version`
 //! (`BUILD_VERSION`: `0.1.0 (commit 0123456789ab)`). Built without git or
 //! outside a checkout (a source tarball; the container build, whose context
-//! leaves `.git` out) it records nothing and never fails: `BUILD_GIT_COMMIT`
-//! is then empty and `BUILD_VERSION` the crate's version alone.
+//! leaves `.git` out) it records `BLOBPOOL_BUILD_COMMIT` if that is set (hex
+//! digits), else nothing, and never fails: `BUILD_GIT_COMMIT` is then empty
+//! and `BUILD_VERSION` the crate's version alone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,10 +38,16 @@ fn watch(dir: &Path, git_path: &str) {
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
-    let commit = git(&dir, &["rev-parse", "--short=12", "HEAD"])
+    // Outside a checkout (the Dockerfile's context has no .git), the
+    // builder may say which commit it is: BLOBPOOL_BUILD_COMMIT.
+    println!("cargo:rerun-if-env-changed=BLOBPOOL_BUILD_COMMIT");
+    let from_git = git(&dir, &["rev-parse", "--short=12", "HEAD"]);
+    let commit = from_git
+        .clone()
+        .or_else(|| std::env::var("BLOBPOOL_BUILD_COMMIT").ok())
         .filter(|c| c.bytes().all(|b| b.is_ascii_hexdigit()))
         .unwrap_or_default();
-    if !commit.is_empty() {
+    if from_git.is_some() {
         // A new commit or checkout moves HEAD or the branch it names.
         watch(&dir, "HEAD");
         if let Some(branch) = git(&dir, &["symbolic-ref", "-q", "HEAD"]) {
