@@ -1878,10 +1878,14 @@ mod tests {
                 "{origin}: {e}"
             );
         }
-        let c = Config::from_toml(
-            "kv = \"mem://\"\n[http]\ncors_origins = [\"https://ui.example.com\", \
+        // The uploads directory in a temporary one: the default would be
+        // ./blobpool-data/uploads in the crate's source directory.
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::from_toml(&format!(
+            "kv = \"mem://\"\nuploads_dir = {:?}\n[http]\ncors_origins = [\"https://ui.example.com\", \
              \"http://localhost:3000\", \"http://[::1]:8080\", \"https://xn--bcher-kva.example\"]\n",
-        )
+            dir.path().join("uploads")
+        ))
         .unwrap();
         let http = c.sections.http_config("127.0.0.1:7070", false).unwrap();
         assert_eq!(http.cors_origins.len(), 4);
