@@ -24,7 +24,11 @@
 //! - [`auth_header`]: `Authorization: Bearer`/`Basic` parsing: passwords
 //!   round-trip, malformed headers are rejected, never misread;
 //! - [`config_env`]: the `BLOBPOOL_*` environment form of the
-//!   configuration: no panic, typed one-line errors naming the variable.
+//!   configuration: no panic, typed one-line errors naming the variable;
+//! - [`gc`]: puts, pins, references, cache keys, deletes, sweeps and clock
+//!   moves through `store_core::Store` over fault- and retry-layered
+//!   `store-mem` engines: no protected entry is ever lost, and a sweep
+//!   deletes and stages exactly what the delete window's rules predict.
 //!
 //! Run them with `cargo xtask fuzz` (docs in `xtask/src/fuzz.rs`).
 
@@ -32,6 +36,7 @@ pub mod auth_header;
 pub mod cache_keys;
 pub mod config;
 pub mod config_env;
+pub mod gc;
 pub mod names;
 pub mod payloads;
 pub mod put;

@@ -222,6 +222,7 @@ mod tests {
                 "cache_keys",
                 "config",
                 "config_env",
+                "gc",
                 "names",
                 "payloads",
                 "put",
