@@ -116,15 +116,24 @@ impl Gate {
         })
     }
 
-    /// Who makes `req`, if its `Host` is allowed: `host_not_allowed` or
-    /// `unauthorized` otherwise.
+    /// Who makes `req`: `unauthorized` without valid credentials where
+    /// they are needed, `host_not_allowed` for a request without
+    /// credentials (anonymous, or any on an open server) whose `Host` is
+    /// not allowed. A request that proves an identity (key or client
+    /// certificate) is answered under any `Host`: a DNS-rebinding page
+    /// cannot send the credentials of the server's origin (ADR-067).
     fn admit(&self, req: &Request, peer: Option<&PeerInfo>) -> Result<Identity, OpsError> {
-        self.check_host(req)?;
         let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
         let cert = peer.and_then(|p| p.client_cert.as_ref());
-        self.auth
+        let id = self
+            .auth
             .authenticate(authorization, cert)
-            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()))
+            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()));
+        match (self.check_host(req), id) {
+            (Err(refused), Err(_)) => Err(refused),
+            (Err(refused), Ok(id)) if id.is_anonymous() => Err(refused),
+            (_, id) => id,
+        }
     }
 
     /// The `Host` check (DNS rebinding): the URI's authority, else the
@@ -142,7 +151,12 @@ impl Gate {
         if !ok {
             return Err(OpsError::new(
                 ErrorCode::HostNotAllowed,
-                "this server does not answer for that Host (allowed_hosts)",
+                format!(
+                    "this server answers requests without credentials only for the hosts in \
+                     http.allowed_hosts, and {:?} is not one of them: send your API key, or \
+                     have the operator add the name (BLOBPOOL_HTTP_ALLOWED_HOSTS)",
+                    host.unwrap_or("")
+                ),
             ));
         }
         Ok(())
