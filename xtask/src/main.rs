@@ -4,10 +4,12 @@
 //!   (rustdoc with `-D warnings`, private items included: the flows in
 //!   module docs name items that must exist), every test of the workspace
 //!   (PostgreSQL tests included: they fail, never skip, without a server at
-//!   `DATABASE_URL`), the quickstart example, `package` on the dev-profile
-//!   binary, then `fuzz --smoke`.
+//!   `DATABASE_URL`), the quickstart example, the Python client's tests
+//!   (`pyclient`), `package` on the dev-profile binary, then `fuzz --smoke`.
 //! - `package [--release]`: the Debian package and the container image,
 //!   built and run; see `package.rs`.
+//! - `pyclient`: the Python client's tests against the dev-profile
+//!   `blobpool serve`; see `pyclient.rs`.
 //! - `tidy` (alias `arch`): the architecture invariants (who may depend on
 //!   whom, the facade names no engine, no ignored tests, shared lints,
 //!   ADR citations, the paths and code names the documents use); see
@@ -32,9 +34,10 @@ use std::process::{Command, ExitCode};
 mod bench;
 mod fuzz;
 mod package;
+mod pyclient;
 mod tidy;
 
-const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | package [--release] | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT]";
+const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | package [--release] | pyclient | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT]";
 
 /// `bench/cache/run.sh` with the given arguments (`--quick`).
 fn bench_cache(args: &[String]) -> Result<(), String> {
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("soak") => soak(&args[1..]),
         Some("package") => package::run(&args[1..]),
+        Some("pyclient") => pyclient::run(),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -139,6 +143,8 @@ fn ci() -> Result<(), String> {
     cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"])?;
     // The README's library example is an `examples/` program: run it.
     cargo(&["run", "-p", "blobpool", "--example", "quickstart"])?;
+    // The Python client against the binary the tests built (ADR-068).
+    pyclient::run()?;
     // The .deb and the image from the binary the tests built (ADR-065).
     package::run(&[])?;
     fuzz::run(&["--smoke".to_string()])?;
