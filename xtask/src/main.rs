@@ -10,6 +10,8 @@
 //!   built and run; see `package.rs`.
 //! - `pyclient`: the Python client's tests against the dev-profile
 //!   `blobpool serve`; see `pyclient.rs`.
+//! - `openapi`: docs/openapi.json validated, and Schemathesis against a
+//!   live server; see `openapi.rs`.
 //! - `tidy` (alias `arch`): the architecture invariants (who may depend on
 //!   whom, the facade names no engine, no ignored tests, shared lints,
 //!   ADR citations, the paths and code names the documents use); see
@@ -33,11 +35,12 @@ use std::process::{Command, ExitCode};
 
 mod bench;
 mod fuzz;
+mod openapi;
 mod package;
 mod pyclient;
 mod tidy;
 
-const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | package [--release] | pyclient | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT]";
+const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | package [--release] | openapi | pyclient | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT]";
 
 /// `bench/cache/run.sh` with the given arguments (`--quick`).
 fn bench_cache(args: &[String]) -> Result<(), String> {
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("soak") => soak(&args[1..]),
         Some("package") => package::run(&args[1..]),
+        Some("openapi") => openapi::run(),
         Some("pyclient") => pyclient::run(),
         _ => {
             eprintln!("{USAGE}");
@@ -147,6 +151,8 @@ fn ci() -> Result<(), String> {
     pyclient::run()?;
     // The .deb and the image from the binary the tests built (ADR-065).
     package::run(&[])?;
+    // The API description, validated and fuzzed against a live server (ADR-066).
+    openapi::run()?;
     fuzz::run(&["--smoke".to_string()])?;
     Ok(())
 }

@@ -40,6 +40,7 @@ mod cache;
 mod extract;
 mod gate;
 mod handlers;
+mod openapi;
 mod refs;
 mod respond;
 mod router;

@@ -1,8 +1,9 @@
 //! The route table: every route's method, path template, scope and
 //! handler, once. The router mounts it ([`mount`]), the gate labels its
 //! metrics and access lines by the template that matched ([`label`]), and
-//! a test holds docs/SERVER.md's route list to it. Adding a route is a row
-//! here, its handler and its line in SERVER.md.
+//! a test holds docs/SERVER.md's route list to it, and the OpenAPI
+//! description is generated from it ([`crate::openapi`], ADR-066). Adding a
+//! route is a row here, its handler and its line in SERVER.md.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -14,68 +15,131 @@ use axum::Router;
 use store_ops::auth::Scope::{self, Admin, Delete, Read, Write};
 use store_ops::Ops;
 
-use crate::{admin, cache, handlers, refs, uploads};
+use crate::{admin, cache, handlers, openapi, refs, uploads};
+use Content::{Blob, Bytes, Json, Nothing, Text, Xml};
 
 /// One route: `method` on the axum path template `path` (`{*name}` takes
 /// the rest of the path), needing `scope` (`None`: no scope), served by
-/// `handler`.
+/// `handler`, described by `doc`.
 pub(crate) struct Route {
     pub(crate) method: &'static str,
     pub(crate) path: &'static str,
     pub(crate) scope: Option<Scope>,
+    pub(crate) doc: Doc,
     pub(crate) handler: Mount,
+}
+
+/// What the OpenAPI description says of a route: a summary, its query
+/// parameters (name, JSON Schema type, required), its request body and
+/// its success answers (errors are the JSON error body of every route).
+pub(crate) struct Doc {
+    pub(crate) summary: &'static str,
+    pub(crate) query: &'static [(&'static str, &'static str, bool)],
+    pub(crate) body: Content,
+    pub(crate) ok: &'static [(u16, Content)],
+}
+
+/// A request or answer body: none, JSON of a named schema
+/// (`components.schemas`), bytes (`application/octet-stream`; a blob also
+/// as `application/x-bao`), Prometheus text or WebDAV XML.
+#[derive(Clone, Copy)]
+pub(crate) enum Content {
+    Nothing,
+    Json(&'static str),
+    Bytes,
+    Blob,
+    Text,
+    Xml,
+}
+
+const fn d(summary: &'static str, body: Content, ok: &'static [(u16, Content)]) -> Doc {
+    Doc {
+        summary,
+        query: &[],
+        body,
+        ok,
+    }
+}
+
+/// [`d`] with query parameters.
+const fn q(
+    summary: &'static str,
+    query: &'static [(&'static str, &'static str, bool)],
+    body: Content,
+    ok: &'static [(u16, Content)],
+) -> Doc {
+    Doc {
+        summary,
+        query,
+        body,
+        ok,
+    }
 }
 
 /// Adds a handler to a path's method router for a method (`None`: every
 /// method, for a path with WebDAV methods, which axum cannot filter).
 pub(crate) type Mount = fn(MethodRouter<Ops>, Option<MethodFilter>) -> MethodRouter<Ops>;
 
-const fn r(method: &'static str, path: &'static str, scope: Scope, handler: Mount) -> Route {
+const fn r(
+    method: &'static str,
+    path: &'static str,
+    scope: Scope,
+    doc: Doc,
+    handler: Mount,
+) -> Route {
     Route {
         method,
         path,
         scope: Some(scope),
+        doc,
         handler,
     }
 }
+
+const PUT: &[(u16, Content)] = &[(201, Json("PutAnswer")), (200, Json("PutAnswer"))];
+const GOT: &[(u16, Content)] = &[(200, Blob), (206, Bytes)];
+const DONE: &[(u16, Content)] = &[(204, Nothing)];
+const PAGE: &[(&str, &str, bool)] = &[("after", "string", false), ("limit", "integer", false)];
+const NO_BODY: Content = Json("NoFields");
 
 /// Every route (the rows of a path mount in this order: it is the order
 /// of the `Allow` header). The rows of a path with a WebDAV method all
 /// name one handler, which dispatches on the method itself.
 #[rustfmt::skip]
 pub(crate) static ROUTES: &[Route] = &[
-    r("PUT", "/v1/blobs/{ns}", Write, |m, f| at(m, f, handlers::put_blob)),
-    r("GET", "/v1/blobs/{ns}/{digest}", Read, |m, f| at(m, f, handlers::get_blob)),
-    r("HEAD", "/v1/blobs/{ns}/{digest}", Read, |m, f| at(m, f, handlers::head_blob)),
-    r("DELETE", "/v1/blobs/{ns}/{digest}", Delete, |m, f| at(m, f, handlers::delete_blob)),
-    r("POST", "/v1/uploads/{ns}", Write, |m, f| at(m, f, uploads::open)),
-    r("PATCH", "/v1/uploads/{ns}/{id}", Write, |m, f| at(m, f, uploads::append)),
-    r("HEAD", "/v1/uploads/{ns}/{id}", Write, |m, f| at(m, f, uploads::status)),
-    r("PUT", "/v1/uploads/{ns}/{id}", Write, |m, f| at(m, f, uploads::finish)),
-    r("DELETE", "/v1/uploads/{ns}/{id}", Write, |m, f| at(m, f, uploads::abort)),
-    r("POST", "/v1/have", Read, |m, f| at(m, f, handlers::have)),
-    r("DELETE", "/v1/tokens/{token}", Write, |m, f| at(m, f, handlers::release_token)),
-    r("POST", "/v1/sweep", Admin, |m, f| at(m, f, handlers::sweep)),
-    r("GET", "/v1/refs/{ns}", Read, |m, f| at(m, f, refs::list_refs)),
-    r("PUT", "/v1/refs/{ns}/{*name}", Write, |m, f| at(m, f, refs::set_ref)),
-    r("GET", "/v1/refs/{ns}/{*name}", Read, |m, f| at(m, f, refs::get_ref)),
-    r("DELETE", "/v1/refs/{ns}/{*name}", Write, |m, f| at(m, f, refs::delete_ref)),
-    r("GET", "/v1/namespaces", Admin, |m, f| at(m, f, admin::namespaces)),
-    r("GET", "/v1/namespaces/{ns}/entries", Admin, |m, f| at(m, f, admin::entries)),
-    r("GET", "/v1/stats", Admin, |m, f| at(m, f, admin::stats)),
-    r("POST", "/v1/verify", Admin, |m, f| at(m, f, admin::verify)),
-    r("MKCOL", "/cache/{ns}", Write, |m, f| at(m, f, cache::cache_ns)),
-    r("PROPFIND", "/cache/{ns}", Read, |m, f| at(m, f, cache::cache_ns)),
-    r("MKCOL", "/cache/{ns}/", Write, |m, f| at(m, f, cache::cache_ns)),
-    r("PROPFIND", "/cache/{ns}/", Read, |m, f| at(m, f, cache::cache_ns)),
-    r("PUT", "/cache/{ns}/{*key}", Write, |m, f| at(m, f, cache::cache_key)),
-    r("GET", "/cache/{ns}/{*key}", Read, |m, f| at(m, f, cache::cache_key)),
-    r("HEAD", "/cache/{ns}/{*key}", Read, |m, f| at(m, f, cache::cache_key)),
-    r("DELETE", "/cache/{ns}/{*key}", Delete, |m, f| at(m, f, cache::cache_key)),
-    r("MKCOL", "/cache/{ns}/{*key}", Write, |m, f| at(m, f, cache::cache_key)),
-    r("PROPFIND", "/cache/{ns}/{*key}", Read, |m, f| at(m, f, cache::cache_key)),
-    Route { method: "GET", path: "/health", scope: None, handler: |m, f| at(m, f, handlers::health) },
-    r("GET", "/metrics", Admin, |m, f| at(m, f, handlers::metrics)),
+    r("PUT", "/v1/blobs/{ns}", Write, d("Store a blob (blobs/put)", Bytes, PUT), |m, f| at(m, f, handlers::put_blob)),
+    r("GET", "/v1/blobs/{ns}/{digest}", Read, d("Read a blob, a range of it, or its bao stream", Nothing, GOT), |m, f| at(m, f, handlers::get_blob)),
+    r("HEAD", "/v1/blobs/{ns}/{digest}", Read, d("Stat a blob", Nothing, &[(200, Nothing)]), |m, f| at(m, f, handlers::head_blob)),
+    r("DELETE", "/v1/blobs/{ns}/{digest}", Delete, d("Delete a blob", Nothing, DONE), |m, f| at(m, f, handlers::delete_blob)),
+    r("POST", "/v1/uploads/{ns}", Write, d("Open a resumable upload session", NO_BODY, &[(201, Json("UploadSession"))]), |m, f| at(m, f, uploads::open)),
+    r("PATCH", "/v1/uploads/{ns}/{id}", Write, d("Append a chunk to an upload session", Bytes, DONE), |m, f| at(m, f, uploads::append)),
+    r("HEAD", "/v1/uploads/{ns}/{id}", Write, d("An upload session's committed offset", Nothing, DONE), |m, f| at(m, f, uploads::status)),
+    r("PUT", "/v1/uploads/{ns}/{id}", Write, q("Finish an upload session", &[("digest", "string", true)], Bytes, PUT), |m, f| at(m, f, uploads::finish)),
+    r("DELETE", "/v1/uploads/{ns}/{id}", Write, d("Abort an upload session", Nothing, DONE), |m, f| at(m, f, uploads::abort)),
+    r("POST", "/v1/have", Read, d("Which digests are present (blobs/have); renew a pin token", Json("HaveRequest"), &[(200, Json("HaveAnswer"))]), |m, f| at(m, f, handlers::have)),
+    r("DELETE", "/v1/tokens/{token}", Write, d("Release a pin token", Nothing, DONE), |m, f| at(m, f, handlers::release_token)),
+    r("POST", "/v1/sweep", Admin, d("Run one garbage collection pass", NO_BODY, &[(200, Json("SweepReport"))]), |m, f| at(m, f, handlers::sweep)),
+    r("GET", "/v1/refs/{ns}", Read, q("List references", &[("prefix", "string", false), ("after", "string", false), ("limit", "integer", false)], Nothing, &[(200, Json("RefList"))]), |m, f| at(m, f, refs::list_refs)),
+    r("PUT", "/v1/refs/{ns}/{*name}", Write, d("Set a reference", Json("RefSet"), &[(201, Json("RefSetAnswer")), (200, Json("RefSetAnswer"))]), |m, f| at(m, f, refs::set_ref)),
+    r("GET", "/v1/refs/{ns}/{*name}", Read, d("Read a reference", Nothing, &[(200, Json("Ref"))]), |m, f| at(m, f, refs::get_ref)),
+    r("DELETE", "/v1/refs/{ns}/{*name}", Write, d("Delete a reference", Nothing, DONE), |m, f| at(m, f, refs::delete_ref)),
+    r("GET", "/v1/namespaces", Admin, d("Namespaces holding entries", Nothing, &[(200, Json("Namespaces"))]), |m, f| at(m, f, admin::namespaces)),
+    r("GET", "/v1/namespaces/{ns}/entries", Admin, q("A page of a namespace's entries", PAGE, Nothing, &[(200, Json("Entries"))]), |m, f| at(m, f, admin::entries)),
+    r("GET", "/v1/stats", Admin, q("Entry and byte counts", &[("namespace", "string", false)], Nothing, &[(200, Json("Stats"))]), |m, f| at(m, f, admin::stats)),
+    r("POST", "/v1/verify", Admin, d("Re-read and verify every entry", Json("VerifyRequest"), &[(200, Json("VerifySummary"))]), |m, f| at(m, f, admin::verify)),
+    r("MKCOL", "/cache/{ns}", Write, d("WebDAV: make a collection", Nothing, &[(201, Nothing)]), |m, f| at(m, f, cache::cache_ns)),
+    r("PROPFIND", "/cache/{ns}", Read, d("WebDAV: a collection's properties", Nothing, &[(207, Xml)]), |m, f| at(m, f, cache::cache_ns)),
+    r("MKCOL", "/cache/{ns}/", Write, d("WebDAV: make a collection", Nothing, &[(201, Nothing)]), |m, f| at(m, f, cache::cache_ns)),
+    r("PROPFIND", "/cache/{ns}/", Read, d("WebDAV: a collection's properties", Nothing, &[(207, Xml)]), |m, f| at(m, f, cache::cache_ns)),
+    r("PUT", "/cache/{ns}/{*key}", Write, d("Store a build-cache entry under a key", Bytes, &[(201, Nothing), (200, Nothing)]), |m, f| at(m, f, cache::cache_key)),
+    r("GET", "/cache/{ns}/{*key}", Read, d("Read a build-cache entry", Nothing, &[(200, Bytes), (206, Bytes)]), |m, f| at(m, f, cache::cache_key)),
+    r("HEAD", "/cache/{ns}/{*key}", Read, d("Stat a build-cache entry", Nothing, &[(200, Nothing)]), |m, f| at(m, f, cache::cache_key)),
+    r("DELETE", "/cache/{ns}/{*key}", Delete, d("Delete a build-cache key", Nothing, DONE), |m, f| at(m, f, cache::cache_key)),
+    r("MKCOL", "/cache/{ns}/{*key}", Write, d("WebDAV: make a collection", Nothing, &[(201, Nothing)]), |m, f| at(m, f, cache::cache_key)),
+    r("PROPFIND", "/cache/{ns}/{*key}", Read, d("WebDAV: a key's properties", Nothing, &[(207, Xml)]), |m, f| at(m, f, cache::cache_key)),
+    Route { method: "GET", path: "/health", scope: None, doc: d("Health of every tier", Nothing, &[(200, Json("Health")), (503, Json("Health"))]), handler: |m, f| at(m, f, handlers::health) },
+    r("GET", "/metrics", Admin, d("Prometheus metrics", Nothing, &[(200, Text)]), |m, f| at(m, f, handlers::metrics)),
+    Route { method: "GET", path: "/openapi.json", scope: None, doc: d("This description (OpenAPI 3.1)", Nothing, &[(200, Json("Object"))]), handler: |m, f| at(m, f, openapi::serve) },
 ];
 
 fn at<H: Handler<T, Ops>, T: 'static>(
