@@ -79,16 +79,22 @@ impl fmt::Display for TokenCapReached {
             TokenCapReached::Global { limit } => write!(
                 f,
                 "the server holds its maximum of {limit} pin tokens (live or being minted); \
-                 nothing was stored: retry once tokens are released"
+                 nothing was stored. {HOW}, or the operator raises max_tokens"
             ),
             TokenCapReached::Owner { owner, limit } => write!(
                 f,
                 "owner {owner:?} holds its maximum of {limit} pin tokens (live or being minted); \
-                 nothing was stored: release tokens, then retry"
+                 nothing was stored. {HOW}, or the operator raises max_tokens_per_identity"
             ),
         }
     }
 }
+
+/// What frees a slot: a token is not freed by waiting (ADR-018).
+const HOW: &str = "A put's token pins its entry until released (waiting frees none unless \
+     token_ttl is set): release each token once you need no pin, with DELETE /v1/tokens/TOKEN, \
+     by naming it as \"token\" in the reference you set (PUT /v1/refs/NS/NAME), or with \
+     blobpool put --release; then retry";
 
 impl std::error::Error for TokenCapReached {}
 
@@ -660,6 +666,20 @@ mod tests {
         }
         .to_string();
         assert!(msg.contains("alice") && msg.contains('2'), "{msg}");
+        // A plain client learns what frees a slot and how (issue 43 item 3).
+        assert!(msg.contains("max_tokens_per_identity"), "{msg}");
+        let global = TokenCapReached::Global { limit: 3 }.to_string();
+        assert!(global.contains("raises max_tokens"), "{global}");
+        for m in [msg, global] {
+            for how in [
+                "DELETE /v1/tokens/TOKEN",
+                "PUT /v1/refs/",
+                "--release",
+                "token_ttl",
+            ] {
+                assert!(m.contains(how), "{m}");
+            }
+        }
     }
 
     #[test]
