@@ -213,18 +213,21 @@ async fn the_size_bound_evicts_least_recently_used() {
     assert_eq!(s.get("/cache/cc/k0").await.status(), 200);
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(put(&s, "/cache/cc/k3", body(3)).await.status(), 201);
-    // The sweep stages what the trim left unprotected; the next one (the
-    // window is zero here) deletes it.
+    // The put past the bound starts a trim (ADR-069), which deletes the
+    // evicted entry itself: no sweep stages or deletes anything.
+    let d1 = blake3::hash(&body(1)).to_hex().to_string();
+    within_bound(&s, 3000).await;
+    assert_eq!(s.get("/cache/cc/k1").await.status(), 404, "the key is gone");
+    let started = std::time::Instant::now();
+    while s.get(&format!("/v1/blobs/cc/{d1}")).await.status() != 404 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "its entry stays"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let rep = sweep(&s).await;
-    assert_eq!(rep["total"]["staged"], 1, "{rep}");
-    assert_eq!(
-        s.get("/cache/cc/k1").await.status(),
-        404,
-        "the key is gone at once"
-    );
-    let rep = sweep(&s).await;
-    assert_eq!(rep["total"]["deleted"], 1, "{rep}");
-    assert_eq!(s.get("/cache/cc/k1").await.status(), 404);
+    assert_eq!(rep["total"]["staged"], 0, "{rep}");
     for k in ["k0", "k2", "k3"] {
         assert_eq!(s.get(&format!("/cache/cc/{k}")).await.status(), 200, "{k}");
     }
@@ -259,6 +262,97 @@ async fn the_size_bound_evicts_least_recently_used() {
     let (_, u) = usage.iter().find(|(n, _)| n.as_str() == "cc").unwrap();
     assert!(u.bytes <= 3000, "{u:?}");
     assert_eq!(u.keys, 3);
+}
+
+/// Waits (at most 5 s) until cache namespace `cc`'s keys and the large
+/// tier's files each hold at most `max` bytes; the time it took.
+async fn within_bound(s: &Server, max: u64) -> Duration {
+    let started = std::time::Instant::now();
+    let cache = s.ops.store().cache().unwrap();
+    loop {
+        let usage = cache.usage().await.unwrap();
+        let keys = usage.iter().find(|(n, _)| n.as_str() == "cc");
+        let keys = keys.map_or(0, |(_, u)| u.bytes);
+        let disk = disk_bytes(&s.dir.path().join("large"));
+        if keys <= max && disk <= max {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still over {max} bytes: keys {keys}, disk {disk}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The bytes of the files under `dir`.
+fn disk_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => disk_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Puts past `max_bytes` trim at once and their evicted entries leave the
+/// disk within seconds, with no sweep (ADR-069): 40 MiB put into a 1 MiB
+/// cache, 16 concurrent puts at a time. An entry larger than the bound is
+/// refused with `413 too_large`, declared or streamed, and evicts nothing.
+#[tokio::test]
+async fn the_bound_holds_at_write_time() {
+    const MIB: usize = 1 << 20;
+    let s = server(Some(MIB as u64)).await;
+    let started = std::time::Instant::now();
+    let mut peak = 0;
+    for round in 0..10u32 {
+        let s = &s;
+        let puts = (0..16u32).map(|i| async move {
+            let n = round * 16 + i;
+            let body: Vec<u8> = (0..MIB / 4).map(|j| (j as u32 ^ n) as u8).collect();
+            let body = [&n.to_le_bytes()[..], &body].concat();
+            put(s, &format!("/cache/cc/r{round}/k{i}"), body).await
+        });
+        for r in futures::future::join_all(puts).await {
+            assert_eq!(r.status(), 201);
+        }
+        peak = peak.max(disk_bytes(&s.dir.path().join("large")));
+    }
+    let put_for = started.elapsed();
+    let settled = within_bound(&s, MIB as u64).await;
+    eprintln!(
+        "40 MiB into a 1 MiB cache: puts {put_for:?}, peak on disk {peak} bytes, within the \
+         bound {settled:?} after the last put"
+    );
+    // At most the bound plus what one round of puts adds while a trim runs.
+    assert!(peak <= 6 * MIB as u64, "{peak} bytes on disk at once");
+    let kept = disk_bytes(&s.dir.path().join("large"));
+    assert!(kept > 0, "the latest entries stay");
+    // Refused, declared or streamed, leaving every key in place.
+    let big = vec![7u8; MIB + 1];
+    let r = put(&s, "/cache/cc/big", big.clone()).await;
+    assert_eq!(r.status(), 413);
+    let err: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "too_large", "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("max_bytes"), "{err}");
+    let chunks: Vec<_> = (big.chunks(64 << 10))
+        .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c)))
+        .collect();
+    let stream = futures::stream::iter(chunks);
+    let r = put(&s, "/cache/cc/big", reqwest::Body::wrap_stream(stream)).await;
+    assert_eq!(r.status(), 413);
+    assert_eq!(s.get("/cache/cc/big").await.status(), 404);
+    assert_eq!(
+        disk_bytes(&s.dir.path().join("large")),
+        kept,
+        "nothing evicted"
+    );
 }
 
 /// A namespace's own base path (`http_path`) answers the same protocol,

@@ -6,9 +6,10 @@
 //! points at it. Keys carry the entry's size and its last access; a sweep
 //! first removes the keys outside the namespace's bound (older than
 //! `max_age` since their last access, then least recently accessed first
-//! until the rest fits `max_bytes`), and the entries no key, reference or
-//! pin protects any more are garbage for that sweep (deleted one delete
-//! window later, so a read in between still finds them).
+//! until the rest fits `max_bytes`), and deletes at once the entries of
+//! the keys it removed that no key, reference or pin protects any more.
+//! A record past `max_bytes` starts the same trim at write time, and an
+//! entry larger than `max_bytes` is refused (ADR-069).
 //!
 //! # Keys remembered in memory
 //!
@@ -76,25 +77,44 @@ pub trait CacheTrimmer {
 #[async_trait::async_trait]
 impl<T: CacheIndex + ?Sized> CacheTrimmer for T {
     async fn trim(&self, ns: &Namespace, bounds: CacheBounds, now: Timestamp) -> Result<CacheTrim> {
-        let (mut trim, mut limit) = (CacheTrim::default(), TRIM_PAGE);
-        while bounds != CacheBounds::default() {
-            let page = self.oldest(ns, limit, now).await?;
-            let read = page.entries.len();
-            let gone = outside(bounds, page);
-            if gone.is_empty() {
-                break;
-            }
-            let t = self.remove_unchanged(ns, &gone).await?;
-            (trim.keys, trim.bytes) = (trim.keys + t.keys, trim.bytes + t.bytes);
-            // A batch that changed whole under this trim (another node's
-            // trim took it): that trim goes on.
-            if gone.len() < read || t.keys == 0 {
-                break;
-            }
-            limit = (limit * 2).min(TRIM_PAGE_MAX);
-        }
-        Ok(trim)
+        Ok(trim_evicting(self, ns, bounds, now, &mut Vec::new())
+            .await?
+            .0)
     }
+}
+
+/// [`CacheTrimmer::trim`], adding the digests of the keys it judged
+/// outside the bound to `evicted` (a key changed meanwhile stays, its
+/// digest listed all the same: deleting it is arbitrated) and answering,
+/// beside what went, the namespace's bytes left after its last batch.
+async fn trim_evicting<T: CacheIndex + ?Sized>(
+    index: &T,
+    ns: &Namespace,
+    bounds: CacheBounds,
+    now: Timestamp,
+    evicted: &mut Vec<Digest>,
+) -> Result<(CacheTrim, u64)> {
+    let (mut trim, mut limit, mut left) = (CacheTrim::default(), TRIM_PAGE, 0);
+    while bounds != CacheBounds::default() {
+        let page = index.oldest(ns, limit, now).await?;
+        let (read, bytes) = (page.entries.len(), page.bytes);
+        let gone = outside(bounds, page);
+        left = bytes;
+        if gone.is_empty() {
+            break;
+        }
+        let t = index.remove_unchanged(ns, &gone).await?;
+        evicted.extend(gone.iter().map(|e| e.digest));
+        (trim.keys, trim.bytes) = (trim.keys + t.keys, trim.bytes + t.bytes);
+        left = bytes.saturating_sub(t.bytes);
+        // A batch that changed whole under this trim (another node's
+        // trim took it): that trim goes on.
+        if gone.len() < read || t.keys == 0 {
+            break;
+        }
+        limit = (limit * 2).min(TRIM_PAGE_MAX);
+    }
+    Ok((trim, left))
 }
 
 /// The keys of `page` outside `bounds`: walking from the least recently
@@ -120,6 +140,9 @@ fn outside(bounds: CacheBounds, mut page: CachePage) -> Vec<CacheEntry> {
     page.entries.truncate(n);
     page.entries
 }
+
+/// The deletes of evicted entries one trim runs at a time.
+pub const EVICT_DELETES: usize = 16;
 
 /// Keys remembered in memory per store (non-fleet), each ~100 bytes.
 pub const KEY_CACHE_ENTRIES: usize = 65_536;
@@ -191,6 +214,27 @@ impl Drop for InvalidateOnDrop<'_> {
     }
 }
 
+impl Estimate {
+    /// Whether the namespace is (or may be) past its bound, `max` until
+    /// a trim read the bound in force.
+    fn over(&self, max: u64) -> bool {
+        self.bytes.is_none_or(|b| b > self.max.unwrap_or(max))
+    }
+}
+
+/// Marks a namespace's write-time trim finished when dropped (done, failed,
+/// or its task aborted).
+struct TrimDone<'a>(&'a Cache, &'a Namespace);
+
+impl Drop for TrimDone<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.store.inner.cache_access.bound();
+        if let Some(e) = st.get_mut(self.1) {
+            e.trimming = false;
+        }
+    }
+}
+
 /// Clears the remembered keys when dropped.
 struct ClearOnDrop<'a>(&'a KeyCache);
 
@@ -200,9 +244,28 @@ impl Drop for ClearOnDrop<'_> {
     }
 }
 
-/// The reads noted since the last write (one per store).
+/// The reads noted since the last write, and the write-time bound's
+/// state of each namespace (one per store).
 pub(crate) struct AccessLog {
     state: Mutex<AccessState>,
+    bound: Mutex<HashMap<Namespace, Estimate>>,
+}
+
+/// A namespace's bytes as this store reckons them between trims.
+#[derive(Default)]
+struct Estimate {
+    /// The bytes its last trim left plus every record through this store
+    /// since (an overestimate: a replaced key counts twice); `None` until
+    /// the first trim.
+    bytes: Option<u64>,
+    /// The `max_bytes` its last trim kept to (a fleet's loosest bound).
+    max: Option<u64>,
+    /// A write-time trim of the namespace is in flight.
+    trimming: bool,
+    /// The bytes recorded while it was: its read may have missed them.
+    during: u64,
+    /// What every trim through this store evicted, in total.
+    evicted: CacheTrim,
 }
 
 struct AccessState {
@@ -221,6 +284,7 @@ impl Default for AccessLog {
                 last_flush: Instant::now(),
                 flushing: false,
             }),
+            bound: Mutex::default(),
         }
     }
 }
@@ -228,6 +292,10 @@ impl Default for AccessLog {
 impl AccessLog {
     fn lock(&self) -> MutexGuard<'_, AccessState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn bound(&self) -> MutexGuard<'_, HashMap<Namespace, Estimate>> {
+        self.bound.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn take(st: &mut AccessState) -> Pending {
@@ -282,8 +350,9 @@ impl Store {
     }
 
     /// Writes the pending reads, then removes every cache namespace's keys
-    /// outside its bound (the first step of a sweep). Returns what each
-    /// namespace lost.
+    /// outside its bound (the first step of a sweep) and deletes the
+    /// entries nothing protects any more ([`Cache::trim_now`]). Returns what
+    /// each namespace lost.
     ///
     /// Cancel-safe: each batch of a trim is one atomic step; dropped in
     /// between, the rest are trimmed by the next sweep.
@@ -294,26 +363,7 @@ impl Store {
         cache.flush_access().await?;
         let mut out = Vec::new();
         for (ns, bounds) in self.cache_namespaces().await? {
-            // Whatever the outcome — done, failed, or this future dropped
-            // mid-trim (which may still commit) — remembered keys may be
-            // gone: forget them all when the step ends.
-            let t = {
-                let _forget = ClearOnDrop(&self.inner.cache_keys);
-                cache
-                    .index
-                    .trim(&ns, bounds, self.inner.clock.now())
-                    .await?
-            };
-            if t.keys > 0 {
-                tracing::info!(
-                    target: "store_core::gc",
-                    namespace = %ns,
-                    keys = t.keys,
-                    bytes = t.bytes,
-                    "cache trim ({bounds})"
-                );
-            }
-            out.push((ns, t));
+            out.push((ns.clone(), cache.trim_ns(&ns, bounds, "sweep").await?));
         }
         Ok(out)
     }
@@ -357,22 +407,163 @@ impl Cache {
                 receipt: receipt.key().clone(),
             });
         }
+        let max = self.bound(ns).and_then(|b| b.max_bytes);
+        if let Some(limit) = max.filter(|m| receipt.size > *m) {
+            // It would evict every other key and still not fit.
+            return Err(Error::TooLarge {
+                limit,
+                got: receipt.size,
+            });
+        }
         // A lookup filling in between sees the generation move and does
         // not fill. Invalidated before and when this step ends (done, failed or
         // dropped after the write may have committed).
         self.store.inner.cache_keys.invalidate(ns, key);
         let _after = InvalidateOnDrop(&self.store.inner.cache_keys, ns, key);
-        self.index
-            .record(
-                ns,
-                key,
-                receipt.digest,
-                receipt.size,
-                self.store.inner.clock.now(),
-                expect,
-                author,
-            )
-            .await
+        let now = self.store.inner.clock.now();
+        let d = receipt.digest;
+        let before = (self.index)
+            .record(ns, key, d, receipt.size, now, expect, author)
+            .await?;
+        if let Some(max) = max {
+            self.recorded(ns, receipt.size, max);
+        }
+        Ok(before)
+    }
+
+    /// The bound of `ns` set through this store (its `Cache` policy): a
+    /// record larger than its `max_bytes` is refused, and records past it
+    /// start a trim. (A fleet's sweeps keep to the loosest of the nodes'
+    /// bounds, which a write-time trim reads too.)
+    pub fn bound(&self, ns: &Namespace) -> Option<CacheBounds> {
+        match self.store.gc_policy(ns) {
+            Some(GcPolicy::Cache(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Counts `size` bytes recorded in `ns`; past `max` (or, until the
+    /// namespace's first trim, at once) starts [`Cache::trim_now`] in a
+    /// task of its own unless one is in flight (ADR-069).
+    fn recorded(&self, ns: &Namespace, size: u64, max: u64) {
+        {
+            let mut st = self.store.inner.cache_access.bound();
+            let e = st.entry(ns.clone()).or_default();
+            e.bytes = e.bytes.map(|b| b.saturating_add(size));
+            if e.trimming {
+                e.during += size;
+            }
+            if !e.over(max) || e.trimming || tokio::runtime::Handle::try_current().is_err() {
+                return;
+            }
+            e.trimming = true;
+        }
+        let (this, ns) = (self.clone(), ns.clone());
+        tokio::spawn(async move {
+            let _done = TrimDone(&this, &ns);
+            // Again while the puts during a trim leave the estimate over.
+            loop {
+                if let Err(e) = this.trim_now(&ns).await {
+                    tracing::warn!(
+                        target: "store_core::cache",
+                        namespace = %ns,
+                        "write-time cache trim failed (the next put or sweep trims): {}",
+                        store_types::Report::new(&e)
+                    );
+                    break;
+                }
+                let st = this.store.inner.cache_access.bound();
+                if !st.get(&ns).is_some_and(|e| e.over(max)) {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Writes the pending reads, then trims `ns` to its bound in force
+    /// ([`Store::cache_namespaces`]) as a sweep does. Cancel-safe as
+    /// [`Store::trim_caches`].
+    pub async fn trim_now(&self, ns: &Namespace) -> Result<CacheTrim> {
+        self.flush_access().await?;
+        match self.store.cache_namespaces().await?.get(ns) {
+            Some(bounds) => self.trim_ns(ns, *bounds, "write").await,
+            None => Ok(CacheTrim::default()),
+        }
+    }
+
+    /// Removes the keys of `ns` outside `bounds`, then deletes their
+    /// entries that no key, reference, pin or protect callback holds (a
+    /// direct delete, arbitrated as any: ADR-069), so they leave the media
+    /// now, not one delete window after the next sweep; one that cannot go
+    /// now is the sweep's. Logs and counts what went.
+    async fn trim_ns(&self, ns: &Namespace, bounds: CacheBounds, why: &str) -> Result<CacheTrim> {
+        let mut evicted = Vec::new();
+        // Whatever the outcome — done, failed, or this future dropped
+        // mid-trim (which may still commit) — remembered keys may be
+        // gone: forget them all when the step ends.
+        let (t, left) = {
+            let _forget = ClearOnDrop(&self.store.inner.cache_keys);
+            let now = self.store.inner.clock.now();
+            trim_evicting(&*self.index, ns, bounds, now, &mut evicted).await?
+        };
+        {
+            let mut st = self.store.inner.cache_access.bound();
+            let e = st.entry(ns.clone()).or_default();
+            (e.bytes, e.max) = (Some(left + e.during), bounds.max_bytes);
+            e.during = 0;
+            (e.evicted.keys, e.evicted.bytes) =
+                (e.evicted.keys + t.keys, e.evicted.bytes + t.bytes);
+        }
+        if t.keys > 0 {
+            let (deleted, freed) = self.delete_evicted(ns, evicted).await;
+            tracing::info!(
+                target: "store_core::gc",
+                namespace = %ns,
+                keys = t.keys,
+                bytes = t.bytes,
+                deleted,
+                freed,
+                "cache trim ({bounds}, {why})"
+            );
+        }
+        Ok(t)
+    }
+
+    /// Deletes each entry of `digests` in `ns` nothing protects, up to
+    /// [`EVICT_DELETES`] at a time; the entries deleted and the bytes freed.
+    async fn delete_evicted(&self, ns: &Namespace, digests: Vec<Digest>) -> (u64, u64) {
+        use futures::StreamExt;
+        let digests: HashSet<Digest> = digests.into_iter().collect();
+        let gc = &self.store.inner.gc;
+        let deletes = futures::stream::iter(digests)
+            .map(|d| async move { (d, gc.delete(&crate::Key::new(ns.clone(), d)).await) })
+            .buffer_unordered(EVICT_DELETES);
+        let freed = deletes.filter_map(|(d, r)| async move {
+            match r {
+                Ok(n) => Some(n),
+                // Protected again, or gone already.
+                Err(Error::GcRefuse { .. } | Error::Missing) => None,
+                Err(e) => {
+                    tracing::warn!(
+                        target: "store_core::cache",
+                        namespace = %ns,
+                        digest = %d,
+                        "deleting an evicted cache entry failed (a sweep deletes it): {}",
+                        store_types::Report::new(&e)
+                    );
+                    None
+                }
+            }
+        });
+        let freed: Vec<u64> = freed.collect().await;
+        (freed.len() as u64, freed.iter().sum())
+    }
+
+    /// What the trims through this store evicted since it opened (keys
+    /// and their bytes), by namespace.
+    pub fn evicted(&self) -> Vec<(Namespace, CacheTrim)> {
+        let st = self.store.inner.cache_access.bound();
+        st.iter().map(|(ns, e)| (ns.clone(), e.evicted)).collect()
     }
 
     /// Stores `bytes` in `ns` and points `key` at them (the library's

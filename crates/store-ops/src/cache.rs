@@ -10,9 +10,13 @@
 //! digest put without the key. Puts in a cache namespace issue no pin
 //! token; every put records `cas/<digest>` or the given key.
 
+use std::io;
+use std::pin::Pin as StdPin;
+use std::task::{Context, Poll};
+
 use store_core::{Author, Cache, Digest, Namespace, PutReceipt, RefExpect, RefName, Replace};
 use store_types::Error;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
@@ -79,6 +83,57 @@ async fn unless_gone<T>(
     }
 }
 
+/// The refusal of an entry larger than `ns`'s `max_bytes` (ADR-069):
+/// `too_large`, 413.
+fn over_bound(ns: &Namespace, max: u64, got: u64) -> OpsError {
+    OpsError::new(
+        ErrorCode::TooLarge,
+        format!(
+            "cache namespace {ns} holds at most {max} bytes (max_bytes) and this entry has at \
+             least {got}: an entry larger than the bound is refused"
+        ),
+    )
+}
+
+/// A put's body capped at its cache namespace's `max_bytes`: reading past
+/// it fails the put (nothing is stored).
+pub(crate) struct Capped<R> {
+    inner: R,
+    seen: u64,
+    max: Option<u64>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Capped<R> {
+    fn poll_read(
+        mut self: StdPin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let r = StdPin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            this.seen += (buf.filled().len() - before) as u64;
+            if let Some(limit) = this.max.filter(|m| this.seen > *m) {
+                let got = this.seen;
+                return Poll::Ready(Err(Error::TooLarge { limit, got }.into()));
+            }
+        }
+        r
+    }
+}
+
+impl<R> Capped<R> {
+    /// `r`, the outcome of a put that read this body, with a refusal for
+    /// passing `max_bytes` named as such.
+    fn outcome<T>(&self, ns: &Namespace, r: store_core::Result<T>) -> Result<T, OpsError> {
+        match self.max.filter(|m| self.seen > *m) {
+            Some(max) => Err(over_bound(ns, max, self.seen)),
+            None => Ok(r?),
+        }
+    }
+}
+
 /// What a cache put stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachePutOutcome {
@@ -135,9 +190,23 @@ impl Ops {
         Ok(previous)
     }
 
+    /// `body` capped at `ns`'s `max_bytes` (ADR-069), refused at once
+    /// (`too_large`) when `len` says it is larger.
+    fn capped<R>(&self, ns: &Namespace, body: R, len: Option<u64>) -> Result<Capped<R>, OpsError> {
+        let max = (self.cache_index()?.bound(ns)).and_then(|b| b.max_bytes);
+        match (len, max) {
+            (Some(n), Some(max)) if n > max => Err(over_bound(ns, max, n)),
+            _ => Ok(Capped {
+                inner: body,
+                seen: 0,
+                max,
+            }),
+        }
+    }
+
     /// A put into cache namespace `ns` by the blob route: no token
     /// (ADR-048): its `cas/<digest>` key protects the entry once written,
-    /// the receipt's pin until then.
+    /// the receipt's pin until then. Larger than `max_bytes`: `too_large`.
     pub(crate) async fn put_cache_entry<R>(
         &self,
         ns: &Namespace,
@@ -147,7 +216,9 @@ impl Ops {
     where
         R: AsyncRead + Unpin + Send,
     {
-        let receipt = self.store().put_opts(ns, body, options).await?;
+        let mut body = self.capped(ns, body, options.len)?;
+        let r = self.store().put_opts(ns, &mut body, options).await;
+        let receipt = body.outcome(ns, r)?;
         self.metrics().put(receipt.size, receipt.deduplicated);
         // `cas/<digest>` names only its digest: nothing to replace.
         let key = cas_key(&receipt.digest);
@@ -202,6 +273,10 @@ impl CacheOps<'_> {
     /// (`digest_mismatch` otherwise, nothing stored). No pin token is
     /// issued.
     ///
+    /// A body larger than the namespace's `max_bytes` is refused with
+    /// `too_large` (413, ADR-069): before it is read when `len` says so,
+    /// else once the read passes the bound, with nothing stored.
+    ///
     /// A precondition `Absent` on a key that exists is refused before the
     /// body is read; every other refusal comes after the body is stored
     /// (the entry is then garbage for the next sweep, the key unchanged).
@@ -233,12 +308,10 @@ impl CacheOps<'_> {
             }
         }
         let expect = cas_digest(&key)?;
-        let body = self.0.limited(body, len)?;
-        let receipt = self
-            .0
-            .store()
-            .put_opts(&ns, body, store_core::PutOptions { len, expect })
-            .await?;
+        let mut body = self.0.capped(&ns, self.0.limited(body, len)?, len)?;
+        let options = store_core::PutOptions { len, expect };
+        let r = self.0.store().put_opts(&ns, &mut body, options).await;
+        let receipt = body.outcome(&ns, r)?;
         self.0.metrics().put(receipt.size, receipt.deduplicated);
         let author = self.0.author(identity, &ns);
         let previous = (self.0)
@@ -330,7 +403,8 @@ impl CacheOps<'_> {
     }
 
     /// Reads what each cache namespace's keys hold into the
-    /// `blobpool_cache_keys`/`blobpool_cache_bytes` gauges (called before
+    /// `blobpool_cache_keys`/`blobpool_cache_bytes` gauges, and what this
+    /// node's trims evicted into `blobpool_cache_evicted_*` (called before
     /// `/metrics` renders; one aggregate read of the cache-key table).
     /// Cancel-safe (a read).
     pub async fn refresh_usage(&self) -> Result<(), OpsError> {
@@ -341,11 +415,15 @@ impl CacheOps<'_> {
         let Some(cache) = ops.store().cache() else {
             return Ok(());
         };
-        let usage = cache.usage().await?;
+        let (usage, evicted) = (cache.usage().await?, cache.evicted());
         for ns in &ops.config().cache_namespaces {
             let u = usage.iter().find(|(n, _)| n == ns).map(|(_, u)| *u);
             let u = u.unwrap_or_default();
             ops.metrics().set_cache_usage(ns.as_str(), u.keys, u.bytes);
+            let e = evicted.iter().find(|(n, _)| n == ns).map(|(_, e)| *e);
+            let e = e.unwrap_or_default();
+            ops.metrics()
+                .set_cache_evicted(ns.as_str(), e.keys, e.bytes);
         }
         Ok(())
     }

@@ -119,6 +119,8 @@ struct CacheCounters {
     put_bytes: u64,
     keys: u64,
     bytes: u64,
+    evicted_keys: u64,
+    evicted_bytes: u64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -422,6 +424,16 @@ pub(crate) const FAMILIES: &[Family] = &[
         "Cache keys of a namespace.",
         |v| per_cache_ns(v, |c| c.keys),
     ),
+    counter(
+        "blobpool_cache_evicted_keys_total",
+        "Cache keys trims evicted (at write time and at sweeps), by namespace.",
+        |v| per_cache_ns(v, |c| c.evicted_keys),
+    ),
+    counter(
+        "blobpool_cache_evicted_bytes_total",
+        "The sizes of the cache keys trims evicted, by namespace.",
+        |v| per_cache_ns(v, |c| c.evicted_bytes),
+    ),
     Family {
         name: "blobpool_http_request_duration_seconds",
         kind: Kind::Histogram,
@@ -652,6 +664,12 @@ impl Metrics {
             c.keys = keys;
             c.bytes = bytes;
         });
+    }
+
+    /// Sets what this node's trims evicted from `ns` since it started
+    /// (`blobpool_cache_evicted_keys_total`, `_bytes_total`).
+    pub(crate) fn set_cache_evicted(&self, ns: &str, keys: u64, bytes: u64) {
+        self.cache_entry(ns, |c| (c.evicted_keys, c.evicted_bytes) = (keys, bytes));
     }
 
     /// Cache lookups of `ns` so far: (hits, misses).
