@@ -22,9 +22,9 @@
 //!   `visible_after = now + window`; the window then holds exactly the
 //!   model's prediction, and when no fault fired during the sweep its
 //!   `deleted` and `staged` counts are the model's. A direct delete of an
-//!   unprotected entry with no fault leaves it gone. At the end the clock
-//!   moves a window on twice with a sweep each time: if both succeed,
-//!   no unprotected entry is left.
+//!   unprotected entry with no fault leaves it gone and unstaged. At the
+//!   end the clock moves a window on twice with a sweep each time: if
+//!   both succeed, no unprotected entry is left.
 //!
 //! An operation that fails after it may have applied (a reference set, a
 //! cache put) makes the model unsure of the entries it touched; those are
@@ -465,7 +465,17 @@ impl Run {
                 "step {n}: {key} deleted, still there"
             );
         }
+        // A delete that decided (deleted, or found nothing) unstages the
+        // key; one that failed midway may or may not have.
+        let window = self.window(REFS).await;
         let space = &mut self.spaces[REFS];
+        match &r {
+            Ok(()) | Err(Error::Missing) => {
+                space.staged.remove(&i);
+            }
+            Err(Error::GcRefuse { .. }) => {}
+            Err(_) => space.staged = window,
+        }
         if space.protected(i) && space.certain.contains(&i) {
             // Refused (or failed on a fault before it decided).
             let refused = matches!(r, Err(Error::GcRefuse { .. }));
