@@ -6,7 +6,8 @@
 #   /usr/bin/blobpool                      (stripped)
 #   /lib/systemd/system/blobpool.service   (deploy/blobpool.service, not enabled)
 #   /etc/blobpool/blobpool.toml            (deploy/blobpool.toml, a conffile, root:blobpool 0640)
-#   /usr/share/doc/blobpool/copyright      (LICENSE)
+#   /usr/share/doc/blobpool/copyright      (deploy/debian/copyright: Apache-2.0)
+#   /usr/share/doc/blobpool/changelog.gz   (CHANGELOG.md)
 # and its postinst (deploy/debian/postinst) creates the `blobpool` system
 # user and /var/lib/blobpool (blobpool:blobpool 0700).
 set -euo pipefail
@@ -25,7 +26,8 @@ sed 's|/usr/local/bin/blobpool|/usr/bin/blobpool|' "$here/blobpool.service" |
     install -D -m 0644 /dev/stdin "$root/lib/systemd/system/blobpool.service"
 install -D -m 0640 "$here/blobpool.toml" "$root/etc/blobpool/blobpool.toml"
 chmod 0750 "$root/etc/blobpool"
-install -D -m 0644 "$here/../LICENSE" "$root/usr/share/doc/blobpool/copyright"
+install -D -m 0644 "$here/debian/copyright" "$root/usr/share/doc/blobpool/copyright"
+gzip -9n <"$here/../CHANGELOG.md" >"$root/usr/share/doc/blobpool/changelog.gz"
 install -d -m 0755 "$root/DEBIAN"
 install -m 0755 "$here/debian/postinst" "$here/debian/prerm" "$root/DEBIAN/"
 echo /etc/blobpool/blobpool.toml >"$root/DEBIAN/conffiles"

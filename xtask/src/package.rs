@@ -2,9 +2,10 @@
 //! image, built and run (issue 43, ADR-065).
 //!
 //! Builds the `blobpool` binary (dev profile, or `--release` for a real
-//! release), then `deploy/build-deb.sh` (the `.deb`), `deploy/build-image.sh`
-//! (the package installed into an `mmdebstrap` Debian root, made an image
-//! by buildah: an OCI archive and a `docker load` archive) and
+//! release), then `deploy/build-deb.sh` (the `.deb`, checked by `lintian`),
+//! `deploy/build-image.sh` (the package installed into an `mmdebstrap`
+//! Debian root, made an image by buildah: an OCI archive and a `docker
+//! load` archive) and
 //! `deploy/check-image.sh` (the image run with `buildah run`: the package's
 //! user, owners and modes, `/health`, the HEALTHCHECK, one put and one get,
 //! `--version` naming HEAD's commit). The artifacts land in
@@ -27,14 +28,25 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     if profile == "release" {
         build.push("--release");
     }
+    // Before the build, whose build.rs records HEAD for --version.
+    let head = git_head()?;
     cargo(&build)?;
     let root = workspace_root();
     let binary = root.join("target").join(profile).join("blobpool");
     let out = root.join("target").join("artifacts");
     let deploy = root.join("deploy");
     let deb = script(&deploy.join("build-deb.sh"), &[&binary, &out])?;
+    // Debian's own package checks; its warnings (the 0640 config, no man
+    // page, a Markdown changelog) are printed, its errors fail the step.
+    eprintln!("$ lintian --fail-on error {deb}");
+    let lintian = Command::new("lintian")
+        .args(["--fail-on", "error", &deb])
+        .status()
+        .map_err(|e| format!("cannot run lintian: {e}"))?;
+    if !lintian.success() {
+        return Err(format!("lintian found errors in {deb} ({lintian})"));
+    }
     let image = script(&deploy.join("build-image.sh"), &[Path::new(&deb), &out])?;
-    let head = git_head()?;
     script(
         &deploy.join("check-image.sh"),
         &[Path::new(&image), Path::new(&head)],
