@@ -28,7 +28,10 @@ const MAX_EXAMPLES: &str = "100";
 pub(crate) fn run() -> Result<(), String> {
     let root = workspace_root();
     let spec = root.join("docs").join("openapi.json");
-    python(&["-m", "openapi_spec_validator", &spec.to_string_lossy()])?;
+    python(
+        &workspace_root(),
+        &["-m", "openapi_spec_validator", &spec.to_string_lossy()],
+    )?;
     cargo(&["build", "--locked", "-p", "blobpool"])?;
     let dir = std::env::temp_dir().join(format!("blobpool-openapi-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -70,7 +73,9 @@ fn fuzz(binary: &Path, dir: &Path) -> Result<(), String> {
     let auth = format!("Authorization: Bearer {key}");
     let schemathesis =
         "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())";
-    python(&[
+    // In the scratch directory: Schemathesis keeps its cache in
+    // ./.schemathesis, which must not land in the source tree.
+    python(dir, &[
         "-c",
         schemathesis,
         "--config-file",
@@ -134,12 +139,12 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// `python3 ARGS`, failing on a non-zero exit or when it cannot run.
-fn python(args: &[&str]) -> Result<(), String> {
+/// `python3 ARGS` in `cwd`, failing on a non-zero exit or when it cannot run.
+fn python(cwd: &Path, args: &[&str]) -> Result<(), String> {
     eprintln!("$ python3 {}", args.join(" "));
     let status = Command::new("python3")
         .args(args)
-        .current_dir(workspace_root())
+        .current_dir(cwd)
         .status()
         .map_err(|e| format!("cannot run python3: {e}"))?;
     if status.success() {
