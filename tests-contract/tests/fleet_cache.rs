@@ -85,12 +85,13 @@ async fn the_loosest_bound_evicts_least_recently_used_across_nodes() {
     );
     let k1 = cache_put(&a, &n, "k1", 1).await;
     let k2 = cache_put(&a, &n, "k2", 2).await;
-    let k3 = cache_put(&b, &n, "k3", 3).await;
-    // k1 is read through node b (written by b's next flush): k2 is now
-    // the least recently used.
+    // k1 is read through node b (written by b's flush): k2 is now the
+    // least recently used. Before k3 arrives: its put passes the loosest
+    // bound and trims at once (ADR-069).
     let cb = b.cache().unwrap();
     assert_eq!(cb.lookup(&n, &key("k1")).await.unwrap(), Some(k1.digest));
     cb.flush_access().await.unwrap();
+    let k3 = cache_put(&b, &n, "k3", 3).await;
     // Node b sweeps: keys recorded through a protect there too.
     two_sweeps(&env, &b).await;
     assert!(present(&a, &k1).await, "read recently");
