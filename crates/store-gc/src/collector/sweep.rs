@@ -3,7 +3,7 @@
 //! # How a sweep flows
 //!
 //! ```text
-//! Store::sweep() (store-core) ── first trims every cache namespace
+//! Gc::sweep() (store-core) ──── first trims every cache namespace
 //!  │                (Store::trim_caches, ADR-048: pending reads written,
 //!  │                then keys outside their bounds removed; fleet: the
 //!  │                gc_policies cache rows' loosest bounds)
