@@ -570,8 +570,7 @@ async fn run(input: Input) {
                 // A body both longer than declared and over the size limit
                 // breaks two rules: either refusal is right (which one
                 // depends on where a read chunk ends).
-                if declared.is_some_and(|n| n != body.len() as u64)
-                    && body.len() as u64 > MAX_BLOB
+                if declared.is_some_and(|n| n != body.len() as u64) && body.len() as u64 > MAX_BLOB
                 {
                     assert!(matches!(status.as_u16(), 400 | 413), "{what}");
                     continue;
