@@ -10,16 +10,13 @@
 //! digest put without the key. Puts in a cache namespace issue no pin
 //! token; every put records `cas/<digest>` or the given key.
 
-use std::io;
-use std::pin::Pin as StdPin;
-use std::task::{Context, Poll};
-
 use store_core::{Author, Cache, Digest, Namespace, PutReceipt, RefExpect, RefName, Replace};
 use store_types::Error;
-use tokio::io::{AsyncRead, ReadBuf};
+use tokio::io::AsyncRead;
 
 use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
+use crate::ops::blobs::Limited;
 use crate::range::RangeRequest;
 use crate::{GetResponse, Ops, PutOutcome, StatResponse};
 
@@ -95,42 +92,16 @@ fn over_bound(ns: &Namespace, max: u64, got: u64) -> OpsError {
     )
 }
 
-/// A put's body capped at its cache namespace's `max_bytes`: reading past
-/// it fails the put (nothing is stored).
-pub(crate) struct Capped<R> {
-    inner: R,
-    seen: u64,
-    max: Option<u64>,
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for Capped<R> {
-    fn poll_read(
-        mut self: StdPin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let this = &mut *self;
-        let r = StdPin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = r {
-            this.seen += (buf.filled().len() - before) as u64;
-            if let Some(limit) = this.max.filter(|m| this.seen > *m) {
-                let got = this.seen;
-                return Poll::Ready(Err(Error::TooLarge { limit, got }.into()));
-            }
-        }
-        r
-    }
-}
-
-impl<R> Capped<R> {
-    /// `r`, the outcome of a put that read this body, with a refusal for
-    /// passing `max_bytes` named as such.
-    fn outcome<T>(&self, ns: &Namespace, r: store_core::Result<T>) -> Result<T, OpsError> {
-        match self.max.filter(|m| self.seen > *m) {
-            Some(max) => Err(over_bound(ns, max, self.seen)),
-            None => Ok(r?),
-        }
+/// `r`, the outcome of a put that read `body` (capped at `ns`'s
+/// `max_bytes`), with a refusal for passing the bound named as such.
+fn capped_outcome<R, T>(
+    body: &Limited<R>,
+    ns: &Namespace,
+    r: store_core::Result<T>,
+) -> Result<T, OpsError> {
+    match body.passed() {
+        Some((max, seen)) => Err(over_bound(ns, max, seen)),
+        None => Ok(r?),
     }
 }
 
@@ -192,15 +163,11 @@ impl Ops {
 
     /// `body` capped at `ns`'s `max_bytes` (ADR-069), refused at once
     /// (`too_large`) when `len` says it is larger.
-    fn capped<R>(&self, ns: &Namespace, body: R, len: Option<u64>) -> Result<Capped<R>, OpsError> {
+    fn capped<R>(&self, ns: &Namespace, body: R, len: Option<u64>) -> Result<Limited<R>, OpsError> {
         let max = (self.cache_index()?.bound(ns)).and_then(|b| b.max_bytes);
         match (len, max) {
             (Some(n), Some(max)) if n > max => Err(over_bound(ns, max, n)),
-            _ => Ok(Capped {
-                inner: body,
-                seen: 0,
-                max,
-            }),
+            _ => Ok(Limited::new(body, max.unwrap_or(u64::MAX))),
         }
     }
 
@@ -218,7 +185,7 @@ impl Ops {
     {
         let mut body = self.capped(ns, body, options.len)?;
         let r = self.store().put_opts(ns, &mut body, options).await;
-        let receipt = body.outcome(ns, r)?;
+        let receipt = capped_outcome(&body, ns, r)?;
         self.metrics().put(receipt.size, receipt.deduplicated);
         // `cas/<digest>` names only its digest: nothing to replace.
         let key = cas_key(&receipt.digest);
@@ -311,7 +278,7 @@ impl CacheOps<'_> {
         let mut body = self.0.capped(&ns, self.0.limited(body, len)?, len)?;
         let options = store_core::PutOptions { len, expect };
         let r = self.0.store().put_opts(&ns, &mut body, options).await;
-        let receipt = body.outcome(&ns, r)?;
+        let receipt = capped_outcome(&body, &ns, r)?;
         self.0.metrics().put(receipt.size, receipt.deduplicated);
         let author = self.0.author(identity, &ns);
         let previous = (self.0)

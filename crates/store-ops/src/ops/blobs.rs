@@ -156,11 +156,7 @@ impl Ops {
         let limit = self.inner.cfg.max_blob_size;
         match len {
             Some(n) if n > limit => Err(Error::TooLarge { limit, got: n }.into()),
-            _ => Ok(Limited {
-                inner: body,
-                seen: 0,
-                limit,
-            }),
+            _ => Ok(Limited::new(body, limit)),
         }
     }
 
@@ -406,6 +402,22 @@ pub(crate) struct Limited<R> {
     inner: R,
     seen: u64,
     limit: u64,
+}
+
+impl<R> Limited<R> {
+    /// `inner`, failing once more than `limit` bytes went by.
+    pub(crate) fn new(inner: R, limit: u64) -> Self {
+        Limited {
+            inner,
+            seen: 0,
+            limit,
+        }
+    }
+
+    /// `(limit, bytes seen)` when the read went past the limit.
+    pub(crate) fn passed(&self) -> Option<(u64, u64)> {
+        (self.seen > self.limit).then_some((self.limit, self.seen))
+    }
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for Limited<R> {
