@@ -462,15 +462,22 @@ impl Cache {
         tokio::spawn(async move {
             let _done = TrimDone(&this, &ns);
             // Again while the puts during a trim leave the estimate over.
+            // A trim that removed nothing ends it: no bound in force (a
+            // fleet node keeps the namespace) or another node's trim has
+            // the keys; the next put or sweep tries again, never a spin.
             loop {
-                if let Err(e) = this.trim_now(&ns).await {
-                    tracing::warn!(
-                        target: "store_core::cache",
-                        namespace = %ns,
-                        "write-time cache trim failed (the next put or sweep trims): {}",
-                        store_types::Report::new(&e)
-                    );
-                    break;
+                match this.trim_now(&ns).await {
+                    Ok(t) if t.keys == 0 => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(
+                            target: "store_core::cache",
+                            namespace = %ns,
+                            "write-time cache trim failed (the next put or sweep trims): {}",
+                            store_types::Report::new(&e)
+                        );
+                        break;
+                    }
                 }
                 let st = this.store.inner.cache_access.bound();
                 if !st.get(&ns).is_some_and(|e| e.over(max)) {
