@@ -462,22 +462,15 @@ impl Cache {
         tokio::spawn(async move {
             let _done = TrimDone(&this, &ns);
             // Again while the puts during a trim leave the estimate over.
-            // A trim that removed nothing ends it: no bound in force (a
-            // fleet node keeps the namespace) or another node's trim has
-            // the keys; the next put or sweep tries again, never a spin.
             loop {
-                match this.trim_now(&ns).await {
-                    Ok(t) if t.keys == 0 => break,
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(
-                            target: "store_core::cache",
-                            namespace = %ns,
-                            "write-time cache trim failed (the next put or sweep trims): {}",
-                            store_types::Report::new(&e)
-                        );
-                        break;
-                    }
+                if let Err(e) = this.trim_now(&ns).await {
+                    tracing::warn!(
+                        target: "store_core::cache",
+                        namespace = %ns,
+                        "write-time cache trim failed (the next put or sweep trims): {}",
+                        store_types::Report::new(&e)
+                    );
+                    break;
                 }
                 let st = this.store.inner.cache_access.bound();
                 if !st.get(&ns).is_some_and(|e| e.over(max)) {
@@ -494,7 +487,15 @@ impl Cache {
         self.flush_access().await?;
         match self.store.cache_namespaces().await?.get(ns) {
             Some(bounds) => self.trim_ns(ns, *bounds, "write").await,
-            None => Ok(CacheTrim::default()),
+            None => {
+                // No bound in force (a fleet node keeps the namespace):
+                // not over until a sweep's trim reads one, so the task
+                // ends instead of asking again without pause.
+                let mut st = self.store.inner.cache_access.bound();
+                let e = st.entry(ns.clone()).or_default();
+                (e.bytes, e.max) = (Some(0), Some(u64::MAX));
+                Ok(CacheTrim::default())
+            }
         }
     }
 
@@ -516,7 +517,11 @@ impl Cache {
         {
             let mut st = self.store.inner.cache_access.bound();
             let e = st.entry(ns.clone()).or_default();
-            (e.bytes, e.max) = (Some(left + e.during), bounds.max_bytes);
+            // No byte bound in force: never over (not this node's `max`).
+            (e.bytes, e.max) = (
+                Some(left + e.during),
+                Some(bounds.max_bytes.unwrap_or(u64::MAX)),
+            );
             e.during = 0;
             (e.evicted.keys, e.evicted.bytes) =
                 (e.evicted.keys + t.keys, e.evicted.bytes + t.bytes);
