@@ -5,14 +5,45 @@
 //! A key is a path of `[A-Za-z0-9._-]` segments (a reference name's
 //! rules, at most 255 bytes): `ab/cdef…` (ccache `subdirs`), `<hex>`
 //! (ccache `flat`, Gradle), `ac/<hex>` (Bazel, ccache `bazel`),
-//! `a/b/c/<hex>` (sccache). `cas/<64 hex>` is content addressed: its put
-//! must hash (BLAKE3) to the name, and its get also finds an entry of that
-//! digest put without the key. Puts in a cache namespace issue no pin
+//! `a/b/c/<hex>` (sccache). Puts in a cache namespace issue no pin
 //! token; every put records `cas/<digest>` or the given key.
+//!
+//! # Content addresses: SHA-256 and BLAKE3 (ADR-070)
+//!
+//! `cas/<64 hex>` is content addressed, by SHA-256 (Bazel's default, every
+//! REAPI client's) or BLAKE3 (Blobpool's digest). Entries stay stored
+//! under their BLAKE3 digest; the key `cas/<sha256>` pointing at the entry
+//! *is* the SHA-256 index, so the cache's bound keeps both consistent
+//! with no second table: a trim evicts the key (the name goes with it),
+//! and the entry lives while any key names it. A put is verified while
+//! it is read: the body's SHA-256 or BLAKE3 must be the name (over HTTP,
+//! which does not say which; [`CacheOps::put_cas`] may say), else
+//! `verification` (422) and nothing is stored or keyed. A get finds the
+//! key, else — a BLAKE3 name — an entry of that digest put without it.
+//!
+//! # Action results (ADR-070)
+//!
+//! An `ac/<hash>` entry that is a REAPI `ActionResult` is served only
+//! while every output it names is present (404 otherwise, and the client
+//! runs the action again), and a hit refreshes the outputs' recency; the
+//! rule, and what is served unvalidated, is in the `action` module's
+//! docs. [`CacheOps::get_action_result`], [`CacheOps::put_action_result`],
+//! [`CacheOps::put_cas`], [`CacheOps::get_cas`] and
+//! [`CacheOps::find_missing`] are the calls a REAPI binding (gRPC) makes.
 
+mod action;
+mod cas;
+
+pub use action::{ACTION_RESULT_MAX, TREE_CHECKED_MAX};
+pub use cas::{CasDigest, DigestFunction};
+
+use bytes::Bytes;
 use store_core::{Author, Cache, Digest, Namespace, PutReceipt, RefExpect, RefName, Replace};
 use store_types::Error;
 use tokio::io::AsyncRead;
+
+use action::Validity;
+use cas::Verifying;
 
 use crate::auth::{Identity, Scope};
 use crate::error::{ErrorCode, OpsError};
@@ -20,23 +51,24 @@ use crate::ops::blobs::Limited;
 use crate::range::RangeRequest;
 use crate::{GetResponse, Ops, PutOutcome, StatResponse};
 
-/// The key a content-addressed put records: `cas/<digest>` (Bazel's CAS
-/// path, with `--digest_function=blake3` Blobpool's own digest).
+/// The key a content-addressed put by BLAKE3 records: `cas/<digest>`
+/// (Bazel's CAS path; a SHA-256 name's key is `cas/<sha256>`).
 pub fn cas_key(digest: &Digest) -> RefName {
     RefName::new(format!("cas/{}", digest.to_hex())).expect("a digest's hex is a valid name")
 }
 
 pub use crate::ops::config::check_cache_path;
 
-/// The digest a `cas/<64 hex>` key names; `None` for other keys.
+/// The 32 bytes a `cas/<64 hex>` key names (a SHA-256 or BLAKE3 digest);
+/// `None` for other keys.
 fn cas_digest(key: &RefName) -> Result<Option<Digest>, OpsError> {
     match key.as_str().strip_prefix("cas/") {
         Some(hex) => Digest::parse(hex).map(Some).map_err(|_| {
             OpsError::new(
                 ErrorCode::KeyInvalid,
                 format!(
-                    "cache key {key}: a cas/ key names a BLAKE3 digest (64 lowercase hex \
-                     characters); Bazel clients need --digest_function=blake3"
+                    "cache key {key}: a cas/ key names a SHA-256 or BLAKE3 digest (64 \
+                     lowercase hex characters)"
                 ),
             )
         }),
@@ -45,7 +77,7 @@ fn cas_digest(key: &RefName) -> Result<Option<Digest>, OpsError> {
 }
 
 /// A `/cache/{ns}/{key}` key as the cache handlers parse it: the key and,
-/// for a `cas/` key, the digest it names (`key_invalid` otherwise). For
+/// for a `cas/` key, the 32 bytes it names (`key_invalid` otherwise). For
 /// the `cache_keys` fuzz target.
 #[doc(hidden)]
 pub fn parse_cache_key(key: &str) -> Result<(RefName, Option<Digest>), OpsError> {
@@ -236,9 +268,9 @@ impl CacheOps<'_> {
     /// otherwise) and the identity may change the key (ADR-052: with only
     /// `write`, a key another identity set is replaced only by the same
     /// bytes, and a write-once namespace's keys by nobody: `forbidden`,
-    /// 403). A `cas/<digest>` key's body must hash to the digest
-    /// (`digest_mismatch` otherwise, nothing stored). No pin token is
-    /// issued.
+    /// 403). A `cas/<hex>` key's body must hash to the name by SHA-256 or
+    /// BLAKE3 ([`CacheOps::put_cas`] with no function: `verification`,
+    /// 422, otherwise, nothing stored). No pin token is issued.
     ///
     /// A body larger than the namespace's `max_bytes` is refused with
     /// `too_large` (413, ADR-069): before it is read when `len` says so,
@@ -262,6 +294,26 @@ impl CacheOps<'_> {
     where
         R: AsyncRead + Unpin + Send,
     {
+        self.put_checked(identity, namespace, key, body, len, precondition, None)
+            .await
+    }
+
+    /// [`CacheOps::put`], a `cas/` key's body checked against its name
+    /// under `function` (`None`: SHA-256 or BLAKE3).
+    #[allow(clippy::too_many_arguments)]
+    async fn put_checked<R>(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        key: &str,
+        body: R,
+        len: Option<u64>,
+        precondition: RefExpect,
+        function: Option<DigestFunction>,
+    ) -> Result<CachePutOutcome, OpsError>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
         self.0.authorize(identity, Scope::Write, Some(namespace))?;
         let (ns, cache) = self.ns(namespace)?;
         let key = cache_key(key)?;
@@ -274,11 +326,23 @@ impl CacheOps<'_> {
                 .into());
             }
         }
-        let expect = cas_digest(&key)?;
-        let mut body = self.0.capped(&ns, self.0.limited(body, len)?, len)?;
+        let body = self.0.capped(&ns, self.0.limited(body, len)?, len)?;
+        let name = cas_digest(&key)?;
+        // BLAKE3 alone the store checks as it hashes; SHA-256 (or either)
+        // the reader does, failing the read at the end of a body whose
+        // digest is not the name (ADR-070).
+        let expect = name.filter(|_| function == Some(DigestFunction::Blake3));
+        let mut body = match name {
+            Some(name) => Verifying::new(body, name, function),
+            None => Verifying::off(body),
+        };
         let options = store_core::PutOptions { len, expect };
         let r = self.0.store().put_opts(&ns, &mut body, options).await;
-        let receipt = capped_outcome(&body, &ns, r)?;
+        let hex = key.as_str().trim_start_matches("cas/");
+        if let (Some(_), Some(e)) = (name, body.refusal(hex, &r)) {
+            return Err(e);
+        }
+        let receipt = capped_outcome(body.get_ref(), &ns, r)?;
         self.0.metrics().put(receipt.size, receipt.deduplicated);
         let author = self.0.author(identity, &ns);
         let previous = (self.0)
@@ -293,36 +357,46 @@ impl CacheOps<'_> {
     }
 
     /// The digest `key` names in the cache namespace, counting a hit or a
-    /// miss. A `cas/<digest>` key also finds an entry put without the key.
+    /// miss. A `cas/<hex>` key also finds an entry of that (BLAKE3) digest
+    /// put without the key; an `ac/` key's action result is validated
+    /// ([`action`]): a miss when an output it names is gone.
     async fn resolve(
         &self,
         namespace: &str,
         key: &str,
     ) -> Result<(Namespace, Cache, RefName, Digest), OpsError> {
+        let (ns, cache, key, d, _) = self.resolve_read(namespace, key).await?;
+        Ok((ns, cache, key, d))
+    }
+
+    /// [`CacheOps::resolve`], with an `ac/` entry's bytes when validating
+    /// it read them.
+    async fn resolve_read(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<(Namespace, Cache, RefName, Digest, Option<Bytes>), OpsError> {
         let (ns, cache) = self.ns(namespace)?;
         let key = cache_key(key)?;
-        let found = match cache.lookup(&ns, &key).await? {
-            Some(d) => Some(d),
-            None => match cas_digest(&key)? {
-                Some(d)
-                    if self
-                        .0
-                        .store()
-                        .stat(&store_core::Key::new(ns.clone(), d))
-                        .await?
-                        .is_some() =>
-                {
-                    cache.note_access(&ns, d);
-                    Some(d)
-                }
-                _ => None,
-            },
+        let found = match cas_digest(&key)? {
+            Some(_) => cas::resolve_name(self.0, &ns, &cache, &key, None).await?,
+            None => cache.lookup(&ns, &key).await?,
         };
-        self.0.metrics().cache_lookup(ns.as_str(), found.is_some());
-        match found {
-            Some(d) => Ok((ns, cache, key, d)),
+        let served = match found {
             None => Err(no_entry(&key, &ns)),
-        }
+            Some(d) if key.as_str().starts_with("ac/") => {
+                let v = action::validate(self.0, &ns, &cache, d).await;
+                match unless_gone(v, &ns, &cache, &key, d).await {
+                    Ok(Validity::Serve(bytes)) => Ok((d, bytes)),
+                    Ok(Validity::Missing(why)) => Err(action::withheld(&key, &ns, &why)),
+                    Err(e) => Err(e),
+                }
+            }
+            Some(d) => Ok((d, None)),
+        };
+        self.0.metrics().cache_lookup(ns.as_str(), served.is_ok());
+        let (d, bytes) = served?;
+        Ok((ns, cache, key, d, bytes))
     }
 
     /// `GET /cache/{ns}/{key}`: the entry `key` names, streamed (`Range`
