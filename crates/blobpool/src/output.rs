@@ -252,5 +252,11 @@ pub fn sweep_text(r: &store_core::SweepReport) -> String {
         let names: Vec<&str> = r.unswept_namespaces.iter().map(|n| n.as_str()).collect();
         out.push_str(&format!("\nunswept\t{}", names.join(",")));
     }
+    for (ns, t) in &r.cache_trims {
+        out.push_str(&format!(
+            "\ncache_trim\t{ns}\t{} keys\t{} bytes",
+            t.keys, t.bytes
+        ));
+    }
     out
 }

@@ -471,8 +471,11 @@ impl Gc<'_> {
     pub async fn sweep(&self, opts: SweepOptions) -> Result<SweepReport> {
         // Cache namespaces lose the keys outside their bounds first, so
         // this sweep stages the entries nothing protects any more.
-        self.store.trim_caches().await?;
-        let r = self.inner.gc.sweep(&opts).await;
+        let trims = self.store.trim_caches().await?;
+        let mut r = self.inner.gc.sweep(&opts).await;
+        if let Ok(rep) = &mut r {
+            rep.cache_trims = trims.into_iter().filter(|(_, t)| t.keys > 0).collect();
+        }
         match &r {
             // A sweep that deletes data says so, whoever called it.
             Ok(rep) => tracing::info!(
@@ -484,6 +487,8 @@ impl Gc<'_> {
                 deleted = rep.total.deleted,
                 rescued = rep.total.rescued,
                 bytes_freed = rep.total.bytes_freed,
+                cache_keys_evicted = rep.cache_trims.values().map(|t| t.keys).sum::<u64>(),
+                cache_bytes_evicted = rep.cache_trims.values().map(|t| t.bytes).sum::<u64>(),
                 unswept = rep.unswept_namespaces.len(),
                 duration_ms = rep.duration.as_millis() as u64,
                 "sweep"

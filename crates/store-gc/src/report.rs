@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use store_types::{Error, Namespace};
+use store_types::{CacheTrim, Error, Namespace};
 
 /// Why a sweep deliberately did nothing (ADR-012 §1). Data, not an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -107,6 +107,10 @@ pub struct SweepReport {
     /// this sweep (ADR-021).
     #[serde(default)]
     pub resumed_deletes: u64,
+    /// What the cache trim that runs first evicted, per cache namespace
+    /// it evicted from (ADR-069): keys and the sum of their sizes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cache_trims: BTreeMap<Namespace, CacheTrim>,
     /// Wall time of the sweep.
     #[serde(with = "duration_ms")]
     pub duration: Duration,

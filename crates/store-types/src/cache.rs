@@ -71,7 +71,7 @@ pub struct CacheUsage {
 }
 
 /// What a trim (or one [`CacheIndex::remove_unchanged`]) removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CacheTrim {
     /// Keys removed.
     pub keys: u64,
