@@ -29,6 +29,9 @@
 //! - `bench-cache [--quick]`: the build-cache benchmarks (issue 31): a
 //!   ccache rebuild through `blobpool serve` against a local-directory
 //!   ccache, and HTTP GET/PUT against nginx (`bench/cache/run.sh`).
+//! - `bench-bazel [--quick]`: Bazel 2.1.0's all-remote-hits rebuild
+//!   through Blobpool over HTTP and gRPC against its local `--disk_cache`
+//!   (issue 42, ADR-072; `bench/cache/bazel.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -40,11 +43,11 @@ mod package;
 mod pyclient;
 mod tidy;
 
-const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | package [--release] | openapi | pyclient | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT]";
+const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | package [--release] | openapi | pyclient | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-bazel [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT]";
 
-/// `bench/cache/run.sh` with the given arguments (`--quick`).
-fn bench_cache(args: &[String]) -> Result<(), String> {
-    let script = workspace_root().join("bench").join("cache").join("run.sh");
+/// `bench/cache/<script>` with the given arguments (`--quick`).
+fn bench_cache(script: &str, args: &[String]) -> Result<(), String> {
+    let script = workspace_root().join("bench").join("cache").join(script);
     let status = Command::new("bash")
         .arg(&script)
         .args(args)
@@ -54,7 +57,7 @@ fn bench_cache(args: &[String]) -> Result<(), String> {
     if status.success() {
         Ok(())
     } else {
-        Err(format!("bench-cache failed ({status})"))
+        Err(format!("{} failed ({status})", script.display()))
     }
 }
 
@@ -63,7 +66,8 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
-        Some("bench-cache") => bench_cache(&args[1..]),
+        Some("bench-cache") => bench_cache("run.sh", &args[1..]),
+        Some("bench-bazel") => bench_cache("bazel.sh", &args[1..]),
         Some("bench-skeptic") => bench::skeptic(&args[1..]),
         Some("bench-http") => bench::http(&args[1..]),
         Some("tidy" | "arch") => tidy::check(),
