@@ -1,7 +1,7 @@
 //! The `BLOBPOOL_*` environment form of the server configuration
 //! ([`Config::load`] under a set of variables, and
 //! [`blobpool::config::check_environment`]): every variable the
-//! configuration reads ([`SETTINGS`], [`SECTION_VARIABLES`]) and
+//! configuration reads (each of [`SETTINGS`], the sections' keys too) and
 //! any other name, with any values, over an empty file or one of a few
 //! valid ones. (The `config` target fuzzes the file text; this one
 //! reaches every variable quickly.) Checked:
@@ -25,7 +25,6 @@ use arbitrary::Arbitrary;
 use blobpool::config::{
     check_environment, parse_size, Config, ConfigError, Origin, Setting, CLI_VARIABLES, SETTINGS,
 };
-use blobpool::security::SECTION_VARIABLES;
 
 /// The fuzzer's input: a file (by index) and variables.
 #[derive(Arbitrary, Debug)]
@@ -68,11 +67,7 @@ fn scratch(i: usize) -> PathBuf {
 }
 
 fn known() -> Vec<String> {
-    SETTINGS
-        .iter()
-        .map(Setting::env)
-        .chain(SECTION_VARIABLES.map(String::from))
-        .collect()
+    SETTINGS.iter().map(Setting::env).collect()
 }
 
 /// Loads the input's variables over its file.

@@ -23,8 +23,11 @@
 //! `bytesize` string (`"64KiB"` = 65536, `"64KB"` = 64000, `"4GiB"`,
 //! `"1.5MiB"`). The environment and the flags take the same forms.
 //!
-//! The server's `[auth]`, `[http]`, `[tls]` and `[limits]` sections are
-//! described in `security.rs` (and docs/SERVER.md, Security).
+//! The keys of the server's `[auth]`, `[http]`, `[tls]` and `[limits]`
+//! sections are entries of the table too (`BLOBPOOL_TLS_CERT`,
+//! `BLOBPOOL_LIMITS_IDLE_TIMEOUT`); [`sections`] parses their variables,
+//! `security.rs` builds the server's configuration from them
+//! (docs/SERVER.md, Security).
 //!
 //! Relative paths in `sqlite://` and `file://` URLs and in `data_dir` are
 //! relative to the working directory.
@@ -60,6 +63,7 @@ pub use crate::error::{ConfigError, Invalid, Origin};
 use settings::{env_of, Derived, FileConfig, Values};
 pub use settings::{Config, Setting, SETTINGS};
 
+pub mod sections;
 pub mod settings;
 
 /// The command line's own variables (its flags' `env`).
@@ -92,7 +96,6 @@ pub fn check_environment(names: impl IntoIterator<Item = String>) -> Result<(), 
     let known: Vec<String> = SETTINGS
         .iter()
         .map(Setting::env)
-        .chain(crate::security::SECTION_VARIABLES.map(String::from))
         .chain(CLI_VARIABLES.map(String::from))
         .collect();
     for name in names {
@@ -203,7 +206,7 @@ impl Scalar {
             Scalar::Int(n) => u64::try_from(n)
                 .map(Duration::from_secs)
                 .map_err(|_| Invalid(format!("{n}: a duration cannot be negative"))),
-            Scalar::Str(s) => crate::security::parse_duration(&s),
+            Scalar::Str(s) => sections::parse_duration(&s),
             other => Err(format!(
                 "expected a duration (seconds, or e.g. \"15m\"), got {}",
                 other.shown()
@@ -703,7 +706,7 @@ impl Config {
             node_name: (v.node_name.0.clone()).unwrap_or_else(|| default_node_name(root)),
             unreferenced_namespaces,
             gc,
-            sections: Self::resolve_sections(fc.auth, fc.http, fc.tls, fc.limits, l)?,
+            sections: Self::resolve_sections(fc.sections(), l)?,
             uploads_dir: (v.uploads_dir.0.clone()).unwrap_or_else(|| root.join("uploads")),
             default_root: v.kv.0.is_none().then(|| root.clone()),
         };
@@ -720,21 +723,13 @@ impl Config {
     /// the file's section), then the environment's variables over them
     /// (each checked, an error names the variable).
     fn resolve_sections(
-        auth: Option<crate::security::AuthSection>,
-        http: Option<crate::security::HttpSection>,
-        tls: Option<crate::security::TlsSection>,
-        limits: Option<crate::security::LimitsSection>,
+        sections: settings::Sections,
         l: &Layers,
-    ) -> Result<crate::security::Sections, ConfigError> {
-        let sections = crate::security::Sections {
-            auth,
-            http,
-            tls,
-            limits,
-        };
-        sections
-            .check_file()
-            .map_err(|e| e.from_origin(&l.section("http")))?;
+    ) -> Result<settings::Sections, ConfigError> {
+        if let Some(h) = &sections.http {
+            sections::check_http(h.allowed_hosts.as_deref(), &h.cors_origins)
+                .map_err(|e| e.from_origin(&l.section("http")))?;
+        }
         sections.with_env(l.env)
     }
 
@@ -1648,11 +1643,7 @@ mod tests {
         for name in &asked {
             check_environment([name.clone()]).unwrap();
         }
-        let mut listed: Vec<String> = SETTINGS
-            .iter()
-            .map(Setting::env)
-            .chain(crate::security::SECTION_VARIABLES.map(String::from))
-            .collect();
+        let mut listed: Vec<String> = SETTINGS.iter().map(Setting::env).collect();
         listed.sort();
         assert_eq!(asked, listed);
     }

@@ -1,5 +1,8 @@
-//! The server's network-facing configuration: `[auth]`, `[http]`, `[tls]`
-//! and `[limits]` (docs/SERVER.md, Security; ADR-023).
+//! The server's network-facing configuration, built from `[auth]`,
+//! `[http]`, `[tls]` and `[limits]` (docs/SERVER.md, Security; ADR-023):
+//! their keys are entries of the settings table (`server`, in
+//! `config/settings.rs`), their values parsed and checked in
+//! `config/sections.rs`; the checks across keys are here.
 //!
 //! ```toml
 //! insecure_no_auth = false          # serve without keys on a non-loopback address
@@ -39,244 +42,13 @@
 //! ```
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
-use std::time::Duration;
 
-use serde::Deserialize;
-
-use crate::error::{ConfigError, Invalid, Origin};
+use crate::config::sections::check_http;
+pub use crate::config::sections::{parse_duration, ANY_HOST};
+use crate::config::settings::{AuthSection, Sections};
+use crate::error::ConfigError;
 use store_http::{ClientAuth, HttpConfig, ServerLimits, TlsSettings};
 use store_ops::auth::{parse_key_hash, ApiKey, Auth, CertIdentity, Grant};
-
-/// `[auth]`.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct AuthSection {
-    #[serde(default)]
-    anonymous: Vec<String>,
-    #[serde(default)]
-    keys: Vec<KeyEntry>,
-    #[serde(default)]
-    clients: Vec<ClientEntry>,
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-struct KeyEntry {
-    name: String,
-    hash: String,
-    #[serde(default)]
-    scopes: Vec<String>,
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-struct ClientEntry {
-    name: String,
-    subject: String,
-    #[serde(default)]
-    scopes: Vec<String>,
-}
-
-/// `[http]`.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct HttpSection {
-    allowed_hosts: Option<Vec<String>>,
-    #[serde(default)]
-    cors_origins: Vec<String>,
-}
-
-/// The `http.allowed_hosts` entry that answers any `Host` on purpose.
-pub const ANY_HOST: &str = "*";
-
-impl HttpSection {
-    /// `allowed_hosts` and `cors_origins` as [`check_allowed_hosts`] and
-    /// [`check_cors_origins`] accept them; the error names the setting.
-    fn check(&self) -> Result<(), ConfigError> {
-        if let Some(hosts) = &self.allowed_hosts {
-            check_allowed_hosts(hosts)
-                .map_err(|e| ConfigError::setting("http.allowed_hosts", e))?;
-        }
-        check_cors_origins(&self.cors_origins)
-            .map_err(|e| ConfigError::setting("http.cors_origins", e))
-    }
-}
-
-/// `http.allowed_hosts` as set (in the file or `BLOBPOOL_HTTP_ALLOWED_HOSTS`):
-/// host names as clients write them in URLs (no scheme, port or path), or
-/// `["*"]` alone for any `Host`. Empty is refused: the server would answer
-/// any `Host` and so turn the DNS rebinding check off without saying so
-/// (an unset shell variable passed with `-e` reads as empty).
-pub fn check_allowed_hosts(hosts: &[String]) -> Result<(), Invalid> {
-    if hosts.is_empty() {
-        return Err(Invalid(
-            "http.allowed_hosts is empty, which would answer any Host and turn off the DNS \
-             rebinding check: list the names clients use (e.g. [\"blobs.example.com\"]), \
-             remove the setting for the default (the loopback names on a loopback listen), or \
-             set [\"*\"] to answer any Host on purpose"
-                .into(),
-        ));
-    }
-    let any = hosts.iter().any(|h| h.trim() == ANY_HOST);
-    if any && hosts.len() > 1 {
-        return Err(Invalid(format!(
-            "http.allowed_hosts {hosts:?}: \"*\" answers any Host and goes alone (without it, \
-             only the names listed)"
-        )));
-    }
-    for h in hosts {
-        let t = h.trim();
-        let hint = |why: &str, write: &str| {
-            Invalid(format!(
-                "http.allowed_hosts {h:?}: {why}; write {write:?} (a host name as in the URL, \
-                 which the Host check compares without the port)"
-            ))
-        };
-        if t.is_empty() {
-            return Err(Invalid(
-                "http.allowed_hosts has an empty entry (a host name, or \"*\" alone)".into(),
-            ));
-        }
-        if t == ANY_HOST {
-            continue;
-        }
-        if let Some((_, rest)) = t.split_once("://") {
-            let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
-            let host = store_http_host(host);
-            return Err(hint("a host name, not a URL", &host));
-        }
-        if t.contains('/') {
-            return Err(hint(
-                "a host name has no path",
-                t.split('/').next().unwrap_or_default(),
-            ));
-        }
-        if t.contains('*') {
-            return Err(Invalid(format!(
-                "http.allowed_hosts {h:?}: no patterns; list each name, or \"*\" alone for any \
-                 Host"
-            )));
-        }
-        if let Some(c) = t
-            .chars()
-            .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '@' | '?' | '#'))
-        {
-            return Err(Invalid(format!(
-                "http.allowed_hosts {h:?}: {c:?} is not allowed in a host name"
-            )));
-        }
-        let bare = store_http_host(t);
-        if bare != t.to_ascii_lowercase() {
-            return Err(hint(
-                "the Host check compares the bare name (no port, brackets or trailing dot)",
-                &bare,
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A `Host` value's name as the server's Host check sees it: no port, no
-/// brackets around an IPv6 address, no trailing dot, lowercase.
-fn store_http_host(authority: &str) -> String {
-    let a = authority.trim();
-    let host = if let Some(rest) = a.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else if a.parse::<std::net::Ipv6Addr>().is_ok() {
-        a
-    } else {
-        match a.rsplit_once(':') {
-            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-            _ => a,
-        }
-    };
-    host.trim_end_matches('.').to_ascii_lowercase()
-}
-
-/// `http.cors_origins`: each an origin as a browser sends it
-/// ([`store_http::check_cors_origin`]: `"*"` and `"null"` are refused,
-/// and so is a form no browser sends, such as a trailing `/`).
-pub fn check_cors_origins(origins: &[String]) -> Result<(), Invalid> {
-    for o in origins {
-        store_http::check_cors_origin(o)
-            .map_err(|e| Invalid(format!("http.cors_origins {o:?}: {e}")))?;
-    }
-    Ok(())
-}
-
-/// `[tls]`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct TlsSection {
-    cert: PathBuf,
-    key: PathBuf,
-    client_ca: Option<PathBuf>,
-    client_auth: Option<String>,
-}
-
-/// A duration in the config: seconds, or a human string (`"30s"`,
-/// `"2m"`, `"500ms"`).
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(untagged)]
-enum DurationValue {
-    Secs(u64),
-    Text(String),
-}
-
-impl DurationValue {
-    fn get(&self, name: &str) -> Result<Duration, ConfigError> {
-        let d = match self {
-            DurationValue::Secs(s) => Duration::from_secs(*s),
-            DurationValue::Text(t) => parse_duration(t).map_err(|e| {
-                ConfigError::setting(format!("limits.{name}"), format!("limits.{name}: {e}"))
-            })?,
-        };
-        if d.is_zero() {
-            return Err(ConfigError::setting(
-                format!("limits.{name}"),
-                format!("limits.{name} must be greater than zero"),
-            ));
-        }
-        Ok(d)
-    }
-}
-
-/// Parses `"30s"`, `"2m"`, `"1h 30m"`, `"500ms"` or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, Invalid> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    humantime::parse_duration(s).map_err(|e| Invalid(format!("{s:?}: {e} (e.g. \"30s\", \"2m\")")))
-}
-
-/// `[limits]`.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsSection {
-    header_read_timeout: Option<DurationValue>,
-    idle_timeout: Option<DurationValue>,
-    body_read_timeout: Option<DurationValue>,
-    write_timeout: Option<DurationValue>,
-    max_connections: Option<usize>,
-    drain_timeout: Option<DurationValue>,
-    http2_max_streams: Option<u32>,
-}
-
-/// The sections as read from the file (the environment adds
-/// `BLOBPOOL_INSECURE_NO_AUTH` and `BLOBPOOL_LOG_FORMAT` in config.rs).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Sections {
-    /// `[auth]`.
-    pub auth: Option<AuthSection>,
-    /// `[http]`.
-    pub http: Option<HttpSection>,
-    /// `[tls]`.
-    pub tls: Option<TlsSection>,
-    /// `[limits]`.
-    pub limits: Option<LimitsSection>,
-}
 
 /// Whether `listen` can only be reached from this host.
 pub fn is_loopback(listen: &str) -> bool {
@@ -380,7 +152,7 @@ impl Sections {
             Auth::new(keys, certs, anonymous).map_err(|e| ConfigError::setting("auth", e))?
         };
         let http = self.http.clone().unwrap_or_default();
-        http.check()?;
+        check_http(http.allowed_hosts.as_deref(), &http.cors_origins)?;
         let allowed_hosts = match http.allowed_hosts {
             Some(h) => h,
             None if is_loopback(listen) => LOOPBACK_HOSTS.iter().map(|s| s.to_string()).collect(),
@@ -434,28 +206,33 @@ impl Sections {
         let Some(s) = &self.limits else {
             return Ok(l);
         };
-        let set = |v: &Option<DurationValue>,
-                   name: &str,
-                   into: &mut Duration|
-         -> Result<(), ConfigError> {
+        for (v, key, into) in [
+            (
+                &s.header_read_timeout,
+                "limits.header_read_timeout",
+                &mut l.header_read_timeout,
+            ),
+            (&s.idle_timeout, "limits.idle_timeout", &mut l.idle_timeout),
+            (
+                &s.body_read_timeout,
+                "limits.body_read_timeout",
+                &mut l.body_read_timeout,
+            ),
+            (
+                &s.write_timeout,
+                "limits.write_timeout",
+                &mut l.write_timeout,
+            ),
+            (
+                &s.drain_timeout,
+                "limits.drain_timeout",
+                &mut l.drain_timeout,
+            ),
+        ] {
             if let Some(v) = v {
-                *into = v.get(name)?;
+                *into = v.get(key).map_err(|e| ConfigError::setting(key, e))?;
             }
-            Ok(())
-        };
-        set(
-            &s.header_read_timeout,
-            "header_read_timeout",
-            &mut l.header_read_timeout,
-        )?;
-        set(&s.idle_timeout, "idle_timeout", &mut l.idle_timeout)?;
-        set(
-            &s.body_read_timeout,
-            "body_read_timeout",
-            &mut l.body_read_timeout,
-        )?;
-        set(&s.write_timeout, "write_timeout", &mut l.write_timeout)?;
-        set(&s.drain_timeout, "drain_timeout", &mut l.drain_timeout)?;
+        }
         if let Some(n) = s.max_connections {
             if n == 0 {
                 return Err(ConfigError::setting(
@@ -472,283 +249,24 @@ impl Sections {
     }
 }
 
-/// The `BLOBPOOL_*` variables of the sections (each overrides its key of
-/// the file; lists are comma separated):
-///
-/// | variable | key |
-/// |---|---|
-/// | `BLOBPOOL_AUTH_ANONYMOUS` | `auth.anonymous` |
-/// | `BLOBPOOL_AUTH_KEYS` | `[[auth.keys]]`, as `name=hash=scope,scope;name=hash=…` |
-/// | `BLOBPOOL_AUTH_CLIENTS` | `[[auth.clients]]`, as `name=subject=scope,scope;name=subject=…` |
-/// | `BLOBPOOL_HTTP_ALLOWED_HOSTS`, `BLOBPOOL_HTTP_CORS_ORIGINS` | `http.*` |
-/// | `BLOBPOOL_TLS_CERT`, `_KEY`, `_CLIENT_CA`, `_CLIENT_AUTH` | `tls.*` |
-/// | `BLOBPOOL_LIMITS_<KEY>` | `limits.<key>` |
-pub const SECTION_VARIABLES: [&str; 16] = [
-    "BLOBPOOL_AUTH_ANONYMOUS",
-    "BLOBPOOL_AUTH_KEYS",
-    "BLOBPOOL_AUTH_CLIENTS",
-    "BLOBPOOL_HTTP_ALLOWED_HOSTS",
-    "BLOBPOOL_HTTP_CORS_ORIGINS",
-    "BLOBPOOL_TLS_CERT",
-    "BLOBPOOL_TLS_KEY",
-    "BLOBPOOL_TLS_CLIENT_CA",
-    "BLOBPOOL_TLS_CLIENT_AUTH",
-    "BLOBPOOL_LIMITS_HEADER_READ_TIMEOUT",
-    "BLOBPOOL_LIMITS_IDLE_TIMEOUT",
-    "BLOBPOOL_LIMITS_BODY_READ_TIMEOUT",
-    "BLOBPOOL_LIMITS_WRITE_TIMEOUT",
-    "BLOBPOOL_LIMITS_MAX_CONNECTIONS",
-    "BLOBPOOL_LIMITS_DRAIN_TIMEOUT",
-    "BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS",
-];
-
-/// The identities of `BLOBPOOL_AUTH_KEYS` / `BLOBPOOL_AUTH_CLIENTS`:
-/// `name=value=scope,scope` entries separated by `;`, as (name, value,
-/// scopes). An empty variable is refused rather than read as "no
-/// identities": it replaces the file's, and an unset shell variable
-/// (`-e BLOBPOOL_AUTH_KEYS=$KEYS`) must not silently drop them.
-fn identity_list(
-    var: &str,
-    form: &str,
-    v: &str,
-) -> Result<Vec<(String, String, Vec<String>)>, ConfigError> {
-    let entries: Vec<&str> = v
-        .split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
-    if entries.is_empty() {
-        return Err(env_err(
-            var,
-            format!("empty (expected {form};…); unset it to keep the file's"),
-        ));
-    }
-    entries
-        .into_iter()
-        .map(|entry| {
-            let mut parts = entry.splitn(3, '=');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some(name), Some(value), scopes)
-                    if !name.trim().is_empty() && !value.trim().is_empty() =>
-                {
-                    Ok((
-                        name.trim().to_string(),
-                        value.trim().to_string(),
-                        scopes.map(list).unwrap_or_default(),
-                    ))
-                }
-                _ => Err(env_err(var, format!("{entry:?}: expected {form}"))),
-            }
-        })
-        .collect()
-}
-
-fn list(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
-impl Sections {
-    /// Checks the file's `[http]` values that no later step can read
-    /// correctly (see [`check_allowed_hosts`], [`check_cors_origins`]); the
-    /// error names the setting, its origin is the caller's to attach.
-    pub fn check_file(&self) -> Result<(), ConfigError> {
-        self.http.as_ref().map_or(Ok(()), HttpSection::check)
-    }
-
-    /// The sections with the `BLOBPOOL_*` variables of
-    /// [`SECTION_VARIABLES`] applied over the file's values; an error names
-    /// the variable (`environment BLOBPOOL_…: …`).
-    pub fn with_env(
-        mut self,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Sections, ConfigError> {
-        self.auth_env(env)?;
-        if let Some(v) = env("BLOBPOOL_HTTP_ALLOWED_HOSTS") {
-            let hosts = list(&v);
-            check_allowed_hosts(&hosts).map_err(|e| {
-                env_err(
-                    "BLOBPOOL_HTTP_ALLOWED_HOSTS",
-                    if hosts.is_empty() {
-                        format!(
-                            "{e} (the variable's form: `*` or `name,name`; unset it to keep \
-                             the file's)"
-                        )
-                    } else {
-                        e.to_string()
-                    },
-                )
-            })?;
-            self.http.get_or_insert_with(Default::default).allowed_hosts = Some(hosts);
-        }
-        if let Some(v) = env("BLOBPOOL_HTTP_CORS_ORIGINS") {
-            let origins = list(&v);
-            check_cors_origins(&origins).map_err(|e| env_err("BLOBPOOL_HTTP_CORS_ORIGINS", e))?;
-            self.http.get_or_insert_with(Default::default).cors_origins = origins;
-        }
-        self.tls_env(env)?;
-        self.limits_env(env)?;
-        if self.limits == Some(LimitsSection::default()) {
-            self.limits = None;
-        }
-        Ok(self)
-    }
-
-    /// `BLOBPOOL_AUTH_*` over `[auth]`.
-    fn auth_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        if let Some(v) = env("BLOBPOOL_AUTH_ANONYMOUS") {
-            let anonymous = list(&v);
-            Grant::parse_all(&anonymous).map_err(|e| env_err("BLOBPOOL_AUTH_ANONYMOUS", e))?;
-            self.auth.get_or_insert_with(Default::default).anonymous = anonymous;
-        }
-        if let Some(v) = env("BLOBPOOL_AUTH_KEYS") {
-            let var = "BLOBPOOL_AUTH_KEYS";
-            let keys = identity_list(var, "name=hash=scope,scope", &v)?
-                .into_iter()
-                .map(|(name, hash, scopes)| {
-                    // Checked here too, so that the error names the variable.
-                    parse_key_hash(&hash).map_err(|e| env_err(var, format!("{name:?}: {e}")))?;
-                    Grant::parse_all(&scopes)
-                        .map_err(|e| env_err(var, format!("{name:?}: {e}")))?;
-                    Ok(KeyEntry { name, hash, scopes })
-                })
-                .collect::<Result<Vec<_>, ConfigError>>()?;
-            self.auth.get_or_insert_with(Default::default).keys = keys;
-        }
-        if let Some(v) = env("BLOBPOOL_AUTH_CLIENTS") {
-            let var = "BLOBPOOL_AUTH_CLIENTS";
-            let clients = identity_list(var, "name=subject=scope,scope", &v)?
-                .into_iter()
-                .map(|(name, subject, scopes)| {
-                    Grant::parse_all(&scopes)
-                        .map_err(|e| env_err(var, format!("{name:?}: {e}")))?;
-                    Ok(ClientEntry {
-                        name,
-                        subject,
-                        scopes,
-                    })
-                })
-                .collect::<Result<Vec<_>, ConfigError>>()?;
-            self.auth.get_or_insert_with(Default::default).clients = clients;
-        }
-        Ok(())
-    }
-
-    /// `BLOBPOOL_TLS_*` over `[tls]`; without a `[tls]` in the file the
-    /// certificate and key variables are both needed.
-    fn tls_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        let tls_var = |k: &str| env(&format!("BLOBPOOL_TLS_{k}"));
-        let (cert, key) = (tls_var("CERT"), tls_var("KEY"));
-        let (ca, auth) = (tls_var("CLIENT_CA"), tls_var("CLIENT_AUTH"));
-        if cert.is_some() || key.is_some() || ca.is_some() || auth.is_some() {
-            let mut t = match self.tls.take() {
-                Some(t) => t,
-                None => TlsSection {
-                    cert: cert.clone().map(PathBuf::from).ok_or_else(|| {
-                        env_err(
-                            "BLOBPOOL_TLS_CERT",
-                            "needed with the other BLOBPOOL_TLS_* (no [tls] in the file)",
-                        )
-                    })?,
-                    key: key.clone().map(PathBuf::from).ok_or_else(|| {
-                        env_err(
-                            "BLOBPOOL_TLS_KEY",
-                            "needed with the other BLOBPOOL_TLS_* (no [tls] in the file)",
-                        )
-                    })?,
-                    client_ca: None,
-                    client_auth: None,
-                },
-            };
-            if let Some(c) = cert {
-                t.cert = PathBuf::from(c);
-            }
-            if let Some(k) = key {
-                t.key = PathBuf::from(k);
-            }
-            if let Some(c) = ca {
-                t.client_ca = Some(PathBuf::from(c));
-            }
-            if let Some(a) = auth {
-                if !matches!(a.trim(), "optional" | "required") {
-                    return Err(env_err(
-                        "BLOBPOOL_TLS_CLIENT_AUTH",
-                        format!("{a:?}: expected \"optional\" or \"required\""),
-                    ));
-                }
-                t.client_auth = Some(a);
-            }
-            self.tls = Some(t);
-        }
-        Ok(())
-    }
-
-    /// `BLOBPOOL_LIMITS_*` over `[limits]`.
-    fn limits_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        let duration = |name: &str| -> Result<Option<DurationValue>, ConfigError> {
-            let var = format!("BLOBPOOL_LIMITS_{name}");
-            env(&var)
-                .map(|v| {
-                    let d = DurationValue::Text(v);
-                    d.get(&name.to_ascii_lowercase())
-                        .map_err(|m| env_err(&var, m))
-                        .map(|_| d)
-                })
-                .transpose()
-        };
-        let number = |name: &str| -> Result<Option<u64>, ConfigError> {
-            let var = format!("BLOBPOOL_LIMITS_{name}");
-            env(&var)
-                .map(|v| {
-                    v.trim()
-                        .parse::<u64>()
-                        .map_err(|e| env_err(&var, format!("{v:?}: {e}")))
-                })
-                .transpose()
-        };
-        let l = self.limits.get_or_insert_with(Default::default);
-        for (name, slot) in [
-            ("HEADER_READ_TIMEOUT", &mut l.header_read_timeout),
-            ("IDLE_TIMEOUT", &mut l.idle_timeout),
-            ("BODY_READ_TIMEOUT", &mut l.body_read_timeout),
-            ("WRITE_TIMEOUT", &mut l.write_timeout),
-            ("DRAIN_TIMEOUT", &mut l.drain_timeout),
-        ] {
-            if let Some(d) = duration(name)? {
-                *slot = Some(d);
-            }
-        }
-        if let Some(n) = number("MAX_CONNECTIONS")? {
-            if n == 0 {
-                return Err(env_err(
-                    "BLOBPOOL_LIMITS_MAX_CONNECTIONS",
-                    "limits.max_connections must be at least 1",
-                ));
-            }
-            l.max_connections = Some(usize::try_from(n).unwrap_or(usize::MAX));
-        }
-        if let Some(n) = number("HTTP2_MAX_STREAMS")? {
-            l.http2_max_streams = Some(
-                u32::try_from(n)
-                    .map_err(|e| env_err("BLOBPOOL_LIMITS_HTTP2_MAX_STREAMS", e.to_string()))?,
-            );
-        }
-        Ok(())
-    }
-}
-
-/// An error in the variable `name`.
-fn env_err(name: &str, m: impl std::fmt::Display) -> ConfigError {
-    Origin::Env(name.to_string()).err(name, m.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     // The one redaction, shared with the engine registry.
     use super::*;
+    use crate::config::settings::{HttpSection, LimitsSection, TlsSection, SETTINGS};
+    use serde::Deserialize;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    /// The variables of the sections' keys, from the settings table.
+    fn section_variables() -> Vec<String> {
+        let server = ["auth.", "http.", "tls.", "limits."];
+        SETTINGS
+            .iter()
+            .filter(|s| server.iter().any(|p| s.key.starts_with(p)))
+            .map(|s| s.env())
+            .collect()
+    }
     use store_types::registry::redact_url;
 
     fn sections(toml_text: &str) -> Sections {
@@ -951,12 +469,12 @@ http2_max_streams = 7
         let mut asked = asked.into_inner();
         asked.sort();
         asked.dedup();
-        let mut listed: Vec<String> = SECTION_VARIABLES.iter().map(|s| s.to_string()).collect();
+        let mut listed = section_variables();
         listed.sort();
         assert_eq!(asked, listed);
     }
 
-    /// Each variable of [`SECTION_VARIABLES`] overrides its key of the file
+    /// Each variable of the sections' keys overrides its key of the file
     /// and leaves the others.
     #[test]
     fn each_section_variable_overrides_its_key() {
@@ -1035,7 +553,7 @@ http2_max_streams = 7
         ];
         let mut covered: Vec<&str> = cases.iter().map(|c| c.0).collect();
         covered.sort_unstable();
-        let mut listed = SECTION_VARIABLES.to_vec();
+        let mut listed = section_variables();
         listed.sort_unstable();
         assert_eq!(covered, listed, "one case per variable");
         let config = |env: &dyn Fn(&str) -> Option<String>| {
@@ -1057,6 +575,39 @@ http2_max_streams = 7
                 }
             }
         }
+    }
+
+    /// Each section key's stated default (the settings table's, which
+    /// docs/SERVER.md repeats, checked by tidy), set in its variable,
+    /// changes nothing: it is the default in force. "none" and "derived"
+    /// name no value.
+    #[test]
+    fn stated_section_defaults_are_the_defaults() {
+        let base = "[tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\nclient_ca = \"/ca.pem\"\n";
+        let config = |env: &dyn Fn(&str) -> Option<String>| {
+            let h = sections(base)
+                .with_env(env)
+                .unwrap()
+                .http_config("127.0.0.1:7070", false)
+                .unwrap();
+            (h.limits, h.tls, h.allowed_hosts, h.cors_origins)
+        };
+        let default = config(&|_| None);
+        assert_eq!(default.0, ServerLimits::default());
+        let mut checked = 0;
+        for s in SETTINGS
+            .iter()
+            .filter(|s| section_variables().contains(&s.env()))
+        {
+            if matches!(s.default, "none" | "derived") {
+                continue;
+            }
+            let var = s.env();
+            let set = config(&|k| (k == var).then(|| s.default.to_string()));
+            assert_eq!(set, default, "{}: {:?}", s.key, s.default);
+            checked += 1;
+        }
+        assert_eq!(checked, 8, "the limits and tls.client_auth");
     }
 
     #[test]

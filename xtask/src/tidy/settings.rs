@@ -1,9 +1,9 @@
 //! docs/SERVER.md's settings table against the binary's (ADR-059): every
 //! setting of crates/blobpool/src/config/settings.rs has a row, every row
 //! names a setting, and each row states the setting's variable and starts
-//! its default with the one the table states. Rows of the server's
-//! sections (`[auth]`, `[http]`, …), documented under Security, are not
-//! settings of the table.
+//! its default with the one the table states. A key of a section is
+//! `gc.interval` in the table (or `interval` inside a `tls: TlsSection {`
+//! block) and `[gc] interval` or `[[auth.keys]]` in a row.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,17 +12,30 @@ const TABLE: &str = "crates/blobpool/src/config/settings.rs";
 const DOC: &str = "docs/SERVER.md";
 
 /// The table's settings, key → default as stated: each entry's line is
-/// `key: …` (or `gc.key: …`) and its first string is the stated default.
+/// `key: …` (or `gc.key: …`, or `key: …` in a `sec: Type {` block) and
+/// its first string is the stated default.
 fn declared(source: &str) -> BTreeMap<String, String> {
     let body = source.split_once("\nsettings! {").map_or("", |(_, b)| b);
+    let mut section = None;
     body.lines()
         .filter_map(|line| {
-            let (key, rest) = line.trim().split_once(':')?;
+            let line = line.trim();
+            if line == "}" {
+                section = None;
+            }
+            let (key, rest) = line.split_once(':')?;
             let keyish = |c: char| c.is_ascii_lowercase() || c == '_' || c == '.';
             if key.is_empty() || !key.chars().all(keyish) {
                 return None;
             }
-            Some((key.to_string(), rest.split('"').nth(1)?.to_string()))
+            if rest.ends_with('{') {
+                section = Some(key.to_string());
+                return None;
+            }
+            let key = section
+                .as_ref()
+                .map_or(key.to_string(), |s| format!("{s}.{key}"));
+            Some((key, rest.split('"').nth(1)?.to_string()))
         })
         .collect()
 }
@@ -38,9 +51,11 @@ fn documented(doc: &str) -> BTreeMap<String, (String, String)> {
         .filter_map(|row| {
             let cells: Vec<&str> = row.split('|').map(str::trim).collect();
             let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
-            let key = match name.strip_prefix("[gc] ") {
-                Some(k) => format!("gc.{k}"),
-                None => name.to_string(),
+            let key = match name.strip_prefix('[').and_then(|n| n.split_once("] ")) {
+                Some((section, k)) => format!("{section}.{k}"),
+                None => (name.strip_prefix("[[").and_then(|n| n.strip_suffix("]]")))
+                    .unwrap_or(name)
+                    .to_string(),
             };
             if !key
                 .chars()
@@ -107,7 +122,10 @@ mod tests {
 
     const SOURCE: &str = "x\nsettings! {\n    plain {\n        /// Delete window.\n        \
         window: Duration = DEFAULT_WINDOW, \"1h\", Scalar::duration, flag;\n    }\n    section {\n        \
-        gc.interval: \"15m\";\n    }\n    derived {\n        pub kv: EngineSpec,\n    }\n}\n";
+        gc.interval: \"15m\";\n    }\n    server {\n        /// `[auth]`.\n        auth: AuthSection {\n            \
+        /// Keys.\n            #[serde(default)]\n            keys: Vec<KeyEntry>, \"none\", s::keys;\n        }\n        \
+        limits: LimitsSection {\n            idle_timeout: Option<DurationValue>, \"60s\", s::duration;\n        }\n    }\n    \
+        derived {\n        pub kv: EngineSpec,\n    }\n}\n";
 
     fn doc(rows: &str) -> String {
         format!("### Configuration\n\ntext\n\n| key | env | default | meaning |\n|---|---|---|---|\n{rows}\nafter\n")
@@ -117,8 +135,17 @@ mod tests {
     fn agreeing_tables_pass_and_section_rows_are_skipped() {
         let rows = "| `window` | `BLOBPOOL_WINDOW` | `\"1h\"` | w |\n\
                     | `[gc] interval` | `BLOBPOOL_GC_INTERVAL` | `15m` | i |\n\
-                    | `[tls] cert`, `key` | `BLOBPOOL_TLS_CERT` | | see Security |";
+                    | `[[auth.keys]]` | `BLOBPOOL_AUTH_KEYS` (`name=hash=scope`) | none | k |\n\
+                    | `[limits] idle_timeout` | `BLOBPOOL_LIMITS_IDLE_TIMEOUT` | `\"60s\"` | i |\n\
+                    | `[gc.namespaces.NAME]`, `[[gc.liveness_tables]]` | | none | see GC |";
         assert_eq!(compare(SOURCE, &doc(rows)), Vec::<String>::new());
+        let d = declared(SOURCE);
+        assert_eq!(d.get("auth.keys").map(String::as_str), Some("none"));
+        assert_eq!(
+            d.get("limits.idle_timeout").map(String::as_str),
+            Some("60s")
+        );
+        assert_eq!(d.len(), 4, "{d:?}");
     }
 
     #[test]
@@ -134,8 +161,24 @@ mod tests {
             "{bad}"
         );
         assert!(bad.contains("row `gone` is no setting"), "{bad}");
-        let rows = "| `window` | `BLOBPOOL_WINDOW` | `\"2h\"` | w |\n| `[gc] interval` | `BLOBPOOL_GC_INTERVAL` | `15m` | i |";
+        assert!(
+            bad.contains(
+                "`limits.idle_timeout` (crates/blobpool/src/config/settings.rs) has no row"
+            ),
+            "{bad}"
+        );
+        let rows = "| `window` | `BLOBPOOL_WINDOW` | `\"2h\"` | w |\n| `[gc] interval` | `BLOBPOOL_GC_INTERVAL` | `15m` | i |\n\
+                    | `[[auth.keys]]` | `BLOBPOOL_AUTH_KEY` | none | k |\n\
+                    | `[limits] idle_timeout` | `BLOBPOOL_LIMITS_IDLE_TIMEOUT` | 1m | i |";
         let bad = compare(SOURCE, &doc(rows)).join("\n");
         assert!(bad.contains("`window`'s default is \"1h\""), "{bad}");
+        assert!(
+            bad.contains("`auth.keys`'s variable is BLOBPOOL_AUTH_KEYS"),
+            "{bad}"
+        );
+        assert!(
+            bad.contains("`limits.idle_timeout`'s default is \"60s\""),
+            "{bad}"
+        );
     }
 }

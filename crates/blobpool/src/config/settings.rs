@@ -1,22 +1,29 @@
-//! The settings table (ADR-059): each top-level key, and `[gc]`'s scalar
-//! keys, declared once — key (its variable is `BLOBPOOL_` and the key in
-//! capitals), type, default (a named constant of the crate that owns it),
-//! the default as docs/SERVER.md states it, parser, whether `serve` takes
-//! it as a flag, one line of doc. From it come [`SETTINGS`], the file's
-//! shape, the layered values (flag > environment > file > default) and the
-//! plain fields of [`Config`]. `cargo xtask tidy` checks SERVER.md's
-//! settings table against this one; a unit test checks each stated default
-//! against its constant.
+//! The settings table (ADR-059): each top-level key, `[gc]`'s scalar keys
+//! and the keys of the server's sections, declared once — key (its
+//! variable is `BLOBPOOL_` and the key in capitals), type, default (a named
+//! constant of the crate that owns it), the default as docs/SERVER.md
+//! states it, parser, whether `serve` takes it as a flag, one line of doc.
+//! From it come [`SETTINGS`], the file's shape, the layered values (flag >
+//! environment > file > default) and the plain fields of [`Config`].
+//! `cargo xtask tidy` checks SERVER.md's settings table against this one;
+//! unit tests check each stated default against its constant (a section
+//! key's: against the default in force).
 //!
 //! `plain` settings are [`Config`] fields as layered; `raw` ones feed a
 //! later step (the tiers, the mode, a default derived from `data_dir`);
-//! `section` ones are read by their section's code (`gc.rs`).
+//! `section` ones are read by their section's code (`gc.rs`). `server`
+//! declares the keys of `[auth]`, `[http]`, `[tls]` and `[limits]`: each
+//! its file type (the section's struct, [`Sections`]) and the parser of
+//! its variable ([`super::sections`]); a `required` key is needed in the
+//! variables when the file has no such section. `crate::security` builds
+//! the server's configuration from them.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::Spanned;
 
+use super::sections::{self as s, ClientEntry, DurationValue, KeyEntry};
 use super::{
     nonzero, parse_data_dir, parse_node_name, parse_umask, some, ConfigError, EngineSpec, Layers,
     LogFormat, Origin, Scalar, DEFAULT_DATA_DIR, DEFAULT_LISTEN, DEFAULT_MAX_TOKENS_PER_IDENTITY,
@@ -53,10 +60,21 @@ pub(super) fn env_of(key: &str) -> String {
 macro_rules! settings {
     (@flag $l:ident $key:ident) => { None };
     (@flag $l:ident $key:ident flag) => { $l.flags.$key.as_ref() };
+    (@needed $sec:ident $key:ident) => {};
+    (@needed $sec:ident $key:ident required) => {
+        if $key.is_none() {
+            let (var, sec) = (env_of(concat!(stringify!($sec), ".", stringify!($key))), stringify!($sec));
+            let why = format!("needed with the other BLOBPOOL_{}_* (no [{sec}] in the file)", sec.to_ascii_uppercase());
+            return Err(Origin::Env(var.clone()).err(&var, why));
+        }
+    };
     (
         plain { $( #[doc = $pdoc:literal] $pkey:ident: $pty:ty = $pdef:expr, $ptext:literal, $pparse:expr $(, $pflag:ident)?; )* }
         raw { $( #[doc = $rdoc:literal] $rkey:ident: $rty:ty = $rdef:expr, $rtext:literal, $rparse:expr $(, $rflag:ident)?; )* }
         section { $( #[doc = $sdoc:literal] $sec:ident . $skey:ident: $stext:literal; )* }
+        server { $( #[doc = $cdoc:literal] $csec:ident: $Csec:ident {
+            $( #[doc = $kdoc:literal] $(#[$kattr:meta])* $ckey:ident: $kty:ty, $ktext:literal, $kenv:expr $(, $kreq:ident)?; )*
+        } )* }
         derived { $( $(#[$dattr:meta])* pub $dkey:ident: $dty:ty, )* }
     ) => {
         /// Every setting, in the table's order.
@@ -64,7 +82,47 @@ macro_rules! settings {
             $( Setting { key: stringify!($rkey), default: $rtext, doc: $rdoc }, )*
             $( Setting { key: stringify!($pkey), default: $ptext, doc: $pdoc }, )*
             $( Setting { key: concat!(stringify!($sec), ".", stringify!($skey)), default: $stext, doc: $sdoc }, )*
+            $( $( Setting { key: concat!(stringify!($csec), ".", stringify!($ckey)), default: $ktext, doc: $kdoc }, )* )*
         ];
+
+        $(
+            #[doc = $cdoc]
+            #[derive(Clone, Debug, Default, serde::Deserialize, PartialEq, Eq)]
+            #[serde(deny_unknown_fields)]
+            pub struct $Csec { $( #[doc = $kdoc] $(#[$kattr])* pub(crate) $ckey: $kty, )* }
+        )*
+
+        /// The server's sections: the file's, with their variables over
+        /// them ([`Sections::with_env`]).
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct Sections { $( #[doc = $cdoc] pub $csec: Option<$Csec>, )* }
+
+        impl Sections {
+            /// The sections with each key's variable (`BLOBPOOL_AUTH_KEYS`
+            /// for `auth.keys`) over the file's value, parsed and checked;
+            /// an error names the variable (`environment BLOBPOOL_…: …`).
+            pub fn with_env(mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<Sections, ConfigError> {
+                $( {
+                    $( let $ckey = env(&env_of(concat!(stringify!($csec), ".", stringify!($ckey)))); )*
+                    if [$( $ckey.is_some() ),*].contains(&true) {
+                        let mut section = match self.$csec.take() {
+                            Some(section) => section,
+                            None => {
+                                $( settings!(@needed $csec $ckey $($kreq)?); )*
+                                $Csec::default()
+                            }
+                        };
+                        $( if let Some(v) = $ckey {
+                            let key = concat!(stringify!($csec), ".", stringify!($ckey));
+                            let var = env_of(key);
+                            section.$ckey = ($kenv)(key, v).map_err(|e| Origin::Env(var.clone()).err(&var, e))?;
+                        } )*
+                        self.$csec = Some(section);
+                    }
+                } )*
+                Ok(self)
+            }
+        }
 
         /// The TOML file's shape. Unknown keys are errors (typos must not
         /// pass silently).
@@ -74,10 +132,14 @@ macro_rules! settings {
             $( $rkey: Option<Spanned<Scalar>>, )*
             $( $pkey: Option<Spanned<Scalar>>, )*
             pub(super) gc: Option<crate::gc::GcSection>,
-            pub(super) auth: Option<crate::security::AuthSection>,
-            pub(super) http: Option<crate::security::HttpSection>,
-            pub(super) tls: Option<crate::security::TlsSection>,
-            pub(super) limits: Option<crate::security::LimitsSection>,
+            $( $csec: Option<$Csec>, )*
+        }
+
+        impl FileConfig {
+            /// The server's sections as the file has them.
+            pub(super) fn sections(&self) -> Sections {
+                Sections { $( $csec: self.$csec.clone(), )* }
+            }
         }
 
         /// Each setting's value and where it came from.
@@ -190,6 +252,56 @@ settings! {
         /// Scheduled sweeps (`crate::gc::DEFAULT_INTERVAL`), or "off".
         gc.interval: "15m";
     }
+    server {
+        /// `[auth]`: identities and what requests without credentials may do.
+        auth: AuthSection {
+            /// Scopes of requests without credentials (comma separated in the environment).
+            #[serde(default)]
+            anonymous: Vec<String>, "none", s::anonymous;
+            /// API keys, `[[auth.keys]]` (environment: `name=hash=scope,scope;…`, replacing the file's).
+            #[serde(default)]
+            keys: Vec<KeyEntry>, "none", s::keys;
+            /// Certificate identities, `[[auth.clients]]` (environment: `name=subject=scope,scope;…`).
+            #[serde(default)]
+            clients: Vec<ClientEntry>, "none", s::clients;
+        }
+        /// `[http]`: which `Host` and `Origin` values are answered.
+        http: HttpSection {
+            /// Host names clients use, or `["*"]` for any (default: loopback names on a loopback listen).
+            allowed_hosts: Option<Vec<String>>, "derived", s::allowed_hosts;
+            /// Browser origins answered with CORS headers.
+            #[serde(default)]
+            cors_origins: Vec<String>, "none", s::cors_origins;
+        }
+        /// `[tls]`: serve HTTPS, optionally with client certificates.
+        tls: TlsSection {
+            /// The certificate chain (PEM).
+            cert: PathBuf, "none", s::path, required;
+            /// Its private key (PEM).
+            key: PathBuf, "none", s::path, required;
+            /// The CA that signs client certificates (mutual TLS).
+            client_ca: Option<PathBuf>, "none", s::client_ca;
+            /// `optional` or `required` client certificates (needs `client_ca`).
+            client_auth: Option<String>, "optional", s::client_auth;
+        }
+        /// `[limits]`: timeouts and caps of connections (`store_http::ServerLimits`).
+        limits: LimitsSection {
+            /// Time to send a request head.
+            header_read_timeout: Option<DurationValue>, "10s", s::duration;
+            /// Keep-alive idle time.
+            idle_timeout: Option<DurationValue>, "60s", s::duration;
+            /// Longest pause in a request body.
+            body_read_timeout: Option<DurationValue>, "30s", s::duration;
+            /// Longest pause in writing a response.
+            write_timeout: Option<DurationValue>, "60s", s::duration;
+            /// Open connections at most.
+            max_connections: Option<usize>, "4096", s::connections;
+            /// Time connections get to finish at shutdown.
+            drain_timeout: Option<DurationValue>, "30s", s::duration;
+            /// HTTP/2 streams per connection; 0 turns HTTP/2 off.
+            http2_max_streams: Option<u32>, "100", s::streams;
+        }
+    }
     derived {
         /// The kv engine.
         pub kv: EngineSpec,
@@ -206,7 +318,7 @@ settings! {
         /// `[gc]`: policies, liveness tables, scheduled sweeps (ADR-024).
         pub gc: crate::gc::GcSettings,
         /// `serve`: `[auth]`, `[http]`, `[tls]`, `[limits]`.
-        pub sections: crate::security::Sections,
+        pub sections: Sections,
         /// `serve`: the node's resumable-upload directory (ADR-034); default
         /// `DIR/uploads` (DIR = `data_dir`).
         pub uploads_dir: PathBuf,
