@@ -20,6 +20,11 @@
 //! key that existed, writes an audit line (before → after). Authentication
 //! as for every route (`Bearer`, or `Basic` with the key as password where
 //! enabled).
+//!
+//! Bazel's HTTP cache (ADR-070) needs nothing of its own here: `cas/<hex>`
+//! takes a SHA-256 or BLAKE3 name (a `PUT` whose body hashes to neither is
+//! `422`, nothing stored), and a `GET`/`HEAD` of an `ac/` action result
+//! whose outputs are gone is `404` — both decided by [`Ops::cache`].
 
 use std::sync::atomic::Ordering;
 

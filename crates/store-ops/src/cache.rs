@@ -67,8 +67,9 @@ fn cas_digest(key: &RefName) -> Result<Option<Digest>, OpsError> {
             OpsError::new(
                 ErrorCode::KeyInvalid,
                 format!(
-                    "cache key {key}: a cas/ key names a SHA-256 or BLAKE3 digest (64 \
-                     lowercase hex characters)"
+                    "cache key {key}: a cas/ key names the body's SHA-256 digest (Bazel's \
+                     default) or its BLAKE3 digest (bazel --digest_function=blake3 build, a \
+                     startup option) in 64 lowercase hex characters"
                 ),
             )
         }),

@@ -266,9 +266,10 @@ impl CacheOps<'_> {
     /// SHA-256 name is the key `cas/<sha256>` pointing at it (ADR-070).
     ///
     /// `declared_len` is checked as for blob puts; a body larger than the
-    /// namespace's `max_bytes` is `too_large` (413). The key is
-    /// replaced freely (a content address names one body), so write-only
-    /// identities may re-put it.
+    /// namespace's `max_bytes` is `too_large` (413). A content address
+    /// names one body, so a re-put (by any identity with `write`, in a
+    /// write-once namespace too) finds the key naming the same entry: the
+    /// ADR-052 rules never refuse it.
     ///
     /// Cancel-safe: dropped before the key is written, the entry (if
     /// stored) is garbage for the next sweep and the key unchanged.
@@ -358,18 +359,15 @@ pub(super) async fn present_entries(
     cache: &Cache,
     digests: &[CasDigest],
 ) -> Result<Vec<Option<Digest>>, OpsError> {
-    let empty = Digest::of(b"");
-    let resolved = futures::stream::iter(digests.iter().enumerate())
-        .map(|(i, d)| async move {
-            if d.size == 0 && d.hash == d.function.empty_hex() {
-                return Ok((i, Some(empty), true));
-            }
-            let (key, _) = cas_name(&d.hash)?;
-            let found = candidate(ns, cache, &key, Some(d.function)).await?;
-            Ok::<_, OpsError>((i, found.map(|(d, _)| d), false))
-        })
+    // Futures of an `async fn`, gathered first: a stream combinator's
+    // closure over borrowed arguments leaves the caller's future not
+    // provably `Send` (a higher-ranked lifetime the compiler cannot name).
+    let lookups: Vec<_> = (digests.iter().enumerate())
+        .map(|(i, d)| resolve_one(ns, cache, i, d))
+        .collect();
+    let resolved: Vec<_> = futures::stream::iter(lookups)
         .buffer_unordered(FIND_CONCURRENCY)
-        .collect::<Vec<_>>()
+        .collect()
         .await;
     let mut out = vec![None; digests.len()];
     let mut ask: Vec<(usize, Digest)> = Vec::new();
@@ -389,6 +387,22 @@ pub(super) async fn present_entries(
         }
     }
     Ok(out)
+}
+
+/// [`present_entries`]' step for `digests[i]`: `(i, the entry it may
+/// name, whether that is the empty blob's, present without asking)`.
+async fn resolve_one(
+    ns: &Namespace,
+    cache: &Cache,
+    i: usize,
+    d: &CasDigest,
+) -> Result<(usize, Option<Digest>, bool), OpsError> {
+    if d.size == 0 && d.hash == d.function.empty_hex() {
+        return Ok((i, Some(Digest::of(b"")), true));
+    }
+    let (key, _) = cas_name(&d.hash)?;
+    let found = candidate(ns, cache, &key, Some(d.function)).await?;
+    Ok((i, found.map(|(d, _)| d), false))
 }
 
 /// The entry digest the `cas/` key `key` may resolve to: the key's
