@@ -17,7 +17,10 @@
 //!   those and `store-core`, `store-http` on those and `store-ops` (so
 //!   `store-ops` never depends on its HTTP binding); none names an engine
 //!   crate in any dependency table (dev-dependencies included) or in its
-//!   sources.
+//!   sources;
+//! - `store-grpc` (the gRPC binding) depends on those and `store-ops`
+//!   too, never on `store-http` or an engine; its tests build a real
+//!   store, so its dev-dependencies may name engines.
 //!
 //! These rules cover normal and build dependencies (engine crates' tests
 //! may use what they like). A crate the rules name but the workspace does
@@ -62,12 +65,13 @@ use std::process::Command;
 use serde_json::Value;
 
 /// Workspace crates that are never engines, whatever depends on them.
-const NOT_ENGINES: [&str; 10] = [
+const NOT_ENGINES: [&str; 11] = [
     "store-types",
     "store-gc",
     "store-core",
     "store-ops",
     "store-http",
+    "store-grpc",
     "store-layers",
     "store-pg",
     "store-registry",
@@ -125,6 +129,7 @@ fn rule(krate: &str, engines: &[String]) -> Option<Rule> {
             &["store-types", "store-gc", "store-core", "store-ops"],
             true,
         ),
+        "store-grpc" => only(&["store-types", "store-gc", "store-core", "store-ops"]),
         "store-postgres" | "store-pglo" => only(&["store-types", "store-pg"]),
         e if engines.iter().any(|n| n == e) => only(&["store-types"]),
         _ => return None,

@@ -82,12 +82,7 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
     // called `block_on`: a connection task spawned from a worker starts
     // in that worker's own queue instead of waking another thread
     // (ADR-056, fresh connections).
-    let serving = tokio::spawn(store_http::serve_with(
-        listener,
-        ops,
-        http,
-        store_http::shutdown_signal(),
-    ));
+    let serving = tokio::spawn(serve_http_and_grpc(listener, ops, http));
     let served = serving.await.unwrap_or_else(|e| {
         Err(std::io::Error::other(format!(
             "the server task failed: {e}"
@@ -101,6 +96,39 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
     served.map_err(|e| CliError::io("server failed", e))?;
     eprintln!("blobpool: stopped");
     Ok(())
+}
+
+/// [`store_http::serve_with`] with the gRPC services (store-grpc, ADR-071)
+/// mounted beside the HTTP routes on the same port: a request whose
+/// `content-type` is `application/grpc…` goes to gRPC, every other one to
+/// HTTP. gRPC authenticates with the same identities (and the client
+/// certificate the connection layer verified).
+async fn serve_http_and_grpc(
+    listener: tokio::net::TcpListener,
+    ops: Ops,
+    http: store_http::HttpConfig,
+) -> std::io::Result<()> {
+    for o in &http.cors_origins {
+        store_http::check_cors_origin(o).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("cors_origins {o:?}: {e}"),
+            )
+        })?;
+    }
+    let tasks = ops.spawn_tasks();
+    let grpc = store_grpc::GrpcConfig {
+        auth: http.auth.clone(),
+        client_cert: Some(std::sync::Arc::new(|e: &store_grpc::Extensions| {
+            e.get::<store_http::PeerInfo>()
+                .and_then(|p| p.client_cert.clone())
+        })),
+    };
+    let app = store_grpc::mount(store_http::router_with(ops.clone(), &http), ops, grpc);
+    let shutdown = store_http::shutdown_signal();
+    let result = store_http::serve_router(listener, app, http.limits, http.tls, shutdown).await;
+    tasks.iter().for_each(|t| t.abort());
+    result
 }
 
 fn init_logging(format: LogFormat) {

@@ -137,6 +137,42 @@ impl UploadOps<'_> {
         Ok(out)
     }
 
+    /// Finishes session `id` into cache namespace `namespace` as the
+    /// content address `hash` under `function` (REAPI ByteStream `Write`,
+    /// ADR-071): appends `body` at `start` as [`UploadOps::append`], then
+    /// streams the session's bytes through
+    /// [`CacheOps::put_cas`](crate::cache::CacheOps::put_cas) (verified as
+    /// it reads, the committed size as the declared length) and ends the
+    /// session. A refusal (`verification`, `too_large`, ...) stores
+    /// nothing and leaves the session as it was (abort it, or let it
+    /// expire).
+    ///
+    /// Cancel-safe as `put_cas`: a dropped call leaves the session (and at
+    /// worst an unkeyed entry, garbage for the next sweep).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn finish_cas<R: AsyncRead + Unpin + Send>(
+        &self,
+        identity: &Identity,
+        namespace: &str,
+        id: &str,
+        start: Option<u64>,
+        body: R,
+        function: Option<crate::cache::DigestFunction>,
+        hash: &str,
+    ) -> Result<crate::cache::CachePutOutcome, OpsError> {
+        let (uploads, session) = self.session(identity, namespace, id)?;
+        let (guard, max) = (uploads.claim(&session)?, self.0.inner.cfg.max_blob_size);
+        uploads.append(&session, &guard, start, body, max).await?;
+        let reader = uploads.reader(&session).await?;
+        let len = Some(session.offset());
+        let out = (self.0.cache())
+            .put_cas(identity, namespace, function, hash, reader, len)
+            .await?;
+        uploads.remove(&session, &guard).await?;
+        drop(guard);
+        Ok(out)
+    }
+
     /// `uploads/abort`: ends session `id` and removes its bytes.
     /// Cancel-safe: once it starts removing, the removal runs to its end.
     pub async fn abort(

@@ -1,0 +1,170 @@
+//! What every method does around its handler: authenticate the caller,
+//! find the instance's namespace, time the call and count its error, map
+//! an [`OpsError`] to a gRPC [`Status`], write audit lines.
+
+use std::borrow::Cow;
+use std::time::Instant;
+
+use store_ops::auth::Identity;
+use store_ops::{ErrorCode, OpsError};
+use tonic::{Code, Request, Status};
+
+use crate::Shared;
+
+/// The gRPC status of an ops error: the code that says the same thing
+/// (`unauthorized` → `UNAUTHENTICATED`, `forbidden` → `PERMISSION_DENIED`,
+/// `missing`/`not_found` → `NOT_FOUND`, a malformed name, a digest
+/// mismatch or a wrong length → `INVALID_ARGUMENT`, `too_large` and the
+/// caps → `RESOURCE_EXHAUSTED`, `invalid_range` → `OUT_OF_RANGE`, a
+/// transient failure → `UNAVAILABLE`, ...). The message is the error's,
+/// except for the codes whose message never reaches clients (`internal`,
+/// `insufficient_storage`, `unavailable`): those are logged instead.
+pub fn status(e: &OpsError) -> Status {
+    let code = match e.code {
+        ErrorCode::Unauthorized => Code::Unauthenticated,
+        ErrorCode::Forbidden => Code::PermissionDenied,
+        ErrorCode::Missing | ErrorCode::NotFound => Code::NotFound,
+        ErrorCode::KeyInvalid
+        | ErrorCode::Verification
+        | ErrorCode::LengthMismatch
+        | ErrorCode::BadRequest
+        | ErrorCode::IncompleteBody
+        | ErrorCode::UploadOffset
+        | ErrorCode::UnsupportedMediaType
+        | ErrorCode::MethodNotAllowed => Code::InvalidArgument,
+        ErrorCode::TooLarge
+        | ErrorCode::TooMany
+        | ErrorCode::TooManyTokens
+        | ErrorCode::TooManyUploads
+        | ErrorCode::UploadQuota
+        | ErrorCode::InsufficientStorage => Code::ResourceExhausted,
+        ErrorCode::InvalidRange => Code::OutOfRange,
+        ErrorCode::GcRefuse | ErrorCode::RefConflict | ErrorCode::UploadElsewhere => {
+            Code::FailedPrecondition
+        }
+        ErrorCode::UploadBusy => Code::Aborted,
+        ErrorCode::Overloaded | ErrorCode::Unavailable => Code::Unavailable,
+        ErrorCode::HostNotAllowed => Code::PermissionDenied,
+        _ => Code::Internal,
+    };
+    if e.code.redacts_message() {
+        tracing::error!(code = e.code.as_str(), "gRPC: {}", e.message);
+        return Status::new(code, format!("{} (the server log has the cause)", e.code));
+    }
+    Status::new(code, format!("{}: {}", e.code, e.message))
+}
+
+/// One call of `method` (its gRPC path, the latency metric's route label).
+pub(crate) struct Call<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) method: &'static str,
+    started: Instant,
+}
+
+impl Shared {
+    /// Starts timing a call of `method`.
+    pub(crate) fn call(&self, method: &'static str) -> Call<'_> {
+        Call {
+            shared: self,
+            method,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Call<'_> {
+    /// The caller of `req`: its `authorization` metadata (`Bearer <key>`
+    /// or `Basic`), else its verified client certificate, else anonymous
+    /// (`unauthorized` for a key that matches none).
+    pub(crate) fn identity<T>(&self, req: &Request<T>) -> Result<Identity, OpsError> {
+        let authorization = req.metadata().get("authorization").map(|v| v.as_bytes());
+        let cert = (self.shared.cfg.client_cert.as_ref()).and_then(|f| f(req.extensions()));
+        (self.shared.cfg.auth)
+            .authenticate(authorization, cert.as_ref())
+            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()))
+    }
+
+    /// The cache namespace `instance` names: itself, or for the empty
+    /// name the server's only cache namespace (`invalid argument`
+    /// otherwise, naming them). Not a cache namespace: `not_found`.
+    pub(crate) fn namespace(&self, instance: &str) -> Result<String, OpsError> {
+        let ops = &self.shared.ops;
+        let ns = if instance.is_empty() {
+            let all = &ops.config().cache_namespaces;
+            match (all.len(), all.iter().next()) {
+                (1, Some(ns)) => ns.to_string(),
+                _ => {
+                    let names: Vec<&str> = all.iter().map(|n| n.as_str()).collect();
+                    return Err(OpsError::bad_request(format!(
+                        "the instance name is empty and this server has {} cache namespaces \
+                         ({names:?}): name one as the instance (Bazel: \
+                         --remote_instance_name=NAMESPACE)",
+                        names.len()
+                    )));
+                }
+            }
+        } else {
+            instance.to_string()
+        };
+        ops.cache().check(&ns)?;
+        Ok(ns)
+    }
+
+    /// Records the call's latency, counts its error, and maps it.
+    pub(crate) fn done<T>(self, r: Result<T, OpsError>) -> Result<T, Status> {
+        let metrics = self.shared.ops.metrics();
+        let secs = self.started.elapsed().as_secs_f64();
+        metrics.request(Cow::Borrowed(self.method), "POST", secs);
+        r.map_err(|e| {
+            metrics.error(e.code);
+            status(&e)
+        })
+    }
+}
+
+/// One audit line (the HTTP binding's shape): who did what to which key,
+/// and how it ended.
+pub(crate) fn audit(identity: &Identity, action: &str, target: &str, outcome: &str) {
+    tracing::info!(
+        target: "blobpool::audit",
+        protocol = "grpc",
+        identity = identity.name(),
+        action,
+        target,
+        outcome,
+        "audit"
+    );
+}
+
+/// Whether a write's refusal is one the audit log records (as over HTTP:
+/// a scope or ownership refusal).
+pub(crate) fn audited_refusal(e: &OpsError) -> bool {
+    matches!(
+        e.code,
+        ErrorCode::Unauthorized | ErrorCode::Forbidden | ErrorCode::RefConflict
+    )
+}
+
+/// `f`'s future run to its end on a blocking thread of the runtime.
+///
+/// For the store-ops calls whose futures rustc cannot prove `Send`
+/// (`CacheOps::find_missing` and `get_action_result`: a higher-ranked
+/// closure in `present_entries`), which a tonic handler cannot await
+/// directly. Not cancel-safe in the usual sense: dropping the returned
+/// future lets the call run on to its end (they only read, and note
+/// accesses).
+pub(crate) async fn unsendable<T, F, Fut>(f: F) -> Result<T, OpsError>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, OpsError>>,
+    T: Send + 'static,
+{
+    let handle = tokio::runtime::Handle::current();
+    match tokio::task::spawn_blocking(move || handle.block_on(f())).await {
+        Ok(r) => r,
+        Err(e) => Err(OpsError::new(
+            ErrorCode::Internal,
+            format!("the call's task failed: {e}"),
+        )),
+    }
+}
