@@ -332,6 +332,10 @@ fn bazel_over_http_with_sha256_second_build_is_all_remote_hits() {
     assert!(hits >= SPAWNS as f64, "{m}");
 }
 
+/// The key goes in every call's metadata but one: Bazel 2.1 sends no
+/// headers with `GetCapabilities`, so a keyed server must answer that
+/// call without credentials (with `update_enabled` for a namespace some
+/// identity may write: Bazel 2.1 stops when it is false).
 #[test]
 fn bazel_over_grpc_with_sha256_second_build_is_all_remote_hits() {
     let dir = tempfile::tempdir().unwrap();
