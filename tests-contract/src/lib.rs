@@ -200,6 +200,7 @@ macro_rules! cache_suite {
             cache::cache_record_owners,
             cache_receipts::cache_record_refuses_a_receipt_of_another_namespace,
             cache_receipts::cache_sweep_reports_its_trim,
+            cache_receipts::cache_bound_holds_at_write_time,
         );
     };
 }

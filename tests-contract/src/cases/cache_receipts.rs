@@ -1,7 +1,8 @@
 //! [`store_core::Cache`] at the facade (issue 39): a receipt protects only
 //! the namespace of the entry it pins, so recording a key of another
 //! namespace with it is refused with a typed error and writes nothing;
-//! and a sweep reports what its cache trim evicted (ADR-069).
+//! a sweep reports what its cache trim evicted, and the bound holds at
+//! write time (ADR-069).
 
 use bytes::Bytes;
 use store_core::{CacheBounds, Error, GcPolicy, SweepOptions};
@@ -87,10 +88,16 @@ pub async fn cache_sweep_reports_its_trim(spec: Spec) {
     let (n, calm) = (ns(), Namespace::new("contract-trim-calm").expect("valid"));
     for (i, k) in ["t/a", "t/b", "t/c"].into_iter().enumerate() {
         let body = Bytes::from(vec![i as u8; 100]);
-        cache.put(&n, &RefName::new(k).unwrap(), body).await.unwrap();
+        cache
+            .put(&n, &RefName::new(k).unwrap(), body)
+            .await
+            .unwrap();
     }
     let one = RefName::new("t/one").unwrap();
-    cache.put(&calm, &one, Bytes::from(vec![7; 100])).await.unwrap();
+    cache
+        .put(&calm, &one, Bytes::from(vec![7; 100]))
+        .await
+        .unwrap();
     let bound = |max: u64| {
         GcPolicy::Cache(CacheBounds {
             max_bytes: Some(max),
@@ -98,13 +105,89 @@ pub async fn cache_sweep_reports_its_trim(spec: Spec) {
         })
     };
     h.store.set_gc_policy(n.clone(), bound(150)).await.unwrap();
-    h.store.set_gc_policy(calm.clone(), bound(1000)).await.unwrap();
+    h.store
+        .set_gc_policy(calm.clone(), bound(1000))
+        .await
+        .unwrap();
     let rep = h.store.gc().sweep(SweepOptions::default()).await.unwrap();
-    let expected = [(n.clone(), CacheTrim { keys: 2, bytes: 200 })];
+    let expected = [(
+        n.clone(),
+        CacheTrim {
+            keys: 2,
+            bytes: 200,
+        },
+    )];
     assert_eq!(
         rep.cache_trims,
         expected.into_iter().collect(),
         "{}: the sweep's report of its trim",
         spec.name
     );
+}
+
+/// The bound holds at write time (ADR-069): under a 250-byte bound, five
+/// 100-byte keys recorded one after another are trimmed by the write-time
+/// trim — no sweep runs — until at most 250 bytes of keys are left, the
+/// last key among them; a record larger than the bound is refused
+/// (`Error::TooLarge`) and its key stays absent.
+pub async fn cache_bound_holds_at_write_time(spec: Spec) {
+    let h = Harness::open(spec).await;
+    let cache = h
+        .store
+        .cache()
+        .unwrap_or_else(|| panic!("{}: the kv engine holds no cache keys", spec.name));
+    let n = ns();
+    let bound = CacheBounds {
+        max_bytes: Some(250),
+        max_age: None,
+    };
+    h.store
+        .set_gc_policy(n.clone(), GcPolicy::Cache(bound))
+        .await
+        .unwrap();
+    let keys: Vec<RefName> = (0..5)
+        .map(|i| RefName::new(format!("w/{i}")).unwrap())
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        // Apart by more than the access resolution, so the recency order
+        // is the order written (ties go by key).
+        h.advance(store_core::ACCESS_RESOLUTION * 2).await;
+        cache
+            .put(&n, k, Bytes::from(vec![i as u8; 100]))
+            .await
+            .unwrap();
+    }
+    // The trim runs in a task of its own: wait for it (a liveness bound,
+    // not a timing assertion).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let bytes = loop {
+        let usage = cache.usage().await.unwrap();
+        let bytes = usage
+            .iter()
+            .find(|(m, _)| m == &n)
+            .map_or(0, |(_, u)| u.bytes);
+        if bytes <= 250 || std::time::Instant::now() > deadline {
+            break bytes;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(
+        bytes <= 250,
+        "{}: {bytes} bytes of keys left under a 250-byte bound",
+        spec.name
+    );
+    assert!(
+        cache.lookup(&n, &keys[4]).await.unwrap().is_some(),
+        "{}: the write-time trim removed the key just written",
+        spec.name
+    );
+    let big = RefName::new("w/big").unwrap();
+    match cache.put(&n, &big, Bytes::from(vec![9; 251])).await {
+        Err(Error::TooLarge { .. }) => {}
+        r => panic!(
+            "{}: a 251-byte entry under a 250-byte bound: {r:?}",
+            spec.name
+        ),
+    }
+    assert_eq!(cache.lookup(&n, &big).await.unwrap(), None);
 }
