@@ -330,7 +330,7 @@ impl CacheOps<'_> {
     ///
     /// A digest is present when its `cas/<hash>` key, or (BLAKE3) an entry
     /// of that digest, names an entry that exists; the empty blob always
-    /// is. Names are resolved [`FIND_CONCURRENCY`] at a time and the
+    /// is. Names are resolved 64 at a time (`FIND_CONCURRENCY`) and the
     /// entries asked about in one `has_many` per tier. Every present one's
     /// recency is refreshed (a client that finds a blob present will not
     /// upload it, so it must outlive the keys nobody asked about). A hash
