@@ -8,7 +8,7 @@ use prost::Message;
 use store_ops::OpsError;
 use tonic::{Request, Response, Status};
 
-use crate::call::{audit, audited_refusal, unsendable};
+use crate::call::{audit, audited_refusal};
 use crate::digest::{checked, function_of, requested};
 use crate::proto::build::bazel::remote::execution::v2 as re;
 use crate::Shared;
@@ -34,11 +34,9 @@ impl re::action_cache_server::ActionCache for ActionCacheService {
             let ns = call.namespace(&m.instance_name)?;
             let (hash, _) = checked(m.action_digest.as_ref(), "action_digest")?;
             function_of(requested(m.digest_function)?, &hash)?;
-            let (ops, h) = (self.0.ops.clone(), hash.clone());
-            let bytes = unsendable(move || async move {
-                ops.cache().get_action_result(&identity, &ns, &h).await
-            })
-            .await?;
+            let bytes = (self.0.ops.cache())
+                .get_action_result(&identity, &ns, &hash)
+                .await?;
             re::ActionResult::decode(bytes).map_err(|e| {
                 OpsError::new(
                     store_ops::ErrorCode::NotFound,

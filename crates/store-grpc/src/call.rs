@@ -144,27 +144,3 @@ pub(crate) fn audited_refusal(e: &OpsError) -> bool {
         ErrorCode::Unauthorized | ErrorCode::Forbidden | ErrorCode::RefConflict
     )
 }
-
-/// `f`'s future run to its end on a blocking thread of the runtime.
-///
-/// For the store-ops calls whose futures rustc cannot prove `Send`
-/// (`CacheOps::find_missing` and `get_action_result`: a higher-ranked
-/// closure in `present_entries`), which a tonic handler cannot await
-/// directly. Not cancel-safe in the usual sense: dropping the returned
-/// future lets the call run on to its end (they only read, and note
-/// accesses).
-pub(crate) async fn unsendable<T, F, Fut>(f: F) -> Result<T, OpsError>
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<T, OpsError>>,
-    T: Send + 'static,
-{
-    let handle = tokio::runtime::Handle::current();
-    match tokio::task::spawn_blocking(move || handle.block_on(f())).await {
-        Ok(r) => r,
-        Err(e) => Err(OpsError::new(
-            ErrorCode::Internal,
-            format!("the call's task failed: {e}"),
-        )),
-    }
-}

@@ -65,8 +65,17 @@ fn capabilities(update: bool) -> re::ServerCapabilities {
 
 #[tonic::async_trait]
 impl re::capabilities_server::Capabilities for CapabilitiesService {
-    /// Needs `read` on the instance; `update_enabled` says whether the
-    /// caller may also write (a read-only key's client then never tries).
+    /// Answered without credentials too: capabilities are protocol
+    /// parameters, and Bazel (2.1 at least) sends its `authorization`
+    /// header with every call but this one. A caller with a key (or a
+    /// client certificate) is answered for itself: `update_enabled` says
+    /// whether it may write the instance (a read-only key's client then
+    /// never tries). A caller without credentials is told
+    /// `update_enabled = true`: each real call is authorized on its own
+    /// (and answers `UNAUTHENTICATED` without a key where anonymous
+    /// callers may not write). A key that matches none is
+    /// `UNAUTHENTICATED`, as everywhere; an instance that is no cache
+    /// namespace `NOT_FOUND`.
     async fn get_capabilities(
         &self,
         req: Request<re::GetCapabilitiesRequest>,
@@ -75,8 +84,8 @@ impl re::capabilities_server::Capabilities for CapabilitiesService {
         let r = (|| {
             let identity = call.identity(&req)?;
             let ns = call.namespace(&req.get_ref().instance_name)?;
-            self.0.ops.authorize(&identity, Scope::Read, Some(&ns))?;
-            Ok(capabilities(identity.allows(Scope::Write, Some(&ns))))
+            let update = identity.is_anonymous() || identity.allows(Scope::Write, Some(&ns));
+            Ok(capabilities(update))
         })();
         call.done(r).map(Response::new)
     }

@@ -11,7 +11,7 @@ use store_ops::cache::DigestFunction;
 use store_ops::{ErrorCode, OpsError};
 use tonic::{Request, Response, Status};
 
-use crate::call::{audit, audited_refusal, status, unsendable};
+use crate::call::{audit, audited_refusal, status};
 use crate::capabilities::MAX_BATCH_TOTAL_SIZE;
 use crate::digest::{cas_digest, checked, function_of, requested};
 use crate::proto::build::bazel::remote::execution::v2 as re;
@@ -245,11 +245,9 @@ impl re::content_addressable_storage_server::ContentAddressableStorage for CasSe
             let asked = (m.blob_digests.iter())
                 .map(|d| cas_digest(function, d))
                 .collect::<Result<Vec<_>, _>>()?;
-            let ops = self.0.ops.clone();
-            let missing = unsendable(move || async move {
-                ops.cache().find_missing(&identity, &ns, &asked).await
-            })
-            .await?;
+            let missing = (self.0.ops.cache())
+                .find_missing(&identity, &ns, &asked)
+                .await?;
             Ok(re::FindMissingBlobsResponse {
                 missing_blob_digests: missing
                     .into_iter()

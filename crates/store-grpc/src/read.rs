@@ -13,7 +13,6 @@ use store_ops::range::{ByteRange, RangeRequest};
 use store_ops::{ErrorCode, Ops, OpsError};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::call::unsendable;
 use crate::capabilities::READ_CHUNK;
 use crate::proto::google::bytestream as bs;
 use crate::{resource, Shared};
@@ -99,10 +98,8 @@ impl ByteStreamService {
                 hash: res.hash.clone(),
                 size: res.size,
             };
-            let (ops, who, n) = (self.0.ops.clone(), identity.clone(), ns.to_string());
-            let missing =
-                unsendable(move || async move { ops.cache().find_missing(&who, &n, &[d]).await });
-            if !missing.await?.is_empty() {
+            let cache = self.0.ops.cache();
+            if !cache.find_missing(identity, ns, &[d]).await?.is_empty() {
                 let why = format!("no blob {} in {ns}", res.hash);
                 return Err(OpsError::new(ErrorCode::NotFound, why));
             }

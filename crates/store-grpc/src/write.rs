@@ -28,7 +28,7 @@ use store_ops::cache::CasDigest;
 use store_ops::{ErrorCode, OpsError};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::call::{audit, audited_refusal, unsendable, Call};
+use crate::call::{audit, audited_refusal, Call};
 use crate::proto::google::bytestream as bs;
 use crate::resource::{self, Resource};
 use crate::Shared;
@@ -104,9 +104,8 @@ async fn present(shared: &Shared, identity: &Identity, ns: &str, res: &Resource)
         hash: res.hash.clone(),
         size: res.size,
     };
-    let (ops, who, n) = (shared.ops.clone(), identity.clone(), ns.to_string());
-    let missing = unsendable(move || async move { ops.cache().find_missing(&who, &n, &[d]).await });
-    missing.await.is_ok_and(|m| m.is_empty())
+    let missing = shared.ops.cache().find_missing(identity, ns, &[d]).await;
+    missing.is_ok_and(|m| m.is_empty())
 }
 
 /// The stream's next message; a broken stream is `incomplete_body`.

@@ -511,15 +511,35 @@ async fn get_tree_walks_the_directories_present() {
 async fn no_key_is_unauthenticated_and_a_wrong_key_too() {
     let s = start().await;
     let mut c = s.clients(None).await;
+    let e = find_missing_err(&mut c).await;
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let action = digest(&sha256(b"act"), 3);
+    let e = get_ac(&mut c, &action).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let name = format!("cc/blobs/{}/1", sha256(b"a"));
+    let e = read(&mut c, &name, 0, 0).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    // Capabilities are protocol parameters, answered without credentials
+    // (Bazel 2.1 sends none with this call); writes are authorized each.
     let req = re::GetCapabilitiesRequest {
         instance_name: "cc".into(),
     };
-    let e = c.caps.get_capabilities(req.clone()).await.unwrap_err();
-    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
-    let e = find_missing_err(&mut c).await;
-    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let caps = c
+        .caps
+        .get_capabilities(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let update = caps
+        .cache_capabilities
+        .unwrap()
+        .action_cache_update_capabilities;
+    assert!(update.unwrap().update_enabled);
+    // A key that matches none is refused everywhere.
     let mut w = s.clients(Some("bpk_wrong")).await;
     let e = w.caps.get_capabilities(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let e = find_missing_err(&mut w).await;
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
 }
 
