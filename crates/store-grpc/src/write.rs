@@ -144,8 +144,9 @@ async fn committed(
 }
 
 /// The session a write starting at `offset` goes on in, opened for a
-/// new write (which must start at 0); `None` when the blob is stored
-/// already (nothing to send).
+/// new write (which must start at 0; a write of the same resource that
+/// starts at 0 again drops the bytes committed before); `None` when the
+/// blob is stored already (nothing to send).
 async fn session(
     shared: &Shared,
     identity: &Identity,
@@ -156,6 +157,13 @@ async fn session(
     let key = key(identity, ns, res);
     if let Some(id) = shared.writes.get(&key) {
         let at = committed(shared, identity, ns, &key, &id).await?;
+        if offset == 0 && at > 0 {
+            // A client starting over (one that does not resume): the
+            // committed bytes go, the write begins afresh.
+            shared.ops.uploads().abort(identity, ns, &id).await?;
+            shared.writes.remove(&key);
+            return Box::pin(session(shared, identity, ns, res, 0)).await;
+        }
         if at != offset {
             return Err(OpsError::new(
                 ErrorCode::UploadOffset,

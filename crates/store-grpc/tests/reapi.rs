@@ -288,6 +288,37 @@ async fn a_bytestream_write_in_chunks_is_interrupted_then_resumed() {
     let wrong = futures::stream::iter(vec![write_msg(&name, MIB, &blob[MIB..2 * MIB], false)]);
     let e = c.bs.write(wrong).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // A client may also start over at 0 (the committed bytes go); here
+    // it sends one MiB and stops, and then resumes at that MiB.
+    let (mut tx, rx) = futures::channel::mpsc::channel::<bs::WriteRequest>(4);
+    let mut writer = c.bs.clone();
+    let call = tokio::spawn(async move { writer.write(rx).await });
+    tx.send(write_msg(&name, 0, &blob[..MIB], false))
+        .await
+        .unwrap();
+    loop {
+        match query(&mut c, &name).await {
+            Ok(st) if st.committed_size as usize == MIB => break,
+            Ok(_) => {}
+            // (Between the old session's end and the new one's start.)
+            Err(e) => assert_eq!(e.code(), Code::NotFound, "{e:?}"),
+        }
+        tokio::task::yield_now().await;
+    }
+    call.abort();
+    let _ = call.await;
+    let msgs = vec![
+        write_msg(&name, MIB, &blob[MIB..2 * MIB], false),
+        write_msg("", 2 * MIB, &blob[2 * MIB..3 * MIB], false),
+    ];
+    let one = futures::stream::iter(msgs);
+    let e = c.bs.write(one).await.unwrap_err();
+    // (It ended without finish_write: the bytes are committed.)
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(
+        query(&mut c, &name).await.unwrap().committed_size as usize,
+        3 * MIB
+    );
     // Resumed at the committed size, in 700 KiB chunks, finished.
     let mut msgs = Vec::new();
     let mut at = 3 * MIB;
