@@ -59,6 +59,8 @@ pub(crate) struct Call<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) method: &'static str,
     started: Instant,
+    /// The caller's name, once authenticated (for the access line).
+    who: std::sync::OnceLock<String>,
 }
 
 impl Shared {
@@ -68,6 +70,7 @@ impl Shared {
             shared: self,
             method,
             started: Instant::now(),
+            who: std::sync::OnceLock::new(),
         }
     }
 }
@@ -79,9 +82,11 @@ impl Call<'_> {
     pub(crate) fn identity<T>(&self, req: &Request<T>) -> Result<Identity, OpsError> {
         let authorization = req.metadata().get("authorization").map(|v| v.as_bytes());
         let cert = (self.shared.cfg.client_cert.as_ref()).and_then(|f| f(req.extensions()));
-        (self.shared.cfg.auth)
+        let identity = (self.shared.cfg.auth)
             .authenticate(authorization, cert.as_ref())
-            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()))
+            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()))?;
+        let _ = self.who.set(identity.name().to_string());
+        Ok(identity)
     }
 
     /// The cache namespace `instance` names: itself, or for the empty
@@ -110,15 +115,28 @@ impl Call<'_> {
         Ok(ns)
     }
 
-    /// Records the call's latency, counts its error, and maps it.
+    /// Records the call's latency (to its answer or its response
+    /// stream's start), counts its error, writes its access line (the
+    /// HTTP gate's `blobpool::access` target, `protocol = "grpc"`), and
+    /// maps the error.
     pub(crate) fn done<T>(self, r: Result<T, OpsError>) -> Result<T, Status> {
         let metrics = self.shared.ops.metrics();
         let secs = self.started.elapsed().as_secs_f64();
         metrics.request(Cow::Borrowed(self.method), "POST", secs);
-        r.map_err(|e| {
+        let r = r.map_err(|e| {
             metrics.error(e.code);
             status(&e)
-        })
+        });
+        tracing::info!(
+            target: "blobpool::access",
+            protocol = "grpc",
+            identity = self.who.get().map_or("-", |w| w.as_str()),
+            route = self.method,
+            code = r.as_ref().err().map_or(0, |s| s.code() as i32),
+            duration_ms = secs * 1000.0,
+            "request"
+        );
+        r
     }
 }
 
