@@ -162,3 +162,38 @@ pub(crate) fn audited_refusal(e: &OpsError) -> bool {
         ErrorCode::Unauthorized | ErrorCode::Forbidden | ErrorCode::RefConflict
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_errors_map_to_the_grpc_codes_the_docs_name() {
+        let cases = [
+            (ErrorCode::Unauthorized, Code::Unauthenticated),
+            (ErrorCode::Forbidden, Code::PermissionDenied),
+            (ErrorCode::NotFound, Code::NotFound),
+            (ErrorCode::Missing, Code::NotFound),
+            (ErrorCode::Verification, Code::InvalidArgument),
+            (ErrorCode::KeyInvalid, Code::InvalidArgument),
+            (ErrorCode::UploadOffset, Code::InvalidArgument),
+            (ErrorCode::TooLarge, Code::ResourceExhausted),
+            (ErrorCode::UploadQuota, Code::ResourceExhausted),
+            (ErrorCode::InvalidRange, Code::OutOfRange),
+            (ErrorCode::Unavailable, Code::Unavailable),
+            (ErrorCode::UploadBusy, Code::Aborted),
+            (ErrorCode::Internal, Code::Internal),
+        ];
+        for (code, want) in cases {
+            let s = status(&OpsError::new(code, "the cause /var/lib/x"));
+            assert_eq!(s.code(), want, "{code}");
+            // Media and backend failures never show their cause.
+            assert_eq!(
+                s.message().contains("/var/lib/x"),
+                !code.redacts_message(),
+                "{code}"
+            );
+            assert!(s.message().starts_with(code.as_str()), "{}", s.message());
+        }
+    }
+}

@@ -73,3 +73,34 @@ pub(crate) fn cas_digest(
         size,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn the_function_is_the_requests_else_sha256_for_64_hex_digits() {
+        let blake3 = re::digest_function::Value::Blake3 as i32;
+        assert_eq!(requested(blake3).unwrap(), Some(DigestFunction::Blake3));
+        assert_eq!(requested(0).unwrap(), None);
+        let sha1 = re::digest_function::Value::Sha1 as i32;
+        assert!(requested(sha1).unwrap_err().message.contains("SHA1"));
+        assert!(requested(1234).is_err());
+        assert_eq!(function_of(None, H).unwrap(), DigestFunction::Sha256);
+        assert!(function_of(None, &H[..40]).is_err());
+    }
+
+    #[test]
+    fn digests_are_64_lowercase_hex_and_a_size_of_at_least_0() {
+        let d = |hash: &str, size| re::Digest {
+            hash: hash.into(),
+            size_bytes: size,
+        };
+        assert_eq!(checked(Some(&d(H, 3)), "x").unwrap(), (H.to_string(), 3));
+        assert!(checked(Some(&d(&H.to_uppercase(), 3)), "x").is_err());
+        assert!(checked(Some(&d(H, -1)), "x").is_err());
+        assert!(checked(None, "x").is_err());
+    }
+}
