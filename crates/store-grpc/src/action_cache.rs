@@ -34,9 +34,13 @@ impl re::action_cache_server::ActionCache for ActionCacheService {
             let ns = call.namespace(&m.instance_name)?;
             let (hash, _) = checked(m.action_digest.as_ref(), "action_digest")?;
             function_of(requested(m.digest_function)?, &hash)?;
-            let bytes = (self.0.ops.cache())
+            let got = (self.0.ops.cache())
                 .get_action_result(&identity, &ns, &hash)
-                .await?;
+                .await;
+            let found = got.is_ok();
+            let missed = matches!(&got, Err(e) if e.code == store_ops::ErrorCode::NotFound);
+            (self.0.ops.metrics()).grpc_lookups(GET, found.into(), missed.into());
+            let bytes = got?;
             re::ActionResult::decode(bytes).map_err(|e| {
                 OpsError::new(
                     store_ops::ErrorCode::NotFound,

@@ -248,6 +248,8 @@ impl re::content_addressable_storage_server::ContentAddressableStorage for CasSe
             let missing = (self.0.ops.cache())
                 .find_missing(&identity, &ns, &asked)
                 .await?;
+            let (n, gone) = (asked.len() as u64, missing.len() as u64);
+            self.0.ops.metrics().grpc_lookups(FIND, n - gone, gone);
             Ok(re::FindMissingBlobsResponse {
                 missing_blob_digests: missing
                     .into_iter()
@@ -314,10 +316,17 @@ impl re::content_addressable_storage_server::ContentAddressableStorage for CasSe
             let reads: Vec<_> = (m.digests.iter())
                 .map(|d| self.read_answer(&identity, &ns, function, d))
                 .collect();
-            let responses = (futures::stream::iter(reads))
-                .buffered(BATCH_CONCURRENCY)
-                .collect()
-                .await;
+            let responses: Vec<re::batch_read_blobs_response::Response> =
+                (futures::stream::iter(reads))
+                    .buffered(BATCH_CONCURRENCY)
+                    .collect()
+                    .await;
+            let code =
+                |r: &re::batch_read_blobs_response::Response| r.status.as_ref().map(|s| s.code);
+            let hits = responses.iter().filter(|r| code(r) == Some(0)).count() as u64;
+            let not_found = Some(tonic::Code::NotFound as i32);
+            let misses = responses.iter().filter(|r| code(r) == not_found).count() as u64;
+            self.0.ops.metrics().grpc_lookups(READ, hits, misses);
             Ok(re::BatchReadBlobsResponse { responses })
         }
         .await;

@@ -142,7 +142,11 @@ impl bs::byte_stream_server::ByteStream for ByteStreamService {
             let identity = call.identity(&req)?;
             let res = resource::read(&req.get_ref().resource_name)?;
             let ns = call.namespace(&res.instance)?;
-            let reading = self.open_read(&identity, &ns, req.get_ref()).await?;
+            let reading = self.open_read(&identity, &ns, req.get_ref()).await;
+            let missed = matches!(&reading, Err(e) if e.code == ErrorCode::NotFound);
+            let found = reading.is_ok();
+            (self.0.ops.metrics()).grpc_lookups(READ, found.into(), missed.into());
+            let reading = reading?;
             let stream = futures::stream::unfold(reading, |mut r| async move {
                 r.next().await.map(|item| (item, r))
             });

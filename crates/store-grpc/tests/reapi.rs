@@ -625,3 +625,40 @@ async fn http_requests_on_the_same_port_still_reach_the_http_router() {
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     assert!(got.ends_with("ok"), "{got}");
 }
+
+#[tokio::test]
+async fn hits_and_misses_are_counted_per_method_and_calls_are_timed() {
+    let s = start().await;
+    let mut c = s.clients(Some(FULL)).await;
+    let out = b"metered".to_vec();
+    let dout = digest(&sha256(&out), out.len());
+    let absent = digest(&sha256(b"absent!"), 7);
+    assert_eq!(
+        batch_update(&mut c, SHA256, vec![(dout.clone(), &out)]).await,
+        [0]
+    );
+    find_missing(&mut c, SHA256, &[dout.clone(), absent.clone()]).await;
+    let action = digest(&sha256(b"metered action"), 14);
+    assert!(get_ac(&mut c, &action).await.is_err());
+    update_ac(&mut c, &action, &action_result(&[("o", dout.clone())]))
+        .await
+        .unwrap();
+    get_ac(&mut c, &action).await.unwrap();
+    let name = format!("cc/blobs/{}/{}", absent.hash, absent.size_bytes);
+    assert!(read(&mut c, &name, 0, 0).await.is_err());
+    let text = s.ops.render_metrics();
+    let family = "blobpool_grpc_cache_requests_total";
+    let cas = "/build.bazel.remote.execution.v2.ContentAddressableStorage";
+    let ac = "/build.bazel.remote.execution.v2.ActionCache/GetActionResult";
+    for line in [
+        format!("{family}{{method=\"{cas}/FindMissingBlobs\",result=\"hit\"}} 1"),
+        format!("{family}{{method=\"{cas}/FindMissingBlobs\",result=\"miss\"}} 1"),
+        format!("{family}{{method=\"{ac}\",result=\"hit\"}} 1"),
+        format!("{family}{{method=\"{ac}\",result=\"miss\"}} 1"),
+        format!("{family}{{method=\"/google.bytestream.ByteStream/Read\",result=\"miss\"}} 1"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
+    let timed = s.ops.metrics().requests_timed(ac, "POST");
+    assert_eq!(timed, 2);
+}

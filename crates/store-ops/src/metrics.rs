@@ -48,6 +48,10 @@ pub struct Metrics {
     /// bytes, and the keys' usage as last read. Cache namespaces are
     /// configured, so the label set is bounded.
     cache: Mutex<BTreeMap<String, CacheCounters>>,
+    /// Per gRPC method (ADR-071): lookups that found what they asked for
+    /// and those that did not (hits, misses). The methods are the gRPC
+    /// binding's constants, so the label set is bounded.
+    grpc_lookups: Mutex<BTreeMap<&'static str, (u64, u64)>>,
     /// Request latency per route pattern and method (bounded labels: the
     /// routes are the server's patterns and configured base paths, the
     /// methods a fixed list).
@@ -405,6 +409,21 @@ pub(crate) const FAMILIES: &[Family] = &[
         },
     ),
     counter(
+        "blobpool_grpc_cache_requests_total",
+        "gRPC cache lookups (blobs and action results asked for), by method and result.",
+        |v| {
+            let m = v.m.grpc_lookups.lock().unwrap_or_else(|p| p.into_inner());
+            m.iter()
+                .flat_map(|(method, (hits, misses))| {
+                    [("hit", *hits), ("miss", *misses)].map(|(result, n)| {
+                        let labels = vec![("method", method.to_string()), ("result", result.to_string())];
+                        (labels, Value::Int(n))
+                    })
+                })
+                .collect()
+        },
+    ),
+    counter(
         "blobpool_cache_puts_total",
         "Cache puts (keys recorded), by namespace.",
         |v| per_cache_ns(v, |c| c.puts),
@@ -645,6 +664,14 @@ impl Metrics {
     /// `blobpool_cache_requests_total{namespace, result="hit"|"miss"}`.
     pub(crate) fn cache_lookup(&self, ns: &str, hit: bool) {
         self.cache_entry(ns, |c| if hit { c.hits += 1 } else { c.misses += 1 });
+    }
+
+    /// Counts `hits` and `misses` of one call of gRPC `method` (its path):
+    /// `blobpool_grpc_cache_requests_total{method, result}`.
+    pub fn grpc_lookups(&self, method: &'static str, hits: u64, misses: u64) {
+        let mut m = self.grpc_lookups.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry(method).or_default();
+        (e.0, e.1) = (e.0 + hits, e.1 + misses);
     }
 
     /// Counts one cache put of `bytes` in `ns`:
