@@ -15,23 +15,30 @@
 //!
 //! A non-fleet store remembers looked-up keys ([`KEY_CACHE_ENTRIES`]), so a
 //! hit costs no database read; every write through the store invalidates
-//! (see `KeyCache`). A fleet reads the index on every lookup.
+//! (see `KeyCache`). A fleet reads the index on every lookup. A remembered
+//! hit costs one clock read, one lock and two hash probes, and allocates
+//! nothing (ADR-073).
 //!
 //! # Reads are recorded in batches
 //!
-//! A read never writes on its path: [`Cache::note_access`] adds the digest
-//! to an in-memory set (one per store, shared by its clones) under its
-//! read time rounded down to [`ACCESS_RESOLUTION`]. The set is written as
-//! one `touch` per namespace and noted time when it holds
+//! A read never writes on its path: [`Cache::note_access`] notes the
+//! digest in an in-memory map (one per store, shared by its clones) with
+//! its read time rounded down to [`ACCESS_RESOLUTION`], keeping the latest
+//! time per digest. A remembered key read again within the same step is
+//! not noted twice (the key remembers the step it was noted in). The map
+//! is written as one `touch` per namespace and noted time when it holds
 //! [`ACCESS_FLUSH_KEYS`] digests or the last write is older than
-//! [`ACCESS_FLUSH_EVERY`] (by a task the noting read spawns, never awaited
-//! by it), and before every sweep's trim. So a digest read many times in
-//! one period costs one row update, and a crash loses at most one period
-//! of recency (those entries look as old as their previous access).
+//! [`ACCESS_FLUSH_EVERY`] on the store's clock (by a task the noting read
+//! spawns, never awaited by it), and before every sweep's trim. So a
+//! digest read many times in one period costs one row update (its last
+//! read's time: an older one would be overwritten by it), and a crash
+//! loses at most one period of recency (those entries look as old as their
+//! previous access).
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use store_types::{
@@ -51,9 +58,9 @@ pub const ACCESS_FLUSH_EVERY: Duration = Duration::from_secs(10);
 /// are written with the same time (one `touch` per step and namespace).
 pub const ACCESS_RESOLUTION: Duration = Duration::from_millis(100);
 
-/// Noted reads: per namespace, per access time (rounded down to
-/// [`ACCESS_RESOLUTION`]), the digests read then.
-type Pending = HashMap<Namespace, BTreeMap<i64, HashSet<Digest>>>;
+/// Noted reads: per namespace, per digest, the latest time it was read
+/// (rounded down to [`ACCESS_RESOLUTION`]).
+type Pending = HashMap<Namespace, HashMap<Digest, i64>>;
 
 /// The keys a trim's first read asks for; each read after a batch that
 /// went whole asks for twice as many, up to [`TRIM_PAGE_MAX`].
@@ -155,15 +162,41 @@ pub const KEY_CACHE_ENTRIES: usize = 65_536;
 /// write bumps `generation` under the lock, and a lookup fills only if no
 /// write happened since it read the index. Full: cleared (cheap, rare).
 /// A fleet reads the index every time (other nodes write it).
+///
+/// Keyed by namespace, then key, so a lookup borrows both (no owned key
+/// built per probe). Each key also remembers the access step its last
+/// noted read fell in: a read in the same step is not noted again.
 #[derive(Default)]
 pub(crate) struct KeyCache {
     state: Mutex<KeyCacheState>,
+    /// The kv engine's cache index, asked for once ([`Store::cache`]).
+    index: OnceLock<Option<Arc<dyn CacheIndex>>>,
 }
 
 #[derive(Default)]
 struct KeyCacheState {
-    keys: HashMap<(Namespace, String), Digest>,
+    keys: HashMap<Namespace, HashMap<Box<str>, Remembered>>,
+    /// Keys remembered, over every namespace.
+    len: usize,
     generation: u64,
+}
+
+/// A remembered key: its digest, and the access step (milliseconds, a
+/// multiple of [`ACCESS_RESOLUTION`]) of its last noted read.
+#[derive(Clone, Copy)]
+struct Remembered {
+    digest: Digest,
+    noted: i64,
+}
+
+/// What a lookup found among the remembered keys.
+enum Recall {
+    /// Remembered, and a read of it already noted in this step.
+    Noted(Digest),
+    /// Remembered; this read is to be noted (the key now says so).
+    Hit(Digest),
+    /// Not remembered: the generation a fill must still see.
+    Miss(u64),
 }
 
 impl KeyCache {
@@ -171,36 +204,65 @@ impl KeyCache {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn get(&self, ns: &Namespace, key: &RefName) -> (Option<Digest>, u64) {
-        let st = self.lock();
-        (
-            st.keys
-                .get(&(ns.clone(), key.as_str().to_string()))
-                .copied(),
-            st.generation,
-        )
+    fn recall(&self, ns: &Namespace, key: &RefName, step: i64) -> Recall {
+        let mut st = self.lock();
+        let generation = st.generation;
+        match st.keys.get_mut(ns).and_then(|m| m.get_mut(key.as_str())) {
+            Some(r) if r.noted == step => Recall::Noted(r.digest),
+            Some(r) => {
+                r.noted = step;
+                Recall::Hit(r.digest)
+            }
+            None => Recall::Miss(generation),
+        }
     }
 
-    fn fill(&self, ns: &Namespace, key: &RefName, d: Digest, seen: u64) {
+    /// Remembers `key → d` (noted in `step`) unless a write happened since
+    /// generation `seen`.
+    fn fill(&self, ns: &Namespace, key: &RefName, d: Digest, seen: u64, step: i64) {
         let mut st = self.lock();
         if st.generation != seen {
             return;
         }
-        if st.keys.len() >= KEY_CACHE_ENTRIES {
+        if st.len >= KEY_CACHE_ENTRIES {
             st.keys.clear();
+            st.len = 0;
         }
-        st.keys.insert((ns.clone(), key.as_str().to_string()), d);
+        let KeyCacheState { keys, len, .. } = &mut *st;
+        let of_ns = match keys.get_mut(ns) {
+            Some(m) => m,
+            None => keys.entry(ns.clone()).or_default(),
+        };
+        let r = Remembered {
+            digest: d,
+            noted: step,
+        };
+        if of_ns.insert(key.as_str().into(), r).is_none() {
+            *len += 1;
+        }
     }
 
     fn invalidate(&self, ns: &Namespace, key: &RefName) {
         let mut st = self.lock();
-        st.keys.remove(&(ns.clone(), key.as_str().to_string()));
-        st.generation += 1;
+        let KeyCacheState {
+            keys,
+            len,
+            generation,
+        } = &mut *st;
+        if keys
+            .get_mut(ns)
+            .and_then(|m| m.remove(key.as_str()))
+            .is_some()
+        {
+            *len -= 1;
+        }
+        *generation += 1;
     }
 
     fn clear(&self) {
         let mut st = self.lock();
         st.keys.clear();
+        st.len = 0;
         st.generation += 1;
     }
 }
@@ -270,8 +332,11 @@ struct Estimate {
 
 struct AccessState {
     pending: Pending,
+    /// Digests in `pending`.
     count: usize,
-    last_flush: Instant,
+    /// The store's clock at the last write (`None`: none yet; the first
+    /// noted read starts the period).
+    last_flush: Option<i64>,
     flushing: bool,
 }
 
@@ -281,7 +346,7 @@ impl Default for AccessLog {
             state: Mutex::new(AccessState {
                 pending: HashMap::new(),
                 count: 0,
-                last_flush: Instant::now(),
+                last_flush: None,
                 flushing: false,
             }),
             bound: Mutex::default(),
@@ -298,9 +363,9 @@ impl AccessLog {
         self.bound.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn take(st: &mut AccessState) -> Pending {
+    fn take(st: &mut AccessState, now: i64) -> Pending {
         st.count = 0;
-        st.last_flush = Instant::now();
+        st.last_flush = Some(now);
         std::mem::take(&mut st.pending)
     }
 }
@@ -322,9 +387,14 @@ impl Store {
     /// The cache keys of this store's kv engine, if it can hold them
     /// (`mem`, `sqlite`, `postgres`).
     pub fn cache(&self) -> Option<Cache> {
-        self.inner.kv.cache().map(|index| Cache {
+        let index = self
+            .inner
+            .cache_keys
+            .index
+            .get_or_init(|| self.inner.kv.cache());
+        index.as_ref().map(|index| Cache {
             store: self.clone(),
-            index,
+            index: index.clone(),
         })
     }
 
@@ -590,24 +660,26 @@ impl Cache {
     /// The digest `key` points at, noting the read (see the module docs).
     /// Cancel-safe (a read).
     pub async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>> {
-        let remembered = !self.store.is_fleet();
-        let (hit, seen) = if remembered {
-            self.store.inner.cache_keys.get(ns, key)
+        // The one clock read of a lookup: the step its read is noted in.
+        let step = self.access_step();
+        let seen = if self.store.is_fleet() {
+            None
         } else {
-            (None, 0)
-        };
-        let d = match hit {
-            Some(d) => Some(d),
-            None => {
-                let d = self.index.lookup(ns, key).await?;
-                if let (true, Some(d)) = (remembered, d) {
-                    self.store.inner.cache_keys.fill(ns, key, d, seen);
+            match self.store.inner.cache_keys.recall(ns, key, step) {
+                Recall::Noted(d) => return Ok(Some(d)),
+                Recall::Hit(d) => {
+                    self.note_at(ns, d, step);
+                    return Ok(Some(d));
                 }
-                d
+                Recall::Miss(seen) => Some(seen),
             }
         };
+        let d = self.index.lookup(ns, key).await?;
         if let Some(d) = d {
-            self.note_access(ns, d);
+            if let Some(seen) = seen {
+                self.store.inner.cache_keys.fill(ns, key, d, seen, step);
+            }
+            self.note_at(ns, d, step);
         }
         Ok(d)
     }
@@ -665,28 +737,49 @@ impl Cache {
     /// Notes a read of `digest` in `ns` for the bound's recency; never
     /// waits on a write (see the module docs).
     pub fn note_access(&self, ns: &Namespace, digest: Digest) {
-        let log = &self.store.inner.cache_access;
+        self.note_at(ns, digest, self.access_step());
+    }
+
+    /// Now on the store's clock, rounded down to [`ACCESS_RESOLUTION`].
+    fn access_step(&self) -> i64 {
         let step = ACCESS_RESOLUTION.as_millis() as i64;
-        let at = self.store.inner.clock.now().0 / step * step;
+        self.store.inner.clock.now().0.div_euclid(step) * step
+    }
+
+    /// Notes a read of `digest` in `ns` at `at` (an access step); starts
+    /// the write of the noted reads when due.
+    fn note_at(&self, ns: &Namespace, digest: Digest, at: i64) {
+        let log = &self.store.inner.cache_access;
         let batch = {
             let mut st = log.lock();
-            if st
-                .pending
-                .entry(ns.clone())
-                .or_default()
-                .entry(at)
-                .or_default()
-                .insert(digest)
-            {
-                st.count += 1;
+            let AccessState {
+                pending,
+                count,
+                last_flush,
+                flushing,
+            } = &mut *st;
+            let of_ns = match pending.get_mut(ns) {
+                Some(m) => m,
+                None => pending.entry(ns.clone()).or_default(),
+            };
+            match of_ns.entry(digest) {
+                Entry::Occupied(mut e) => {
+                    let t = e.get_mut();
+                    *t = (*t).max(at);
+                }
+                Entry::Vacant(e) => {
+                    e.insert(at);
+                    *count += 1;
+                }
             }
-            let due =
-                st.count >= ACCESS_FLUSH_KEYS || st.last_flush.elapsed() >= ACCESS_FLUSH_EVERY;
-            if !due || st.flushing || tokio::runtime::Handle::try_current().is_err() {
+            let since = *last_flush.get_or_insert(at);
+            let every = ACCESS_FLUSH_EVERY.as_millis() as i64;
+            let due = *count >= ACCESS_FLUSH_KEYS || at.saturating_sub(since) >= every;
+            if !due || *flushing || tokio::runtime::Handle::try_current().is_err() {
                 return;
             }
-            st.flushing = true;
-            AccessLog::take(&mut st)
+            *flushing = true;
+            AccessLog::take(&mut st, at)
         };
         let this = self.clone();
         tokio::spawn(async move {
@@ -704,7 +797,8 @@ impl Cache {
     /// Writes every pending read now. Cancel-safe: a batch dropped
     /// mid-write loses only recency (the reads it held look older).
     pub async fn flush_access(&self) -> Result<()> {
-        let batch = AccessLog::take(&mut self.store.inner.cache_access.lock());
+        let now = self.store.inner.clock.now().0;
+        let batch = AccessLog::take(&mut self.store.inner.cache_access.lock(), now);
         self.write_access(batch).await
     }
 
@@ -712,9 +806,12 @@ impl Cache {
     /// with its own clock stamps them all with its now: their order within
     /// one write is then lost, never their order against later writes).
     async fn write_access(&self, batch: Pending) -> Result<()> {
-        for (ns, by_time) in batch {
+        for (ns, digests) in batch {
+            let mut by_time: BTreeMap<i64, Vec<Digest>> = BTreeMap::new();
+            for (d, at) in digests {
+                by_time.entry(at).or_default().push(d);
+            }
             for (at, digests) in by_time {
-                let digests: Vec<Digest> = digests.into_iter().collect();
                 for chunk in digests.chunks(1000) {
                     self.index
                         .touch(&ns, chunk, store_types::Timestamp(at))

@@ -4,7 +4,9 @@
 //! `record`, `remove`, `touch` and `remove_unchanged` are jobs of the
 //! group-committing writer thread (like puts and reference writes): each
 //! runs inside the writer's transaction and answers after its commit, so
-//! a batch of `remove_unchanged` is one atomic step. `lookup`, `cached`,
+//! a batch of `remove_unchanged` is one atomic step. `touch` (recency
+//! only) is bulk work in chunks of `BULK_ROWS` digests, run after the
+//! queued foreground writes (ADR-058, ADR-073). `lookup`, `cached`,
 //! `oldest` (one statement) and `usage` run on the reader pool; `cached` asks the `(namespace, digest)`
 //! index through the engine's batched existence query.
 //!
@@ -33,6 +35,7 @@ use store_types::{
 use crate::error::SqlResultExt;
 use crate::refs::OwnedAuthor;
 use crate::sql::{self, digest_at, namespace_at, to_i64};
+use crate::writer::BULK_ROWS;
 use crate::SqliteEngine;
 
 /// `?6` is the owner the job decided on (the row's own for the digest it
@@ -162,23 +165,28 @@ impl CacheIndex for SqliteCacheKeys {
     }
 
     async fn touch(&self, ns: &Namespace, digests: &[Digest], now: Timestamp) -> Result<u64> {
-        if digests.is_empty() {
-            return Ok(0);
-        }
-        let ns = ns.as_str().to_owned();
-        let digests = digests.to_vec();
-        self.engine
-            .inner
-            .writer
-            .submit(32 * digests.len(), true, move |conn, _| {
+        let mut n = 0u64;
+        // Bulk jobs (ADR-073): a batch of noted reads waits for the queued
+        // puts, never they for it.
+        for chunk in digests.chunks(BULK_ROWS) {
+            let ns = ns.as_str().to_owned();
+            let (chunk, cost) = (chunk.to_vec(), 32 * chunk.len());
+            let job = move |conn: &rusqlite::Connection, _| {
                 let mut stmt = conn.prepare_cached(TOUCH).sql()?;
                 let mut n = 0u64;
-                for d in &digests {
+                for d in &chunk {
                     n += stmt.execute((&ns, &d.as_bytes()[..], now.0)).sql()? as u64;
                 }
                 Ok(n)
-            })
-            .await
+            };
+            n += self
+                .engine
+                .inner
+                .writer
+                .submit_bulk(cost, job, None)
+                .await?;
+        }
+        Ok(n)
     }
 
     async fn cached(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
