@@ -8,6 +8,8 @@ use tracing_subscriber::EnvFilter;
 use crate::config::{Config, LogFormat};
 use crate::output::CliError;
 
+mod waits;
+
 /// The git commit this binary was built from (`build.rs`), or empty when
 /// it was not built from a git checkout.
 pub const BUILD_GIT_COMMIT: &str = env!("BUILD_GIT_COMMIT");
@@ -55,6 +57,8 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
     ops.metrics().set_extra(Box::new(move || {
         store_layers::render_prometheus(&engine_metrics.snapshot())
     }));
+    // Where the SQLite database's writes and reads waited (ADR-073).
+    ops.metrics().set_database_waits(Box::new(waits::sqlite));
     if !BUILD_GIT_COMMIT.is_empty() {
         ops.metrics().set_build_commit(BUILD_GIT_COMMIT);
     }

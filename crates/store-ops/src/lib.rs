@@ -48,7 +48,7 @@ pub use admin::{
 };
 pub use error::{ErrorCode, OpsError, TOKEN_CAP_RETRY_AFTER, TRANSIENT_RETRY_AFTER};
 pub use inventory::INVENTORY_REFRESH;
-pub use metrics::Metrics;
+pub use metrics::{DatabaseWaits, EngineHistogram, Metrics, WaitsSource};
 pub use ops::blobs::{BaoResponse, GetResponse, PutOutcome, BAO_MEMORY_MAX};
 pub use ops::config::{OpsConfig, DEFAULT_MAX_BLOB_SIZE, DEFAULT_MAX_HAVE_DIGESTS};
 pub use ops::uploads::UploadOps;

@@ -7,7 +7,9 @@
 //! (label values escaped, histogram buckets made cumulative), so adding a
 //! metric is one table row, and no `# HELP`/`# TYPE` line is written by
 //! hand. The engines' families (store-layers' `MetricsLayer`) are appended
-//! as text by [`Metrics::set_extra`].
+//! as text by [`Metrics::set_extra`]; where a database's writes and reads
+//! waited ([`DatabaseWaits`], ADR-073) comes from the function
+//! [`Metrics::set_database_waits`] sets, rendered through the table.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -58,8 +60,60 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(Cow<'static, str>, &'static str), Histogram>>,
     /// Extra exposition appended to the text (the engines' layer metrics).
     extra: std::sync::OnceLock<Box<dyn Fn() -> String + Send + Sync>>,
+    /// Where the databases' writes and reads waited, read at scrape time.
+    database_waits: std::sync::OnceLock<WaitsSource>,
     /// The git commit of the build, when the binary knows it.
     build_commit: std::sync::OnceLock<String>,
+}
+
+/// Reads [`DatabaseWaits`] at scrape time ([`Metrics::set_database_waits`]).
+pub type WaitsSource = Box<dyn Fn() -> Vec<DatabaseWaits> + Send + Sync>;
+
+/// A histogram an engine hands over at scrape time: the buckets' upper
+/// bounds in seconds (ascending; a last `+Inf` bucket is implied), a count
+/// per bucket (not cumulative; one more than the bounds, `+Inf` last), and
+/// the sum of what was observed, in seconds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineHistogram {
+    /// Upper bounds, seconds.
+    pub bounds: Vec<f64>,
+    /// Observations per bucket, `+Inf` last.
+    pub counts: Vec<u64>,
+    /// Sum of the observations, seconds.
+    pub sum: f64,
+}
+
+/// Where one database's writes and reads waited (ADR-058, ADR-073): what
+/// tells which wait a slow request spent its time in. `blobpool serve`
+/// reads its SQLite engines'. A *foreground* write is a put, a reference
+/// or cache-key write, a direct delete; a *bulk* one a sweep's chunk.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DatabaseWaits {
+    /// The database (its file), the `database` label.
+    pub database: String,
+    /// Foreground writes: queued until their transaction began.
+    pub write_queued: EngineHistogram,
+    /// Of that, the part behind a bulk transaction.
+    pub write_behind_bulk: EngineHistogram,
+    /// Foreground writes: their own transaction, begin to commit.
+    pub write_transaction: EngineHistogram,
+    /// Of that, the `COMMIT` (the fsync).
+    pub write_commit: EngineHistogram,
+    /// Each bulk transaction (statements and commit).
+    pub bulk_transaction: EngineHistogram,
+    /// Reads run where they may wait: waiting for a free read connection.
+    pub read_connection: EngineHistogram,
+    /// Point reads not answered from memory on the calling thread: their
+    /// whole time where they may wait.
+    pub point_read: EngineHistogram,
+    /// Writes of 10 ms or more from queued to answered.
+    pub slow_writes: u64,
+    /// Point reads answered on the calling thread from memory.
+    pub reads_inline: u64,
+    /// Reads run where they may wait (fallbacks, no free connection, scans).
+    pub reads_waited: u64,
+    /// Point reads tried inline that would have waited for the disk.
+    pub point_read_fallbacks: u64,
 }
 
 /// Upper bounds (seconds) of the request-latency histogram's buckets; a
@@ -160,6 +214,8 @@ enum Value {
     Float(f64),
     /// Rendered as `_bucket{le}` (cumulative), `_sum` and `_count`.
     Histogram(Histogram),
+    /// The same, over an engine's own bounds.
+    Engine(EngineHistogram),
 }
 
 /// One sample: its labels (name, value) and value.
@@ -173,6 +229,7 @@ struct View<'a> {
     cache: BTreeMap<String, CacheCounters>,
     requests: BTreeMap<(Cow<'static, str>, &'static str), Histogram>,
     inventory: Option<crate::inventory::InventorySample>,
+    waits: Vec<DatabaseWaits>,
 }
 
 /// A metric family, declared once: name, type, help, and its samples.
@@ -211,6 +268,28 @@ fn per_inventory_row(v: &View<'_>, f: fn(&store_core::TierStats) -> u64) -> Vec<
             )
         })
         .collect()
+}
+
+/// One sample per database, labelled `database`.
+fn per_database(v: &View<'_>, f: fn(&DatabaseWaits) -> Value) -> Vec<Sample> {
+    v.waits
+        .iter()
+        .map(|w| (vec![("database", w.database.clone())], f(w)))
+        .collect()
+}
+
+/// A histogram family of [`DatabaseWaits`], per database.
+const fn waits(
+    name: &'static str,
+    help: &'static str,
+    samples: fn(&View<'_>) -> Vec<Sample>,
+) -> Family {
+    Family {
+        name,
+        kind: Kind::Histogram,
+        help,
+        samples,
+    }
 }
 
 const fn counter(
@@ -469,6 +548,68 @@ pub(crate) const FAMILIES: &[Family] = &[
                 .collect()
         },
     },
+    waits(
+        "blobpool_sqlite_write_queued_seconds",
+        "Foreground SQLite writes (puts, reference and cache-key writes, direct deletes): time queued until their transaction began, by database.",
+        |v| per_database(v, |w| Value::Engine(w.write_queued.clone())),
+    ),
+    waits(
+        "blobpool_sqlite_write_behind_bulk_seconds",
+        "Of a foreground write's time queued, the part behind a bulk (sweep) transaction, by database.",
+        |v| per_database(v, |w| Value::Engine(w.write_behind_bulk.clone())),
+    ),
+    waits(
+        "blobpool_sqlite_write_transaction_seconds",
+        "A foreground write's own transaction, begin to commit, by database.",
+        |v| per_database(v, |w| Value::Engine(w.write_transaction.clone())),
+    ),
+    waits(
+        "blobpool_sqlite_write_commit_seconds",
+        "Of a foreground write's transaction, the COMMIT (the fsync), by database.",
+        |v| per_database(v, |w| Value::Engine(w.write_commit.clone())),
+    ),
+    waits(
+        "blobpool_sqlite_bulk_transaction_seconds",
+        "Each bulk (sweep) transaction, statements and commit: what a foreground write may wait behind, by database.",
+        |v| per_database(v, |w| Value::Engine(w.bulk_transaction.clone())),
+    ),
+    waits(
+        "blobpool_sqlite_read_connection_wait_seconds",
+        "Reads run where they may wait: time waiting for a free read connection, by database.",
+        |v| per_database(v, |w| Value::Engine(w.read_connection.clone())),
+    ),
+    waits(
+        "blobpool_sqlite_point_read_wait_seconds",
+        "Point reads not answered from memory on the calling thread: their time where they may wait (connection, disk, hand-off), by database.",
+        |v| per_database(v, |w| Value::Engine(w.point_read.clone())),
+    ),
+    counter(
+        "blobpool_sqlite_slow_writes_total",
+        "SQLite writes that took 10 ms or more from queued to answered, by database.",
+        |v| per_database(v, |w| Value::Int(w.slow_writes)),
+    ),
+    counter(
+        "blobpool_sqlite_reads_total",
+        "SQLite reads, by database and path: inline (a point read answered from memory on the calling thread) or waited (run where it may wait).",
+        |v| {
+            v.waits
+                .iter()
+                .flat_map(|w| {
+                    [("inline", w.reads_inline), ("waited", w.reads_waited)].map(|(path, n)| {
+                        (
+                            vec![("database", w.database.clone()), ("path", path.to_string())],
+                            Value::Int(n),
+                        )
+                    })
+                })
+                .collect()
+        },
+    ),
+    counter(
+        "blobpool_sqlite_point_read_fallbacks_total",
+        "SQLite point reads tried inline that would have waited for the disk and ran again where they may wait, by database.",
+        |v| per_database(v, |w| Value::Int(w.point_read_fallbacks)),
+    ),
     gauge(
         "blobpool_build_info",
         "The running build (always 1): its version, and its git commit when it was built from a git checkout.",
@@ -529,27 +670,43 @@ fn write_family(out: &mut String, f: &Family, samples: &[Sample]) {
                 let _ = writeln!(out, "{name}{} {x}", label_set(labels, None));
             }
             Value::Histogram(h) => {
-                let mut cumulative = 0;
-                for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
-                    cumulative += h.buckets[i];
-                    let le = b.to_string();
-                    let _ = writeln!(
-                        out,
-                        "{name}_bucket{} {cumulative}",
-                        label_set(labels, Some(("le", &le)))
-                    );
-                }
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{} {}",
-                    label_set(labels, Some(("le", "+Inf"))),
-                    h.count
-                );
-                let _ = writeln!(out, "{name}_sum{} {}", label_set(labels, None), h.sum);
-                let _ = writeln!(out, "{name}_count{} {}", label_set(labels, None), h.count);
+                let b = (&LATENCY_BUCKETS[..], &h.buckets[..], h.sum);
+                write_buckets(out, name, labels, b);
+            }
+            Value::Engine(h) => {
+                write_buckets(out, name, labels, (&h.bounds, &h.counts, h.sum));
             }
         }
     }
+}
+
+/// A histogram's `_bucket{le}` lines (cumulative; `+Inf` is the count),
+/// `_sum` and `_count`, from its bounds, per-bucket counts (`+Inf` last)
+/// and sum.
+fn write_buckets(
+    out: &mut String,
+    name: &str,
+    labels: &[(&'static str, String)],
+    (bounds, counts, sum): (&[f64], &[u64], f64),
+) {
+    let mut cumulative = 0;
+    for (i, b) in bounds.iter().enumerate() {
+        cumulative += counts.get(i).copied().unwrap_or(0);
+        let le = b.to_string();
+        let _ = writeln!(
+            out,
+            "{name}_bucket{} {cumulative}",
+            label_set(labels, Some(("le", &le)))
+        );
+    }
+    let count: u64 = counts.iter().sum();
+    let _ = writeln!(
+        out,
+        "{name}_bucket{} {count}",
+        label_set(labels, Some(("le", "+Inf")))
+    );
+    let _ = writeln!(out, "{name}_sum{} {sum}", label_set(labels, None));
+    let _ = writeln!(out, "{name}_count{} {count}", label_set(labels, None));
 }
 
 impl std::fmt::Debug for Metrics {
@@ -646,6 +803,12 @@ impl Metrics {
         let _ = self.extra.set(f);
     }
 
+    /// Reads the databases' waits from `f` at every scrape (set once;
+    /// later calls are ignored). `serve` reads its SQLite engines' with it.
+    pub fn set_database_waits(&self, f: WaitsSource) {
+        let _ = self.database_waits.set(f);
+    }
+
     /// Labels `blobpool_build_info` with the git commit the binary was
     /// built from (set once; later calls are ignored).
     pub fn set_build_commit(&self, git: &str) {
@@ -731,6 +894,7 @@ impl Metrics {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             inventory: self.inventory.sample(),
+            waits: self.database_waits.get().map(|f| f()).unwrap_or_default(),
         };
         let mut out = String::with_capacity(8192);
         for f in FAMILIES {
@@ -946,6 +1110,57 @@ mod tests {
         assert!(text.contains(
             "blobpool_http_request_duration_seconds_count{route=\"/bazel/{key}\",method=\"PUT\"} 1\n"
         ));
+    }
+
+    #[test]
+    fn database_waits_render_per_database_over_the_engines_bounds() {
+        let m = Metrics::default();
+        // No source: the families are announced, with no samples.
+        let text = render(&m);
+        let family = "blobpool_sqlite_write_queued_seconds";
+        assert!(text.contains(&format!("# TYPE {family} histogram\n")));
+        assert!(samples(&text, family).is_empty());
+        let h = EngineHistogram {
+            bounds: vec![0.001, 0.01],
+            counts: vec![2, 0, 1],
+            sum: 0.5,
+        };
+        m.set_database_waits(Box::new(move || {
+            vec![DatabaseWaits {
+                database: "/d/kv.sqlite".into(),
+                write_queued: h.clone(),
+                slow_writes: 3,
+                reads_inline: 7,
+                reads_waited: 2,
+                point_read_fallbacks: 1,
+                ..DatabaseWaits::default()
+            }]
+        }));
+        let text = render(&m);
+        let db = "database=\"/d/kv.sqlite\"";
+        assert_eq!(
+            samples(&text, family),
+            [
+                format!("{family}_bucket{{{db},le=\"0.001\"}} 2"),
+                format!("{family}_bucket{{{db},le=\"0.01\"}} 2"),
+                format!("{family}_bucket{{{db},le=\"+Inf\"}} 3"),
+                format!("{family}_sum{{{db}}} 0.5"),
+                format!("{family}_count{{{db}}} 3"),
+            ]
+        );
+        for line in [
+            format!("blobpool_sqlite_bulk_transaction_seconds_bucket{{{db},le=\"+Inf\"}} 0"),
+            format!("blobpool_sqlite_bulk_transaction_seconds_count{{{db}}} 0"),
+            format!("blobpool_sqlite_slow_writes_total{{{db}}} 3"),
+            format!("blobpool_sqlite_reads_total{{{db},path=\"inline\"}} 7"),
+            format!("blobpool_sqlite_reads_total{{{db},path=\"waited\"}} 2"),
+            format!("blobpool_sqlite_point_read_fallbacks_total{{{db}}} 1"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
     }
 
     #[test]

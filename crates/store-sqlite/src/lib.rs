@@ -144,17 +144,17 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use store_types::{Error, Result};
 
 use crate::cache::HotCache;
-use crate::reader::Readers;
-use crate::writer::Writer;
+use crate::reader::{ReadPathStats, Readers};
+use crate::writer::{Counters, Writer};
 
 pub use crate::registration::REGISTRATION;
 pub use crate::schema::SCHEMA_VERSION;
-pub use crate::writer::SqliteWaits;
+pub use crate::writer::{SqliteWaits, WaitHistogram, WaitHistograms, WAIT_BUCKETS_US};
 
 /// Largest blob a put accepts: SQLite's default `SQLITE_MAX_LENGTH`.
 pub const MAX_BLOB_LEN: u64 = 1_000_000_000;
@@ -302,12 +302,14 @@ impl SqliteEngine {
         let writer = Writer::spawn(writer_conn)?;
         let cache = HotCache::register(&canonical, options.cache_bytes);
         tracing::debug!(path = %canonical.display(), ?options, "sqlite engine opened");
+        let readers = Readers::new(readers, inline);
+        register_open(&canonical, writer.counters_shared(), readers.stats());
         Ok(SqliteEngine {
             inner: Arc::new(Inner {
                 path: canonical,
                 durability: options.durability,
                 writer,
-                readers: Readers::new(readers, inline),
+                readers,
                 cache,
             }),
         })
@@ -350,13 +352,92 @@ impl SqliteEngine {
 
     /// How the engine's point reads were answered so far (ADR-055).
     pub fn read_path(&self) -> ReadPath {
-        let s = self.inner.readers.stats();
-        ReadPath {
-            inline: s.inline.load(Ordering::Relaxed),
-            fell_back: s.fell_back.load(Ordering::Relaxed),
-            pooled: s.pooled.load(Ordering::Relaxed),
-        }
+        read_path_of(self.inner.readers.stats())
     }
+
+    /// Where the engine's writes and reads waited so far, as histograms
+    /// (ADR-058, ADR-073).
+    pub fn wait_histograms(&self) -> WaitHistograms {
+        histograms_of(self.inner.writer.counters(), self.inner.readers.stats())
+    }
+}
+
+fn read_path_of(s: &ReadPathStats) -> ReadPath {
+    ReadPath {
+        inline: s.inline.load(Ordering::Relaxed),
+        fell_back: s.fell_back.load(Ordering::Relaxed),
+        pooled: s.pooled.load(Ordering::Relaxed),
+    }
+}
+
+fn histograms_of(writes: &Counters, reads: &ReadPathStats) -> WaitHistograms {
+    WaitHistograms {
+        read_connection: reads.connection.snapshot(),
+        point_read: reads.point.snapshot(),
+        ..writes.waits.histograms()
+    }
+}
+
+/// An engine of this process, for [`open_databases`]: its file and its
+/// counters, weakly (they go with the engine).
+struct Registered {
+    path: PathBuf,
+    writes: Weak<Counters>,
+    reads: Weak<ReadPathStats>,
+}
+
+/// Every engine opened in this process and not yet dropped.
+static OPEN: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+
+fn register_open(path: &Path, writes: &Arc<Counters>, reads: &Arc<ReadPathStats>) {
+    let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+    open.retain(|r| r.writes.strong_count() > 0);
+    open.push(Registered {
+        path: path.to_path_buf(),
+        writes: Arc::downgrade(writes),
+        reads: Arc::downgrade(reads),
+    });
+}
+
+/// Where one database file's writes and reads waited, summed over the
+/// engines of this process open on it ([`open_databases`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatabaseWaits {
+    /// The canonical path of the database file.
+    pub path: PathBuf,
+    /// Where its writes and reads waited ([`SqliteEngine::wait_histograms`]).
+    pub histograms: WaitHistograms,
+    /// How its point reads were answered ([`SqliteEngine::read_path`]).
+    pub read_path: ReadPath,
+    /// Its writes of 10 ms or more ([`SqliteWaits::slow_writes`]).
+    pub slow_writes: u64,
+}
+
+/// Every database file an engine of this process has open (in path order),
+/// with where its writes and reads waited since (ADR-073). `blobpool
+/// serve` exports it on `/metrics`; the engines themselves need not be at
+/// hand. Cheap: a few hundred atomic loads per engine.
+pub fn open_databases() -> Vec<DatabaseWaits> {
+    let open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut by_path: std::collections::BTreeMap<&Path, DatabaseWaits> = Default::default();
+    for r in open.iter() {
+        let (Some(writes), Some(reads)) = (r.writes.upgrade(), r.reads.upgrade()) else {
+            continue;
+        };
+        let d = by_path.entry(&r.path).or_insert_with(|| DatabaseWaits {
+            path: r.path.clone(),
+            histograms: WaitHistograms::default(),
+            read_path: ReadPath::default(),
+            slow_writes: 0,
+        });
+        d.histograms.add(&histograms_of(&writes, &reads));
+        let p = read_path_of(&reads);
+        d.read_path.inline += p.inline;
+        d.read_path.fell_back += p.fell_back;
+        d.read_path.pooled += p.pooled;
+        d.slow_writes += writes.waits.slow_writes.load(Ordering::Relaxed);
+    }
+    by_path.into_values().collect()
 }
 
 /// How point reads (`read`, `meta`, a short `has_many`, reference and

@@ -22,12 +22,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use rusqlite::Connection;
 use store_types::{Error, Result};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::nowait;
+use crate::writer::AtomicHistogram;
 
 /// A fixed set of read connections.
 pub(crate) struct Readers {
@@ -35,7 +37,7 @@ pub(crate) struct Readers {
     permits: Arc<Semaphore>,
     /// Whether the connections can run no-wait attempts.
     inline: bool,
-    stats: ReadPathStats,
+    stats: Arc<ReadPathStats>,
 }
 
 /// How point reads were answered (ADR-055).
@@ -48,6 +50,10 @@ pub(crate) struct ReadPathStats {
     /// Run where they may wait: on the blocking pool, or in place on a
     /// multi-thread runtime (fallbacks included).
     pub(crate) pooled: AtomicU64,
+    /// Reads run where they may wait: until a connection was free.
+    pub(crate) connection: AtomicHistogram,
+    /// Point reads not answered inline: their whole time from there.
+    pub(crate) point: AtomicHistogram,
 }
 
 /// A checked-out connection; returns itself (and then the permit) on drop.
@@ -83,12 +89,13 @@ impl Readers {
             permits: Arc::new(Semaphore::new(conns.len())),
             idle: Mutex::new(conns),
             inline,
-            stats: ReadPathStats::default(),
+            stats: Arc::default(),
         })
     }
 
-    /// How point reads were answered so far.
-    pub(crate) fn stats(&self) -> &ReadPathStats {
+    /// How point reads were answered so far (shared: the process-wide
+    /// list of open databases keeps a weak reference).
+    pub(crate) fn stats(&self) -> &Arc<ReadPathStats> {
         &self.stats
     }
 
@@ -104,19 +111,22 @@ impl Readers {
             self.stats.inline.fetch_add(1, Ordering::Relaxed);
             return done;
         }
-        if in_place_allowed() {
-            return self.run_in_place(f).await;
-        }
-        self.run(f).await
+        // Timed from here only: the inline path reads no clock.
+        let from = Instant::now();
+        let out = if in_place_allowed() {
+            self.run_in_place(f).await
+        } else {
+            self.run(f).await
+        };
+        self.stats.point.observe(from.elapsed());
+        out
     }
 
     /// Runs `f` on the calling thread with `block_in_place`: tokio hands
     /// the worker's other tasks to another thread while `f` waits for the
     /// disk, and the caller pays no wake-up of its own.
     async fn run_in_place<T>(self: &Arc<Self>, f: impl Fn(&Connection) -> Result<T>) -> Result<T> {
-        let permit = self.permits.clone().acquire_owned().await.map_err(|e| {
-            Error::backend(store_types::ErrorKind::Other, "sqlite: acquire reader").with_source(e)
-        })?;
+        let permit = self.permit().await?;
         let conn = self
             .idle
             .lock()
@@ -133,6 +143,16 @@ impl Readers {
         };
         self.stats.pooled.fetch_add(1, Ordering::Relaxed);
         tokio::task::block_in_place(|| f(lease.conn.as_ref().expect("leased connection")))
+    }
+
+    /// A read connection's permit, the wait for it counted.
+    async fn permit(&self) -> Result<OwnedSemaphorePermit> {
+        let from = Instant::now();
+        let permit = self.permits.clone().acquire_owned().await.map_err(|e| {
+            Error::backend(store_types::ErrorKind::Other, "sqlite: acquire reader").with_source(e)
+        })?;
+        self.stats.connection.observe(from.elapsed());
+        Ok(permit)
     }
 
     /// One no-wait attempt of `f`; `None` when there is no free connection
@@ -165,9 +185,7 @@ impl Readers {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
-        let permit = self.permits.clone().acquire_owned().await.map_err(|e| {
-            Error::backend(store_types::ErrorKind::Other, "sqlite: acquire reader").with_source(e)
-        })?;
+        let permit = self.permit().await?;
         let pool = self.clone();
         self.stats.pooled.fetch_add(1, Ordering::Relaxed);
         tokio::task::spawn_blocking(move || {

@@ -34,7 +34,8 @@
 //! The thread also times every job: how long it waited for the writer
 //! (and how much of that behind a bulk transaction), and how long its
 //! own transaction's statements and `COMMIT` (the fsync) took — see
-//! [`SqliteWaits`].
+//! [`SqliteWaits`] — and keeps each foreground wait and each bulk
+//! transaction in a histogram ([`WaitHistograms`], `/metrics`, ADR-073).
 //!
 //! # Failure isolation inside a batch
 //!
@@ -214,6 +215,105 @@ pub(crate) struct WaitCounters {
     pub(crate) slow_write_queued_us: AtomicU64,
     pub(crate) slow_write_behind_bulk_us: AtomicU64,
     pub(crate) slow_write_txn_us: AtomicU64,
+    /// Foreground writes: queued, behind bulk, their transaction, its commit.
+    pub(crate) queued: AtomicHistogram,
+    pub(crate) behind_bulk: AtomicHistogram,
+    pub(crate) txn: AtomicHistogram,
+    pub(crate) commit: AtomicHistogram,
+    /// Each bulk transaction.
+    pub(crate) bulk: AtomicHistogram,
+}
+
+/// Upper bounds (µs) of the wait histograms' buckets ([`WaitHistogram`]);
+/// a last bucket takes every longer wait.
+pub const WAIT_BUCKETS_US: [u64; 16] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+
+/// A histogram of waits, bumped from any thread.
+#[derive(Debug, Default)]
+pub(crate) struct AtomicHistogram {
+    counts: [AtomicU64; WAIT_BUCKETS_US.len() + 1],
+    sum_us: AtomicU64,
+}
+
+impl AtomicHistogram {
+    /// Counts one wait of `d`.
+    pub(crate) fn observe(&self, d: Duration) {
+        let us = micros(d);
+        let i = WAIT_BUCKETS_US.partition_point(|b| *b < us);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> WaitHistogram {
+        WaitHistogram {
+            counts: std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed)),
+            sum_us: self.sum_us.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Waits counted by bucket: `counts[i]` waits of at most
+/// [`WAIT_BUCKETS_US`]`[i]` µs and more than the bound before (not
+/// cumulative); the last, longer than every bound. All monotonic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitHistogram {
+    /// Waits per bucket, the longer-than-every-bound bucket last.
+    pub counts: [u64; WAIT_BUCKETS_US.len() + 1],
+    /// Their summed time, µs.
+    pub sum_us: u64,
+}
+
+impl WaitHistogram {
+    /// Waits counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Adds `other`'s waits (another engine on the same file).
+    pub fn add(&mut self, other: &WaitHistogram) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts) {
+            *a += b;
+        }
+        self.sum_us += other.sum_us;
+    }
+}
+
+/// Where an engine's writes and reads waited, as histograms (ADR-058,
+/// ADR-073; `/metrics`). A *foreground* write is anything but a bulk job
+/// (a put, a reference or cache-key write, a direct delete).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitHistograms {
+    /// Foreground writes: queued until their transaction began.
+    pub write_queued: WaitHistogram,
+    /// Of that, the part overlapping a bulk transaction.
+    pub write_behind_bulk: WaitHistogram,
+    /// Foreground writes: their transaction, begin to commit.
+    pub write_transaction: WaitHistogram,
+    /// Of that, the `COMMIT`.
+    pub write_commit: WaitHistogram,
+    /// Each bulk transaction (statements and commit).
+    pub bulk_transaction: WaitHistogram,
+    /// Reads run where they may wait: time until a read connection was free.
+    pub read_connection: WaitHistogram,
+    /// Point reads not answered from memory on the calling thread: their
+    /// whole time where they may wait (connection, disk, hand-off).
+    pub point_read: WaitHistogram,
+}
+
+impl WaitHistograms {
+    /// Adds `other`'s waits (another engine on the same file).
+    pub fn add(&mut self, o: &WaitHistograms) {
+        self.write_queued.add(&o.write_queued);
+        self.write_behind_bulk.add(&o.write_behind_bulk);
+        self.write_transaction.add(&o.write_transaction);
+        self.write_commit.add(&o.write_commit);
+        self.bulk_transaction.add(&o.bulk_transaction);
+        self.read_connection.add(&o.read_connection);
+        self.point_read.add(&o.point_read);
+    }
 }
 
 fn micros(d: Duration) -> u64 {
@@ -233,6 +333,12 @@ impl WaitCounters {
         let q = add(&self.write_queued_us, t.queued);
         self.write_queued_max_us.fetch_max(q, Ordering::Relaxed);
         let b = add(&self.write_behind_bulk_us, t.behind_bulk);
+        if !t.bulk {
+            self.queued.observe(t.queued);
+            self.behind_bulk.observe(t.behind_bulk);
+            self.txn.observe(t.txn);
+            self.commit.observe(t.commit);
+        }
         if t.queued + t.txn >= SLOW_WRITE {
             self.slow_writes.fetch_add(1, Ordering::Relaxed);
             add(&self.slow_write_queued_us, t.queued);
@@ -258,6 +364,19 @@ impl WaitCounters {
             self.bulk_jobs.fetch_add(1, Ordering::Relaxed);
             let b = add(&self.bulk_us, statements + commit);
             self.bulk_max_us.fetch_max(b, Ordering::Relaxed);
+            self.bulk.observe(statements + commit);
+        }
+    }
+
+    /// The histograms of writes (the read ones left at zero).
+    pub(crate) fn histograms(&self) -> WaitHistograms {
+        WaitHistograms {
+            write_queued: self.queued.snapshot(),
+            write_behind_bulk: self.behind_bulk.snapshot(),
+            write_transaction: self.txn.snapshot(),
+            write_commit: self.commit.snapshot(),
+            bulk_transaction: self.bulk.snapshot(),
+            ..WaitHistograms::default()
         }
     }
 
@@ -356,6 +475,12 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
+    /// The counters, shared (the process-wide list of open databases
+    /// keeps a weak reference).
+    pub(crate) fn counters_shared(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
     /// Starts the writer thread on `conn`.
     pub(crate) fn spawn(conn: Connection) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
@@ -764,5 +889,37 @@ mod lane_tests {
         let waits = writer.counters().waits.snapshot();
         assert_eq!(waits.bulk_jobs, 2);
         assert_eq!(waits.writes, 5);
+        // The histograms: the three foreground jobs' waits, each bulk
+        // transaction once.
+        let h = writer.counters().waits.histograms();
+        for fg in [
+            h.write_queued,
+            h.write_behind_bulk,
+            h.write_transaction,
+            h.write_commit,
+        ] {
+            assert_eq!(fg.count(), 3, "{h:?}");
+        }
+        assert_eq!(h.bulk_transaction.count(), 2);
+        assert_eq!(h.point_read.count(), 0);
+    }
+
+    #[test]
+    fn a_wait_falls_into_the_first_bucket_whose_bound_it_does_not_pass() {
+        let h = AtomicHistogram::default();
+        h.observe(Duration::from_micros(0));
+        h.observe(Duration::from_micros(100)); // bounds are inclusive
+        h.observe(Duration::from_micros(101));
+        h.observe(Duration::from_secs(60)); // beyond every bound
+        let s = h.snapshot();
+        assert_eq!(s.counts[0], 2);
+        assert_eq!(s.counts[1], 1);
+        assert_eq!(s.counts[WAIT_BUCKETS_US.len()], 1);
+        assert_eq!(s.count(), 4);
+        assert_eq!(s.sum_us, 60_000_201);
+        let mut twice = s;
+        twice.add(&s);
+        assert_eq!(twice.count(), 8);
+        assert_eq!(twice.sum_us, 2 * s.sum_us);
     }
 }
