@@ -78,6 +78,17 @@ pub(crate) fn http(args: &[String]) -> Result<(), String> {
     run_release_bin("bench-http", args)
 }
 
+/// `cargo xtask bench-grpc [--quick]`: builds `blobpool` and the bench
+/// binaries and runs `bench-grpc ARGS` (issue 42, ADR-071): against one
+/// `blobpool serve`, `FindMissingBlobs` of 10,000 digests against the
+/// library's `has_many`, and a 64 MiB ByteStream `Read` against an HTTP
+/// GET of the same entry, in alternating rounds.
+pub(crate) fn grpc(args: &[String]) -> Result<(), String> {
+    crate::cargo(&["build", "--release", "-p", "bench", "--bins"])?;
+    crate::cargo(&["build", "--release", "-p", "blobpool"])?;
+    run_release_bin("bench-grpc", args)
+}
+
 /// `cargo xtask bench-skeptic [ARGS]`: builds the bench binaries and runs
 /// `bench-skeptic all ARGS` (issue 33: working-set reads, tail latency
 /// with a sweep, the HTTP anchor; three runs each by default). See

@@ -26,6 +26,9 @@
 //! - `bench-http [--quick] [--only CASE] [--json OUT]`: the HTTP anchor
 //!   alone (wrk against Blobpool, nginx and a minimal hyper server;
 //!   ADR-056).
+//! - `bench-grpc [--quick]`: `FindMissingBlobs` against the library's
+//!   `has_many`, and a 64 MiB ByteStream `Read` against an HTTP GET of the
+//!   same entry, against one `blobpool serve` (issue 42, ADR-071).
 //! - `bench-cache [--quick]`: the build-cache benchmarks (issue 31): a
 //!   ccache rebuild through `blobpool serve` against a local-directory
 //!   ccache, and HTTP GET/PUT against nginx (`bench/cache/run.sh`).
@@ -43,7 +46,7 @@ mod package;
 mod pyclient;
 mod tidy;
 
-const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | package [--release] | openapi | pyclient | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-bazel [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT]";
+const USAGE: &str = "usage: cargo xtask ci | tidy | arch | fuzz --smoke | fuzz <target>... [--time S] | package [--release] | openapi | pyclient | soak [--time S] | bench [--quick] [--runs N] | bench-cache [--quick] | bench-bazel [--quick] | bench-skeptic [--quick] [--runs N] [--write] | bench-http [--quick] [--only CASE] [--json OUT] | bench-grpc [--quick]";
 
 /// `bench/cache/<script>` with the given arguments (`--quick`).
 fn bench_cache(script: &str, args: &[String]) -> Result<(), String> {
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Some("bench-bazel") => bench_cache("bazel.sh", &args[1..]),
         Some("bench-skeptic") => bench::skeptic(&args[1..]),
         Some("bench-http") => bench::http(&args[1..]),
+        Some("bench-grpc") => bench::grpc(&args[1..]),
         Some("tidy" | "arch") => tidy::check(),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("soak") => soak(&args[1..]),
