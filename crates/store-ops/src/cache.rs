@@ -38,7 +38,7 @@ pub use action::{ACTION_RESULT_MAX, TREE_CHECKED_MAX};
 pub use cas::{CasDigest, DigestFunction};
 
 use bytes::Bytes;
-use store_core::{Author, Cache, Digest, Namespace, PutReceipt, RefExpect, RefName, Replace};
+use store_core::{Author, Cache, Digest, Key, Namespace, PutReceipt, RefExpect, RefName, Replace};
 use store_types::Error;
 use tokio::io::AsyncRead;
 
@@ -410,7 +410,7 @@ impl CacheOps<'_> {
         range: Option<RangeRequest>,
     ) -> Result<GetResponse, OpsError> {
         let (ns, cache, key, d) = self.resolve(namespace, key).await?;
-        let r = self.0.get(ns.as_str(), &d.to_hex(), range).await;
+        let r = self.0.get_key(Key::new(ns.clone(), d), range).await;
         unless_gone(r, &ns, &cache, &key, d).await
     }
 

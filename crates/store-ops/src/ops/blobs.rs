@@ -285,7 +285,16 @@ impl Ops {
         digest: &str,
         range: Option<RangeRequest>,
     ) -> Result<GetResponse, OpsError> {
-        let key = Key::parse(namespace, digest)?;
+        self.get_key(Key::parse(namespace, digest)?, range).await
+    }
+
+    /// [`Ops::get`] of a key already parsed (the cache routes resolve a
+    /// cache key to one: no hex round trip).
+    pub(crate) async fn get_key(
+        &self,
+        key: Key,
+        range: Option<RangeRequest>,
+    ) -> Result<GetResponse, OpsError> {
         let store = &self.inner.store;
         let resp = match range {
             None => {
