@@ -24,7 +24,7 @@
 //! read, `write` to store); errors map to gRPC codes ([`status`]).
 //!
 //! Seams: below, a built [`store_ops::Ops`]; above, [`routes`] (tonic's
-//! routes) or [`mount`], which puts them beside an HTTP router on one
+//! routes) or [`mount()`], which puts them beside an HTTP router on one
 //! port: requests whose `content-type` starts with `application/grpc` go
 //! to gRPC, all others to HTTP.
 //!
