@@ -401,6 +401,12 @@ async fn resolve_one(
         return Ok((i, Some(Digest::of(b"")), true));
     }
     let (key, _) = cas_name(&d.hash)?;
+    if d.function == DigestFunction::Blake3 {
+        // A BLAKE3 name is the entry's own digest (a `cas/` key of it can
+        // name nothing else): the batched presence check answers, with no
+        // key lookup per digest.
+        return Ok((i, super::cas_digest(&key)?, false));
+    }
     let found = candidate(ns, cache, &key, Some(d.function)).await?;
     Ok((i, found.map(|(d, _)| d), false))
 }
