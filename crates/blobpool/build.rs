@@ -54,6 +54,13 @@ fn main() {
             watch(&dir, &branch);
         }
         watch(&dir, "packed-refs");
+    } else if let Some(git) = dir.ancestors().map(|a| a.join(".git")).find(|g| g.exists()) {
+        // In a checkout where git failed (a ref being rewritten, a lock
+        // held): run again once the checkout moves, instead of keeping
+        // the empty commit for good.
+        let head = git.join("HEAD");
+        let watched = if head.exists() { head } else { git };
+        println!("cargo:rerun-if-changed={}", watched.display());
     }
     println!("cargo:rustc-env=BUILD_GIT_COMMIT={commit}");
     let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
