@@ -318,6 +318,8 @@ impl CacheOps<'_> {
         self.0.authorize(identity, Scope::Write, Some(namespace))?;
         let (ns, cache) = self.ns(namespace)?;
         let key = cache_key(key)?;
+        // A malformed `cas/` name is `key_invalid` before any bound.
+        let name = cas_digest(&key)?;
         if precondition == RefExpect::Absent {
             if let Some(current) = cache.lookup(&ns, &key).await? {
                 return Err(Error::RefConflict {
@@ -328,13 +330,12 @@ impl CacheOps<'_> {
             }
         }
         let body = self.0.capped(&ns, self.0.limited(body, len)?, len)?;
-        let name = cas_digest(&key)?;
         // BLAKE3 alone the store checks as it hashes; SHA-256 (or either)
         // the reader does, failing the read at the end of a body whose
         // digest is not the name (ADR-070).
         let expect = name.filter(|_| function == Some(DigestFunction::Blake3));
         let mut body = match name {
-            Some(name) => Verifying::new(body, name, function),
+            Some(name) => Verifying::new(body, name, function, len),
             None => Verifying::off(body),
         };
         let options = store_core::PutOptions { len, expect };

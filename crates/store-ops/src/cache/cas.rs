@@ -112,12 +112,22 @@ pub(super) struct Verifying<R> {
     sha256: Option<sha2::Sha256>,
     blake3: Option<Box<blake3::Hasher>>,
     verdict: Option<Verdict>,
+    /// The declared length and the bytes read: a body that ends at
+    /// another length is left to the store's length check (`400`), the
+    /// error a client must fix first.
+    declared: Option<u64>,
+    read: u64,
 }
 
 impl<R> Verifying<R> {
-    /// `inner`, checked against `name` under `function` (`None`: SHA-256
-    /// or BLAKE3).
-    pub(super) fn new(inner: R, name: Digest, function: Option<DigestFunction>) -> Self {
+    /// `inner` (of `declared` length, if known), checked against `name`
+    /// under `function` (`None`: SHA-256 or BLAKE3).
+    pub(super) fn new(
+        inner: R,
+        name: Digest,
+        function: Option<DigestFunction>,
+        declared: Option<u64>,
+    ) -> Self {
         let (sha256, blake3) = match function {
             Some(DigestFunction::Sha256) => (Some(sha2::Sha256::new()), None),
             Some(DigestFunction::Blake3) => (None, None),
@@ -132,6 +142,8 @@ impl<R> Verifying<R> {
             sha256,
             blake3,
             verdict: None,
+            declared,
+            read: 0,
         }
     }
 
@@ -189,9 +201,13 @@ impl<R: AsyncRead + Unpin> AsyncRead for Verifying<R> {
                 let new = &buf.filled()[before..];
                 if new.is_empty() && room {
                     // The end of the body: judged before the store
-                    // learns it ended.
+                    // learns it ended (unless its length is wrong).
+                    if this.declared.is_some_and(|n| n != this.read) {
+                        return Poll::Ready(Ok(()));
+                    }
                     return Poll::Ready(this.finish());
                 }
+                this.read += new.len() as u64;
                 if let Some(h) = &mut this.sha256 {
                     h.update(new);
                 }
@@ -233,6 +249,8 @@ impl<R> Verifying<R> {
             sha256: None,
             blake3: None,
             verdict: Some(Verdict::Matched),
+            declared: None,
+            read: 0,
         }
     }
 
