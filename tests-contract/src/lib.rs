@@ -192,6 +192,7 @@ macro_rules! cache_suite {
     ($spec:expr) => {
         $crate::__async_cases!($spec;
             cache::cache_record_lookup_remove,
+            cache::cache_lookup_many,
             cache::cache_cached_and_usage,
             cache::cache_trim_bytes_least_recent_first,
             cache::cache_trim_age_counts_from_last_access,

@@ -684,6 +684,53 @@ impl Cache {
         Ok(d)
     }
 
+    /// For each of `keys`, the digest it points at, noting the reads:
+    /// [`Cache::lookup`] of many keys, those not remembered asked of the
+    /// index in one round trip. Cancel-safe (a read).
+    pub async fn lookup_many(
+        &self,
+        ns: &Namespace,
+        keys: &[RefName],
+    ) -> Result<Vec<Option<Digest>>> {
+        let step = self.access_step();
+        let fleet = self.store.is_fleet();
+        let mut out = vec![None; keys.len()];
+        // The keys to ask the index about: their index and the generation
+        // a fill must still see (`None` in a fleet: nothing is remembered).
+        let mut ask: Vec<(usize, Option<u64>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            if fleet {
+                ask.push((i, None));
+                continue;
+            }
+            match self.store.inner.cache_keys.recall(ns, key, step) {
+                Recall::Noted(d) => out[i] = Some(d),
+                Recall::Hit(d) => {
+                    self.note_at(ns, d, step);
+                    out[i] = Some(d);
+                }
+                Recall::Miss(seen) => ask.push((i, Some(seen))),
+            }
+        }
+        if ask.is_empty() {
+            return Ok(out);
+        }
+        let asked: Vec<RefName> = ask.iter().map(|(i, _)| keys[*i].clone()).collect();
+        let found = self.index.lookup_many(ns, &asked).await?;
+        for ((i, seen), d) in ask.into_iter().zip(found) {
+            let Some(d) = d else { continue };
+            if let Some(seen) = seen {
+                self.store
+                    .inner
+                    .cache_keys
+                    .fill(ns, &keys[i], d, seen, step);
+            }
+            self.note_at(ns, d, step);
+            out[i] = Some(d);
+        }
+        Ok(out)
+    }
+
     /// The key's entry (a [`Blob`] to read or stream), or `None` when the
     /// key or its entry is gone (a key whose entry a sweep deleted is
     /// removed here). Notes the read. Cancel-safe (a read, and an atomic

@@ -87,6 +87,15 @@ impl CacheIndex for MemCache {
             .map(|r| r.digest))
     }
 
+    async fn lookup_many(&self, ns: &Namespace, keys: &[RefName]) -> Result<Vec<Option<Digest>>> {
+        let t = self.lock();
+        let m = t.get(ns);
+        Ok(keys
+            .iter()
+            .map(|k| m.and_then(|m| m.get(k.as_str())).map(|r| r.digest))
+            .collect())
+    }
+
     async fn remove(&self, ns: &Namespace, key: &RefName, expect: Option<Digest>) -> Result<bool> {
         let mut t = self.lock();
         let Some(m) = t.get_mut(ns) else {

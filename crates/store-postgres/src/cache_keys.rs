@@ -280,6 +280,27 @@ impl CacheIndex for PgCacheKeys {
         row.map(|r| digest_col(&r, 0)).transpose()
     }
 
+    async fn lookup_many(&self, ns: &Namespace, keys: &[RefName]) -> Result<Vec<Option<Digest>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One statement (one snapshot) for the lot, by the primary key.
+        let names: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+        let rows = sqlx::query(self.sql(
+            "SELECT key, digest FROM {schema}.cache_keys WHERE namespace = $1 AND key = ANY($2)",
+        ))
+        .bind(ns.as_str())
+        .bind(&names)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for r in &rows {
+            found.insert(r.get::<String, _>(0), digest_col(r, 1)?);
+        }
+        Ok(names.iter().map(|k| found.get(*k).copied()).collect())
+    }
+
     async fn remove(&self, ns: &Namespace, key: &RefName, expect: Option<Digest>) -> Result<bool> {
         let r = sqlx::query(self.sql(
             "DELETE FROM {schema}.cache_keys

@@ -78,6 +78,29 @@ impl SqliteCacheKeys {
     }
 }
 
+/// The most keys a `lookup_many` reads as a point read (on the calling
+/// thread when its pages are in memory): an action result's outputs, not
+/// a `FindMissingBlobs` of thousands.
+const POINT_LOOKUP_KEYS: usize = 32;
+
+/// [`LOOKUP`] of each of `keys` in `ns`, in order.
+fn lookup_each(
+    conn: &rusqlite::Connection,
+    ns: &str,
+    keys: &[RefName],
+) -> Result<Vec<Option<Digest>>> {
+    let mut stmt = conn.prepare_cached(LOOKUP).sql()?;
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let mut rows = stmt.query((ns, key.as_str())).sql()?;
+        out.push(match rows.next().sql()? {
+            Some(row) => Some(digest_at(row, 0)?),
+            None => None,
+        });
+    }
+    Ok(out)
+}
+
 #[async_trait::async_trait]
 impl CacheIndex for SqliteCacheKeys {
     async fn record(
@@ -142,6 +165,36 @@ impl CacheIndex for SqliteCacheKeys {
                 }
             })
             .await
+    }
+
+    async fn lookup_many(&self, ns: &Namespace, keys: &[RefName]) -> Result<Vec<Option<Digest>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let point = keys.len() <= POINT_LOOKUP_KEYS;
+        let (ns, keys) = (ns.clone(), keys.to_vec());
+        let read = move |conn: &rusqlite::Connection| {
+            if keys.len() == 1 {
+                return lookup_each(conn, ns.as_str(), &keys);
+            }
+            // One read transaction: every answer from one snapshot.
+            conn.prepare_cached("BEGIN").sql()?.execute([]).sql()?;
+            let found = lookup_each(conn, ns.as_str(), &keys);
+            // A read transaction: ending it cannot lose anything.
+            let _ = conn
+                .prepare_cached("COMMIT")
+                .and_then(|mut s| s.execute([]));
+            found
+        };
+        let readers = &self.engine.inner.readers;
+        // A few keys (an action result's outputs) are a point read: on the
+        // calling thread when its pages are in memory. Many go where they
+        // may take a while without holding up the caller's worker.
+        if point {
+            readers.run_inline_first(read).await
+        } else {
+            readers.run(read).await
+        }
     }
 
     async fn remove(&self, ns: &Namespace, key: &RefName, expect: Option<Digest>) -> Result<bool> {

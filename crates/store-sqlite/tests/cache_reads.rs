@@ -65,6 +65,50 @@ async fn a_remembered_key_asks_the_database_nothing_until_a_write_forgets_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_many_asks_the_database_once_for_the_keys_not_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, store, _clock) = open(dir.path()).await;
+    let cache = store.cache().expect("sqlite holds cache keys");
+    let n = ns("cc");
+    let keys: Vec<RefName> = (0..300).map(|i| key(&format!("cas/{i}"))).collect();
+    let mut want = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let d = (i % 3 != 0).then(|| Bytes::from(format!("body {i}")));
+        want.push(match d {
+            Some(b) => Some(cache.put(&n, k, b).await.unwrap()),
+            None => None,
+        });
+    }
+    let before = queries(&engine);
+    assert_eq!(cache.lookup_many(&n, &keys).await.unwrap(), want);
+    assert_eq!(
+        queries(&engine),
+        before + 1,
+        "one query for the whole batch"
+    );
+    // The present keys are remembered now; only the absent ones are asked.
+    assert_eq!(cache.lookup_many(&n, &keys).await.unwrap(), want);
+    assert_eq!(queries(&engine), before + 2);
+    let present: Vec<RefName> = (keys.iter().zip(&want))
+        .filter(|(_, w)| w.is_some())
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(cache.lookup_many(&n, &present).await.unwrap().len(), 200);
+    assert_eq!(
+        queries(&engine),
+        before + 2,
+        "remembered keys are not queried"
+    );
+    // A write through the store forgets the key: the batch sees it.
+    let replaced = cache
+        .put(&n, &keys[1], Bytes::from_static(b"new"))
+        .await
+        .unwrap();
+    let got = cache.lookup_many(&n, &keys[..3]).await.unwrap();
+    assert_eq!(got, vec![None, Some(replaced), want[2]]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reads_of_a_period_are_written_once_per_digest_at_the_latest_read() {
     let dir = tempfile::tempdir().unwrap();
     let (engine, store, clock) = open(dir.path()).await;

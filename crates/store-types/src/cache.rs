@@ -155,6 +155,11 @@ pub trait CacheIndex: Send + Sync + 'static {
     /// The digest `key` points at.
     async fn lookup(&self, ns: &Namespace, key: &RefName) -> Result<Option<Digest>>;
 
+    /// For each of `keys`, the digest it points at: [`CacheIndex::lookup`]
+    /// of many keys in one round trip (REAPI `FindMissingBlobs` asks about
+    /// thousands of names at once).
+    async fn lookup_many(&self, ns: &Namespace, keys: &[RefName]) -> Result<Vec<Option<Digest>>>;
+
     /// Removes `key` if it points at `expect` (any digest when `None`);
     /// `true` if a row was removed.
     async fn remove(&self, ns: &Namespace, key: &RefName, expect: Option<Digest>) -> Result<bool>;

@@ -96,6 +96,47 @@ pub async fn cache_record_lookup_remove(spec: Spec) {
     assert!(c.remove(&n, &k, None).await.unwrap());
 }
 
+/// `lookup_many` answers each key as `lookup` would, in the order asked:
+/// absent keys, a key of another namespace, a key asked twice, a batch
+/// larger than any one statement's parameters, and no keys at all.
+pub async fn cache_lookup_many(spec: Spec) {
+    let (_h, c) = open(spec).await;
+    let n = ns();
+    assert!(c.lookup_many(&n, &[]).await.unwrap().is_empty());
+    let now = Timestamp::now();
+    for i in (0..1200u64).step_by(2) {
+        let k = key(&format!("cas/{i:04}"));
+        (c.record(&n, &k, d(i), 1, now, RefExpect::Any, Author::LIBRARY)
+            .await)
+            .unwrap();
+    }
+    let elsewhere = key("cas/elsewhere");
+    (c.record(
+        &other_ns(),
+        &elsewhere,
+        d(7),
+        1,
+        now,
+        RefExpect::Any,
+        Author::LIBRARY,
+    )
+    .await)
+        .unwrap();
+    let mut asked: Vec<RefName> = (0..1200u64).map(|i| key(&format!("cas/{i:04}"))).collect();
+    asked.extend([elsewhere.clone(), key("cas/0002"), key("cas/0003")]);
+    let found = c.lookup_many(&n, &asked).await.unwrap();
+    assert_eq!(found.len(), asked.len());
+    for (i, got) in found.iter().take(1200).enumerate() {
+        let want = (i % 2 == 0).then(|| d(i as u64));
+        assert_eq!(*got, want, "{}: key {i}", spec.name);
+    }
+    assert_eq!(found[1200], None, "another namespace's key");
+    assert_eq!(found[1201], Some(d(2)), "a key asked twice");
+    assert_eq!(found[1202], None, "an absent key asked twice");
+    let one = c.lookup_many(&other_ns(), &[elsewhere]).await.unwrap();
+    assert_eq!(one, vec![Some(d(7))]);
+}
+
 /// `cached` answers per digest, per namespace; `usage` sums per namespace.
 pub async fn cache_cached_and_usage(spec: Spec) {
     let (_h, c) = open(spec).await;

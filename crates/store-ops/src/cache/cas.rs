@@ -14,7 +14,6 @@ use std::io;
 use std::pin::Pin as StdPin;
 use std::task::{Context, Poll};
 
-use futures::StreamExt;
 use sha2::Digest as _;
 use store_core::{Cache, Digest, Key, Namespace, RefExpect, RefName};
 use tokio::io::{AsyncRead, ReadBuf};
@@ -77,9 +76,6 @@ pub struct CasDigest {
     /// otherwise the content behind the name determines it.
     pub size: u64,
 }
-
-/// Names [`CacheOps::find_missing`] resolves at once.
-const FIND_CONCURRENCY: usize = 64;
 
 /// The `cas/<hex>` key of a content address (`key_invalid` unless `hex`
 /// is 64 lowercase hex characters).
@@ -348,8 +344,8 @@ impl CacheOps<'_> {
     ///
     /// A digest is present when its `cas/<hash>` key, or (BLAKE3) an entry
     /// of that digest, names an entry that exists; the empty blob always
-    /// is. Names are resolved 64 at a time (`FIND_CONCURRENCY`) and the
-    /// entries asked about in one `has_many` per tier. Every present one's
+    /// is. The SHA-256 names' keys are read in one batch and the entries
+    /// asked about in one `has_many` per tier. Every present one's
     /// recency is refreshed (a client that finds a blob present will not
     /// upload it, so it must outlive the keys nobody asked about). A hash
     /// that is not 64 lowercase hex is `key_invalid`.
@@ -371,31 +367,36 @@ impl CacheOps<'_> {
 /// For each of `digests`, the entry of `ns` it names, if present (the
 /// empty blob: `Some` of BLAKE3's empty digest). Notes each present
 /// entry's access.
+///
+/// Two batched reads: the SHA-256 names' keys in one
+/// [`Cache::lookup_many`], then every candidate entry in one `has_many`
+/// (a BLAKE3 name is the entry's own digest: a `cas/` key of it can name
+/// nothing else, so it needs no key lookup).
 pub(super) async fn present_entries(
     ops: &crate::Ops,
     ns: &Namespace,
     cache: &Cache,
     digests: &[CasDigest],
 ) -> Result<Vec<Option<Digest>>, OpsError> {
-    // Futures of an `async fn`, gathered first: a stream combinator's
-    // closure over borrowed arguments leaves the caller's future not
-    // provably `Send` (a higher-ranked lifetime the compiler cannot name).
-    let lookups: Vec<_> = (digests.iter().enumerate())
-        .map(|(i, d)| resolve_one(ns, cache, i, d))
-        .collect();
-    let resolved: Vec<_> = futures::stream::iter(lookups)
-        .buffer_unordered(FIND_CONCURRENCY)
-        .collect()
-        .await;
     let mut out = vec![None; digests.len()];
     let mut ask: Vec<(usize, Digest)> = Vec::new();
-    for r in resolved {
-        match r? {
-            (i, found, true) => out[i] = found,
-            (i, Some(d), false) => ask.push((i, d)),
-            (_, None, false) => {}
+    let (mut keyed, mut keys) = (Vec::new(), Vec::new());
+    for (i, d) in digests.iter().enumerate() {
+        if d.size == 0 && d.hash == d.function.empty_hex() {
+            out[i] = Some(Digest::of(b""));
+            continue;
+        }
+        let (key, name) = cas_name(&d.hash)?;
+        match d.function {
+            DigestFunction::Blake3 => ask.push((i, name)),
+            DigestFunction::Sha256 => {
+                keyed.push(i);
+                keys.push(key);
+            }
         }
     }
+    let found = cache.lookup_many(ns, &keys).await?;
+    ask.extend((keyed.into_iter().zip(found)).filter_map(|(i, d)| d.map(|d| (i, d))));
     let entries: Vec<Digest> = ask.iter().map(|(_, d)| *d).collect();
     let present = ops.store().has_many(ns, &entries).await?;
     for ((i, d), here) in ask.into_iter().zip(present) {
@@ -405,28 +406,6 @@ pub(super) async fn present_entries(
         }
     }
     Ok(out)
-}
-
-/// [`present_entries`]' step for `digests[i]`: `(i, the entry it may
-/// name, whether that is the empty blob's, present without asking)`.
-async fn resolve_one(
-    ns: &Namespace,
-    cache: &Cache,
-    i: usize,
-    d: &CasDigest,
-) -> Result<(usize, Option<Digest>, bool), OpsError> {
-    if d.size == 0 && d.hash == d.function.empty_hex() {
-        return Ok((i, Some(Digest::of(b"")), true));
-    }
-    let (key, _) = cas_name(&d.hash)?;
-    if d.function == DigestFunction::Blake3 {
-        // A BLAKE3 name is the entry's own digest (a `cas/` key of it can
-        // name nothing else): the batched presence check answers, with no
-        // key lookup per digest.
-        return Ok((i, super::cas_digest(&key)?, false));
-    }
-    let found = candidate(ns, cache, &key, Some(d.function)).await?;
-    Ok((i, found.map(|(d, _)| d), false))
 }
 
 /// The entry digest the `cas/` key `key` may resolve to: the key's
