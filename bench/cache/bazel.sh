@@ -29,6 +29,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
+BENCH=bench-bazel
+# shellcheck source=bench/cache/lib.sh
+. bench/cache/lib.sh
 QUICK=0
 for a in "$@"; do
   case $a in
@@ -43,12 +46,7 @@ BAZEL=${BLOBPOOL_TEST_BAZEL:-/opt/bazel-npm/node_modules/.bin/bazel}
 for t in nginx curl python3; do
   command -v $t >/dev/null || { echo "bench-bazel: $t is not installed (apt-get install nginx curl python3)" >&2; exit 1; }
 done
-if [ -n "${BENCH_CACHE_BLOBPOOL:-}" ]; then
-  BIN=$BENCH_CACHE_BLOBPOOL
-else
-  cargo build --release -q -p blobpool
-  BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/blobpool
-fi
+blobpool_bin
 W=$(mktemp -d /tmp/blobpool-bench-bazel.XXXXXX)
 read -r -a SIDES <<<"${BENCH_BAZEL_SIDES:-disk http grpc nginx}"
 [ "${SIDES[0]}" = disk ] || { echo "bench-bazel: the first side must be disk (the reference)" >&2; exit 1; }
@@ -60,55 +58,17 @@ bz() { # $1: side; the rest: Bazel's command and options
 }
 cleanup() {
   for s in "${SIDES[@]}"; do [ -d "$W/base-$s" ] && bz "$s" shutdown >/dev/null 2>&1 || true; done
-  [ -n "${BP_PID:-}" ] && kill "$BP_PID" 2>/dev/null || true
-  [ -f "$W/nginx.pid" ] && nginx -c "$W/nginx.conf" -p "$W" -e "$W/nginx-error.log" -s stop 2>/dev/null || true
-  sleep 0.5
-  [ -n "${BENCH_BAZEL_KEEP:-}" ] || rm -rf "$W"
+  stop_servers BENCH_BAZEL_KEEP
 }
 trap cleanup EXIT
-START=$(date -u '+%Y-%m-%d %H:%M UTC'); LOAD0=$(cut -d' ' -f1 /proc/loadavg); T_START=$(date +%s)
+run_start
 
 # --- the servers ---------------------------------------------------------------
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 BP_PORT=$(free_port); NG_PORT=$(free_port)
-cat > "$W/blobpool.toml" <<TOML
-data_dir = "$W/bp-data"
-listen = "127.0.0.1:$BP_PORT"
-log_format = "json"
-[gc]
-interval = "off"
-[gc.namespaces.bazel]
-policy = "cache"
-TOML
-RUST_LOG=warn "$BIN" --config "$W/blobpool.toml" serve 2>"$W/blobpool.log" &
-BP_PID=$!
-mkdir -p "$W/www/bazel" "$W/nginx-tmp"
-chmod 0755 "$W"
-cat > "$W/nginx.conf" <<NGINX
-user $(id -un) $(id -gn);
-worker_processes 2;
-pid $W/nginx.pid;
-error_log $W/nginx-error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  sendfile on;
-  tcp_nopush on;
-  tcp_nodelay on;
-  open_file_cache max=10000 inactive=60s;
-  open_file_cache_valid 60s;
-  client_body_temp_path $W/nginx-tmp;
-  client_max_body_size 64m;
-  server {
-    listen 127.0.0.1:$NG_PORT;
-    root $W/www;
-    location /bazel/ { dav_methods PUT DELETE; create_full_put_path on; dav_access user:rw; }
-  }
-}
-NGINX
-nginx -c "$W/nginx.conf" -p "$W" -e "$W/nginx-error.log" || { echo "bench-bazel: nginx did not start:" >&2; cat "$W/nginx-error.log" >&2; exit 1; }
-for _ in $(seq 1 50); do curl -fsS -o /dev/null "http://127.0.0.1:$BP_PORT/health" 2>/dev/null && break; sleep 0.2; done
-curl -fsS -o /dev/null "http://127.0.0.1:$BP_PORT/health" || { echo "bench-bazel: blobpool did not start:" >&2; cat "$W/blobpool.log" >&2; exit 1; }
+start_blobpool "$BP_PORT" bazel
+mkdir -p "$W/www/bazel"
+start_nginx "$NG_PORT" 'location /bazel/ { dav_methods PUT DELETE; create_full_put_path on; dav_access user:rw; }'
+wait_blobpool
 
 flags() { # $1: side -> its cache flags
   case $1 in
@@ -146,17 +106,6 @@ genrule(
 BUILD
 SPAWNS=$((TARGETS + 5))
 
-median() { sort -g | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.3f", m}'; }
-maxof() { sort -g | tail -1; }
-div() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
-verdict() { # TARGET VALUES...: an at-most target under the worst-round rule
-  local t=$1; shift
-  local worst med
-  worst=$(printf '%s\n' "$@" | maxof); med=$(printf '%s\n' "$@" | median)
-  if awk -v w="$worst" -v t="$t" 'BEGIN {exit !(w <= t)}'; then echo "met (worst round $worst×)"
-  elif awk -v m="$med" -v t="$t" 'BEGIN {exit !(m <= t)}'; then echo "**not proven** (median $med×, worst round $worst×)"
-  else echo "**missed** (median $med×, worst round $worst×)"; fi
-}
 build() { # $1: side, $2: what for; prints the wall seconds; fails unless the summary is $3 (if given)
   local side=$1 what=$2 want=${3:-} t0 t1 out
   t0=$EPOCHREALTIME
@@ -215,4 +164,4 @@ for s in "${SIDES[@]}"; do
   echo "| $name | ${ts[*]} | $(printf '%s\n' "${ts[@]}" | median) | ${rs[*]} | $tgt | $v |"
 done
 echo
-echo "Run: $START, $(nproc) CPUs, load average $LOAD0 at start / $(cut -d' ' -f1 /proc/loadavg) at end, $(( $(date +%s) - T_START )) s$([ $QUICK = 1 ] && echo ", --quick")."
+run_footer

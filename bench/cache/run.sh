@@ -41,6 +41,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
+BENCH=bench-cache
+# shellcheck source=bench/cache/lib.sh
+. bench/cache/lib.sh
 QUICK=0; HTTP=0
 for a in "$@"; do
   case $a in
@@ -61,95 +64,31 @@ for t in $need; do
 done
 ccache --version | grep -q "http-storage.*redis-storage\|redis-storage.*http-storage" ||
   { echo "bench-cache: this ccache has no http and redis storage (needs >= 4.4): $(ccache --version | head -1)" >&2; exit 1; }
-if [ -n "${BENCH_CACHE_BLOBPOOL:-}" ]; then
-  BIN=$BENCH_CACHE_BLOBPOOL
-else
-  cargo build --release -q -p blobpool
-  BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/blobpool
-fi
+blobpool_bin
 W=$(mktemp -d /tmp/blobpool-bench-cache.XXXXXX)
 cleanup() {
-  [ -n "${BP_PID:-}" ] && kill "$BP_PID" 2>/dev/null || true
   [ -n "${RD_PID:-}" ] && kill "$RD_PID" 2>/dev/null || true
-  [ -f "$W/nginx.pid" ] && nginx -c "$W/nginx.conf" -p "$W" -e "$W/nginx-error.log" -s stop 2>/dev/null || true
-  sleep 0.5
-  [ -n "${BENCH_CACHE_KEEP:-}" ] || rm -rf "$W"
+  stop_servers BENCH_CACHE_KEEP
 }
 trap cleanup EXIT
-START=$(date -u '+%Y-%m-%d %H:%M UTC'); LOAD0=$(cut -d' ' -f1 /proc/loadavg); T_START=$(date +%s)
+run_start
 
 # --- the servers -----------------------------------------------------------
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 BP_PORT=$(free_port); NG_PORT=$(free_port); RD_PORT=$(free_port)
-cat > "$W/blobpool.toml" <<TOML
-data_dir = "$W/bp-data"
-listen = "127.0.0.1:$BP_PORT"
-log_format = "json"
-[gc]
-interval = "off"
-[gc.namespaces.cc]
-policy = "cache"
-[gc.namespaces.http]
-policy = "cache"
-TOML
-RUST_LOG=warn "$BIN" --config "$W/blobpool.toml" serve 2>"$W/blobpool.log" &
-BP_PID=$!
-mkdir -p "$W/www/files" "$W/www/ccache" "$W/nginx-tmp"
-# nginx's workers run as this user (as root it would drop to nobody, who
-# cannot read the private temporary directory and would answer 403s).
-chmod 0755 "$W"
-# open_file_cache caches found files only (no open_file_cache_errors): a
-# cached "not found" would turn the rebuild's hits into misses after a PUT.
-cat > "$W/nginx.conf" <<NGINX
-user $(id -un) $(id -gn);
-worker_processes 2;
-pid $W/nginx.pid;
-error_log $W/nginx-error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  sendfile on;
-  tcp_nopush on;
-  tcp_nodelay on;
-  open_file_cache max=10000 inactive=60s;
-  open_file_cache_valid 60s;
-  client_body_temp_path $W/nginx-tmp;
-  client_max_body_size 64m;
-  server {
-    listen 127.0.0.1:$NG_PORT;
-    root $W/www;
-    location /files/ { dav_methods PUT; create_full_put_path on; }
-    location /ccache/ { dav_methods PUT DELETE; create_full_put_path on; dav_access user:rw; }
-  }
-}
-NGINX
-nginx -c "$W/nginx.conf" -p "$W" -e "$W/nginx-error.log" || { echo "bench-cache: nginx did not start:" >&2; cat "$W/nginx-error.log" >&2; exit 1; }
+start_blobpool "$BP_PORT" cc http
+mkdir -p "$W/www/files" "$W/www/ccache"
+start_nginx "$NG_PORT" 'location /files/ { dav_methods PUT; create_full_put_path on; }' \
+  'location /ccache/ { dav_methods PUT DELETE; create_full_put_path on; dav_access user:rw; }'
 # A redis of our own: the machine's shared redis on 6379 is left alone.
 redis-server --bind 127.0.0.1 --port "$RD_PORT" --save "" --appendonly no \
   --dir "$W" --logfile "$W/redis.log" --daemonize no &
 RD_PID=$!
-for _ in $(seq 1 50); do
-  curl -fsS -o /dev/null "http://127.0.0.1:$BP_PORT/health" 2>/dev/null &&
-    redis-cli -p "$RD_PORT" ping >/dev/null 2>&1 && break
-  sleep 0.2
-done
-curl -fsS -o /dev/null "http://127.0.0.1:$BP_PORT/health" || { echo "bench-cache: blobpool did not start:" >&2; cat "$W/blobpool.log" >&2; exit 1; }
+wait_blobpool
+for _ in $(seq 1 50); do redis-cli -p "$RD_PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
 redis-cli -p "$RD_PORT" ping >/dev/null || { echo "bench-cache: redis-server did not start" >&2; exit 1; }
 rd() { redis-cli -p "$RD_PORT" "$@"; }
 
-median() { sort -g | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.3f", m}'; }
 minmax() { sort -g | awk 'NR==1{lo=$1} {hi=$1} END {printf "%.3f–%.3f", lo, hi}'; }
-maxof() { sort -g | tail -1; }
-div() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
-# verdict TARGET VALUES... : an at-most target under the worst-round rule.
-verdict() {
-  local t=$1; shift
-  local worst med
-  worst=$(printf '%s\n' "$@" | maxof); med=$(printf '%s\n' "$@" | median)
-  if awk -v w="$worst" -v t="$t" 'BEGIN {exit !(w <= t)}'; then echo "met (worst round $worst×)"
-  elif awk -v m="$med" -v t="$t" 'BEGIN {exit !(m <= t)}'; then echo "**not proven** (median $med×, worst round $worst×)"
-  else echo "**missed** (median $med×, worst round $worst×)"; fi
-}
 # CPU seconds a server's processes have run so far (user + system, every thread).
 server_pids() {
   case $1 in
@@ -390,4 +329,4 @@ LUA
 fi
 
 echo
-echo "Run: $START, $(nproc) CPUs, load average $LOAD0 at start / $(cut -d' ' -f1 /proc/loadavg) at end, $(( $(date +%s) - T_START )) s$([ $QUICK = 1 ] && echo ", --quick")."
+run_footer

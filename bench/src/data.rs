@@ -75,6 +75,16 @@ pub fn unique_body(size: usize) -> Vec<u8> {
     v
 }
 
+/// `len` fresh random bytes, the first 8 a process-unique number (fewer
+/// when `len` is shorter).
+pub fn random_bytes(len: usize) -> bytes::Bytes {
+    let mut v = vec![0u8; len];
+    fill_random(&mut v, unique());
+    let n = len.min(8);
+    v[..n].copy_from_slice(&unique().to_le_bytes()[..n]);
+    bytes::Bytes::from(v)
+}
+
 /// A reusable body of one size whose content changes at every
 /// [`Payload::fresh`] (so no put is ever deduplicated) at the cost of
 /// rewriting 16 bytes, not the body.

@@ -37,6 +37,20 @@ pub struct Req {
     pub expect_len: Option<u64>,
 }
 
+impl Req {
+    /// A `GET path` (class 0) whose body is `expect_len` bytes, when given.
+    pub fn get(path: &str, expect_len: Option<u64>) -> Req {
+        Req {
+            method: Method::GET,
+            path: path.to_string(),
+            body: None,
+            headers: vec![],
+            class: 0,
+            expect_len,
+        }
+    }
+}
+
 /// Makes each client's next request.
 pub type MakeReq = Arc<dyn Fn(&mut rand::rngs::StdRng) -> Req + Send + Sync>;
 
@@ -74,9 +88,11 @@ impl LoadResult {
     }
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+/// A keep-alive HTTP/1.1 connection, as [`send`] takes.
+pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-async fn connect(addr: SocketAddr) -> BenchResult<Sender> {
+/// Opens an HTTP/1.1 connection to `addr` (`TCP_NODELAY` on).
+pub async fn connect(addr: SocketAddr) -> BenchResult<Sender> {
     let stream = tokio::net::TcpStream::connect(addr).await.map_err(err)?;
     stream.set_nodelay(true).map_err(err)?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))

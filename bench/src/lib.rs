@@ -21,6 +21,7 @@ pub mod httpload;
 pub mod measure;
 pub mod peer;
 pub mod raw;
+pub mod serve;
 pub mod sweep;
 pub mod sysinfo;
 pub mod table;

@@ -25,12 +25,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
 
-use bench::data::fill_random;
+use bench::data::random_bytes;
 use bench::fixtures::{composite_store, err, BenchResult};
 use bench::httpload::{self, Req};
+use bench::serve::{require_built, Blobpool};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::Method;
@@ -81,82 +82,21 @@ fn parse() -> Result<Opts, String> {
 
 /// `blobpool serve` in a scratch directory; stopped on drop.
 struct Server {
-    dir: tempfile::TempDir,
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn config(dir: &Path, port: u16) -> String {
-    format!(
-        "data_dir = \"{d}/bp-data\"\nlisten = \"127.0.0.1:{port}\"\nlog_format = \"json\"\n\
-         [gc]\ninterval = \"off\"\n[gc.namespaces.{NS}]\npolicy = \"cache\"\n",
-        d = dir.display()
-    )
+    bp: Blobpool,
+    _dir: tempfile::TempDir,
 }
 
 async fn start(blobpool: &Path) -> BenchResult<Server> {
-    if !blobpool.exists() {
-        return Err(format!(
-            "{} is missing (cargo build --release -p blobpool)",
-            blobpool.display()
-        ));
-    }
+    require_built(&[blobpool], "cargo build --release -p blobpool")?;
     let dir = tempfile::Builder::new()
         .prefix("blobpool-bench-grpc-")
         .tempdir()
         .map_err(err)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(err)?
-        .port();
-    let conf = dir.path().join("blobpool.toml");
-    std::fs::write(&conf, config(dir.path(), port)).map_err(err)?;
-    let log = std::fs::File::create(dir.path().join("blobpool.log")).map_err(err)?;
-    let child = Command::new(blobpool)
-        .arg("--config")
-        .arg(&conf)
-        .arg("serve")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .map_err(|e| format!("{}: {e}", blobpool.display()))?;
-    let server = Server {
-        dir,
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-    };
-    for _ in 0..100 {
-        if let Ok(mut s) = http1(server.addr).await {
-            if let Ok((200, _)) = httpload::send(&mut s, server.addr, &get("/health")).await {
-                return Ok(server);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let log = std::fs::read_to_string(server.dir.path().join("blobpool.log")).unwrap_or_default();
-    Err(format!("blobpool never answered /health: {log}"))
+    let settings = format!("[gc]\ninterval = \"off\"\n[gc.namespaces.{NS}]\npolicy = \"cache\"\n");
+    let bp = Blobpool::start(Command::new(blobpool), blobpool, dir.path(), &settings)?;
+    bp.wait().await?;
+    Ok(Server { bp, _dir: dir })
 }
-
-async fn http1(addr: SocketAddr) -> BenchResult<H1> {
-    let stream = tokio::net::TcpStream::connect(addr).await.map_err(err)?;
-    let (sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(err)?;
-    tokio::spawn(conn);
-    Ok(sender)
-}
-
-/// An HTTP/1.1 connection, as [`httpload::send`] takes.
-type H1 = hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>;
 
 type H2 = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
 
@@ -171,24 +111,6 @@ async fn http2(addr: SocketAddr) -> BenchResult<H2> {
     .map_err(err)?;
     tokio::spawn(conn);
     Ok(sender)
-}
-
-fn get(path: &str) -> Req {
-    Req {
-        method: Method::GET,
-        path: path.to_string(),
-        body: None,
-        headers: vec![],
-        class: 0,
-        expect_len: None,
-    }
-}
-
-fn random_bytes(len: usize) -> Bytes {
-    let mut v = vec![0u8; len];
-    fill_random(&mut v, bench::data::unique());
-    v[..8].copy_from_slice(&bench::data::unique().to_le_bytes());
-    Bytes::from(v)
 }
 
 fn sha256_hex(b: &[u8]) -> String {
@@ -352,9 +274,13 @@ async fn time_get_h2(h2: &mut H2, addr: SocketAddr, path: &str, reads: usize) ->
 }
 
 /// Bytes per second of HTTP/1.1 GETs of `path` (`reads` of them).
-async fn time_get_h1(h1: &mut H1, addr: SocketAddr, path: &str, reads: usize) -> BenchResult<f64> {
-    let mut req = get(path);
-    req.expect_len = Some(LARGE as u64);
+async fn time_get_h1(
+    h1: &mut httpload::Sender,
+    addr: SocketAddr,
+    path: &str,
+    reads: usize,
+) -> BenchResult<f64> {
+    let req = Req::get(path, Some(LARGE as u64));
     let t = Instant::now();
     for _ in 0..reads {
         let (status, _) = httpload::send(h1, addr, &req).await?;
@@ -382,7 +308,7 @@ struct Bench {
     cas: re::content_addressable_storage_client::ContentAddressableStorageClient<Channel>,
     bsc: bs::byte_stream_client::ByteStreamClient<Channel>,
     h2: H2,
-    h1: H1,
+    h1: httpload::Sender,
     store: Store,
     set: FindSet,
     resource: String,
@@ -425,7 +351,7 @@ async fn fill_large(addr: SocketAddr) -> BenchResult<(String, String)> {
         class: 0,
         expect_len: None,
     };
-    let mut s = http1(addr).await?;
+    let mut s = httpload::connect(addr).await?;
     let (status, answer) = httpload::send(&mut s, addr, &req).await?;
     if status >= 300 {
         return Err(format!(
@@ -437,7 +363,7 @@ async fn fill_large(addr: SocketAddr) -> BenchResult<(String, String)> {
 }
 
 async fn setup(server: &Server, quick: bool, lib_dir: &Path) -> BenchResult<Bench> {
-    let addr = server.addr;
+    let addr = server.bp.addr;
     let ch = Channel::from_shared(format!("http://{addr}"))
         .map_err(err)?
         .connect()
@@ -457,7 +383,7 @@ async fn setup(server: &Server, quick: bool, lib_dir: &Path) -> BenchResult<Benc
         cas,
         bsc,
         h2: http2(addr).await?,
-        h1: http1(addr).await?,
+        h1: httpload::connect(addr).await?,
         store,
         set,
         resource,

@@ -32,9 +32,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench::data::fill_random;
+use bench::data::random_bytes;
 use bench::fixtures::{err, BenchResult};
 use bench::httpload::{self, ClassResult, LoadResult, MakeReq, Req};
+use bench::serve::{free_port, require_built, Blobpool};
 use bytes::Bytes;
 use hyper::Method;
 use rand::Rng;
@@ -81,15 +82,11 @@ fn parse() -> Result<Opts, String> {
     Ok(o)
 }
 
-fn free_port() -> BenchResult<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(err)?;
-    Ok(l.local_addr().map_err(err)?.port())
-}
-
 /// The three servers and their files; stopped on drop.
 struct Servers {
+    /// Before `dir`: dropped (killed) before the directory goes.
+    blobpool: Blobpool,
     dir: tempfile::TempDir,
-    blobpool: Child,
     hyper: Child,
     nginx_pid: u32,
     bp: SocketAddr,
@@ -99,9 +96,8 @@ struct Servers {
 
 impl Drop for Servers {
     fn drop(&mut self) {
-        let _ = self.blobpool.kill();
+        // The blobpool child goes with its field, after this (before `dir`).
         let _ = self.hyper.kill();
-        let _ = self.blobpool.wait();
         let _ = self.hyper.wait();
         // SAFETY: sends SIGQUIT (graceful stop) to nginx's master.
         unsafe { libc::kill(self.nginx_pid as i32, libc::SIGQUIT) };
@@ -109,12 +105,8 @@ impl Drop for Servers {
     }
 }
 
-fn blobpool_config(dir: &Path, port: u16) -> String {
-    format!(
-        r#"data_dir = "{d}/bp-data"
-listen = "127.0.0.1:{port}"
-log_format = "json"
-window = "0s"
+/// The settings after [`Blobpool::start`]'s own (data, listen, logs).
+const BLOBPOOL_SETTINGS: &str = r#"window = "0s"
 token_ttl = "1s"
 max_tokens = 1000000
 max_tokens_per_identity = 1000000
@@ -126,10 +118,7 @@ policy = "keep"
 policy = "unreferenced"
 [gc.namespaces.cc]
 policy = "cache"
-"#,
-        d = dir.display()
-    )
-}
+"#;
 
 fn nginx_config(dir: &Path, port: u16) -> BenchResult<String> {
     let user = |flag: &str| -> BenchResult<String> {
@@ -147,41 +136,6 @@ fn nginx_config(dir: &Path, port: u16) -> BenchResult<String> {
     ))
 }
 
-async fn wait_for(addr: SocketAddr, path: &str) -> BenchResult<()> {
-    for _ in 0..100 {
-        if let Ok(mut s) = connect(addr).await {
-            if let Ok((200, _)) = httpload::send(&mut s, addr, &get(path, None)).await {
-                return Ok(());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(format!("{addr}{path} never answered 200"))
-}
-
-async fn connect(
-    addr: SocketAddr,
-) -> BenchResult<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(addr).await.map_err(err)?;
-    let (sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(err)?;
-    tokio::spawn(conn);
-    Ok(sender)
-}
-
-fn get(path: &str, len: Option<u64>) -> Req {
-    Req {
-        method: Method::GET,
-        path: path.to_string(),
-        body: None,
-        headers: vec![],
-        class: 0,
-        expect_len: len,
-    }
-}
-
 fn put(ns: &str, body: Bytes, class: usize) -> Req {
     Req {
         method: Method::PUT,
@@ -193,16 +147,9 @@ fn put(ns: &str, body: Bytes, class: usize) -> Req {
     }
 }
 
-fn random_bytes(len: usize) -> Bytes {
-    let mut v = vec![0u8; len];
-    fill_random(&mut v, bench::data::unique());
-    v[..8].copy_from_slice(&bench::data::unique().to_le_bytes());
-    Bytes::from(v)
-}
-
 /// PUTs `body` into `ns`; its digest.
 async fn put_one(addr: SocketAddr, ns: &str, body: Bytes) -> BenchResult<String> {
-    let mut s = connect(addr).await?;
+    let mut s = httpload::connect(addr).await?;
     let (status, answer) = httpload::send(&mut s, addr, &put(ns, body, 0)).await?;
     if status >= 300 {
         return Err(format!(
@@ -225,7 +172,7 @@ async fn fill(addr: SocketAddr, ns: &str, n: usize, size: usize) -> BenchResult<
         let ns = ns.to_string();
         let count = n / 16 + usize::from(t < n % 16);
         tasks.push(tokio::spawn(async move {
-            let mut s = connect(addr).await?;
+            let mut s = httpload::connect(addr).await?;
             let mut out = Vec::with_capacity(count);
             for _ in 0..count {
                 let (status, answer) =
@@ -260,14 +207,10 @@ fn pinned(program: &Path) -> Command {
 }
 
 async fn start(o: &Opts, small: usize, large: usize) -> BenchResult<(Servers, Digests)> {
-    for t in [&o.blobpool, &o.static_server] {
-        if !t.exists() {
-            return Err(format!(
-                "{} is missing (cargo build --release -p blobpool -p bench --bins)",
-                t.display()
-            ));
-        }
-    }
+    require_built(
+        &[&o.blobpool, &o.static_server],
+        "cargo build --release -p blobpool -p bench --bins",
+    )?;
     let dir = tempfile::Builder::new()
         .prefix("blobpool-bench-http-")
         .tempdir()
@@ -290,18 +233,9 @@ async fn start(o: &Opts, small: usize, large: usize) -> BenchResult<(Servers, Di
             files.push((prefix, i, body));
         }
     }
-    let (bp_port, ng_port) = (free_port()?, free_port()?);
-    std::fs::write(d.join("blobpool.toml"), blobpool_config(&d, bp_port)).map_err(err)?;
+    let ng_port = free_port()?;
     std::fs::write(d.join("nginx.conf"), nginx_config(&d, ng_port)?).map_err(err)?;
-    let blobpool = pinned(&o.blobpool)
-        .arg("--config")
-        .arg(d.join("blobpool.toml"))
-        .arg("serve")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.join("blobpool.log")).map_err(err)?)
-        .spawn()
-        .map_err(|e| format!("{}: {e}", o.blobpool.display()))?;
+    let blobpool = Blobpool::start(pinned(&o.blobpool), &o.blobpool, &d, BLOBPOOL_SETTINGS)?;
     let mut hyper = pinned(&o.static_server)
         .arg("--root")
         .arg(d.join("www"))
@@ -330,14 +264,14 @@ async fn start(o: &Opts, small: usize, large: usize) -> BenchResult<(Servers, Di
     let status = match status {
         Ok(s) => s,
         Err(e) => {
-            let (mut a, mut b) = (blobpool, hyper);
-            let _ = (a.kill(), b.kill(), a.wait(), b.wait());
+            let mut b = hyper;
+            let _ = (b.kill(), b.wait());
             return Err(format!("nginx: {e} (apt-get install nginx-light)"));
         }
     };
     if !status.success() {
-        let (mut a, mut b) = (blobpool, hyper);
-        let _ = (a.kill(), b.kill(), a.wait(), b.wait());
+        let mut b = hyper;
+        let _ = (b.kill(), b.wait());
         return Err(format!(
             "nginx did not start: {}",
             std::fs::read_to_string(d.join("nginx-error.log")).unwrap_or_default()
@@ -349,10 +283,7 @@ async fn start(o: &Opts, small: usize, large: usize) -> BenchResult<(Servers, Di
         .trim()
         .parse()
         .map_err(err)?;
-    let (bp, ng) = (
-        SocketAddr::from(([127, 0, 0, 1], bp_port)),
-        SocketAddr::from(([127, 0, 0, 1], ng_port)),
-    );
+    let (bp, ng) = (blobpool.addr, SocketAddr::from(([127, 0, 0, 1], ng_port)));
     let servers = Servers {
         dir,
         blobpool,
@@ -364,11 +295,11 @@ async fn start(o: &Opts, small: usize, large: usize) -> BenchResult<(Servers, Di
     };
     eprintln!(
         "bench-http: pids blobpool={} nginx={} static-server={}",
-        servers.blobpool.id(),
+        servers.blobpool.child.id(),
         servers.nginx_pid,
         servers.hyper.id()
     );
-    wait_for(bp, "/health").await?;
+    servers.blobpool.wait().await?;
     let mut digests = Digests::new();
     for (prefix, i, body) in &files {
         let digest = put_one(bp, "anchor", body.clone()).await?;
@@ -390,9 +321,9 @@ async fn start(o: &Opts, small: usize, large: usize) -> BenchResult<(Servers, Di
             paths.push((bp, format!("/cache/cc/k/{i}")));
         }
         for (addr, path) in paths {
-            let mut s = connect(addr).await?;
+            let mut s = httpload::connect(addr).await?;
             let (status, got) =
-                httpload::send(&mut s, addr, &get(&path, Some(body.len() as u64))).await?;
+                httpload::send(&mut s, addr, &Req::get(&path, Some(body.len() as u64))).await?;
             if status != 200 || got[..] != body[..got.len()] {
                 return Err(format!("{addr}{path}: {status}, not the file's bytes"));
             }
@@ -403,7 +334,7 @@ async fn start(o: &Opts, small: usize, large: usize) -> BenchResult<(Servers, Di
 
 /// `PUT` of a cache key.
 async fn cache_put(addr: SocketAddr, path: &str, body: Bytes) -> BenchResult<()> {
-    let mut s = connect(addr).await?;
+    let mut s = httpload::connect(addr).await?;
     let req = Req {
         method: Method::PUT,
         path: path.to_string(),
@@ -566,10 +497,10 @@ async fn anchor(
             let keys: Vec<String> = (0..digests.len())
                 .map(|i| format!("/cache/cc/k/{i}"))
                 .collect();
-            targets.push(("Blobpool `/cache`", s.bp, s.blobpool.id(), keys));
-            targets.push(("Blobpool by digest", s.bp, s.blobpool.id(), by_digest));
+            targets.push(("Blobpool `/cache`", s.bp, s.blobpool.child.id(), keys));
+            targets.push(("Blobpool by digest", s.bp, s.blobpool.child.id(), by_digest));
         } else {
-            targets.push(("Blobpool", s.bp, s.blobpool.id(), by_digest));
+            targets.push(("Blobpool", s.bp, s.blobpool.child.id(), by_digest));
         }
         targets.push(("nginx", s.ng, s.nginx_pid, files.clone()));
         targets.push(("hyper static", s.hy, s.hyper.id(), files));
@@ -634,7 +565,7 @@ struct TailRound {
 }
 
 async fn sweep_once(addr: SocketAddr) -> BenchResult<serde_json::Value> {
-    let mut s = connect(addr).await?;
+    let mut s = httpload::connect(addr).await?;
     let req = Req {
         method: Method::POST,
         path: "/v1/sweep".into(),
@@ -669,7 +600,7 @@ async fn tail_round(
     let live = live.clone();
     let make: MakeReq = Arc::new(move |rng: &mut rand::rngs::StdRng| {
         if rng.random_range(0..100) < 90 {
-            let mut r = get(
+            let mut r = Req::get(
                 &format!("/v1/blobs/live/{}", live[rng.random_range(0..live.len())]),
                 Some(SMALL as u64),
             );

@@ -27,108 +27,31 @@
 //! `gradle` on `PATH`. A missing tool fails the test, naming what to
 //! install — it never passes by skipping.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::build_cache::{metrics, run};
+use common::ServeChild;
 
 /// The API key the tools send (Bearer for Bazel, Basic for Gradle).
 const KEY: &str = "bpk_bazel_gradle_clients";
 /// An `admin` key, for `/metrics`.
 const ADMIN_KEY: &str = "bpk_bazel_gradle_monitor";
 
-struct Serve {
-    child: Child,
-    base: String,
-    _lines: mpsc::Receiver<String>,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `blobpool serve` on an ephemeral loopback port with the cache
-/// namespaces `bazel` and `gradle`, one key ([`KEY`]) and the
-/// `anonymous` scopes (a TOML array's items).
-fn serve(dir: &Path, anonymous: &str) -> Serve {
-    let config = dir.join("blobpool.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\n\
-             [gc.namespaces.bazel]\npolicy = \"cache\"\nmax_bytes = \"1GiB\"\n\
-             [gc.namespaces.gradle]\npolicy = \"cache\"\nmax_bytes = \"1GiB\"\n\
-             [auth]\nanonymous = [{anonymous}]\n[[auth.keys]]\nname = \"builder\"\nhash = \"{}\"\n\
-             scopes = [\"read\", \"write\"]\n\
-             [[auth.keys]]\nname = \"monitor\"\nhash = \"{}\"\nscopes = [\"admin\"]\n",
-            dir.join("data"),
-            store_ops::auth::hash_key(KEY),
-            store_ops::auth::hash_key(ADMIN_KEY)
-        ),
+/// `blobpool serve` with the cache namespaces `bazel` and `gradle`, one
+/// key ([`KEY`]) and the `anonymous` scopes (a TOML array's items); the
+/// child and its base URL.
+fn serve(dir: &Path, anonymous: &str) -> (ServeChild, String) {
+    let bound = "max_bytes = \"1GiB\"";
+    common::build_cache::serve(
+        dir,
+        &[("bazel", bound), ("gradle", bound)],
+        anonymous,
+        KEY,
+        ADMIN_KEY,
     )
-    .unwrap();
-    let mut c = Command::new(BIN);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
-    let mut child = c
-        .arg("--config")
-        .arg(&config)
-        .arg("serve")
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let base = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("serve prints its address");
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
-        }
-    };
-    Serve {
-        child,
-        base,
-        _lines: rx,
-    }
-}
-
-/// `GET /metrics` with the admin key, over a plain connection.
-fn metrics(base: &str) -> String {
-    let addr = base.trim_start_matches("http://");
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    std::io::Write::write_all(
-        &mut conn,
-        format!(
-            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\
-             Connection: close\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    let mut answer = String::new();
-    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    answer
 }
 
 /// The value of one exact metric line (`name{labels}`), 0 when absent.
@@ -136,21 +59,6 @@ fn metric(m: &str, series: &str) -> f64 {
     m.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)
-}
-
-/// Runs `c`, failing the test (with both streams) on a non-zero exit.
-fn run(c: &mut Command) -> Output {
-    let out = c
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {c:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{c:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 // --- Bazel -------------------------------------------------------------------
@@ -318,15 +226,15 @@ fn seq_len(n: usize) -> usize {
 #[test]
 fn bazel_over_http_with_sha256_second_build_is_all_remote_hits() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(dir.path(), "");
+    let (_server, base) = serve(dir.path(), "");
     let remote = vec![
-        format!("--remote_cache={}/cache/bazel", server.base),
+        format!("--remote_cache={base}/cache/bazel"),
         format!("--remote_header=Authorization=Bearer {KEY}"),
     ];
     bazel_twice(dir.path(), &remote);
     // The server saw the same: the second round's action-cache lookups
     // (one per genrule) all hit.
-    let m = metrics(&server.base);
+    let m = metrics(&base, ADMIN_KEY);
     let hits = metric(
         &m,
         "blobpool_cache_requests_total{namespace=\"bazel\",result=\"hit\"}",
@@ -344,12 +252,9 @@ fn bazel_over_http_with_sha256_second_build_is_all_remote_hits() {
 #[test]
 fn bazel_over_grpc_with_sha256_second_build_is_all_remote_hits() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(dir.path(), "\"read:bazel\", \"write:bazel\"");
+    let (_server, base) = serve(dir.path(), "\"read:bazel\", \"write:bazel\"");
     let remote = vec![
-        format!(
-            "--remote_cache={}",
-            server.base.replace("http://", "grpc://")
-        ),
+        format!("--remote_cache={}", base.replace("http://", "grpc://")),
         "--remote_instance_name=bazel".to_string(),
         format!("--remote_header=Authorization=Bearer {KEY}"),
     ];
@@ -440,17 +345,17 @@ fn gradle_build(dir: &Path, round: usize) -> String {
 #[test]
 fn gradle_second_build_compile_java_is_from_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(dir.path(), "");
+    let (_server, base) = serve(dir.path(), "");
     java_project(
         &dir.path().join("project"),
-        &format!("{}/cache/gradle/", server.base),
+        &format!("{base}/cache/gradle/"),
     );
     let first = gradle_build(dir.path(), 0);
     assert!(
         first.lines().any(|l| l.trim() == ":compileJava"),
         "the first build compiles:\n{first}"
     );
-    let m = metrics(&server.base);
+    let m = metrics(&base, ADMIN_KEY);
     let puts = metric(&m, "blobpool_cache_puts_total{namespace=\"gradle\"}");
     assert!(
         puts >= 1.0,

@@ -9,14 +9,14 @@
 //! else `/opt/sccache-webdav/bin/sccache`. A missing tool fails the test,
 //! naming what to install — it never passes by skipping.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::build_cache::{metrics, run};
+use common::ServeChild;
 
 /// The API key the tools send, as a Basic password (the server has
 /// `[auth]` keys, so a tool without it gets nothing).
@@ -24,107 +24,24 @@ const KEY: &str = "bpk_build_cache_clients";
 /// An `admin` key, for `/metrics`.
 const ADMIN_KEY: &str = "bpk_build_cache_monitor";
 
-/// `GET /metrics` with the admin key, over a plain connection.
-fn metrics(base: &str) -> String {
-    let addr = base.trim_start_matches("http://");
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    std::io::Write::write_all(
-        &mut conn,
-        format!(
-            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\
-             Connection: close\r\n\r\n"
-        )
-        .as_bytes(),
+/// `blobpool serve` with the cache namespaces `ccache` and `sccache`, and
+/// one key ([`KEY`]); the child and its base URL.
+fn serve(dir: &Path) -> (ServeChild, String) {
+    common::build_cache::serve(
+        dir,
+        &[
+            ("ccache", "max_bytes = \"1GiB\""),
+            ("sccache", "max_age = \"30d\""),
+        ],
+        "",
+        KEY,
+        ADMIN_KEY,
     )
-    .unwrap();
-    let mut answer = String::new();
-    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    answer
 }
 
-struct Serve {
-    child: Child,
-    base: String,
-    _lines: mpsc::Receiver<String>,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `blobpool serve` on an ephemeral loopback port with the cache
-/// namespaces `ccache` and `sccache`, and one key ([`KEY`]).
-fn serve(dir: &Path) -> Serve {
-    let config = dir.join("blobpool.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\n\
-             [gc.namespaces.ccache]\npolicy = \"cache\"\nmax_bytes = \"1GiB\"\n\
-             [gc.namespaces.sccache]\npolicy = \"cache\"\nmax_age = \"30d\"\n\
-             [auth]\nanonymous = []\n[[auth.keys]]\nname = \"builder\"\nhash = \"{}\"\n\
-             scopes = [\"read\", \"write\"]\n\
-             [[auth.keys]]\nname = \"monitor\"\nhash = \"{}\"\nscopes = [\"admin\"]\n",
-            dir.join("data"),
-            store_ops::auth::hash_key(KEY),
-            store_ops::auth::hash_key(ADMIN_KEY)
-        ),
-    )
-    .unwrap();
-    let mut c = Command::new(BIN);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
-    let mut child = c
-        .arg("--config")
-        .arg(&config)
-        .arg("serve")
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let base = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("serve prints its address");
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
-        }
-    };
-    Serve {
-        child,
-        base,
-        _lines: rx,
-    }
-}
-
-fn run(c: &mut Command) -> String {
-    let out = c
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {c:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{c:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// [`run`]'s standard output.
+fn stdout(c: &mut Command) -> String {
+    String::from_utf8_lossy(&run(c).stdout).into_owned()
 }
 
 /// A small C project: four translation units.
@@ -151,7 +68,7 @@ fn c_project(dir: &Path) -> Vec<PathBuf> {
 fn ccache_stats(env: &[(&str, String)]) -> BTreeMap<String, u64> {
     let mut c = Command::new("ccache");
     c.envs(env.iter().map(|(k, v)| (*k, v)));
-    run(c.arg("--print-stats"))
+    stdout(c.arg("--print-stats"))
         .lines()
         .filter_map(|l| {
             let (k, v) = l.split_once('\t')?;
@@ -185,25 +102,14 @@ fn ccache_second_build_is_all_remote_hits_in_every_layout() {
         "ccache is not installed (apt-get install ccache; .ci/run does it)"
     );
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(dir.path());
+    let (_server, base) = serve(dir.path());
     let src = c_project(&dir.path().join("src"));
     // Without the key the remote answers nothing but 401.
-    let addr = server.base.trim_start_matches("http://").to_string();
-    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-    std::io::Write::write_all(
-        &mut conn,
-        format!("GET /cache/ccache/ab/cd HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .unwrap();
-    let mut answer = String::new();
-    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    let answer = common::plain_get(&base, "/cache/ccache/ab/cd", None);
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     for layout in ["subdirs", "flat", "bazel"] {
-        let base = server
-            .base
-            .replace("http://", &format!("http://builder:{KEY}@"));
-        let url = format!("{base}/cache/ccache/{layout}|layout={layout}");
+        let with_key = base.replace("http://", &format!("http://builder:{KEY}@"));
+        let url = format!("{with_key}/cache/ccache/{layout}|layout={layout}");
         for round in 0..2 {
             // A fresh local cache each round: only the remote can hit.
             let env = vec![
@@ -238,7 +144,7 @@ fn ccache_second_build_is_all_remote_hits_in_every_layout() {
     // result per compile: 3 layouts x 4 units x 2, hits in the second
     // round, misses in the first), and its request latency and the
     // engines' operations are on /metrics.
-    let m = metrics(&server.base);
+    let m = metrics(&base, ADMIN_KEY);
     for result in ["hit", "miss"] {
         let line =
             format!("blobpool_cache_requests_total{{namespace=\"ccache\",result=\"{result}\"}} 24");
@@ -276,7 +182,7 @@ fn sccache_bin() -> PathBuf {
 fn sccache_second_build_of_a_rust_crate_is_all_webdav_hits() {
     let sccache = sccache_bin();
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(dir.path());
+    let (_server, base) = serve(dir.path());
     let krate = dir.path().join("hello");
     std::fs::create_dir_all(krate.join("src")).unwrap();
     std::fs::write(
@@ -302,10 +208,7 @@ fn sccache_second_build_of_a_rust_crate_is_all_webdav_hits() {
     };
     let env = |_round: usize| -> Vec<(&'static str, String)> {
         vec![
-            (
-                "SCCACHE_WEBDAV_ENDPOINT",
-                format!("{}/cache/sccache", server.base),
-            ),
+            ("SCCACHE_WEBDAV_ENDPOINT", format!("{base}/cache/sccache")),
             ("SCCACHE_WEBDAV_USERNAME", "builder".to_string()),
             ("SCCACHE_WEBDAV_PASSWORD", KEY.to_string()),
             (
@@ -326,7 +229,7 @@ fn sccache_second_build_of_a_rust_crate_is_all_webdav_hits() {
         ]
     };
     let stats = |round: usize| -> serde_json::Value {
-        let out = run(Command::new(&sccache).envs(env(round)).args([
+        let out = stdout(Command::new(&sccache).envs(env(round)).args([
             "--show-stats",
             "--stats-format",
             "json",

@@ -278,18 +278,16 @@ fn per_database(v: &View<'_>, f: fn(&DatabaseWaits) -> Value) -> Vec<Sample> {
         .collect()
 }
 
-/// A histogram family of [`DatabaseWaits`], per database.
-const fn waits(
-    name: &'static str,
-    help: &'static str,
-    samples: fn(&View<'_>) -> Vec<Sample>,
-) -> Family {
-    Family {
-        name,
-        kind: Kind::Histogram,
-        help,
-        samples,
-    }
+/// A histogram family of one [`DatabaseWaits`] field, per database.
+macro_rules! waits {
+    ($name:literal, $help:literal, $wait:ident) => {
+        Family {
+            name: $name,
+            kind: Kind::Histogram,
+            help: $help,
+            samples: |v| per_database(v, |w| Value::Engine(w.$wait.clone())),
+        }
+    };
 }
 
 const fn counter(
@@ -548,40 +546,40 @@ pub(crate) const FAMILIES: &[Family] = &[
                 .collect()
         },
     },
-    waits(
+    waits!(
         "blobpool_sqlite_write_queued_seconds",
         "Foreground SQLite writes (puts, reference and cache-key writes, direct deletes): time queued until their transaction began, by database.",
-        |v| per_database(v, |w| Value::Engine(w.write_queued.clone())),
+        write_queued
     ),
-    waits(
+    waits!(
         "blobpool_sqlite_write_behind_bulk_seconds",
         "Of a foreground write's time queued, the part behind a bulk (sweep) transaction, by database.",
-        |v| per_database(v, |w| Value::Engine(w.write_behind_bulk.clone())),
+        write_behind_bulk
     ),
-    waits(
+    waits!(
         "blobpool_sqlite_write_transaction_seconds",
         "A foreground write's own transaction, begin to commit, by database.",
-        |v| per_database(v, |w| Value::Engine(w.write_transaction.clone())),
+        write_transaction
     ),
-    waits(
+    waits!(
         "blobpool_sqlite_write_commit_seconds",
         "Of a foreground write's transaction, the COMMIT (the fsync), by database.",
-        |v| per_database(v, |w| Value::Engine(w.write_commit.clone())),
+        write_commit
     ),
-    waits(
+    waits!(
         "blobpool_sqlite_bulk_transaction_seconds",
         "Each bulk (sweep) transaction, statements and commit: what a foreground write may wait behind, by database.",
-        |v| per_database(v, |w| Value::Engine(w.bulk_transaction.clone())),
+        bulk_transaction
     ),
-    waits(
+    waits!(
         "blobpool_sqlite_read_connection_wait_seconds",
         "Reads run where they may wait: time waiting for a free read connection, by database.",
-        |v| per_database(v, |w| Value::Engine(w.read_connection.clone())),
+        read_connection
     ),
-    waits(
+    waits!(
         "blobpool_sqlite_point_read_wait_seconds",
         "Point reads not answered from memory on the calling thread: their time where they may wait (connection, disk, hand-off), by database.",
-        |v| per_database(v, |w| Value::Engine(w.point_read.clone())),
+        point_read
     ),
     counter(
         "blobpool_sqlite_slow_writes_total",

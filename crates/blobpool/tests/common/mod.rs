@@ -15,6 +15,8 @@ use store_types::{Key, Namespace};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub mod build_cache;
+
 /// Server settings for a test.
 pub struct Opts {
     pub threshold: u64,
@@ -526,16 +528,36 @@ impl Drop for ServeChild {
 }
 
 /// Starts `blobpool serve --listen 127.0.0.1:0` in `dir` (warnings only on
-/// stderr, which is drained so the server never blocks on it); the child
-/// and its base URL.
+/// stderr); the child and its base URL, as [`serve_command`].
 pub fn serve_child(dir: &std::path::Path) -> (ServeChild, String) {
+    serve_command(
+        blobpool_in(dir)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn"),
+    )
+}
+
+/// Starts `blobpool --config <dir>/blobpool.toml serve` in `dir` (warnings
+/// only on stderr) with `config` written to that file; the child and its
+/// base URL, as [`serve_command`].
+pub fn serve_child_with_config(dir: &std::path::Path, config: &str) -> (ServeChild, String) {
+    let path = dir.join("blobpool.toml");
+    std::fs::write(&path, config).unwrap();
+    serve_command(
+        blobpool_in(dir)
+            .arg("--config")
+            .arg(&path)
+            .arg("serve")
+            .env("RUST_LOG", "warn"),
+    )
+}
+
+/// Spawns `c` (a `blobpool serve` command) with its stderr piped, waits for
+/// the address it prints and drains the rest of stderr so the server never
+/// blocks on it; the child and its base URL (`http://127.0.0.1:PORT`).
+pub fn serve_command(c: &mut std::process::Command) -> (ServeChild, String) {
     use std::io::BufRead as _;
-    let mut child = blobpool_in(dir)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let child = ServeChild(child);
     let base = loop {
@@ -546,4 +568,21 @@ pub fn serve_child(dir: &std::path::Path) -> (ServeChild, String) {
     };
     std::thread::spawn(move || for _ in lines {});
     (child, base)
+}
+
+/// `GET path` over a plain connection to `base`, with `bearer` as the
+/// token if any; the whole answer (status line, headers, body).
+pub fn plain_get(base: &str, path: &str, bearer: Option<&str>) -> String {
+    use std::io::{Read as _, Write as _};
+    let addr = base.trim_start_matches("http://");
+    let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer
 }
