@@ -57,6 +57,12 @@ pub const ACCESS_FLUSH_EVERY: Duration = Duration::from_secs(10);
 /// The granularity of recorded read times: reads noted within one step
 /// are written with the same time (one `touch` per step and namespace).
 pub const ACCESS_RESOLUTION: Duration = Duration::from_millis(100);
+/// A digest whose read time was taken for a write less than this long ago
+/// is not noted again: a client asking about the same thousands of blobs
+/// many times a second (REAPI `FindMissingBlobs`) costs one `touch` of
+/// each per second, not one per call. Recorded times lag the last read by
+/// at most this.
+pub const ACCESS_REWRITE_AFTER: Duration = Duration::from_secs(1);
 
 /// Noted reads: per namespace, per digest, the latest time it was read
 /// (rounded down to [`ACCESS_RESOLUTION`]).
@@ -338,6 +344,10 @@ struct AccessState {
     /// noted read starts the period).
     last_flush: Option<i64>,
     flushing: bool,
+    /// The time each digest's read was last taken for a write, within
+    /// [`ACCESS_REWRITE_AFTER`] (cleared past [`KEY_CACHE_ENTRIES`]).
+    written: HashMap<Namespace, HashMap<Digest, i64>>,
+    written_len: usize,
 }
 
 impl Default for AccessLog {
@@ -348,6 +358,8 @@ impl Default for AccessLog {
                 count: 0,
                 last_flush: None,
                 flushing: false,
+                written: HashMap::new(),
+                written_len: 0,
             }),
             bound: Mutex::default(),
         }
@@ -366,7 +378,29 @@ impl AccessLog {
     fn take(st: &mut AccessState, now: i64) -> Pending {
         st.count = 0;
         st.last_flush = Some(now);
-        std::mem::take(&mut st.pending)
+        let pending = std::mem::take(&mut st.pending);
+        let fresh = now.saturating_sub(ACCESS_REWRITE_AFTER.as_millis() as i64);
+        if st.written_len + pending.values().map(HashMap::len).sum::<usize>() > KEY_CACHE_ENTRIES {
+            st.written.clear();
+            st.written_len = 0;
+        }
+        for (ns, digests) in &pending {
+            let of_ns = st.written.entry(ns.clone()).or_default();
+            for (d, at) in digests.iter().filter(|(_, at)| **at > fresh) {
+                if of_ns.insert(*d, *at).is_none() {
+                    st.written_len += 1;
+                }
+            }
+        }
+        pending
+    }
+
+    /// Whether a read of `digest` in `ns` at `at` adds nothing: its time
+    /// was taken for a write less than [`ACCESS_REWRITE_AFTER`] before.
+    fn written_lately(st: &AccessState, ns: &Namespace, digest: &Digest, at: i64) -> bool {
+        let after = ACCESS_REWRITE_AFTER.as_millis() as i64;
+        (st.written.get(ns).and_then(|m| m.get(digest)))
+            .is_some_and(|w| at < w.saturating_add(after))
     }
 }
 
@@ -799,11 +833,15 @@ impl Cache {
         let log = &self.store.inner.cache_access;
         let batch = {
             let mut st = log.lock();
+            if AccessLog::written_lately(&st, ns, &digest, at) {
+                return;
+            }
             let AccessState {
                 pending,
                 count,
                 last_flush,
                 flushing,
+                ..
             } = &mut *st;
             let of_ns = match pending.get_mut(ns) {
                 Some(m) => m,

@@ -42,7 +42,7 @@ pub use builder::{
 };
 pub use cache::{
     Cache, CacheTrimmer, ACCESS_FLUSH_EVERY, ACCESS_FLUSH_KEYS, ACCESS_RESOLUTION,
-    KEY_CACHE_ENTRIES,
+    ACCESS_REWRITE_AFTER, KEY_CACHE_ENTRIES,
 };
 pub use inspect::{
     CorruptEntry, EntryInfo, EntryPage, QuarantineOutcome, TierStats, VerifyEvent, VerifyOptions,

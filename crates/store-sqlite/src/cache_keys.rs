@@ -50,7 +50,11 @@ const LOOKUP: &str = "SELECT digest FROM cache_keys WHERE namespace = ?1 AND key
 const LOOKUP_OWNED: &str = "SELECT digest, owner FROM cache_keys WHERE namespace = ?1 AND key = ?2";
 const REMOVE: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2";
 const REMOVE_IF: &str = "DELETE FROM cache_keys WHERE namespace = ?1 AND key = ?2 AND digest = ?3";
-const TOUCH: &str = "UPDATE cache_keys SET accessed_at = ?3
+/// `INDEXED BY`: without statistics SQLite prefers `(namespace,
+/// accessed_at)` for `accessed_at < ?3`, a scan of nearly every key of the
+/// namespace per digest (a flush of 128 digests over 10,000 keys took
+/// 225 ms on the writer).
+const TOUCH: &str = "UPDATE cache_keys INDEXED BY cache_keys_by_digest SET accessed_at = ?3
                      WHERE namespace = ?1 AND digest = ?2 AND accessed_at < ?3";
 /// The keys last accessed no later than the `?2 + 1`-th least recently
 /// accessed one, and the namespace's bytes (one statement: one snapshot).
@@ -338,5 +342,45 @@ impl CacheIndex for SqliteCacheKeys {
                 Ok(out)
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(conn: &rusqlite::Connection, sql: &str) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let mut rows = stmt.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            out.push(row.get::<_, String>(3).unwrap());
+        }
+        out.join(" | ")
+    }
+
+    /// Every point statement searches the index its columns name: a key by
+    /// the primary key, a digest by `(namespace, digest)`, never a range
+    /// of access times.
+    #[test]
+    fn point_statements_search_their_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::schema::open_writer(
+            &dir.path().join("db.sqlite"),
+            crate::Durability::Full,
+            None,
+        )
+        .unwrap();
+        for (sql, index) in [
+            (LOOKUP, "PRIMARY KEY"),
+            (LOOKUP_OWNED, "PRIMARY KEY"),
+            (REMOVE, "PRIMARY KEY"),
+            (REMOVE_IF, "PRIMARY KEY"),
+            (REMOVE_UNCHANGED, "PRIMARY KEY"),
+            (TOUCH, "cache_keys_by_digest"),
+        ] {
+            let p = plan(&conn, sql);
+            assert!(p.contains("SEARCH") && p.contains(index), "{sql}: {p}");
+        }
     }
 }

@@ -161,3 +161,29 @@ async fn the_reads_of_a_period_are_written_once_per_digest_at_the_latest_read() 
         [("k1".into(), at), ("k2".into(), at), ("k3".into(), at)]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_within_a_second_of_its_write_is_not_written_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, store, clock) = open(dir.path()).await;
+    let cache = store.cache().expect("sqlite holds cache keys");
+    clock.set(Timestamp(1_999_000));
+    let n = ns("cc");
+    let d = (cache.put(&n, &key("k"), Bytes::from_static(b"one")).await).unwrap();
+    cache.flush_access().await.unwrap();
+    let flush = || async {
+        let before = engine.stats().writes_committed;
+        cache.flush_access().await.unwrap();
+        engine.stats().writes_committed - before
+    };
+    clock.set(Timestamp(2_000_000));
+    cache.note_access(&n, d);
+    assert_eq!(flush().await, 1, "the first read is written");
+    // Within ACCESS_REWRITE_AFTER of that write: noted as already written.
+    clock.advance(store_core::ACCESS_REWRITE_AFTER / 2);
+    cache.note_access(&n, d);
+    assert_eq!(flush().await, 0, "a read just written is not written again");
+    clock.advance(store_core::ACCESS_REWRITE_AFTER);
+    cache.note_access(&n, d);
+    assert_eq!(flush().await, 1, "past it, the read is written");
+}
