@@ -106,7 +106,8 @@ pub async fn run(cfg: Config) -> Result<(), CliError> {
 /// mounted beside the HTTP routes on the same port: a request whose
 /// `content-type` is `application/grpc…` goes to gRPC, every other one to
 /// HTTP. gRPC authenticates with the same identities (and the client
-/// certificate the connection layer verified).
+/// certificate the connection layer verified) and checks the same allowed
+/// hosts for callers without credentials.
 async fn serve_http_and_grpc(
     listener: tokio::net::TcpListener,
     ops: Ops,
@@ -127,6 +128,9 @@ async fn serve_http_and_grpc(
             e.get::<store_http::PeerInfo>()
                 .and_then(|p| p.client_cert.clone())
         })),
+        // The HTTP gate's DNS-rebinding check, for gRPC too (ADR-074).
+        allowed_hosts: store_ops::hosts::HostCheck::new(&http.allowed_hosts),
+        ..Default::default()
     };
     let app = store_grpc::mount(store_http::router_with(ops.clone(), &http), ops, grpc);
     let shutdown = store_http::shutdown_signal();

@@ -117,6 +117,7 @@ async fn serve(pki: &Pki, data: &std::path::Path) -> std::net::SocketAddr {
         client_cert: Some(Arc::new(|e: &store_grpc::Extensions| {
             e.get::<PeerInfo>().and_then(|p| p.client_cert.clone())
         })),
+        ..Default::default()
     };
     let app = store_grpc::mount(store_http::router_with(ops.clone(), &http), ops, grpc);
     let tls = TlsSettings {

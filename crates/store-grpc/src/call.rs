@@ -6,9 +6,11 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use store_ops::auth::Identity;
+use store_ops::hosts::HostCheck;
 use store_ops::{ErrorCode, OpsError};
 use tonic::{Code, Request, Status};
 
+use crate::admit::{HeldRef, HostVerdict};
 use crate::Shared;
 
 /// The gRPC status of an ops error: the code that says the same thing
@@ -78,15 +80,34 @@ impl Shared {
 impl Call<'_> {
     /// The caller of `req`: its `authorization` metadata (`Bearer <key>`
     /// or `Basic`), else its verified client certificate, else anonymous
-    /// (`unauthorized` for a key that matches none).
+    /// (`unauthorized` for a key that matches none). A caller without
+    /// credentials (anonymous, or anyone on an open server) whose host is
+    /// not allowed is refused with `host_not_allowed` (the HTTP gate's
+    /// rule, ADR-067: [`HostCheck::admit`]); a request that did not pass
+    /// the admission (no verdict) counts as naming no host.
     pub(crate) fn identity<T>(&self, req: &Request<T>) -> Result<Identity, OpsError> {
         let authorization = req.metadata().get("authorization").map(|v| v.as_bytes());
         let cert = (self.shared.cfg.client_cert.as_ref()).and_then(|f| f(req.extensions()));
         let identity = (self.shared.cfg.auth)
             .authenticate(authorization, cert.as_ref())
-            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()))?;
+            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()));
+        let host = match req.extensions().get::<HostVerdict>() {
+            Some(v) => v.0.clone(),
+            None => self.shared.cfg.allowed_hosts.check(None),
+        };
+        let identity = HostCheck::admit(host, identity)?;
         let _ = self.who.set(identity.name().to_string());
         Ok(identity)
+    }
+
+    /// Takes `bytes` of the server's message budget for `req`'s answer,
+    /// held until the answer is sent, or refuses at once (`too_many`,
+    /// `RESOURCE_EXHAUSTED`: ADR-074).
+    pub(crate) fn hold<T>(&self, req: &Request<T>, bytes: u64) -> Result<(), OpsError> {
+        match req.extensions().get::<HeldRef>() {
+            Some(held) => held.0.hold(self.shared, bytes),
+            None => Ok(()),
+        }
     }
 
     /// The cache namespace `instance` names: itself, or for the empty

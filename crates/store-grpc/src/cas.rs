@@ -52,7 +52,7 @@ fn rpc_status(r: Result<(), &OpsError>) -> Option<rpc::Status> {
 }
 
 /// The sum of `sizes`, refused past [`MAX_BATCH_TOTAL_SIZE`].
-fn batch_total(sizes: impl Iterator<Item = u64>) -> Result<(), OpsError> {
+fn batch_total(sizes: impl Iterator<Item = u64>) -> Result<u64, OpsError> {
     let total = sizes.fold(0u64, u64::saturating_add);
     if total > MAX_BATCH_TOTAL_SIZE {
         return Err(OpsError::new(
@@ -63,7 +63,7 @@ fn batch_total(sizes: impl Iterator<Item = u64>) -> Result<(), OpsError> {
             ),
         ));
     }
-    Ok(())
+    Ok(total)
 }
 
 impl CasService {
@@ -311,8 +311,10 @@ impl re::content_addressable_storage_server::ContentAddressableStorage for CasSe
             let m = req.get_ref();
             let ns = call.namespace(&m.instance_name)?;
             let function = requested(m.digest_function)?;
-            batch_total(m.digests.iter().map(|d| d.size_bytes.max(0) as u64))?;
+            let total = batch_total(m.digests.iter().map(|d| d.size_bytes.max(0) as u64))?;
             (self.0.ops).authorize(&identity, store_ops::auth::Scope::Read, Some(&ns))?;
+            // The answer's blobs are held until it is sent (ADR-074).
+            call.hold(&req, total)?;
             let reads: Vec<_> = (m.digests.iter())
                 .map(|d| self.read_answer(&identity, &ns, function, d))
                 .collect();

@@ -23,6 +23,14 @@
 //! [`store_ops::auth::Auth`] as HTTP and needs the same scopes (`read` to
 //! read, `write` to store); errors map to gRPC codes ([`status`]).
 //!
+//! Before tonic decodes a request, its host and its size are admitted
+//! (ADR-074): a caller without credentials must name a host of
+//! [`GrpcConfig::allowed_hosts`] (the HTTP gate's DNS-rebinding rule,
+//! `PERMISSION_DENIED` otherwise), and every message's bytes are taken
+//! from a server-wide budget ([`GrpcConfig::message_memory`],
+//! [`DEFAULT_MESSAGE_MEMORY`]) without waiting (`RESOURCE_EXHAUSTED` when
+//! it is spent).
+//!
 //! Seams: below, a built [`store_ops::Ops`]; above, [`routes`] (tonic's
 //! routes) or [`mount()`], which puts them beside an HTTP router on one
 //! port: requests whose `content-type` starts with `application/grpc` go
@@ -35,6 +43,7 @@
 #![warn(missing_docs)]
 
 mod action_cache;
+mod admit;
 mod call;
 mod capabilities;
 mod cas;
@@ -48,6 +57,7 @@ mod write;
 use std::sync::Arc;
 
 use store_ops::auth::{Auth, ClientCert};
+use store_ops::hosts::HostCheck;
 use store_ops::Ops;
 
 pub use call::status;
@@ -69,23 +79,46 @@ pub struct GrpcConfig {
     /// Finds a request's verified client certificate (mutual TLS), if
     /// any; `None`: certificates are not looked for.
     pub client_cert: Option<CertLookup>,
+    /// The hosts a caller without credentials may name (HTTP/2's
+    /// `:authority`, HTTP/1.1's `Host`): the HTTP server's
+    /// `http.allowed_hosts`. [`HostCheck::any`] (the default): any.
+    pub allowed_hosts: HostCheck,
+    /// The most bytes of gRPC messages the server holds at once, across
+    /// all calls ([`DEFAULT_MESSAGE_MEMORY`]): each request message's
+    /// length is taken from it before the message is read, and a
+    /// `BatchReadBlobs` answer's blobs before they are; a call the budget
+    /// cannot take at once is refused with `RESOURCE_EXHAUSTED`.
+    pub message_memory: usize,
 }
+
+/// The default of [`GrpcConfig::message_memory`]: 256 MiB, 32 messages
+/// at [`MAX_MESSAGE_SIZE`] or about 64 full batches
+/// ([`MAX_BATCH_TOTAL_SIZE`]), well beyond what a build client keeps in
+/// flight, while a flood of large messages (4096 connections of 100
+/// streams could otherwise make the server hold over 3 TiB) stays a few
+/// hundred MiB of resident memory (ADR-074 has the measurements).
+pub const DEFAULT_MESSAGE_MEMORY: usize = 256 << 20;
 
 impl std::fmt::Debug for GrpcConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrpcConfig")
             .field("auth", &self.auth)
             .field("client_cert", &self.client_cert.is_some())
+            .field("allowed_hosts", &self.allowed_hosts.allowed())
+            .field("message_memory", &self.message_memory)
             .finish()
     }
 }
 
 impl Default for GrpcConfig {
-    /// Open (everyone may do everything), no certificates.
+    /// Open (everyone may do everything), no certificates, any host,
+    /// [`DEFAULT_MESSAGE_MEMORY`].
     fn default() -> Self {
         GrpcConfig {
             auth: Auth::open(),
             client_cert: None,
+            allowed_hosts: HostCheck::any(),
+            message_memory: DEFAULT_MESSAGE_MEMORY,
         }
     }
 }
@@ -95,15 +128,20 @@ pub(crate) struct Shared {
     pub(crate) ops: Ops,
     pub(crate) cfg: GrpcConfig,
     pub(crate) writes: write::Writes,
+    /// The bytes of messages held at once ([`GrpcConfig::message_memory`]).
+    pub(crate) budget: admit::Budget,
 }
 
 /// tonic's routes of the four services over `ops` (the execution and
-/// operations services are not served: tonic answers `UNIMPLEMENTED`).
+/// operations services are not served: tonic answers `UNIMPLEMENTED`),
+/// each behind the host check and the message budget (see the crate
+/// docs).
 pub fn routes(ops: Ops, cfg: GrpcConfig) -> tonic::service::Routes {
     use proto::build::bazel::remote::execution::v2 as re;
     use proto::google::bytestream::byte_stream_server::ByteStreamServer;
     let shared = Arc::new(Shared {
         ops,
+        budget: admit::Budget::new(cfg.message_memory),
         cfg,
         writes: write::Writes::default(),
     });
@@ -111,15 +149,15 @@ pub fn routes(ops: Ops, cfg: GrpcConfig) -> tonic::service::Routes {
     let caps = capabilities::CapabilitiesService(shared.clone());
     let ac = action_cache::ActionCacheService(shared.clone());
     let cas = cas::CasService(shared.clone());
-    let bs = read::ByteStreamService(shared);
-    tonic::service::Routes::new(re::capabilities_server::CapabilitiesServer::new(caps))
-        .add_service(
-            re::action_cache_server::ActionCacheServer::new(ac).max_decoding_message_size(limit),
-        )
-        .add_service(
-            re::content_addressable_storage_server::ContentAddressableStorageServer::new(cas)
-                .max_decoding_message_size(limit)
-                .max_encoding_message_size(limit),
-        )
-        .add_service(ByteStreamServer::new(bs).max_decoding_message_size(limit))
+    let bs = read::ByteStreamService(shared.clone());
+    let caps = re::capabilities_server::CapabilitiesServer::new(caps);
+    let ac = re::action_cache_server::ActionCacheServer::new(ac).max_decoding_message_size(limit);
+    let cas = re::content_addressable_storage_server::ContentAddressableStorageServer::new(cas)
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let bs = ByteStreamServer::new(bs).max_decoding_message_size(limit);
+    tonic::service::Routes::new(admit::Admit::new(caps, shared.clone()))
+        .add_service(admit::Admit::new(ac, shared.clone()))
+        .add_service(admit::Admit::new(cas, shared.clone()))
+        .add_service(admit::Admit::new(bs, shared))
 }

@@ -20,7 +20,9 @@ use crate::GrpcConfig;
 /// `http` with the gRPC services over `ops` mounted beside it (see the
 /// module docs). The HTTP router's layers (its gate: `Host` check,
 /// authentication, access log) do not see gRPC requests: the gRPC
-/// services authenticate their own metadata with `cfg.auth`.
+/// services authenticate their own metadata with `cfg.auth`, apply the
+/// same `Host` rule with `cfg.allowed_hosts` and bound their messages'
+/// memory with `cfg.message_memory` (ADR-074).
 pub fn mount(http: Router, ops: Ops, cfg: GrpcConfig) -> Router {
     let grpc = crate::routes(ops, cfg).prepare().into_axum_router();
     Router::new().fallback_service(Switch { http, grpc })

@@ -108,11 +108,18 @@ async fn present(shared: &Shared, identity: &Identity, ns: &str, res: &Resource)
     missing.is_ok_and(|m| m.is_empty())
 }
 
-/// The stream's next message; a broken stream is `incomplete_body`.
+/// The stream's next message; a broken stream is `incomplete_body`,
+/// except a message the server's budget refused (`RESOURCE_EXHAUSTED`,
+/// ADR-074), which stays `too_many`.
 async fn next(
     stream: &mut Streaming<bs::WriteRequest>,
 ) -> Result<Option<bs::WriteRequest>, OpsError> {
     stream.message().await.map_err(|s| {
+        if s.code() == tonic::Code::ResourceExhausted {
+            let m = s.message();
+            let m = m.strip_prefix("too_many: ").unwrap_or(m);
+            return OpsError::new(ErrorCode::TooMany, m.to_string());
+        }
         OpsError::new(
             ErrorCode::IncompleteBody,
             format!("the write stream broke: {}", s.message()),

@@ -24,6 +24,7 @@ use super::respond::fail;
 use super::routes::{label, ns_segment, LABELS, ROUTES};
 use super::{HttpConfig, PeerInfo};
 use store_ops::auth::{Auth, Identity};
+use store_ops::hosts::HostCheck;
 use store_ops::Ops;
 use store_ops::{ErrorCode, OpsError};
 
@@ -78,9 +79,10 @@ impl std::fmt::Display for RequestId {
 pub(crate) struct Gate {
     pub(crate) ops: Ops,
     pub(crate) auth: Auth,
-    /// Lowercase host names; empty accepts any, and so does `*` (the
-    /// explicit form the configuration asks for).
-    pub(crate) allowed_hosts: Vec<String>,
+    /// The allowed hosts (store-ops' [`HostCheck`], shared with gRPC):
+    /// none accepts any, and so does `*` (the explicit form the
+    /// configuration asks for).
+    pub(crate) hosts: HostCheck,
     /// The label and the namespace's place of every path template the
     /// router mounts, by template (the cache namespaces' base paths
     /// beside [`ROUTES`]).
@@ -106,11 +108,7 @@ impl Gate {
     pub(crate) fn new(ops: Ops, cfg: &HttpConfig) -> Arc<Gate> {
         Arc::new(Gate {
             auth: cfg.auth.clone(),
-            allowed_hosts: cfg
-                .allowed_hosts
-                .iter()
-                .map(|h| h.trim().to_ascii_lowercase())
-                .collect(),
+            hosts: HostCheck::new(&cfg.allowed_hosts),
             labels: labels(&ops),
             ops,
         })
@@ -129,37 +127,17 @@ impl Gate {
             .auth
             .authenticate(authorization, cert)
             .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()));
-        match (self.check_host(req), id) {
-            (Err(refused), Err(_)) => Err(refused),
-            (Err(refused), Ok(id)) if id.is_anonymous() => Err(refused),
-            (_, id) => id,
-        }
+        HostCheck::admit(self.check_host(req), id)
     }
 
     /// The `Host` check (DNS rebinding): the URI's authority, else the
     /// `Host` header, must name an allowed host (when any is configured).
     fn check_host(&self, req: &Request) -> Result<(), OpsError> {
-        if self.allowed_hosts.is_empty() || self.allowed_hosts.iter().any(|h| h == "*") {
-            return Ok(());
-        }
-        let host = match req.uri().authority() {
+        let authority = match req.uri().authority() {
             Some(a) => Some(a.as_str()),
             None => req.headers().get(HOST).and_then(|v| v.to_str().ok()),
-        }
-        .map(host_part);
-        let ok = host.is_some_and(|h| self.allowed_hosts.iter().any(|a| a.eq_ignore_ascii_case(h)));
-        if !ok {
-            return Err(OpsError::new(
-                ErrorCode::HostNotAllowed,
-                format!(
-                    "this server answers requests without credentials only for the hosts in \
-                     http.allowed_hosts, and {:?} is not one of them: send your API key, or \
-                     have the operator add the name (BLOBPOOL_HTTP_ALLOWED_HOSTS)",
-                    host.unwrap_or("")
-                ),
-            ));
-        }
-        Ok(())
+        };
+        self.hosts.check(authority)
     }
 
     /// The label and namespace place of the route that matched.
@@ -197,21 +175,6 @@ fn labels(ops: &Ops) -> HashMap<String, Label> {
 
 /// The label of a path no route serves.
 const UNKNOWN_ROUTE: &str = "(unknown)";
-
-/// The host part of a `Host` value or URI authority: no port, no
-/// brackets around an IPv6 literal (not lowercased: no allocation).
-fn host_part(authority: &str) -> &str {
-    let a = authority.trim();
-    let host = if let Some(rest) = a.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        match a.rsplit_once(':') {
-            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-            _ => a,
-        }
-    };
-    host.trim_end_matches('.')
-}
 
 /// The middleware. Per request it reads the clock twice (the latency
 /// histogram and the access log share one measurement) and allocates
@@ -298,22 +261,4 @@ fn access_log(l: AccessLine<'_>) {
         duration_ms = l.elapsed * 1000.0,
         "request"
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn host_name(authority: &str) -> String {
-        host_part(authority).to_ascii_lowercase()
-    }
-
-    #[test]
-    fn host_names_drop_ports_and_brackets() {
-        assert_eq!(host_name("Example.COM:8080"), "example.com");
-        assert_eq!(host_name("localhost"), "localhost");
-        assert_eq!(host_name("[::1]:7070"), "::1");
-        assert_eq!(host_name("127.0.0.1:7070"), "127.0.0.1");
-        assert_eq!(host_name("blobs.example.com."), "blobs.example.com");
-    }
 }

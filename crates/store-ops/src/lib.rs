@@ -33,6 +33,7 @@ pub mod auth;
 pub mod bao;
 pub mod cache;
 mod error;
+pub mod hosts;
 mod inventory;
 mod metrics;
 mod ops;

@@ -68,6 +68,27 @@ async fn store(dir: &std::path::Path) -> Store {
 
 /// Starts the server (it runs until the test's runtime ends).
 pub async fn start() -> Server {
+    start_with(|_| {}).await
+}
+
+/// The two API keys ([`FULL`], [`READ_ONLY`]).
+pub fn keys() -> Vec<ApiKey> {
+    vec![
+        key("full", FULL, &["read", "write"]),
+        key("reader", READ_ONLY, &["read"]),
+    ]
+}
+
+/// The app [`start_with`] serves: the gRPC routes over `ops` with
+/// `grpc`, mounted beside an HTTP router answering `/health`.
+pub fn app(ops: Ops, grpc: store_grpc::GrpcConfig) -> axum::Router {
+    let http = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
+    store_grpc::mount(http, ops, grpc)
+}
+
+/// Starts the server with the gRPC configuration `tweak` leaves (from
+/// the two keys' authentication and the defaults).
+pub async fn start_with(tweak: impl FnOnce(&mut store_grpc::GrpcConfig)) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path()).await;
     let cfg = OpsConfig {
@@ -79,16 +100,12 @@ pub async fn start() -> Server {
         ..Default::default()
     };
     let ops = Ops::new(store, cfg).unwrap();
-    let keys = vec![
-        key("full", FULL, &["read", "write"]),
-        key("reader", READ_ONLY, &["read"]),
-    ];
-    let grpc = store_grpc::GrpcConfig {
-        auth: Auth::new(keys, vec![], vec![]).unwrap(),
-        client_cert: None,
+    let mut grpc = store_grpc::GrpcConfig {
+        auth: Auth::new(keys(), vec![], vec![]).unwrap(),
+        ..Default::default()
     };
-    let http = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
-    let app = store_grpc::mount(http, ops.clone(), grpc);
+    tweak(&mut grpc);
+    let app = app(ops.clone(), grpc);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -142,9 +159,19 @@ impl Server {
             .unwrap()
     }
 
-    /// Clients sending `key` (`None`: no credentials).
-    pub async fn clients(&self, key: Option<&str>) -> Clients {
-        let ch = self.channel().await;
+    /// A channel whose calls name `host` (`:authority`) while they go to
+    /// the server's address (as after a DNS rebinding).
+    pub async fn channel_naming(&self, host: &str) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .origin(format!("http://{host}").parse().unwrap())
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// Clients over `ch` sending `key` (`None`: no credentials).
+    pub fn clients_on(&self, ch: Channel, key: Option<&str>) -> Clients {
         let b = Bearer(key.map(Arc::from));
         let limit = 16 << 20;
         Clients {
@@ -154,10 +181,17 @@ impl Server {
                 ch.clone(),
                 b.clone(),
             )
-            .max_decoding_message_size(limit),
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit),
             bs: bs::byte_stream_client::ByteStreamClient::with_interceptor(ch, b)
                 .max_decoding_message_size(limit),
         }
+    }
+
+    /// Clients sending `key` (`None`: no credentials).
+    pub async fn clients(&self, key: Option<&str>) -> Clients {
+        let ch = self.channel().await;
+        self.clients_on(ch, key)
     }
 }
 

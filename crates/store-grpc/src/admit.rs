@@ -1,0 +1,316 @@
+//! What every gRPC request passes before tonic decodes it (ADR-074):
+//!
+//! - **The host check.** The host the request names (HTTP/2's
+//!   `:authority`, else HTTP/1.1's `Host`) is checked against
+//!   [`crate::GrpcConfig::allowed_hosts`]; the verdict rides in the
+//!   request's extensions to [`crate::call::Call::identity`], which
+//!   applies the HTTP gate's rule ([`HostCheck::admit`]): refused for a
+//!   caller without credentials, ignored for one that proves an identity.
+//!   (tonic's `Request` keeps no URI, hence the extension.)
+//! - **The memory budget.** Each gRPC message's length (its 5-byte frame
+//!   header, read as the body streams in) is taken from the server's
+//!   byte budget ([`crate::GrpcConfig::message_memory`]) *before* tonic
+//!   buffers and decodes it, without waiting: a message the budget cannot
+//!   take at once fails the call with `RESOURCE_EXHAUSTED`. A unary
+//!   call's permit is held until its response body is dropped (its
+//!   answer is built and sent); a client stream's (`ByteStream.Write`)
+//!   passes from one message to the next. Handlers add what their
+//!   answers hold ([`Held::hold`]: `BatchReadBlobs`).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use axum::http::{header::HOST, Request, Response};
+use bytes::{Buf, Bytes};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use store_ops::{ErrorCode, OpsError};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::Status;
+use tower_service::Service;
+
+use crate::capabilities::MAX_MESSAGE_SIZE;
+use crate::Shared;
+
+/// The server's budget of gRPC message bytes held at once.
+pub(crate) struct Budget {
+    sem: Arc<Semaphore>,
+    total: usize,
+}
+
+impl Budget {
+    /// A budget of `total` bytes.
+    pub(crate) fn new(total: usize) -> Budget {
+        let total = total.min(Semaphore::MAX_PERMITS);
+        Budget {
+            sem: Arc::new(Semaphore::new(total)),
+            total,
+        }
+    }
+
+    /// `bytes` of the budget, now or never (`too_many`, naming what the
+    /// server holds).
+    fn take(&self, bytes: usize) -> Result<Option<OwnedSemaphorePermit>, OpsError> {
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let n = u32::try_from(bytes).unwrap_or(u32::MAX);
+        match self.sem.clone().try_acquire_many_owned(n) {
+            Ok(p) => Ok(Some(p)),
+            Err(_) => {
+                let held = self.total - self.sem.available_permits();
+                Err(OpsError::new(
+                    ErrorCode::TooMany,
+                    format!(
+                        "the server is holding {} of gRPC messages (its limit is {}) and \
+                         cannot take {} more now; retry, or send large blobs over ByteStream",
+                        mib(held),
+                        mib(self.total),
+                        mib(bytes)
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// `bytes` in MiB, for people.
+fn mib(bytes: usize) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// The host check's verdict on a request (in its extensions).
+#[derive(Clone)]
+pub(crate) struct HostVerdict(pub(crate) Result<(), OpsError>);
+
+/// The budget a call holds, released when the last of its request body,
+/// its handler's request and its response body is dropped.
+#[derive(Default)]
+pub(crate) struct Held {
+    /// The current request message's bytes.
+    message: Mutex<Option<OwnedSemaphorePermit>>,
+    /// What the handler added for its answer.
+    answer: Mutex<Vec<OwnedSemaphorePermit>>,
+}
+
+/// The handle a request's extensions carry.
+#[derive(Clone, Default)]
+pub(crate) struct HeldRef(pub(crate) Arc<Held>);
+
+impl Held {
+    /// Takes `bytes` more of `shared`'s budget for the call's answer, or
+    /// refuses at once (`too_many`).
+    pub(crate) fn hold(&self, shared: &Shared, bytes: u64) -> Result<(), OpsError> {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        if let Some(p) = shared.budget.take(bytes)? {
+            self.answer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(p);
+        }
+        Ok(())
+    }
+
+    fn replace_message(&self, p: Option<OwnedSemaphorePermit>) {
+        *self.message.lock().unwrap_or_else(|e| e.into_inner()) = p;
+    }
+}
+
+/// A service of [`crate::routes`] behind the host check and the budget.
+#[derive(Clone)]
+pub(crate) struct Admit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Admit<S> {
+    /// `inner` behind the checks, with `shared`'s configuration and budget.
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Admit<S> {
+        Admit { inner, shared }
+    }
+}
+
+impl<S: NamedService> NamedService for Admit<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+impl<S> Service<Request<Body>> for Admit<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Body>) -> BoxFuture {
+        let authority = match req.uri().authority() {
+            Some(a) => Some(a.as_str()),
+            None => req.headers().get(HOST).and_then(|v| v.to_str().ok()),
+        };
+        let verdict = HostVerdict(self.shared.cfg.allowed_hosts.check(authority));
+        let held = HeldRef::default();
+        req.extensions_mut().insert(verdict);
+        req.extensions_mut().insert(held.clone());
+        let shared = self.shared.clone();
+        let metered = held.clone();
+        let req = req.map(move |b| Body::new(Metered::new(b, shared, metered)));
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|b| {
+                Body::new(Holding {
+                    inner: b,
+                    _held: held,
+                })
+            }))
+        })
+    }
+}
+
+/// A request body that takes each gRPC message's length from the budget
+/// as its frame header passes (the bytes themselves pass unchanged).
+struct Metered {
+    inner: Body,
+    shared: Arc<Shared>,
+    held: HeldRef,
+    /// The frame header being read, and how much of it has been.
+    header: [u8; 5],
+    have: usize,
+    /// The current message's bytes still to pass.
+    remaining: usize,
+    failed: bool,
+}
+
+impl Metered {
+    fn new(inner: Body, shared: Arc<Shared>, held: HeldRef) -> Metered {
+        Metered {
+            inner,
+            shared,
+            held,
+            header: [0; 5],
+            have: 0,
+            remaining: 0,
+            failed: false,
+        }
+    }
+
+    /// Walks `data`'s frame headers and message bytes, admitting each
+    /// message whose header completes.
+    fn observe(&mut self, mut data: &[u8]) -> Result<(), Status> {
+        while !data.is_empty() {
+            if self.remaining > 0 {
+                let n = self.remaining.min(data.len());
+                self.remaining -= n;
+                data.advance(n);
+                continue;
+            }
+            let n = (5 - self.have).min(data.len());
+            self.header[self.have..self.have + n].copy_from_slice(&data[..n]);
+            self.have += n;
+            data.advance(n);
+            if self.have == 5 {
+                self.have = 0;
+                let len = u32::from_be_bytes([
+                    self.header[1],
+                    self.header[2],
+                    self.header[3],
+                    self.header[4],
+                ]) as usize;
+                self.remaining = len;
+                self.admit(len)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Admits a message of `len` bytes: the previous message's bytes are
+    /// given back first. Longer than any method decodes: tonic refuses it
+    /// from its header, before buffering it, so it takes nothing.
+    fn admit(&self, len: usize) -> Result<(), Status> {
+        let held = &self.held.0;
+        held.replace_message(None);
+        let weight = if len > MAX_MESSAGE_SIZE { 0 } else { len };
+        match self.shared.budget.take(weight) {
+            Ok(p) => {
+                held.replace_message(p);
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.ops.metrics().error(e.code);
+                tracing::debug!("gRPC message refused: {}", e.message);
+                Err(crate::call::status(&e))
+            }
+        }
+    }
+}
+
+impl HttpBody for Metered {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if self.failed {
+            return Poll::Ready(None);
+        }
+        let frame = match std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+            Some(Ok(f)) => f,
+            other => return Poll::Ready(other),
+        };
+        if let Some(data) = frame.data_ref() {
+            let data = data.clone();
+            if let Err(s) = self.observe(&data) {
+                self.failed = true;
+                return Poll::Ready(Some(Err(s)));
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body that keeps its call's budget until it is dropped.
+struct Holding {
+    inner: Body,
+    _held: HeldRef,
+}
+
+impl HttpBody for Holding {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
