@@ -17,6 +17,7 @@ use crate::tokens::TokenRegistry;
 use crate::uploads::Uploads;
 use config::OpsConfig;
 
+mod background;
 pub(crate) mod blobs;
 pub(crate) mod config;
 mod tasks;

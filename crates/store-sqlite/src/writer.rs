@@ -101,6 +101,12 @@ pub(crate) const GATHER_WAIT: Duration = Duration::from_micros(200);
 /// wait ~40 ms at p99 during a sweep.
 pub(crate) const BULK_ROWS: usize = 128;
 
+/// After a bulk transaction that took `t`, the writer runs no other bulk
+/// job for `t` (foreground jobs run at once): a sweep takes at most half
+/// of the writer thread's time, and so at most half a core from requests
+/// on a busy machine (ADR-076).
+pub(crate) const BULK_REST: u32 = 1;
+
 /// A write slower than this (queued to answered) is counted as slow and
 /// logged at debug level with where its time went.
 pub(crate) const SLOW_WRITE: Duration = Duration::from_millis(10);
@@ -606,15 +612,28 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) 
     let mut stopped_by: Option<Error> = None;
     let mut bulk: VecDeque<Box<dyn Job>> = VecDeque::new();
     let mut lanes = Lanes::default();
+    // No bulk job starts before this (`BULK_REST`).
+    let mut bulk_after = Instant::now();
     loop {
-        // Block for work only when no bulk job is waiting its turn.
+        // Block for work only when no bulk job is waiting its turn; while
+        // one rests, wait for foreground work until its turn.
         let first = if bulk.is_empty() {
             match rx.recv() {
                 Ok(job) => Some(job),
                 Err(_) => break,
             }
         } else {
-            rx.try_recv().ok()
+            match bulk_after.checked_duration_since(Instant::now()) {
+                Some(rest) if !rest.is_zero() => match rx.recv_timeout(rest) {
+                    Ok(job) => Some(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        std::thread::sleep(rest);
+                        None
+                    }
+                },
+                _ => rx.try_recv().ok(),
+            }
         };
         if let Some(e) = &stopped_by {
             let jobs = first.into_iter().chain(rx.try_iter()).chain(bulk.drain(..));
@@ -626,11 +645,13 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) 
             last_batch = batch.len();
             stopped_by = run_batch(&conn, batch, counters, &lanes, false);
         }
-        if stopped_by.is_none() {
+        if stopped_by.is_none() && Instant::now() >= bulk_after {
             if let Some(job) = bulk.pop_front() {
                 let started = Instant::now();
                 stopped_by = run_batch(&conn, VecDeque::from([job]), counters, &lanes, true);
-                lanes.last_bulk = Some((started, Instant::now()));
+                let ended = Instant::now();
+                lanes.last_bulk = Some((started, ended));
+                bulk_after = ended + (ended - started) * BULK_REST;
             }
         }
     }

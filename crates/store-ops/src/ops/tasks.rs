@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use store_core::{SweepOptions, SweepReport};
 
-use super::{Inner, Ops};
+use super::{background, Inner, Ops};
 use crate::error::OpsError;
 
 /// Spawns `f` every `every` (delayed ticks) until `weak` is gone.
@@ -96,8 +96,17 @@ impl Ops {
     }
 
     /// One GC pass; the report is data even when the sweep aborted.
+    ///
+    /// The sweep runs on the sweep thread, at a lower CPU priority than
+    /// requests (ADR-076). Cancel-safe: dropped, the sweep is dropped with
+    /// it and stops at its next batch boundary (ADR-021).
     pub async fn sweep(&self) -> Result<SweepReport, OpsError> {
-        let report = self.inner.store.gc().sweep(SweepOptions::default()).await?;
+        let store = self.inner.store.clone();
+        let swept =
+            background::on_sweep_thread(
+                async move { store.gc().sweep(SweepOptions::default()).await },
+            );
+        let report = swept.await?;
         self.inner.metrics.sweep(&report);
         Ok(report)
     }
