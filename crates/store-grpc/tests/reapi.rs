@@ -243,6 +243,25 @@ async fn query(c: &mut Clients, name: &str) -> Result<bs::QueryWriteStatusRespon
     c.bs.query_write_status(req).await.map(|r| r.into_inner())
 }
 
+/// A `Write` of `msgs` as a client resumes one: while the server still
+/// holds the upload for a call the client abandoned (it has not seen that
+/// call's stream end yet) the answer is `ABORTED` (`upload_busy`), which
+/// REAPI clients retry; so does this, for up to 10 s.
+async fn write_resuming(
+    c: &mut Clients,
+    msgs: Vec<bs::WriteRequest>,
+) -> Result<bs::WriteResponse, tonic::Status> {
+    let started = std::time::Instant::now();
+    loop {
+        match c.bs.write(futures::stream::iter(msgs.clone())).await {
+            Err(e) if e.code() == Code::Aborted && started.elapsed().as_secs() < 10 => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            r => return r.map(|r| r.into_inner()),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_bytestream_write_in_chunks_is_interrupted_then_resumed() {
     const MIB: usize = 1 << 20;
@@ -285,8 +304,8 @@ async fn a_bytestream_write_in_chunks_is_interrupted_then_resumed() {
     let st = query(&mut c, &name).await.unwrap();
     assert_eq!(st.committed_size as usize, 3 * MIB);
     // A resume at the wrong offset is refused, naming where it stands.
-    let wrong = futures::stream::iter(vec![write_msg(&name, MIB, &blob[MIB..2 * MIB], false)]);
-    let e = c.bs.write(wrong).await.unwrap_err();
+    let wrong = vec![write_msg(&name, MIB, &blob[MIB..2 * MIB], false)];
+    let e = write_resuming(&mut c, wrong).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     // A client may also start over at 0 (the committed bytes go); here
     // it sends one MiB and stops, and then resumes at that MiB.
@@ -311,8 +330,7 @@ async fn a_bytestream_write_in_chunks_is_interrupted_then_resumed() {
         write_msg(&name, MIB, &blob[MIB..2 * MIB], false),
         write_msg("", 2 * MIB, &blob[2 * MIB..3 * MIB], false),
     ];
-    let one = futures::stream::iter(msgs);
-    let e = c.bs.write(one).await.unwrap_err();
+    let e = write_resuming(&mut c, msgs).await.unwrap_err();
     // (It ended without finish_write: the bytes are committed.)
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert_eq!(
@@ -332,11 +350,7 @@ async fn a_bytestream_write_in_chunks_is_interrupted_then_resumed() {
         ));
         at = end;
     }
-    let r =
-        c.bs.write(futures::stream::iter(msgs))
-            .await
-            .unwrap()
-            .into_inner();
+    let r = write_resuming(&mut c, msgs).await.unwrap();
     assert_eq!(r.committed_size as usize, blob.len());
     let st = query(&mut c, &name).await.unwrap();
     assert!(st.complete);
