@@ -386,12 +386,16 @@ pub(super) async fn present_entries(
             out[i] = Some(Digest::of(b""));
             continue;
         }
-        let (key, name) = cas_name(&d.hash)?;
         match d.function {
-            DigestFunction::Blake3 => ask.push((i, name)),
+            // The name is the entry's digest: no key is built for it.
+            DigestFunction::Blake3 => match Digest::parse(&d.hash) {
+                Ok(name) => ask.push((i, name)),
+                // Not a digest: the `cas/` key's error, naming the rule.
+                Err(_) => ask.push((i, cas_name(&d.hash)?.1)),
+            },
             DigestFunction::Sha256 => {
                 keyed.push(i);
-                keys.push(key);
+                keys.push(cas_name(&d.hash)?.0);
             }
         }
     }
