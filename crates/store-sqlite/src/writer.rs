@@ -29,7 +29,11 @@
 //! a direct delete) as one group commit first, then **one** bulk job in a
 //! transaction of its own, then looks at the queue again. So a put waits
 //! for at most one small bulk transaction, and a sweep still progresses by
-//! one bulk job per foreground commit however busy the puts are.
+//! one bulk job per foreground commit however busy the puts are. After a
+//! bulk transaction the thread starts no other bulk job for as long as
+//! that one ran ([`BULK_REST`], ADR-076; foreground jobs run at once), so
+//! a sweep takes at most half the writer's time and leaves the rest of the
+//! core to requests.
 //!
 //! The thread also times every job: how long it waited for the writer
 //! (and how much of that behind a bulk transaction), and how long its
