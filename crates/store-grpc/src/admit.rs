@@ -4,7 +4,7 @@
 //!   `:authority`, else HTTP/1.1's `Host`) is checked against
 //!   [`crate::GrpcConfig::allowed_hosts`]; the verdict rides in the
 //!   request's extensions to [`crate::call::Call::identity`], which
-//!   applies the HTTP gate's rule ([`HostCheck::admit`]): refused for a
+//!   applies the HTTP gate's rule ([`HostCheck::admit`](store_ops::hosts::HostCheck::admit)): refused for a
 //!   caller without credentials, ignored for one that proves an identity.
 //!   (tonic's `Request` keeps no URI, hence the extension.)
 //! - **The memory budget.** Each gRPC message's length (its 5-byte frame
