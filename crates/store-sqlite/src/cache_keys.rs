@@ -348,29 +348,14 @@ impl CacheIndex for SqliteCacheKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn plan(conn: &rusqlite::Connection, sql: &str) -> String {
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let mut rows = stmt.raw_query();
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().unwrap() {
-            out.push(row.get::<_, String>(3).unwrap());
-        }
-        out.join(" | ")
-    }
+    use crate::sql::plans::{fresh, plan};
 
     /// Every point statement searches the index its columns name: a key by
     /// the primary key, a digest by `(namespace, digest)`, never a range
     /// of access times.
     #[test]
     fn point_statements_search_their_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = crate::schema::open_writer(
-            &dir.path().join("db.sqlite"),
-            crate::Durability::Full,
-            None,
-        )
-        .unwrap();
+        let (_dir, conn) = fresh();
         for (sql, index) in [
             (LOOKUP, "PRIMARY KEY"),
             (LOOKUP_OWNED, "PRIMARY KEY"),

@@ -413,25 +413,11 @@ mod plan_tests {
     //! key goes through the `(ns, digest)` index, never a table scan.
 
     use super::*;
-    use crate::schema;
-
-    fn plan(conn: &rusqlite::Connection, sql: &str) -> String {
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        // Parameters stay unbound (NULL): the plan does not depend on them.
-        let mut rows = stmt.raw_query();
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().unwrap() {
-            out.push(row.get::<_, String>(3).unwrap());
-        }
-        out.join(" | ")
-    }
+    use crate::sql::plans::{fresh, plan};
 
     #[test]
     fn key_lookups_use_the_unique_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn =
-            schema::open_writer(&dir.path().join("db.sqlite"), crate::Durability::Full, None)
-                .unwrap();
+        let (_dir, conn) = fresh();
         let has_many = "SELECT digest FROM entries WHERE ns = ?1 AND digest IN (?2, ?3, ?4)";
         for sql in [META, READ, READ_RANGE, SCAN, NAMESPACES, DELETE, has_many] {
             let p = plan(&conn, sql);

@@ -402,27 +402,12 @@ mod tests {
         );
     }
 
-    fn plan(conn: &Connection, sql: &str) -> String {
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let mut rows = stmt.raw_query();
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().unwrap() {
-            out.push(row.get::<_, String>(3).unwrap());
-        }
-        out.join(" | ")
-    }
-
     /// Every statement is an index search, and listings come out of the
     /// primary key in name order (no sort).
     #[test]
     fn statements_use_the_indexes() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = crate::schema::open_writer(
-            &dir.path().join("db.sqlite"),
-            crate::Durability::Full,
-            None,
-        )
-        .unwrap();
+        let (_dir, conn) = crate::sql::plans::fresh();
+        let plan = crate::sql::plans::plan;
         for sql in [
             GET,
             GET_OWNED,

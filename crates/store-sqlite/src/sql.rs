@@ -130,6 +130,38 @@ pub(crate) fn present_sql(table: &str, n: usize) -> String {
     )
 }
 
+/// What the query-plan tests share: a database on the current schema and
+/// a statement's plan.
+#[cfg(test)]
+pub(crate) mod plans {
+    use rusqlite::Connection;
+
+    /// A writer connection on a new database with the current schema (the
+    /// directory goes when the returned guard does).
+    pub(crate) fn fresh() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::schema::open_writer(
+            &dir.path().join("db.sqlite"),
+            crate::Durability::Full,
+            None,
+        )
+        .unwrap();
+        (dir, conn)
+    }
+
+    /// `sql`'s `EXPLAIN QUERY PLAN`, its steps joined by ` | `.
+    /// Parameters stay unbound (NULL): the plan does not depend on them.
+    pub(crate) fn plan(conn: &Connection, sql: &str) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let mut rows = stmt.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            out.push(row.get::<_, String>(3).unwrap());
+        }
+        out.join(" | ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

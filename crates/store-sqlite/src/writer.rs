@@ -929,6 +929,36 @@ mod lane_tests {
         assert_eq!(h.point_read.count(), 0);
     }
 
+    /// ADR-076: after a bulk transaction the writer starts no other bulk
+    /// job for `BULK_REST` times as long as that one ran. (A lower bound
+    /// the writer enforces; a slow machine only widens the gap.)
+    #[tokio::test]
+    async fn a_bulk_job_waits_as_long_as_the_last_one_ran() {
+        const RAN: Duration = Duration::from_millis(100);
+        const { assert!(BULK_REST >= 1, "bulk jobs rest") };
+        let writer = Writer::spawn(Connection::open_in_memory().unwrap()).unwrap();
+        let first_ended = Arc::new(Mutex::new(None));
+        let ended = first_ended.clone();
+        let b1 = writer.submit_bulk(
+            0,
+            move |_conn, _now| {
+                std::thread::sleep(RAN);
+                *ended.lock().unwrap() = Some(Instant::now());
+                Ok(())
+            },
+            None,
+        );
+        let b2 = writer.submit_bulk(0, |_conn, _now| Ok(Instant::now()), None);
+        b1.await.unwrap();
+        let second_started = b2.await.unwrap();
+        let first_ended = first_ended.lock().unwrap().expect("the first job ran");
+        let gap = second_started.duration_since(first_ended);
+        assert!(
+            gap >= RAN * BULK_REST,
+            "the second bulk job began {gap:?} after the first"
+        );
+    }
+
     #[test]
     fn a_wait_falls_into_the_first_bucket_whose_bound_it_does_not_pass() {
         let h = AtomicHistogram::default();
