@@ -1,12 +1,24 @@
-//! What every gRPC request passes before tonic decodes it (ADR-074):
+//! What every gRPC request passes before tonic decodes it (ADR-074,
+//! ADR-077), in this order:
 //!
-//! - **The host check.** The host the request names (HTTP/2's
-//!   `:authority`, else HTTP/1.1's `Host`) is checked against
-//!   [`crate::GrpcConfig::allowed_hosts`]; the verdict rides in the
-//!   request's extensions to [`crate::call::Call::identity`], which
-//!   applies the HTTP gate's rule ([`HostCheck::admit`](store_ops::hosts::HostCheck::admit)): refused for a
-//!   caller without credentials, ignored for one that proves an identity.
-//!   (tonic's `Request` keeps no URI, hence the extension.)
+//! - **Who calls, from where.** The caller is authenticated once, from
+//!   its request headers, before any byte of its body is read: the
+//!   `authorization` header (`Bearer <key>` or `Basic`) or the verified
+//!   client certificate in the request's extensions, with the handlers'
+//!   [`Auth`](store_ops::auth::Auth) ([`crate::Shared::authenticate`]).
+//!   The host it names (HTTP/2's `:authority`, else HTTP/1.1's `Host`) is
+//!   checked against [`crate::GrpcConfig::allowed_hosts`] with the HTTP
+//!   gate's rule ([`HostCheck::admit`](store_ops::hosts::HostCheck::admit)):
+//!   refused for a caller without credentials, ignored for one that
+//!   proves an identity. A caller refused here is answered at once with
+//!   the handlers' status (`UNAUTHENTICATED` for a key that matches none,
+//!   `PERMISSION_DENIED` for the host), and so is, on a server that
+//!   grants anonymous callers nothing, a caller without credentials
+//!   (`UNAUTHENTICATED`), but for `Capabilities` ([`Admit::anyone`]): the
+//!   inner service is not called and no budget is taken. An admitted
+//!   caller's [`Admitted`] identity rides in the request's extensions to
+//!   [`crate::call::Call::identity`], which applies the scopes (tonic's
+//!   `Request` keeps no URI, hence the extension).
 //! - **The memory budget.** Each gRPC message's length (its 5-byte frame
 //!   header, read as the body streams in) is taken from the server's
 //!   byte budget ([`crate::GrpcConfig::message_memory`]) *before* tonic
@@ -15,7 +27,9 @@
 //!   call's permit is held until its response body is dropped (its
 //!   answer is built and sent); a client stream's (`ByteStream.Write`)
 //!   passes from one message to the next. Handlers add what their
-//!   answers hold ([`Held::hold`]: `BatchReadBlobs`).
+//!   answers hold ([`Held::hold`]: `BatchReadBlobs`). `Capabilities`
+//!   messages (at most [`SMALL_MESSAGE`]) take none: anyone may send
+//!   them.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,9 +37,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use axum::http::{header::HOST, Request, Response};
+use axum::http::header::{AUTHORIZATION, HOST};
+use axum::http::{Request, Response};
 use bytes::{Buf, Bytes};
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use store_ops::auth::Identity;
 use store_ops::{ErrorCode, OpsError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::body::Body;
@@ -33,7 +49,6 @@ use tonic::server::NamedService;
 use tonic::Status;
 use tower_service::Service;
 
-use crate::capabilities::MAX_MESSAGE_SIZE;
 use crate::Shared;
 
 /// The server's budget of gRPC message bytes held at once.
@@ -83,9 +98,13 @@ fn mib(bytes: usize) -> String {
     format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-/// The host check's verdict on a request (in its extensions).
+/// The longest `Capabilities` message (its decoding limit): its request
+/// names an instance, nothing more.
+pub(crate) const SMALL_MESSAGE: usize = 4 << 10;
+
+/// The identity of an admitted request's caller (in its extensions).
 #[derive(Clone)]
-pub(crate) struct HostVerdict(pub(crate) Result<(), OpsError>);
+pub(crate) struct Admitted(pub(crate) Identity);
 
 /// The budget a call holds, released when the last of its request body,
 /// its handler's request and its response body is dropped.
@@ -120,17 +139,79 @@ impl Held {
     }
 }
 
-/// A service of [`crate::routes`] behind the host check and the budget.
+/// A service of [`crate::routes`] behind the caller's admission and the
+/// budget.
 #[derive(Clone)]
 pub(crate) struct Admit<S> {
     inner: S,
     shared: Arc<Shared>,
+    /// The longest message that takes the budget: the service's decoding
+    /// limit (tonic refuses a longer one from its header); 0: none does.
+    budgeted: usize,
+    /// Whether callers without credentials are admitted even where they
+    /// are granted nothing.
+    anyone: bool,
 }
 
 impl<S> Admit<S> {
-    /// `inner` behind the checks, with `shared`'s configuration and budget.
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Admit<S> {
-        Admit { inner, shared }
+    /// `inner` (a cache service, decoding messages up to `limit` bytes)
+    /// behind the checks, with `shared`'s configuration and budget.
+    pub(crate) fn new(inner: S, shared: Arc<Shared>, limit: usize) -> Admit<S> {
+        Admit {
+            inner,
+            shared,
+            budgeted: limit,
+            anyone: false,
+        }
+    }
+
+    /// `inner` (`Capabilities`, decoding messages up to [`SMALL_MESSAGE`])
+    /// behind the host and credential checks: callers without credentials
+    /// are answered on any server, and its messages take no budget.
+    pub(crate) fn anyone(inner: S, shared: Arc<Shared>) -> Admit<S> {
+        Admit {
+            inner,
+            shared,
+            budgeted: 0,
+            anyone: true,
+        }
+    }
+
+    /// The caller of `req`, from its headers (one authentication per
+    /// call): its identity, or why it is refused before its body is read
+    /// (the handlers' `unauthorized` or `host_not_allowed`; `unauthorized`
+    /// without credentials where those are granted nothing).
+    fn admit<B>(&self, req: &Request<B>) -> Result<Identity, OpsError> {
+        let authority = match req.uri().authority() {
+            Some(a) => Some(a.as_str()),
+            None => req.headers().get(HOST).and_then(|v| v.to_str().ok()),
+        };
+        let authorization = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+        let identity = (self.shared).authenticate(authorization, req.extensions(), authority)?;
+        let auth = &self.shared.cfg.auth;
+        if identity.is_anonymous()
+            && auth.is_enabled()
+            && auth.anonymous_grants().is_empty()
+            && !self.anyone
+        {
+            return Err(OpsError::new(
+                ErrorCode::Unauthorized,
+                "authentication required: this server grants anonymous requests nothing; \
+                 send an API key (`authorization: Bearer <key>`) or a client certificate",
+            ));
+        }
+        Ok(identity)
+    }
+
+    /// The answer to a caller refused with `e` (counted in the errors,
+    /// with an access line; not timed: the handler's route label is not
+    /// known, and `path` is the caller's).
+    fn refuse(&self, path: &str, e: &OpsError, started: std::time::Instant) -> Response<Body> {
+        self.shared.ops.metrics().error(e.code);
+        let status = crate::call::status(e);
+        let secs = started.elapsed().as_secs_f64();
+        crate::call::access("-", path, status.code() as i32, secs);
+        status.into_http()
     }
 }
 
@@ -154,17 +235,21 @@ where
     }
 
     fn call(&mut self, mut req: Request<Body>) -> BoxFuture {
-        let authority = match req.uri().authority() {
-            Some(a) => Some(a.as_str()),
-            None => req.headers().get(HOST).and_then(|v| v.to_str().ok()),
+        let started = std::time::Instant::now();
+        let identity = match self.admit(&req) {
+            Ok(identity) => identity,
+            Err(e) => {
+                let refused = self.refuse(req.uri().path(), &e, started);
+                return Box::pin(std::future::ready(Ok(refused)));
+            }
         };
-        let verdict = HostVerdict(self.shared.cfg.allowed_hosts.check(authority));
         let held = HeldRef::default();
-        req.extensions_mut().insert(verdict);
+        req.extensions_mut().insert(Admitted(identity));
         req.extensions_mut().insert(held.clone());
         let shared = self.shared.clone();
         let metered = held.clone();
-        let req = req.map(move |b| Body::new(Metered::new(b, shared, metered)));
+        let budgeted = self.budgeted;
+        let req = req.map(move |b| Body::new(Metered::new(b, shared, metered, budgeted)));
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
@@ -184,6 +269,8 @@ struct Metered {
     inner: Body,
     shared: Arc<Shared>,
     held: HeldRef,
+    /// The longest message that takes the budget ([`Admit`]'s).
+    budgeted: usize,
     /// The frame header being read, and how much of it has been.
     header: [u8; 5],
     have: usize,
@@ -193,11 +280,12 @@ struct Metered {
 }
 
 impl Metered {
-    fn new(inner: Body, shared: Arc<Shared>, held: HeldRef) -> Metered {
+    fn new(inner: Body, shared: Arc<Shared>, held: HeldRef, budgeted: usize) -> Metered {
         Metered {
             inner,
             shared,
             held,
+            budgeted,
             header: [0; 5],
             have: 0,
             remaining: 0,
@@ -235,12 +323,12 @@ impl Metered {
     }
 
     /// Admits a message of `len` bytes: the previous message's bytes are
-    /// given back first. Longer than any method decodes: tonic refuses it
-    /// from its header, before buffering it, so it takes nothing.
+    /// given back first. Longer than the service decodes: tonic refuses
+    /// it from its header, before buffering it, so it takes nothing.
     fn admit(&self, len: usize) -> Result<(), Status> {
         let held = &self.held.0;
         held.replace_message(None);
-        let weight = if len > MAX_MESSAGE_SIZE { 0 } else { len };
+        let weight = if len > self.budgeted { 0 } else { len };
         match self.shared.budget.take(weight) {
             Ok(p) => {
                 held.replace_message(p);

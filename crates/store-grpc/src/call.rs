@@ -10,7 +10,7 @@ use store_ops::hosts::HostCheck;
 use store_ops::{ErrorCode, OpsError};
 use tonic::{Code, Request, Status};
 
-use crate::admit::{HeldRef, HostVerdict};
+use crate::admit::{Admitted, HeldRef};
 use crate::Shared;
 
 /// The gRPC status of an ops error: the code that says the same thing
@@ -66,6 +66,26 @@ pub(crate) struct Call<'a> {
 }
 
 impl Shared {
+    /// Who sends the `authorization` header value (`Bearer <key>` or
+    /// `Basic`) or the verified client certificate in `extensions`, else
+    /// anonymous (`unauthorized` for a key that matches none), naming the
+    /// host `authority`. A caller without credentials (anonymous, or
+    /// anyone on an open server) whose host is not allowed is refused with
+    /// `host_not_allowed`, and so is one with invalid credentials (the
+    /// HTTP gate's rule, ADR-067: [`HostCheck::admit`]).
+    pub(crate) fn authenticate(
+        &self,
+        authorization: Option<&[u8]>,
+        extensions: &tonic::Extensions,
+        authority: Option<&str>,
+    ) -> Result<Identity, OpsError> {
+        let cert = (self.cfg.client_cert.as_ref()).and_then(|f| f(extensions));
+        let identity = (self.cfg.auth)
+            .authenticate(authorization, cert.as_ref())
+            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()));
+        HostCheck::admit(self.cfg.allowed_hosts.check(authority), identity)
+    }
+
     /// Starts timing a call of `method`.
     pub(crate) fn call(&self, method: &'static str) -> Call<'_> {
         Call {
@@ -78,24 +98,18 @@ impl Shared {
 }
 
 impl Call<'_> {
-    /// The caller of `req`: its `authorization` metadata (`Bearer <key>`
-    /// or `Basic`), else its verified client certificate, else anonymous
-    /// (`unauthorized` for a key that matches none). A caller without
-    /// credentials (anonymous, or anyone on an open server) whose host is
-    /// not allowed is refused with `host_not_allowed` (the HTTP gate's
-    /// rule, ADR-067: [`HostCheck::admit`]); a request that did not pass
-    /// the admission (no verdict) counts as naming no host.
+    /// The caller of `req`: the identity its admission authenticated from
+    /// its headers and host ([`Admitted`], ADR-077). A request that did not
+    /// pass the admission is authenticated here
+    /// ([`Shared::authenticate`]), as naming no host.
     pub(crate) fn identity<T>(&self, req: &Request<T>) -> Result<Identity, OpsError> {
-        let authorization = req.metadata().get("authorization").map(|v| v.as_bytes());
-        let cert = (self.shared.cfg.client_cert.as_ref()).and_then(|f| f(req.extensions()));
-        let identity = (self.shared.cfg.auth)
-            .authenticate(authorization, cert.as_ref())
-            .map_err(|e| OpsError::new(ErrorCode::Unauthorized, e.to_string()));
-        let host = match req.extensions().get::<HostVerdict>() {
-            Some(v) => v.0.clone(),
-            None => self.shared.cfg.allowed_hosts.check(None),
+        let identity = match req.extensions().get::<Admitted>() {
+            Some(a) => a.0.clone(),
+            None => {
+                let authorization = req.metadata().get("authorization").map(|v| v.as_bytes());
+                (self.shared).authenticate(authorization, req.extensions(), None)?
+            }
         };
-        let identity = HostCheck::admit(host, identity)?;
         let _ = self.who.set(identity.name().to_string());
         Ok(identity)
     }
@@ -148,17 +162,26 @@ impl Call<'_> {
             metrics.error(e.code);
             status(&e)
         });
-        tracing::info!(
-            target: "blobpool::access",
-            protocol = "grpc",
-            identity = self.who.get().map_or("-", |w| w.as_str()),
-            route = self.method,
-            code = r.as_ref().err().map_or(0, |s| s.code() as i32),
-            duration_ms = secs * 1000.0,
-            "request"
-        );
+        let identity = self.who.get().map_or("-", |w| w.as_str());
+        let code = r.as_ref().err().map_or(0, |s| s.code() as i32);
+        access(identity, self.method, code, secs);
         r
     }
+}
+
+/// One access line (the HTTP gate's `blobpool::access` target,
+/// `protocol = "grpc"`): who called `route`, its gRPC status `code`, in
+/// `secs`.
+pub(crate) fn access(identity: &str, route: &str, code: i32, secs: f64) {
+    tracing::info!(
+        target: "blobpool::access",
+        protocol = "grpc",
+        identity,
+        route,
+        code,
+        duration_ms = secs * 1000.0,
+        "request"
+    );
 }
 
 /// One audit line (the HTTP binding's shape): who did what to which key,

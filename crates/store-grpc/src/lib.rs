@@ -18,18 +18,25 @@
 //! function is the request's `digest_function` when set, else the
 //! resource name's (`blobs/blake3/…`), else SHA-256 for 64 hex digits.
 //!
-//! Every method authenticates the `authorization` metadata (`Bearer
-//! <key>`, or a verified client certificate) with the same
-//! [`store_ops::auth::Auth`] as HTTP and needs the same scopes (`read` to
-//! read, `write` to store); errors map to gRPC codes ([`status`]).
+//! Every call is authenticated from its `authorization` metadata
+//! (`Bearer <key>`, or a verified client certificate) with the same
+//! [`store_ops::auth::Auth`] as HTTP, and every method needs the same
+//! scopes (`read` to read, `write` to store); errors map to gRPC codes
+//! ([`status`]).
 //!
-//! Before tonic decodes a request, its host and its size are admitted
-//! (ADR-074): a caller without credentials must name a host of
+//! Before tonic decodes a request, its caller, its host and its size are
+//! admitted (ADR-074, ADR-077), in this order: the caller is
+//! authenticated from the request's headers, before any byte of its body
+//! is read; a caller without credentials must name a host of
 //! [`GrpcConfig::allowed_hosts`] (the HTTP gate's DNS-rebinding rule,
-//! `PERMISSION_DENIED` otherwise), and every message's bytes are taken
-//! from a server-wide budget ([`GrpcConfig::message_memory`],
+//! `PERMISSION_DENIED` otherwise); a key that matches none, and on a
+//! server that grants anonymous callers nothing a call without
+//! credentials (but `GetCapabilities`), is answered `UNAUTHENTICATED`
+//! there and then; only then are the message's bytes taken from a
+//! server-wide budget ([`GrpcConfig::message_memory`],
 //! [`DEFAULT_MESSAGE_MEMORY`]) without waiting (`RESOURCE_EXHAUSTED` when
-//! it is spent).
+//! it is spent). So callers the server answers nothing cannot hold the
+//! budget.
 //!
 //! Seams: below, a built [`store_ops::Ops`]; above, [`routes`] (tonic's
 //! routes) or [`mount()`], which puts them beside an HTTP router on one
@@ -85,7 +92,8 @@ pub struct GrpcConfig {
     pub allowed_hosts: HostCheck,
     /// The most bytes of gRPC messages the server holds at once, across
     /// all calls ([`DEFAULT_MESSAGE_MEMORY`]): each request message's
-    /// length is taken from it before the message is read, and a
+    /// length is taken from it before the message is read (once its
+    /// caller is admitted: a refused caller takes nothing), and a
     /// `BatchReadBlobs` answer's blobs before they are; a call the budget
     /// cannot take at once is refused with `RESOURCE_EXHAUSTED`.
     pub message_memory: usize,
@@ -134,8 +142,8 @@ pub(crate) struct Shared {
 
 /// tonic's routes of the four services over `ops` (the execution and
 /// operations services are not served: tonic answers `UNIMPLEMENTED`),
-/// each behind the host check and the message budget (see the crate
-/// docs).
+/// each behind the caller's admission and the message budget (see the
+/// crate docs).
 pub fn routes(ops: Ops, cfg: GrpcConfig) -> tonic::service::Routes {
     use proto::build::bazel::remote::execution::v2 as re;
     use proto::google::bytestream::byte_stream_server::ByteStreamServer;
@@ -150,14 +158,15 @@ pub fn routes(ops: Ops, cfg: GrpcConfig) -> tonic::service::Routes {
     let ac = action_cache::ActionCacheService(shared.clone());
     let cas = cas::CasService(shared.clone());
     let bs = read::ByteStreamService(shared.clone());
-    let caps = re::capabilities_server::CapabilitiesServer::new(caps);
+    let caps = re::capabilities_server::CapabilitiesServer::new(caps)
+        .max_decoding_message_size(admit::SMALL_MESSAGE);
     let ac = re::action_cache_server::ActionCacheServer::new(ac).max_decoding_message_size(limit);
     let cas = re::content_addressable_storage_server::ContentAddressableStorageServer::new(cas)
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
     let bs = ByteStreamServer::new(bs).max_decoding_message_size(limit);
-    tonic::service::Routes::new(admit::Admit::new(caps, shared.clone()))
-        .add_service(admit::Admit::new(ac, shared.clone()))
-        .add_service(admit::Admit::new(cas, shared.clone()))
-        .add_service(admit::Admit::new(bs, shared))
+    tonic::service::Routes::new(admit::Admit::anyone(caps, shared.clone()))
+        .add_service(admit::Admit::new(ac, shared.clone(), limit))
+        .add_service(admit::Admit::new(cas, shared.clone(), limit))
+        .add_service(admit::Admit::new(bs, shared, limit))
 }

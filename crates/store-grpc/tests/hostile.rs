@@ -1,9 +1,10 @@
-//! Hostile gRPC clients (ADR-074): a DNS-rebinding page's calls (a host
-//! that is not allowed, without credentials) are refused as over HTTP,
-//! over HTTP/2 and HTTP/1.1 alike; and the bytes of messages the server
+//! Hostile gRPC clients (ADR-074, ADR-077): a DNS-rebinding page's calls
+//! (a host that is not allowed, without credentials) are refused as over
+//! HTTP, over HTTP/2 and HTTP/1.1 alike; the bytes of messages the server
 //! holds at once are bounded by `GrpcConfig::message_memory`, taken
 //! before a message is read and refused (`RESOURCE_EXHAUSTED`) rather
-//! than waited for.
+//! than waited for; and callers the server answers nothing are refused
+//! from their headers, before they can take any of it.
 
 mod common;
 
@@ -18,6 +19,7 @@ use store_grpc::proto::build::bazel::remote::execution::v2 as re;
 use store_grpc::proto::google::bytestream as bs;
 use store_ops::auth::{Auth, Grant};
 use store_ops::hosts::HostCheck;
+use tokio::sync::oneshot::error::TryRecvError;
 use tonic::Code;
 
 const SHA256: i32 = re::digest_function::Value::Sha256 as i32;
@@ -394,4 +396,234 @@ async fn a_message_is_counted_from_its_header_before_it_is_read() {
     assert!(call.await.unwrap_err().is_cancelled());
     let (code, msg) = oneshot(&mut app, grpc_request(UPDATE, "localhost", None, small())).await;
     assert_eq!(code, 0, "{msg}");
+}
+
+/// `f`'s output, which must come within 3 s (a call the server answers
+/// only once its body comes never is).
+async fn within_3s<T>(f: impl std::future::Future<Output = T>) -> T {
+    let limit = std::time::Duration::from_secs(3);
+    (tokio::time::timeout(limit, f).await).expect("answered without waiting for the body")
+}
+
+/// A gRPC frame header declaring `len` bytes, and the first bytes of a
+/// request naming the instance `cc`.
+fn stalled_head(len: usize) -> Bytes {
+    let mut head = vec![0u8];
+    head.extend_from_slice(&(len as u32).to_be_bytes());
+    head.extend_from_slice(b"\x0a\x02cc");
+    Bytes::from(head)
+}
+
+/// Calls gRPC `path` over `ch` (HTTP/2 to the server's socket) with
+/// `key`, sending a message declared `len` bytes long of which only
+/// [`stalled_head`] comes, and never more. Its status (from a
+/// trailers-only answer's headers), or `None` when it is not answered
+/// within 3 s (the server waits for the body).
+async fn stalled_call(
+    mut ch: tonic::transport::Channel,
+    path: &str,
+    key: Option<&str>,
+    len: usize,
+) -> Option<(i32, String)> {
+    use tower_service::Service;
+    let stall = Stall {
+        first: Some(stalled_head(len)),
+        taken: None,
+    };
+    let mut b = axum::http::Request::post(path)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(k) = key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    let req = b.body(tonic::body::Body::new(stall)).unwrap();
+    std::future::poll_fn(|cx| ch.poll_ready(cx)).await.unwrap();
+    let resp = ch.call(req);
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(3), resp)
+        .await
+        .ok()?
+        .unwrap();
+    let h = resp.headers();
+    let code = h.get("grpc-status")?.to_str().unwrap().parse().unwrap();
+    let message = (h.get("grpc-message"))
+        .map(|m| percent_decoded(m.to_str().unwrap()))
+        .unwrap_or_default();
+    Some((code, message))
+}
+
+/// On a server that requires keys, callers without one (or with a wrong
+/// one) that declare large messages and stall are refused from their
+/// headers: the budget stays for the callers with keys.
+#[tokio::test]
+async fn anonymous_callers_that_stall_cannot_hold_the_budget() {
+    let s = small_budget().await;
+    // Six callers on their own connections, each declaring 16 KiB of a
+    // 64 KiB budget (four would hold it all) and stalling; the last with
+    // a key that matches none.
+    let mut stalled = Vec::new();
+    for i in 0..6 {
+        let ch = s.channel().await;
+        let key = (i == 5).then_some("bpk_wrong");
+        stalled.push(tokio::spawn(stalled_call(ch, UPDATE, key, 16 * KIB)));
+    }
+    // Until they are answered, or for 1 s (long enough for the server to
+    // read their headers, were it to wait for their bodies).
+    let waited = std::time::Instant::now();
+    while !stalled.iter().all(|c| c.is_finished()) && waited.elapsed().as_secs() < 1 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // A caller with a key stores a batch of most of the budget meanwhile.
+    let mut c = s.clients(Some(FULL)).await;
+    let blob = bytes(48 * KIB, 9);
+    let r = c
+        .cas
+        .batch_update_blobs(update_req(&[&blob]))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().responses[0].status.as_ref().unwrap().code, 0);
+    for (i, call) in stalled.into_iter().enumerate() {
+        let answer = call.await.unwrap();
+        let (code, msg) = answer.expect("refused without waiting for the body");
+        assert_eq!(code, Code::Unauthenticated as i32, "{msg}");
+        let want = match i {
+            5 => "unauthorized: the API key is not valid",
+            _ => "unauthorized: authentication required",
+        };
+        assert!(msg.starts_with(want), "{msg}");
+    }
+    let m = s.ops.metrics();
+    assert_eq!(m.errors(store_ops::ErrorCode::TooMany), 0);
+    assert_eq!(m.errors(store_ops::ErrorCode::Unauthorized), 6);
+}
+
+/// A call without credentials is refused before a byte of its body is
+/// read, and takes nothing; a key that matches none too, and under a
+/// host that is not allowed the host is the answer, as in the handlers.
+#[tokio::test]
+async fn an_anonymous_call_is_refused_before_its_body_is_read() {
+    let s = start().await;
+    let cfg = store_grpc::GrpcConfig {
+        auth: Auth::new(keys(), vec![], vec![]).unwrap(),
+        allowed_hosts: HostCheck::new(&["localhost"]),
+        message_memory: 64 * KIB,
+        ..Default::default()
+    };
+    let mut app = app(s.ops.clone(), cfg);
+    let cases = [
+        (
+            "localhost",
+            None,
+            Code::Unauthenticated,
+            "unauthorized: authentication",
+        ),
+        (
+            "localhost",
+            Some("bpk_wrong"),
+            Code::Unauthenticated,
+            "unauthorized: the API",
+        ),
+        (
+            "evil.example",
+            None,
+            Code::PermissionDenied,
+            "host_not_allowed",
+        ),
+        (
+            "evil.example",
+            Some("bpk_wrong"),
+            Code::PermissionDenied,
+            "host_not_allowed",
+        ),
+    ];
+    for (host, key, want, prefix) in cases {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let stall = Stall {
+            first: Some(stalled_head(60 * KIB)),
+            taken: Some(tx),
+        };
+        let req = grpc_request(UPDATE, host, key, Body::new(stall));
+        let (code, msg) = within_3s(oneshot(&mut app, req)).await;
+        assert_eq!(code, want as i32, "{host} {key:?}: {msg}");
+        assert!(msg.starts_with(prefix), "{host} {key:?}: {msg}");
+        // The body was dropped unread: not even its first bytes were taken.
+        let unread = matches!(rx.try_recv(), Err(TryRecvError::Closed));
+        assert!(unread, "{host} {key:?}: its body was read");
+    }
+    // Nothing was taken: a message of nearly the whole budget passes.
+    let most = || Body::from(frame(&update_req(&[&bytes(60 * KIB, 10)])));
+    let req = grpc_request(UPDATE, "evil.example", Some(FULL), most());
+    let (code, msg) = oneshot(&mut app, req).await;
+    assert_eq!(code, 0, "{msg}");
+    assert_eq!(s.ops.metrics().errors(store_ops::ErrorCode::TooMany), 0);
+}
+
+/// Capabilities are answered without credentials on any server, so their
+/// messages (a few bytes) take no budget: a stalled one holds none of it.
+#[tokio::test]
+async fn a_stalled_capabilities_call_takes_no_budget() {
+    let s = start().await;
+    let cfg = store_grpc::GrpcConfig {
+        auth: Auth::new(keys(), vec![], vec![]).unwrap(),
+        message_memory: 64 * KIB,
+        ..Default::default()
+    };
+    let mut app = app(s.ops.clone(), cfg);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stall = Stall {
+        first: Some(stalled_head(3 * KIB)),
+        taken: Some(tx),
+    };
+    let stalled = grpc_request(CAPS, "localhost", None, Body::new(stall));
+    let mut held = app.clone();
+    let call = tokio::spawn(async move { oneshot(&mut held, stalled).await });
+    rx.await.unwrap();
+    let most = || Body::from(frame(&update_req(&[&bytes(62 * KIB, 11)])));
+    let req = grpc_request(UPDATE, "localhost", Some(FULL), most());
+    let (code, msg) = oneshot(&mut app, req).await;
+    assert_eq!(code, 0, "{msg}");
+    assert!(!call.is_finished());
+    call.abort();
+    // Longer than a capabilities request can be: refused from its header.
+    let big = Stall {
+        first: Some(stalled_head(8 * KIB)),
+        taken: None,
+    };
+    let req = grpc_request(CAPS, "localhost", None, Body::new(big));
+    let (code, msg) = within_3s(oneshot(&mut app, req)).await;
+    assert_ne!(code, 0, "{msg}");
+    assert!(msg.contains("too large"), "{msg}");
+}
+
+/// A client certificate (in the request's extensions, where the
+/// connection layer leaves it) is an identity at the admission too: its
+/// call is answered, the same call without it is refused from its
+/// headers.
+#[tokio::test]
+async fn a_client_certificate_is_admitted_from_the_request_extensions() {
+    use store_ops::auth::{CertIdentity, ClientCert};
+    let s = start().await;
+    let cert = CertIdentity {
+        name: "ci".into(),
+        subject: "ci.example".into(),
+        grants: Grant::parse_all(&["read", "write"]).unwrap(),
+    };
+    let cfg = store_grpc::GrpcConfig {
+        auth: Auth::new(keys(), vec![cert], vec![]).unwrap(),
+        client_cert: Some(std::sync::Arc::new(|e: &store_grpc::Extensions| {
+            e.get::<ClientCert>().cloned()
+        })),
+        ..Default::default()
+    };
+    let mut app = app(s.ops.clone(), cfg);
+    let update = || Body::from(frame(&update_req(&[b"by certificate"])));
+    let mut req = grpc_request(UPDATE, "localhost", None, update());
+    req.extensions_mut().insert(ClientCert {
+        common_name: Some("ci.example".into()),
+        dns_names: vec![],
+    });
+    let (code, msg) = oneshot(&mut app, req).await;
+    assert_eq!(code, 0, "{msg}");
+    let req = grpc_request(UPDATE, "localhost", None, update());
+    let (code, msg) = oneshot(&mut app, req).await;
+    assert_eq!(code, Code::Unauthenticated as i32, "{msg}");
 }
