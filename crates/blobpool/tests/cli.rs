@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -483,19 +483,7 @@ async fn server_mode_get_falls_back_to_plain_bytes() {
 fn serve_binary_round_trip_and_sigterm_shutdown() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut server = cmd(d)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().expect("serve prints its address").unwrap();
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
-        }
-    };
+    let (mut server, base) = serve_child(d);
     let data = write_file(d, "f", 300_000, 8);
     let digest = ok(run(cmd(d).args(["--server", &base, "put", "f"])));
     ok(run(
@@ -508,13 +496,13 @@ fn serve_binary_round_trip_and_sigterm_shutdown() {
     );
     // SIGTERM: a graceful stop, exit 0.
     let status = Command::new("kill")
-        .args(["-TERM", &server.id().to_string()])
+        .args(["-TERM", &server.0.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let code = loop {
-        if let Some(s) = server.try_wait().unwrap() {
+        if let Some(s) = server.0.try_wait().unwrap() {
             break s;
         }
         assert!(std::time::Instant::now() < deadline, "serve did not stop");
@@ -546,20 +534,7 @@ fn direct_mode_refuses_the_data_of_a_running_server() {
         ),
     )
     .unwrap();
-    let mut child = cmd(d)
-        .arg("serve")
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut server = ServeChild(child);
-    let base = loop {
-        let line = lines.next().expect("serve prints its address").unwrap();
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
-        }
-    };
+    let (mut server, base) = serve_command(cmd(d).arg("serve").env("RUST_LOG", "warn"));
     assert_eq!(base, format!("http://127.0.0.1:{port}"));
     // Put over HTTP (one small, one large), keeping the pin tokens.
     let mut digests = Vec::new();
@@ -613,7 +588,6 @@ fn direct_mode_refuses_the_data_of_a_running_server() {
         assert!(std::time::Instant::now() < deadline, "serve did not stop");
         std::thread::sleep(Duration::from_millis(50));
     }
-    drop(lines);
     let v: serde_json::Value =
         serde_json::from_str(&ok(run(cmd(d).args(["sweep", "--json"])))).unwrap();
     assert_eq!(v["total"]["staged"], 2, "{v}");

@@ -2,24 +2,12 @@
 //! where a bad value came from, `--data-dir`, `serve`'s store flags and
 //! the one-line store description `serve` logs.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
-
-/// A command in `dir` with a clean environment: no inherited BLOBPOOL_*.
-fn cmd(dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
-    c.stdin(Stdio::null());
-    c
-}
+use common::{blobpool_in as cmd, ServeChild};
 
 fn run(c: &mut Command) -> Output {
     c.output().expect("the binary runs")
@@ -59,33 +47,15 @@ fn write(dir: &Path, name: &str, data: &[u8]) {
 
 /// Starts `blobpool serve ARGS --listen 127.0.0.1:0` with info logs and
 /// returns it with the stderr lines printed before `listening on`.
-fn serve(c: &mut Command, args: &[&str]) -> (Child, Vec<String>) {
-    let mut child = c
-        .arg("serve")
-        .args(args)
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    loop {
-        let line = match lines.next() {
-            Some(l) => l.unwrap(),
-            None => panic!("serve ended before listening: {seen:#?}"),
-        };
-        if line.starts_with("blobpool: listening on ") {
-            break;
-        }
-        seen.push(line);
-    }
-    (child, seen)
-}
-
-fn stop(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
+fn serve(c: &mut Command, args: &[&str]) -> (ServeChild, Vec<String>) {
+    let s = common::serve_lines(
+        c.arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info"),
+    )
+    .unwrap_or_else(|seen| panic!("serve ended before listening:\n{seen}"));
+    (s.child, s.startup)
 }
 
 fn store_line(lines: &[String]) -> String {
@@ -224,7 +194,7 @@ fn serve_logs_the_store_shape_and_its_flags_win() {
     let d = dir.path();
     // Default: the embedded store under --data-dir.
     let (child, lines) = serve(cmd(d).args(["--data-dir", "pool"]), &[]);
-    stop(child);
+    drop(child);
     assert_eq!(
         store_line(&lines),
         "store: kv sqlite pool/kv.sqlite, large file pool/large, dual-tier above 64 KiB, not fleet"
@@ -235,7 +205,7 @@ fn serve_logs_the_store_shape_and_its_flags_win() {
         cmd(d).env("BLOBPOOL_THRESHOLD", "200"),
         &["--kv", "sqlite://kv.sqlite", "--threshold", "2KiB"],
     );
-    stop(child);
+    drop(child);
     assert_eq!(
         store_line(&lines),
         "store: kv sqlite kv.sqlite, no large tier: kv-only, blobs above 2 KiB are refused, \
@@ -262,7 +232,7 @@ fn serve_logs_the_store_shape_and_its_flags_win() {
             "--fleet=false",
         ],
     );
-    stop(child);
+    drop(child);
     assert_eq!(
         store_line(&lines),
         "store: kv mem (in memory, lost on exit), large mem (in memory, lost on exit), \

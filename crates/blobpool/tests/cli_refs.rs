@@ -1,21 +1,15 @@
 //! `blobpool ref …` and `blobpool put --ref` (ADR-024), directly on the
 //! store and against `blobpool serve`.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
-
+/// A quiet command in `dir` ([`common::blobpool_in`] with `-q`).
 fn cmd(dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
-    c.stdin(Stdio::null()).arg("-q");
+    let mut c = common::blobpool_in(dir);
+    c.arg("-q");
     c
 }
 
@@ -33,15 +27,6 @@ fn fails(o: Output, code: &str) {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.starts_with(&format!("blobpool: {code}: ")), "{err}");
-}
-
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Exercises the commands with `server` (`None`: direct mode).
@@ -126,34 +111,14 @@ fn ref_commands_work_directly_on_the_store() {
 #[test]
 fn ref_commands_and_put_ref_work_against_a_server() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = cmd(dir.path())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let server = Serve(child);
-    let mut lines = BufReader::new(stderr).lines();
-    let base = loop {
-        let line = lines.next().expect("serve prints its address").unwrap();
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let (server, base) = common::serve_command(
+        cmd(dir.path())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn"),
+    );
     exercise(dir.path(), Some(&base));
     // `put --ref` released its put's token; the plain put keeps one.
-    let addr = base.trim_start_matches("http://");
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    use std::io::{Read, Write};
-    write!(
-        conn,
-        "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    conn.read_to_string(&mut resp).unwrap();
+    let resp = common::plain_get(&base, "/health", None);
     let body = resp.split("\r\n\r\n").nth(1).unwrap();
     let health: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(health["tokens"], 1, "{health}");

@@ -5,43 +5,25 @@
 //! opt-outs start with a warning; API keys over plain HTTP off loopback
 //! are warned about.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
+use common::ServeChild;
 
 fn cmd(dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
+    let mut c = common::blobpool_in(dir);
     c.env("RUST_LOG", "info").env("RUST_BACKTRACE", "0");
-    c.stdin(Stdio::null());
     c
-}
-
-/// A `serve` child, killed when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// How a `serve` that should not start ended: its exit code (`None`: it
 /// was still running after the grace period, and was killed) and stderr.
 fn refused(mut c: Command) -> (Option<i32>, String) {
-    let mut child = Running(c.stderr(Stdio::piped()).spawn().unwrap());
+    let mut child = ServeChild(c.stderr(Stdio::piped()).spawn().unwrap());
     let mut stderr = child.0.stderr.take().unwrap();
     let reader = std::thread::spawn(move || {
         let mut s = String::new();
@@ -80,28 +62,11 @@ fn assert_refused(c: Command, want: &[&str]) -> String {
 }
 
 /// A running `serve`: its address and the stderr lines before it.
-fn serve(mut c: Command) -> (Running, String, Vec<String>) {
-    let mut child = Running(c.stderr(Stdio::piped()).spawn().unwrap());
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    // Reads stderr to its end, so that the server never writes into a
-    // closed pipe once the startup lines have been taken.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { return };
-            let _ = tx.send(line);
-        }
-    });
-    let mut startup = Vec::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("serve prints its address: {startup:#?}"));
-        if let Some(rest) = line.strip_prefix("blobpool: listening on http://") {
-            return (child, rest.trim().to_string(), startup);
-        }
-        startup.push(line);
-    }
+fn serve(mut c: Command) -> (ServeChild, String, Vec<String>) {
+    let s = common::serve_lines(&mut c)
+        .unwrap_or_else(|seen| panic!("serve prints its address:\n{seen}"));
+    let addr = s.base.strip_prefix("http://").expect("plain HTTP");
+    (s.child, addr.to_string(), s.startup)
 }
 
 /// The status line of `GET path` sent with `Host: host`.

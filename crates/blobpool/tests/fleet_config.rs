@@ -4,23 +4,13 @@
 //! does not exist stops the server at start, naming the setting. Real
 //! PostgreSQL, one schema per test.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
+use common::ServeChild;
 use serde_json::json;
 use store_pg::testing::TestSchema;
-
-const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
-
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn kv_url(schema: &TestSchema) -> String {
     let sep = if schema.url.contains('?') { '&' } else { '?' };
@@ -38,37 +28,14 @@ fn config(schema: &TestSchema, table: &str) -> String {
     )
 }
 
-fn serve(dir: &std::path::Path) -> Result<(Serve, String), String> {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
-    let mut child = c.spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = String::new();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-                    std::thread::spawn(move || for _ in lines {});
-                    return Ok((Serve(child), rest.trim().to_string()));
-                }
-                seen.push_str(&line);
-                seen.push('\n');
-            }
-            _ => {
-                let _ = child.wait();
-                return Err(seen);
-            }
-        }
-    }
+/// `blobpool serve` in `dir`; `Err`: its stderr when it did not start.
+fn serve(dir: &std::path::Path) -> Result<(ServeChild, String), String> {
+    let s = common::serve_lines(
+        common::blobpool_in(dir)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn"),
+    )?;
+    Ok((s.child, s.base))
 }
 
 async fn put(http: &reqwest::Client, base: &str, ns: &str, body: &str) -> (String, String) {

@@ -8,11 +8,12 @@
 //! output must match the lines the README prints under it, where `…`
 //! stands for any text and `<64 hex>` for a digest.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Command;
+
+use common::ServeChild;
 
 /// The tools a fresh machine has besides the binary and curl.
 const TOOLS: &[&str] = &["sh", "curl", "echo", "head", "tail", "cut", "tee", "grep"];
@@ -76,42 +77,15 @@ fn matches(pattern: &str, line: &str) -> bool {
         .any(|i| matches(after, &line[i..]))
 }
 
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `blobpool serve` on a free loopback port in `dir`, and its address.
-fn serve(bin: &Path, dir: &Path) -> (Running, String) {
-    let mut child = Running(
+fn serve(bin: &Path, dir: &Path) -> (ServeChild, String) {
+    common::serve_command(
         Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .current_dir(dir)
             .env_clear()
-            .env("BLOBPOOL_WINDOW", "0s")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("serve prints its address");
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            return (child, rest.trim().to_string());
-        }
-    }
+            .env("BLOBPOOL_WINDOW", "0s"),
+    )
 }
 
 /// `PATH` for the sessions: the binary, curl and [`TOOLS`], nothing else.

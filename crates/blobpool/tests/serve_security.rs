@@ -4,73 +4,20 @@
 //! `Host` names on loopback, logs JSON access lines, and never prints a
 //! database password.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use common::{blobpool_in as cmd, Serving};
 
 const BIN: &str = env!("CARGO_BIN_EXE_blobpool");
 
-fn cmd(dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("BLOBPOOL_") {
-            c.env_remove(k);
-        }
-    }
-    c.stdin(Stdio::null());
-    c
-}
-
 /// A `blobpool serve` child, killed at the end of the test; its stderr
 /// lines arrive on a channel.
-struct Serve {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    /// The lines printed before the address.
-    startup: Vec<String>,
-    base: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn serve(mut c: Command) -> Serve {
-    let mut child = c.stderr(Stdio::piped()).spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { return };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut startup = Vec::new();
-    let base = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("serve prints its address");
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
-        }
-        startup.push(line);
-    };
-    Serve {
-        child,
-        lines: rx,
-        startup,
-        base,
-    }
+fn serve(mut c: Command) -> Serving {
+    common::serve_lines(&mut c).unwrap_or_else(|seen| panic!("serve prints its address:\n{seen}"))
 }
 
 #[test]
@@ -212,7 +159,7 @@ fn running_out_of_file_descriptors_is_survived() {
     std::thread::sleep(Duration::from_millis(500));
     let mut s = s;
     assert!(
-        s.child.try_wait().unwrap().is_none(),
+        s.child.0.try_wait().unwrap().is_none(),
         "the server exited when it ran out of descriptors"
     );
     drop(held);
@@ -317,7 +264,7 @@ fn sighup_without_tls_keeps_serving() {
     // Serving (the accept loop and its SIGHUP handler are up).
     let body = get(&addr, "/health").expect("answering");
     assert!(body.contains("\"status\":\"ok\""), "{body}");
-    let pid = s.child.id() as libc::pid_t;
+    let pid = s.child.0.id() as libc::pid_t;
     // SAFETY: sends a signal to the child this test spawned.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
     let mut said = false;
@@ -329,7 +276,7 @@ fn sighup_without_tls_keeps_serving() {
     }
     assert!(said, "no SIGHUP line was logged");
     assert!(
-        s.child.try_wait().unwrap().is_none(),
+        s.child.0.try_wait().unwrap().is_none(),
         "the server exited on SIGHUP"
     );
     let body = get(&addr, "/health").expect("still answering");

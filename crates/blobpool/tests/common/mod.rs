@@ -556,18 +556,50 @@ pub fn serve_child_with_config(dir: &std::path::Path, config: &str) -> (ServeChi
 /// the address it prints and drains the rest of stderr so the server never
 /// blocks on it; the child and its base URL (`http://127.0.0.1:PORT`).
 pub fn serve_command(c: &mut std::process::Command) -> (ServeChild, String) {
+    let s = serve_lines(c).unwrap_or_else(|seen| panic!("serve prints its address:\n{seen}"));
+    (s.child, s.base)
+}
+
+/// A `blobpool serve` child that printed its address ([`serve_lines`]).
+pub struct Serving {
+    pub child: ServeChild,
+    /// Its base URL (`http://127.0.0.1:PORT`).
+    pub base: String,
+    /// The stderr lines printed before the address.
+    pub startup: Vec<String>,
+    /// The stderr lines after it, as they come (stderr is read to its end
+    /// whether they are taken or not).
+    pub lines: std::sync::mpsc::Receiver<String>,
+}
+
+/// [`serve_command`] keeping stderr: the lines before the address and a
+/// channel of those after it. `Err`: the stderr lines printed when the
+/// child ended (or printed no address for 60 s) without listening.
+pub fn serve_lines(c: &mut std::process::Command) -> Result<Serving, String> {
     use std::io::BufRead as _;
     let mut child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let child = ServeChild(child);
-    let base = loop {
-        let line = lines.next().expect("serve prints its address").unwrap();
-        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
-            break rest.trim().to_string();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
         }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (child, base)
+    });
+    let mut startup = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(60)) {
+        if let Some(rest) = line.strip_prefix("blobpool: listening on ") {
+            let base = rest.trim().to_string();
+            return Ok(Serving {
+                child,
+                base,
+                startup,
+                lines,
+            });
+        }
+        startup.push(line);
+    }
+    Err(startup.iter().map(|l| format!("{l}\n")).collect())
 }
 
 /// `GET path` over a plain connection to `base`, with `bearer` as the
