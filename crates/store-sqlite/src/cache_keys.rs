@@ -82,11 +82,6 @@ impl SqliteCacheKeys {
     }
 }
 
-/// The most keys a `lookup_many` reads as a point read (on the calling
-/// thread when its pages are in memory): an action result's outputs, not
-/// a `FindMissingBlobs` of thousands.
-const POINT_LOOKUP_KEYS: usize = 32;
-
 /// [`LOOKUP`] of each of `keys` in `ns`, in order.
 fn lookup_each(
     conn: &rusqlite::Connection,
@@ -175,8 +170,7 @@ impl CacheIndex for SqliteCacheKeys {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let point = keys.len() <= POINT_LOOKUP_KEYS;
-        let (ns, keys) = (ns.clone(), keys.to_vec());
+        let (n, ns, keys) = (keys.len(), ns.clone(), keys.to_vec());
         let read = move |conn: &rusqlite::Connection| {
             if keys.len() == 1 {
                 return lookup_each(conn, ns.as_str(), &keys);
@@ -190,15 +184,7 @@ impl CacheIndex for SqliteCacheKeys {
                 .and_then(|mut s| s.execute([]));
             found
         };
-        let readers = &self.engine.inner.readers;
-        // A few keys (an action result's outputs) are a point read: on the
-        // calling thread when its pages are in memory. Many go where they
-        // may take a while without holding up the caller's worker.
-        if point {
-            readers.run_inline_first(read).await
-        } else {
-            readers.run(read).await
-        }
+        self.engine.inner.readers.run_sized(n, read).await
     }
 
     async fn remove(&self, ns: &Namespace, key: &RefName, expect: Option<Digest>) -> Result<bool> {

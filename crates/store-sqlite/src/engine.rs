@@ -59,10 +59,6 @@ fn read_row(conn: &rusqlite::Connection, key: &Key) -> Result<Option<Hot>> {
     .sql()
 }
 
-/// The most digests a `has_many` asks on the calling thread (ADR-055):
-/// a longer query could hold a runtime worker too long.
-const INLINE_HAS_MAX: usize = 16;
-
 impl SqliteEngine {
     /// The engine-state seam: `gc_window` only (ADR-012 §5).
     fn seam(&self) -> GcSeam {
@@ -253,11 +249,7 @@ impl Engine for SqliteEngine {
         let ask_one = move |conn: &rusqlite::Connection| {
             sql::present_in(conn, "entries", ns.as_str(), &asked)
         };
-        let answer = if ask.len() <= INLINE_HAS_MAX {
-            readers.run_inline_first(ask_one).await?
-        } else {
-            readers.run(ask_one).await?
-        };
+        let answer = readers.run_sized(ask.len(), ask_one).await?;
         for (i, a) in ask.into_iter().zip(answer) {
             present[i] = a;
         }

@@ -31,6 +31,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::nowait;
 use crate::writer::AtomicHistogram;
 
+/// The most keys (or digests) one read may ask on the calling thread
+/// (ADR-055, ADR-075): an action result's outputs or a short `has_many`,
+/// not a `FindMissingBlobs` of thousands, which could hold a runtime
+/// worker too long.
+pub(crate) const INLINE_MAX_KEYS: usize = 32;
+
 /// A fixed set of read connections.
 pub(crate) struct Readers {
     idle: Mutex<Vec<Connection>>,
@@ -97,6 +103,23 @@ impl Readers {
     /// list of open databases keeps a weak reference).
     pub(crate) fn stats(&self) -> &Arc<ReadPathStats> {
         &self.stats
+    }
+
+    /// Runs the read `f` of `keys` keys (or digests) where its size
+    /// belongs: at most [`INLINE_MAX_KEYS`] is a point read
+    /// ([`run_inline_first`](Self::run_inline_first)); more go to the
+    /// pool ([`run`](Self::run)), where they may take a while without
+    /// holding up the caller's runtime worker.
+    pub(crate) async fn run_sized<T, F>(self: &Arc<Self>, keys: usize, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Fn(&Connection) -> Result<T> + Send + 'static,
+    {
+        if keys <= INLINE_MAX_KEYS {
+            self.run_inline_first(f).await
+        } else {
+            self.run(f).await
+        }
     }
 
     /// Runs the point read `f` on the calling thread if a connection is
