@@ -18,6 +18,19 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Prepared statements each connection keeps compiled.
 const STATEMENT_CACHE: usize = 64;
 
+/// The writer connection's page cache, in KiB (SQLite's default size,
+/// ADR-078). Every write transaction that rebalances a b-tree parks a page
+/// at SQLite's pending-byte page number (page 262,145 with 4 KiB pages),
+/// and the commit then walks the whole cache to drop pages past the end
+/// of a file smaller than 1 GiB: the larger the cache, the longer every
+/// commit takes.
+const WRITER_CACHE_KIB: i64 = 2 * 1024;
+
+/// Each reader connection's page cache, in KiB (ADR-055): the b-tree's
+/// inner pages between two commits (a reader's cache is emptied whenever
+/// another connection has committed since its last read).
+const READER_CACHE_KIB: i64 = 8 * 1024;
+
 /// Version 1: the entries table as first shipped (superseded by v2).
 ///
 /// `WITHOUT ROWID` clustered the rows by `(ns, digest)` with `content`
@@ -188,7 +201,7 @@ pub(crate) fn open_writer(
     // Keep the WAL file from staying huge after a burst of large puts.
     conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
         .sql()?;
-    conn.pragma_update(None, "cache_size", -16 * 1024).sql()?;
+    conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB).sql()?;
     migrate(&mut conn)?;
     Ok(conn)
 }
@@ -259,7 +272,7 @@ pub(crate) fn open_reader(path: &Path, vfs: Option<&str>) -> Result<(Connection,
     conn.busy_handler(Some(reader_busy)).sql()?;
     conn.pragma_update(None, "mmap_size", 0).sql()?;
     conn.pragma_update(None, "query_only", true).sql()?;
-    conn.pragma_update(None, "cache_size", -8 * 1024).sql()?;
+    conn.pragma_update(None, "cache_size", -READER_CACHE_KIB).sql()?;
     Ok((conn, nowait.is_some()))
 }
 
