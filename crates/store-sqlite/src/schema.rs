@@ -201,7 +201,8 @@ pub(crate) fn open_writer(
     // Keep the WAL file from staying huge after a burst of large puts.
     conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
         .sql()?;
-    conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB).sql()?;
+    conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)
+        .sql()?;
     migrate(&mut conn)?;
     Ok(conn)
 }
@@ -272,7 +273,8 @@ pub(crate) fn open_reader(path: &Path, vfs: Option<&str>) -> Result<(Connection,
     conn.busy_handler(Some(reader_busy)).sql()?;
     conn.pragma_update(None, "mmap_size", 0).sql()?;
     conn.pragma_update(None, "query_only", true).sql()?;
-    conn.pragma_update(None, "cache_size", -READER_CACHE_KIB).sql()?;
+    conn.pragma_update(None, "cache_size", -READER_CACHE_KIB)
+        .sql()?;
     Ok((conn, nowait.is_some()))
 }
 
