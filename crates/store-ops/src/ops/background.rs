@@ -11,9 +11,9 @@ use std::sync::OnceLock;
 
 use tokio::runtime::{Builder, Handle};
 
-/// The sweep thread's nice value: a weight of 110 against a request
-/// thread's 1024, so a sweep gets about a tenth of a core that requests
-/// also want, and all of one they leave idle.
+/// The sweep thread's nice value: a scheduling weight of 15 against a
+/// request thread's 1024, so a sweep gets under 2 % of a core that
+/// requests also want, and all of one they leave idle.
 pub const SWEEP_NICE: i32 = 19;
 
 /// The sweep thread's runtime, started on first use; `None` if the thread
