@@ -319,6 +319,30 @@ async fn corrupt_entries_are_reported_quarantined_and_healed_by_a_reput() {
         "bad_request",
     )
     .await;
+    // A rate below 1 MiB/s would keep the request open past any client's
+    // timeout (Schemathesis: `max_rate: 1` hung for 10 s): refused.
+    for slow in [0, 1, store_ops::MIN_VERIFY_RATE - 1] {
+        assert_error(
+            s.post_json("/v1/verify", format!(r#"{{"max_rate":{slow}}}"#))
+                .await,
+            400,
+            "bad_request",
+        )
+        .await;
+    }
+    let v: serde_json::Value = s
+        .post_json(
+            "/v1/verify",
+            format!(
+                r#"{{"namespace":"other","max_rate":{}}}"#,
+                store_ops::MIN_VERIFY_RATE
+            ),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["ok"].as_u64(), Some(1), "{v}");
 
     // A sound entry is never removed by quarantine.
     let sound = key("docs", &fine);

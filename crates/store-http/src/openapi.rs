@@ -182,7 +182,8 @@ fn schemas() -> Value {
         "Stats": object(&["namespaces", "total"], json!({"namespaces": {"type": "array"}, "total": {"type": "object"}})),
         "SweepReport": object(&["aborted", "total"], json!({"aborted": string_or_null, "total": {"type": "object"}})),
         "VerifyRequest": {"type": "object", "additionalProperties": false, "properties": {
-            "namespace": {"type": "string"}, "quarantine": {"const": false}, "max_rate": count,
+            "namespace": {"type": "string"}, "quarantine": {"const": false},
+            "max_rate": {"type": "integer", "minimum": store_ops::MIN_VERIFY_RATE},
             "concurrency": {"type": "integer", "minimum": 1, "maximum": 8},
         }},
         "VerifySummary": object(&["checked", "ok", "corrupt", "missing", "failed"], json!({

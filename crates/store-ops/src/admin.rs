@@ -18,6 +18,13 @@ pub const MAX_VERIFY_CONCURRENCY: usize = 8;
 /// The default of [`VerifyRequest::concurrency`].
 pub const DEFAULT_VERIFY_CONCURRENCY: usize = 2;
 
+/// The slowest [`VerifyRequest::max_rate`] a request may ask for, bytes
+/// per second (1 MiB/s): a verify request answers when it is done, and a
+/// slower one would outlast any client's timeout on all but an empty
+/// store (a client that drops it stops it). Direct-mode verify
+/// (`blobpool verify --max-rate`) has no floor.
+pub const MIN_VERIFY_RATE: u64 = 1 << 20;
+
 /// `GET /v1/namespaces`: namespaces holding at least one entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamespacesResponse {
@@ -73,7 +80,8 @@ pub struct VerifyRequest {
     /// in direct mode).
     #[serde(default)]
     pub quarantine: bool,
-    /// Bytes per second to read at most (default: unpaced).
+    /// Bytes per second to read at most, at least [`MIN_VERIFY_RATE`]
+    /// (default: unpaced).
     #[serde(default)]
     pub max_rate: Option<u64>,
     /// Entries read at once (1..=[`MAX_VERIFY_CONCURRENCY`], default
@@ -139,8 +147,12 @@ impl Ops {
                 "concurrency must be between 1 and {MAX_VERIFY_CONCURRENCY}, got {concurrency}"
             )));
         }
-        if req.max_rate == Some(0) {
-            return Err(OpsError::bad_request("max_rate must be at least 1"));
+        if let Some(rate) = req.max_rate.filter(|r| *r < MIN_VERIFY_RATE) {
+            return Err(OpsError::bad_request(format!(
+                "max_rate must be at least {MIN_VERIFY_RATE} bytes per second (1 MiB/s), got \
+                 {rate}: the request answers when the verify is done; pace a slower one with \
+                 `blobpool verify --max-rate` in direct mode"
+            )));
         }
         let opts = VerifyOptions {
             namespace: req.namespace.as_deref().map(Namespace::new).transpose()?,

@@ -45,7 +45,7 @@ pub mod uploads;
 
 pub use admin::{
     NamespacesResponse, StatsResponse, StatsTotal, VerifyRequest, DEFAULT_VERIFY_CONCURRENCY,
-    MAX_VERIFY_CONCURRENCY,
+    MAX_VERIFY_CONCURRENCY, MIN_VERIFY_RATE,
 };
 pub use error::{ErrorCode, OpsError, TOKEN_CAP_RETRY_AFTER, TRANSIENT_RETRY_AFTER};
 pub use inventory::INVENTORY_REFRESH;
