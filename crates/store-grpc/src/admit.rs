@@ -29,7 +29,11 @@
 //!   passes from one message to the next. Handlers add what their
 //!   answers hold ([`Held::hold`]: `BatchReadBlobs`). `Capabilities`
 //!   messages (at most [`SMALL_MESSAGE`]) take none: anyone may send
-//!   them.
+//!   them. On a server with keys or certificates, the callers without
+//!   credentials it admits (it grants anonymous callers something) share
+//!   a quarter of the budget ([`ANONYMOUS_SHARE`], ADR-079): together they
+//!   cannot take what the callers who proved an identity need. (On an
+//!   open server everyone is anonymous and has the whole budget.)
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -51,45 +55,86 @@ use tower_service::Service;
 
 use crate::Shared;
 
-/// The server's budget of gRPC message bytes held at once.
+/// The part of the budget that callers without credentials share, as a
+/// divisor of the whole (ADR-079): a quarter.
+pub(crate) const ANONYMOUS_SHARE: usize = 4;
+
+/// The server's budget of gRPC message bytes held at once, and the part
+/// of it that anonymous callers share.
 pub(crate) struct Budget {
+    all: Pool,
+    anonymous: Pool,
+}
+
+/// Bytes to take from, now or never.
+struct Pool {
     sem: Arc<Semaphore>,
     total: usize,
+    /// Whose bytes these are, for the refusal's message.
+    what: &'static str,
+}
+
+/// Bytes taken from the budget: from the whole and, for an anonymous
+/// caller, from the anonymous share; given back when dropped.
+pub(crate) struct Permit {
+    _all: OwnedSemaphorePermit,
+    _anonymous: Option<OwnedSemaphorePermit>,
 }
 
 impl Budget {
-    /// A budget of `total` bytes.
+    /// A budget of `total` bytes, a [`ANONYMOUS_SHARE`]th of it for
+    /// anonymous callers.
     pub(crate) fn new(total: usize) -> Budget {
         let total = total.min(Semaphore::MAX_PERMITS);
         Budget {
-            sem: Arc::new(Semaphore::new(total)),
-            total,
+            all: Pool::new(total, "gRPC messages"),
+            anonymous: Pool::new(total / ANONYMOUS_SHARE, "anonymous callers' gRPC messages"),
         }
     }
 
-    /// `bytes` of the budget, now or never (`too_many`, naming what the
-    /// server holds).
-    fn take(&self, bytes: usize) -> Result<Option<OwnedSemaphorePermit>, OpsError> {
+    /// `bytes` of the budget for a caller, now or never (`too_many`,
+    /// naming what the server holds); an `anonymous` caller's also from
+    /// the anonymous share, first.
+    fn take(&self, bytes: usize, anonymous: bool) -> Result<Option<Permit>, OpsError> {
         if bytes == 0 {
             return Ok(None);
         }
-        let n = u32::try_from(bytes).unwrap_or(u32::MAX);
-        match self.sem.clone().try_acquire_many_owned(n) {
-            Ok(p) => Ok(Some(p)),
-            Err(_) => {
-                let held = self.total - self.sem.available_permits();
-                Err(OpsError::new(
-                    ErrorCode::TooMany,
-                    format!(
-                        "the server is holding {} of gRPC messages (its limit is {}) and \
-                         cannot take {} more now; retry, or send large blobs over ByteStream",
-                        mib(held),
-                        mib(self.total),
-                        mib(bytes)
-                    ),
-                ))
-            }
+        let anonymous = match anonymous {
+            true => Some(self.anonymous.take(bytes)?),
+            false => None,
+        };
+        Ok(Some(Permit {
+            _all: self.all.take(bytes)?,
+            _anonymous: anonymous,
+        }))
+    }
+}
+
+impl Pool {
+    fn new(total: usize, what: &'static str) -> Pool {
+        Pool {
+            sem: Arc::new(Semaphore::new(total)),
+            total,
+            what,
         }
+    }
+
+    fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, OpsError> {
+        let n = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self.sem.clone().try_acquire_many_owned(n).map_err(|_| {
+            let held = self.total - self.sem.available_permits();
+            OpsError::new(
+                ErrorCode::TooMany,
+                format!(
+                    "the server is holding {} of {} (its limit is {}) and \
+                     cannot take {} more now; retry, or send large blobs over ByteStream",
+                    mib(held),
+                    self.what,
+                    mib(self.total),
+                    mib(bytes)
+                ),
+            )
+        })
     }
 }
 
@@ -110,22 +155,35 @@ pub(crate) struct Admitted(pub(crate) Identity);
 /// its handler's request and its response body is dropped.
 #[derive(Default)]
 pub(crate) struct Held {
+    /// Whether the caller has no credentials (takes from the anonymous
+    /// share too).
+    anonymous: bool,
     /// The current request message's bytes.
-    message: Mutex<Option<OwnedSemaphorePermit>>,
+    message: Mutex<Option<Permit>>,
     /// What the handler added for its answer.
-    answer: Mutex<Vec<OwnedSemaphorePermit>>,
+    answer: Mutex<Vec<Permit>>,
 }
 
 /// The handle a request's extensions carry.
 #[derive(Clone, Default)]
 pub(crate) struct HeldRef(pub(crate) Arc<Held>);
 
+impl HeldRef {
+    /// A call's, for a caller with or without credentials.
+    fn new(anonymous: bool) -> HeldRef {
+        HeldRef(Arc::new(Held {
+            anonymous,
+            ..Held::default()
+        }))
+    }
+}
+
 impl Held {
     /// Takes `bytes` more of `shared`'s budget for the call's answer, or
     /// refuses at once (`too_many`).
     pub(crate) fn hold(&self, shared: &Shared, bytes: u64) -> Result<(), OpsError> {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
-        if let Some(p) = shared.budget.take(bytes)? {
+        if let Some(p) = shared.budget.take(bytes, self.anonymous)? {
             self.answer
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -134,7 +192,7 @@ impl Held {
         Ok(())
     }
 
-    fn replace_message(&self, p: Option<OwnedSemaphorePermit>) {
+    fn replace_message(&self, p: Option<Permit>) {
         *self.message.lock().unwrap_or_else(|e| e.into_inner()) = p;
     }
 }
@@ -243,7 +301,9 @@ where
                 return Box::pin(std::future::ready(Ok(refused)));
             }
         };
-        let held = HeldRef::default();
+        // On an open server everyone is anonymous, and shares it all.
+        let anonymous = identity.is_anonymous() && self.shared.cfg.auth.is_enabled();
+        let held = HeldRef::new(anonymous);
         req.extensions_mut().insert(Admitted(identity));
         req.extensions_mut().insert(held.clone());
         let shared = self.shared.clone();
@@ -329,7 +389,7 @@ impl Metered {
         let held = &self.held.0;
         held.replace_message(None);
         let weight = if len > self.budgeted { 0 } else { len };
-        match self.shared.budget.take(weight) {
+        match self.shared.budget.take(weight, held.anonymous) {
             Ok(p) => {
                 held.replace_message(p);
                 Ok(())

@@ -3,8 +3,9 @@
 //! HTTP, over HTTP/2 and HTTP/1.1 alike; the bytes of messages the server
 //! holds at once are bounded by `GrpcConfig::message_memory`, taken
 //! before a message is read and refused (`RESOURCE_EXHAUSTED`) rather
-//! than waited for; and callers the server answers nothing are refused
-//! from their headers, before they can take any of it.
+//! than waited for; callers the server answers nothing are refused from
+//! their headers, before they can take any of it; and the anonymous
+//! callers it does answer share a quarter of it (ADR-079).
 
 mod common;
 
@@ -494,6 +495,57 @@ async fn anonymous_callers_that_stall_cannot_hold_the_budget() {
     let m = s.ops.metrics();
     assert_eq!(m.errors(store_ops::ErrorCode::TooMany), 0);
     assert_eq!(m.errors(store_ops::ErrorCode::Unauthorized), 6);
+}
+
+/// On a server that grants anonymous callers something, callers without
+/// credentials are admitted, but together they hold at most a quarter of
+/// the budget (ADR-079): stalled anonymous messages cannot take what a
+/// caller with a key needs.
+#[tokio::test]
+async fn anonymous_callers_share_a_quarter_of_the_budget() {
+    let s = start_with(|g| {
+        g.message_memory = 64 * KIB;
+        g.auth = Auth::new(keys(), vec![], Grant::parse_all(&["read"]).unwrap()).unwrap();
+    })
+    .await;
+    // Six anonymous callers on their own connections, each declaring a
+    // 16 KiB message (the anonymous quarter) and stalling: one holds it,
+    // the others are refused from their messages' headers.
+    let mut stalled = Vec::new();
+    for _ in 0..6 {
+        let ch = s.channel().await;
+        stalled.push(tokio::spawn(stalled_call(ch, UPDATE, None, 16 * KIB)));
+    }
+    let waited = std::time::Instant::now();
+    let refused = |c: &[tokio::task::JoinHandle<_>]| c.iter().filter(|c| c.is_finished()).count();
+    while refused(&stalled) < 5 && waited.elapsed().as_secs() < 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // A caller with a key stores a batch of 40 KiB meanwhile: the other
+    // three quarters are there.
+    let mut c = s.clients(Some(FULL)).await;
+    let blob = bytes(40 * KIB, 12);
+    let r = c
+        .cas
+        .batch_update_blobs(update_req(&[&blob]))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().responses[0].status.as_ref().unwrap().code, 0);
+    let mut holding = 0;
+    for call in stalled {
+        match call.await.unwrap() {
+            None => holding += 1,
+            Some((code, msg)) => {
+                assert_eq!(code, Code::ResourceExhausted as i32, "{msg}");
+                assert!(msg.contains("anonymous callers"), "{msg}");
+            }
+        }
+    }
+    assert_eq!(
+        holding, 1,
+        "one stalled anonymous message holds the quarter"
+    );
+    assert_eq!(s.ops.metrics().errors(store_ops::ErrorCode::TooMany), 5);
 }
 
 /// A call without credentials is refused before a byte of its body is
