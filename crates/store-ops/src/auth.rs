@@ -24,7 +24,9 @@
 //! [`Auth::open`] (the default) is the frictionless loopback server:
 //! everyone is the anonymous identity with every scope.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::sync::{Arc, LazyLock};
 
 use rand::RngCore;
 
@@ -204,36 +206,43 @@ pub enum Credential {
 }
 
 /// Who makes a request, and what it may do.
+///
+/// Cheap to clone (two reference counts): [`Auth`] builds each configured
+/// identity once and every request clones it, so authenticating allocates
+/// nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
-    name: String,
+    name: Arc<str>,
     credential: Credential,
-    grants: Vec<Grant>,
+    grants: Arc<[Grant]>,
 }
 
 impl Identity {
     /// An identity with `grants`.
     pub fn new(name: impl Into<String>, credential: Credential, grants: Vec<Grant>) -> Self {
         Identity {
-            name: name.into(),
+            name: name.into().into(),
             credential,
-            grants,
+            grants: grants.into(),
         }
     }
 
     /// The identity of an open server: anonymous, every scope.
     pub fn open() -> Self {
-        Identity::new(
-            ANONYMOUS,
-            Credential::None,
-            [Scope::Read, Scope::Write, Scope::Delete, Scope::Admin]
-                .into_iter()
-                .map(|scope| Grant {
-                    scope,
-                    namespaces: NsPattern("*".into()),
-                })
-                .collect(),
-        )
+        static OPEN: LazyLock<Identity> = LazyLock::new(|| {
+            Identity::new(
+                ANONYMOUS,
+                Credential::None,
+                [Scope::Read, Scope::Write, Scope::Delete, Scope::Admin]
+                    .into_iter()
+                    .map(|scope| Grant {
+                        scope,
+                        namespaces: NsPattern("*".into()),
+                    })
+                    .collect(),
+            )
+        });
+        OPEN.clone()
     }
 
     /// The configured name (`anonymous` without credentials). Pin tokens
@@ -324,6 +333,11 @@ pub struct Auth {
     keys: Vec<ApiKey>,
     certs: Vec<CertIdentity>,
     anonymous: Vec<Grant>,
+    /// The identities of `keys`, `certs` and `anonymous`, built once
+    /// (same order; see [`Identity`]).
+    key_ids: Vec<Identity>,
+    cert_ids: Vec<Identity>,
+    anonymous_id: Identity,
 }
 
 impl Default for Auth {
@@ -341,6 +355,9 @@ impl Auth {
             keys: Vec::new(),
             certs: Vec::new(),
             anonymous: Vec::new(),
+            key_ids: Vec::new(),
+            cert_ids: Vec::new(),
+            anonymous_id: Identity::new(ANONYMOUS, Credential::None, Vec::new()),
         }
     }
 
@@ -378,11 +395,23 @@ impl Auth {
                 return Err(AuthConfigError::DuplicateHash(k.name.clone()));
             }
         }
+        let key_ids = keys
+            .iter()
+            .map(|k| Identity::new(k.name.clone(), Credential::Key, k.grants.clone()))
+            .collect();
+        let cert_ids = certs
+            .iter()
+            .map(|c| Identity::new(c.name.clone(), Credential::Certificate, c.grants.clone()))
+            .collect();
+        let anonymous_id = Identity::new(ANONYMOUS, Credential::None, anonymous.clone());
         Ok(Auth {
             enabled: true,
             keys,
             certs,
             anonymous,
+            key_ids,
+            cert_ids,
+            anonymous_id,
         })
     }
 
@@ -428,9 +457,9 @@ impl Auth {
                 .split_once(' ')
                 .ok_or(AuthError::Malformed("expected `Bearer <key>` or `Basic …`"))?;
             let key = if scheme.eq_ignore_ascii_case("bearer") {
-                value.trim().to_string()
+                Cow::Borrowed(value.trim())
             } else if scheme.eq_ignore_ascii_case("basic") {
-                basic_password(value)?
+                Cow::Owned(basic_password(value)?)
             } else {
                 return Err(AuthError::Malformed(
                     "only the Bearer and Basic schemes are supported",
@@ -438,35 +467,26 @@ impl Auth {
             };
             let hash = key_hash(&key);
             // Compare with every key (constant-time equality), no early exit.
-            let mut found: Option<&ApiKey> = None;
-            for k in &self.keys {
+            let mut found: Option<&Identity> = None;
+            for (k, id) in self.keys.iter().zip(&self.key_ids) {
                 if k.hash == hash {
-                    found = Some(k);
+                    found = Some(id);
                 }
             }
-            return found
-                .map(|k| Identity::new(k.name.clone(), Credential::Key, k.grants.clone()))
-                .ok_or(AuthError::UnknownKey);
+            return found.cloned().ok_or(AuthError::UnknownKey);
         }
         if let Some(cert) = cert {
-            let names = cert
-                .common_name
+            let names = cert.common_name.iter().chain(cert.dns_names.iter());
+            let matched = self
+                .certs
                 .iter()
-                .chain(cert.dns_names.iter())
-                .collect::<Vec<_>>();
-            if let Some(c) = self.certs.iter().find(|c| names.contains(&&c.subject)) {
-                return Ok(Identity::new(
-                    c.name.clone(),
-                    Credential::Certificate,
-                    c.grants.clone(),
-                ));
+                .zip(&self.cert_ids)
+                .find(|(c, _)| names.clone().any(|n| *n == c.subject));
+            if let Some((_, id)) = matched {
+                return Ok(id.clone());
             }
         }
-        Ok(Identity::new(
-            ANONYMOUS,
-            Credential::None,
-            self.anonymous.clone(),
-        ))
+        Ok(self.anonymous_id.clone())
     }
 }
 
