@@ -167,8 +167,9 @@ struct Verifier {
 /// Who hashes the bytes of a verified read.
 enum Check {
     /// The facade, as the bytes pass through `poll_read` (boxed: the
-    /// hasher's state is ~2 KB).
-    Here(Box<blake3::Hasher>),
+    /// hasher's state is ~2 KB; made at the first bytes hashed in pieces,
+    /// so an entry in memory hashed at once never allocates one).
+    Here(Option<Box<blake3::Hasher>>),
     /// The engine: its digest of the yielded bytes arrives on `digest`.
     /// `at_eof` is set once the reader reported EOF and only the digest
     /// is still awaited (the reader is not polled again).
@@ -186,7 +187,7 @@ impl Blob {
                 digest,
                 at_eof: false,
             },
-            None => Check::Here(Box::new(blake3::Hasher::new())),
+            None => Check::Here(None),
         };
         Blob {
             len: body.len,
@@ -462,13 +463,18 @@ impl Verifier {
     }
 }
 
+/// The hasher of a [`Check::Here`], made on first use.
+fn hasher_of(h: &mut Option<Box<blake3::Hasher>>) -> &mut blake3::Hasher {
+    h.get_or_insert_with(|| Box::new(blake3::Hasher::new()))
+}
+
 impl Verifier {
     /// After EOF: the verdict on every byte seen (hashed here, or the
     /// engine's digest awaited).
     fn poll_at_eof(&mut self, cx: &mut Context<'_>, len: u64) -> Poll<io::Result<()>> {
         match &mut self.check {
             Check::Here(hasher) => {
-                let actual = Digest::from(hasher.finalize());
+                let actual = Digest::from(hasher_of(hasher).finalize());
                 Poll::Ready(self.verdict(len, actual))
             }
             Check::Engine { digest, .. } if self.seen < len => {
@@ -503,6 +509,7 @@ impl Verifier {
         self.seen += fresh.len() as u64;
         match &mut self.check {
             Check::Here(hasher) => {
+                let hasher = hasher_of(hasher);
                 hasher.update(fresh);
                 if self.seen > len {
                     let actual = Digest::from(hasher.finalize());
