@@ -452,6 +452,18 @@ async fn stalled_call(
     Some((code, message))
 }
 
+/// A caller with a key stores a batch of one blob of `len` bytes.
+async fn keyed_batch_passes(s: &Server, len: usize, seed: u8) {
+    let mut c = s.clients(Some(FULL)).await;
+    let blob = bytes(len, seed);
+    let r = c
+        .cas
+        .batch_update_blobs(update_req(&[&blob]))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().responses[0].status.as_ref().unwrap().code, 0);
+}
+
 /// On a server that requires keys, callers without one (or with a wrong
 /// one) that declare large messages and stall are refused from their
 /// headers: the budget stays for the callers with keys.
@@ -474,14 +486,7 @@ async fn anonymous_callers_that_stall_cannot_hold_the_budget() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     // A caller with a key stores a batch of most of the budget meanwhile.
-    let mut c = s.clients(Some(FULL)).await;
-    let blob = bytes(48 * KIB, 9);
-    let r = c
-        .cas
-        .batch_update_blobs(update_req(&[&blob]))
-        .await
-        .unwrap();
-    assert_eq!(r.into_inner().responses[0].status.as_ref().unwrap().code, 0);
+    keyed_batch_passes(&s, 48 * KIB, 9).await;
     for (i, call) in stalled.into_iter().enumerate() {
         let answer = call.await.unwrap();
         let (code, msg) = answer.expect("refused without waiting for the body");
@@ -523,14 +528,7 @@ async fn anonymous_callers_share_a_quarter_of_the_budget() {
     }
     // A caller with a key stores a batch of 40 KiB meanwhile: the other
     // three quarters are there.
-    let mut c = s.clients(Some(FULL)).await;
-    let blob = bytes(40 * KIB, 12);
-    let r = c
-        .cas
-        .batch_update_blobs(update_req(&[&blob]))
-        .await
-        .unwrap();
-    assert_eq!(r.into_inner().responses[0].status.as_ref().unwrap().code, 0);
+    keyed_batch_passes(&s, 40 * KIB, 12).await;
     let mut holding = 0;
     for call in stalled {
         match call.await.unwrap() {
