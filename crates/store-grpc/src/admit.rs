@@ -82,8 +82,8 @@ pub(crate) struct Permit {
 }
 
 impl Budget {
-    /// A budget of `total` bytes, a [`ANONYMOUS_SHARE`]th of it for
-    /// anonymous callers.
+    /// A budget of `total` bytes, of which `total / ANONYMOUS_SHARE`
+    /// for anonymous callers.
     pub(crate) fn new(total: usize) -> Budget {
         let total = total.min(Semaphore::MAX_PERMITS);
         Budget {

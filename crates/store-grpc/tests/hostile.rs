@@ -546,6 +546,30 @@ async fn anonymous_callers_share_a_quarter_of_the_budget() {
     assert_eq!(s.ops.metrics().errors(store_ops::ErrorCode::TooMany), 5);
 }
 
+/// An anonymous caller's `BatchReadBlobs` answer is held from the
+/// anonymous quarter too (ADR-079): an answer larger than the quarter is
+/// refused to it, and given to a caller with a key.
+#[tokio::test]
+async fn an_anonymous_batch_read_answer_is_held_from_the_quarter() {
+    let s = start_with(|g| {
+        g.message_memory = 64 * KIB;
+        g.auth = Auth::new(keys(), vec![], Grant::parse_all(&["read"]).unwrap()).unwrap();
+    })
+    .await;
+    keyed_batch_passes(&s, 24 * KIB, 13).await;
+    let blob = bytes(24 * KIB, 13);
+    let mut anonymous = s.clients(None).await;
+    let e = (anonymous.cas.batch_read_blobs(read_req(&[&blob])).await).unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("anonymous callers"), "{e:?}");
+    let mut keyed = s.clients(Some(FULL)).await;
+    let r = (keyed.cas.batch_read_blobs(read_req(&[&blob])).await)
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.responses[0].status.as_ref().unwrap().code, 0);
+    assert_eq!(r.responses[0].data, blob);
+}
+
 /// A call without credentials is refused before a byte of its body is
 /// read, and takes nothing; a key that matches none too, and under a
 /// host that is not allowed the host is the answer, as in the handlers.

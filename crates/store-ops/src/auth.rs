@@ -330,14 +330,12 @@ impl fmt::Display for AuthError {
 pub struct Auth {
     /// `false`: [`Auth::open`], everyone may do everything.
     enabled: bool,
-    keys: Vec<ApiKey>,
-    certs: Vec<CertIdentity>,
-    anonymous: Vec<Grant>,
-    /// The identities of `keys`, `certs` and `anonymous`, built once
-    /// (same order; see [`Identity`]).
-    key_ids: Vec<Identity>,
-    cert_ids: Vec<Identity>,
-    anonymous_id: Identity,
+    /// Each configured key or certificate with its identity, built once
+    /// (see [`Identity`]).
+    keys: Vec<(ApiKey, Identity)>,
+    certs: Vec<(CertIdentity, Identity)>,
+    /// The identity of callers without credentials.
+    anonymous: Identity,
 }
 
 impl Default for Auth {
@@ -354,10 +352,7 @@ impl Auth {
             enabled: false,
             keys: Vec::new(),
             certs: Vec::new(),
-            anonymous: Vec::new(),
-            key_ids: Vec::new(),
-            cert_ids: Vec::new(),
-            anonymous_id: Identity::new(ANONYMOUS, Credential::None, Vec::new()),
+            anonymous: Identity::new(ANONYMOUS, Credential::None, Vec::new()),
         }
     }
 
@@ -395,23 +390,22 @@ impl Auth {
                 return Err(AuthConfigError::DuplicateHash(k.name.clone()));
             }
         }
-        let key_ids = keys
-            .iter()
-            .map(|k| Identity::new(k.name.clone(), Credential::Key, k.grants.clone()))
-            .collect();
-        let cert_ids = certs
-            .iter()
-            .map(|c| Identity::new(c.name.clone(), Credential::Certificate, c.grants.clone()))
-            .collect();
-        let anonymous_id = Identity::new(ANONYMOUS, Credential::None, anonymous.clone());
         Ok(Auth {
             enabled: true,
-            keys,
-            certs,
-            anonymous,
-            key_ids,
-            cert_ids,
-            anonymous_id,
+            keys: (keys.into_iter())
+                .map(|k| {
+                    let id = Identity::new(k.name.clone(), Credential::Key, k.grants.clone());
+                    (k, id)
+                })
+                .collect(),
+            certs: (certs.into_iter())
+                .map(|c| {
+                    let id =
+                        Identity::new(c.name.clone(), Credential::Certificate, c.grants.clone());
+                    (c, id)
+                })
+                .collect(),
+            anonymous: Identity::new(ANONYMOUS, Credential::None, anonymous),
         })
     }
 
@@ -427,7 +421,7 @@ impl Auth {
 
     /// The anonymous grants.
     pub fn anonymous_grants(&self) -> &[Grant] {
-        &self.anonymous
+        self.anonymous.grants()
     }
 
     /// Who makes a request with this `Authorization` header value and
@@ -468,7 +462,7 @@ impl Auth {
             let hash = key_hash(&key);
             // Compare with every key (constant-time equality), no early exit.
             let mut found: Option<&Identity> = None;
-            for (k, id) in self.keys.iter().zip(&self.key_ids) {
+            for (k, id) in &self.keys {
                 if k.hash == hash {
                     found = Some(id);
                 }
@@ -477,16 +471,12 @@ impl Auth {
         }
         if let Some(cert) = cert {
             let names = cert.common_name.iter().chain(cert.dns_names.iter());
-            let matched = self
-                .certs
-                .iter()
-                .zip(&self.cert_ids)
-                .find(|(c, _)| names.clone().any(|n| *n == c.subject));
+            let matched = (self.certs.iter()).find(|(c, _)| names.clone().any(|n| *n == c.subject));
             if let Some((_, id)) = matched {
                 return Ok(id.clone());
             }
         }
-        Ok(self.anonymous_id.clone())
+        Ok(self.anonymous.clone())
     }
 }
 
