@@ -109,7 +109,7 @@ pub struct Blob {
 struct Body {
     len: u64,
     reader: Pin<Box<dyn AsyncRead + Send>>,
-    digest: Option<oneshot::Receiver<Digest>>,
+    digest: Option<EngineDigest>,
     whole: Option<Bytes>,
     chunks: Option<Chunks>,
 }
@@ -120,12 +120,7 @@ impl Body {
             BlobReader::Bytes { bytes, digest } => Body {
                 len: bytes.len() as u64,
                 reader: Box::pin(std::io::Cursor::new(bytes.clone())),
-                digest: digest.map(|d| {
-                    let (tx, rx) = oneshot::channel();
-                    // The receiver is alive: it is returned.
-                    let _ = tx.send(d);
-                    rx
-                }),
+                digest: digest.map(EngineDigest::Known),
                 whole: Some(bytes),
                 chunks: None,
             },
@@ -136,7 +131,7 @@ impl Body {
             } => Body {
                 len,
                 reader: Box::pin(chunks.reader()),
-                digest,
+                digest: digest.map(EngineDigest::Later),
                 whole: None,
                 chunks: Some(chunks),
             },
@@ -147,7 +142,7 @@ impl Body {
             } => Body {
                 len,
                 reader,
-                digest,
+                digest: digest.map(EngineDigest::Later),
                 whole: None,
                 chunks: None,
             },
@@ -173,10 +168,7 @@ enum Check {
     /// The engine: its digest of the yielded bytes arrives on `digest`.
     /// `at_eof` is set once the reader reported EOF and only the digest
     /// is still awaited (the reader is not polled again).
-    Engine {
-        digest: oneshot::Receiver<Digest>,
-        at_eof: bool,
-    },
+    Engine { digest: EngineDigest, at_eof: bool },
 }
 
 impl Blob {
@@ -448,7 +440,7 @@ impl Verifier {
         let Check::Engine { digest, .. } = &mut self.check else {
             unreachable!("only engine-hashed reads await a digest");
         };
-        let got = ready!(Pin::new(digest).poll(cx));
+        let got = ready!(digest.poll(cx));
         Poll::Ready(match got {
             Ok(actual) => self.verdict(len, actual),
             Err(_) => {
@@ -460,6 +452,25 @@ impl Verifier {
                 )
             }
         })
+    }
+}
+
+/// An engine's digest of the bytes it yields: already there (bytes it
+/// read and hashed in one go: no channel to allocate), or sent once it
+/// has produced the last byte.
+enum EngineDigest {
+    Known(Digest),
+    Later(oneshot::Receiver<Digest>),
+}
+
+impl EngineDigest {
+    /// The digest once it is there; `Err` if the engine dropped its sender
+    /// without sending one.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Digest, oneshot::error::RecvError>> {
+        match self {
+            EngineDigest::Known(d) => Poll::Ready(Ok(*d)),
+            EngineDigest::Later(rx) => Pin::new(rx).poll(cx),
+        }
     }
 }
 
@@ -482,7 +493,7 @@ impl Verifier {
                 // last byte, which may wait for this reader to let go of
                 // the chunks it holds (a live-chunk budget, ADR-057), so
                 // it is taken if already sent but never awaited.
-                if let Poll::Ready(Ok(actual)) = Pin::new(digest).poll(cx) {
+                if let Poll::Ready(Ok(actual)) = digest.poll(cx) {
                     return Poll::Ready(self.verdict(len, actual));
                 }
                 self.finished = true;

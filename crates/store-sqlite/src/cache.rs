@@ -8,8 +8,12 @@
 //! fetched them from the file (never by a put), weighed by their length,
 //! evicted by `quick_cache`'s CLOCK-Pro policy within
 //! [`SqliteOptions::cache_bytes`](crate::SqliteOptions::cache_bytes). The
-//! bytes are the stored bytes as read; the facade verifies every read
-//! against the digest as before, cached or not.
+//! bytes are the stored bytes as read, hashed once when they were read
+//! ([`Hot::digest`]); only bytes that hash to their key's digest are
+//! cached. A whole read hands that digest to the facade with the bytes
+//! ([`store_types::BlobReader::hashed_bytes`]), which compares it with the
+//! key's instead of hashing the same immutable bytes again on every hit
+//! (ADR-080); a range is verified by the facade as before.
 //!
 //! # Exact invalidation
 //!
@@ -44,7 +48,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use bytes::Bytes;
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
-use store_types::Key;
+use store_types::{Digest, Key};
 
 /// Bytes charged per cached entry beyond its content (key, bookkeeping).
 const ENTRY_OVERHEAD: u64 = 128;
@@ -52,13 +56,30 @@ const ENTRY_OVERHEAD: u64 = 128;
 /// Largest entry the cache takes, whatever its capacity.
 pub(crate) const MAX_CACHED_ENTRY: usize = 256 * 1024;
 
-/// A cached entry: its stored bytes, recorded size and creation time
-/// (`meta` is answered from the last two, as from the row).
+/// A cached entry: its stored bytes, their BLAKE3 digest, recorded size
+/// and creation time (`meta` is answered from the last two, as from the
+/// row).
 #[derive(Clone)]
 pub(crate) struct Hot {
     pub(crate) content: Bytes,
+    /// The digest of `content`, computed once when it was read from the
+    /// file ([`Hot::read`]); a whole read hands it to the facade, which
+    /// then compares instead of hashing again (ADR-080).
+    pub(crate) digest: Digest,
     pub(crate) size: i64,
     pub(crate) created_at: i64,
+}
+
+impl Hot {
+    /// A row as read from the file, its content hashed.
+    pub(crate) fn read(content: Bytes, size: i64, created_at: i64) -> Hot {
+        Hot {
+            digest: Digest::of(&content),
+            content,
+            size,
+            created_at,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -123,13 +144,15 @@ impl HotCache {
     }
 
     /// Inserts what a query found, unless an invalidation ran since `seen`
-    /// (the [`epoch`](Self::epoch) loaded before the query) or the entry is
-    /// too large to cache.
+    /// (the [`epoch`](Self::epoch) loaded before the query), the entry is
+    /// too large to cache, or its bytes do not hash to the key's digest (a
+    /// corrupt row is read from the file again every time, and fails
+    /// verification every time).
     pub(crate) fn offer(&self, key: &Key, hot: Hot, seen: u64) {
         let Some(entries) = &self.entries else {
             return;
         };
-        if hot.content.len() > self.max_entry {
+        if hot.content.len() > self.max_entry || hot.digest != key.digest {
             return;
         }
         let _gate = lock(&self.gate);

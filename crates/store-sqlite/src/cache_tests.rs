@@ -37,19 +37,22 @@ async fn read(engine: &SqliteEngine, k: &Key) -> Option<Vec<u8>> {
     Some(bytes.to_vec())
 }
 
-/// Deletes `k`'s row behind the engine's back (another connection): only
-/// a cache can still answer for it afterwards.
-fn delete_behind(path: &Path, k: &Key) {
+/// Runs `sql` on `k`'s row (`?1` its namespace, `?2` its digest) behind
+/// the engine's back, on another connection: it must touch that row.
+fn behind(path: &Path, sql: &str, k: &Key) {
     let conn = rusqlite::Connection::open(path).unwrap();
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .unwrap();
     let n = conn
-        .execute(
-            "DELETE FROM entries WHERE ns = ?1 AND digest = ?2",
-            (k.namespace.as_str(), &k.digest.as_bytes()[..]),
-        )
+        .execute(sql, (k.namespace.as_str(), &k.digest.as_bytes()[..]))
         .unwrap();
     assert_eq!(n, 1);
+}
+
+/// Deletes `k`'s row behind the engine's back: only a cache can still
+/// answer for it afterwards.
+fn delete_behind(path: &Path, k: &Key) {
+    behind(path, "DELETE FROM entries WHERE ns = ?1 AND digest = ?2", k);
 }
 
 #[tokio::test]
@@ -149,11 +152,7 @@ fn an_offer_racing_an_invalidation_never_outlives_it() {
     let dir = tempfile::tempdir().unwrap();
     let cache = HotCache::register(&dir.path().join("f"), 1 << 20);
     let k = key(b"racing");
-    let hot = || Hot {
-        content: Bytes::from_static(b"racing"),
-        size: 6,
-        created_at: 1,
-    };
+    let hot = || Hot::read(Bytes::from_static(b"racing"), 6, 1);
     // Epoch loaded, query found the row; the delete commits and
     // invalidates; then the offer.
     let seen = cache.epoch();
@@ -208,5 +207,66 @@ async fn no_read_after_a_delete_returns_sees_the_deleted_entry() {
             read(&e, &k).await.is_none(),
             "round {round}: late offer kept"
         );
+    }
+}
+
+/// Changes the first byte of `k`'s stored content behind the engine's
+/// back, the row otherwise as it was.
+fn corrupt_behind(path: &Path, k: &Key) {
+    let sql = "UPDATE entries SET content = CAST(
+                   (CASE WHEN substr(content, 1, 1) = x'00' THEN x'01' ELSE x'00' END)
+                   || substr(content, 2) AS BLOB)
+               WHERE ns = ?1 AND digest = ?2";
+    behind(path, sql, k);
+}
+
+/// A whole read hands the facade the digest computed when the bytes were
+/// read from the file, from the file and from the cache alike, so a hit
+/// is not hashed again (ADR-080); a span carries none (the facade checks
+/// ranges against the outboard).
+#[tokio::test]
+async fn whole_reads_carry_the_digest_of_their_bytes_and_spans_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir.path().join("db.sqlite"), 1 << 20).await;
+    let k = put(&e, b"hashed once").await;
+    for round in ["from the file", "from the cache"] {
+        let r = e.read_whole(&k).await.unwrap().unwrap();
+        assert!(
+            matches!(&r, BlobReader::Bytes { bytes, digest: Some(d) }
+                if &bytes[..] == b"hashed once" && *d == k.digest),
+            "{round}: {r:?}"
+        );
+        assert_eq!(e.cache_usage().0, 1, "{round}");
+    }
+    let r = e.read_exact(&k, 0..6).await.unwrap().unwrap();
+    assert!(
+        matches!(&r, BlobReader::Bytes { bytes, digest: None } if &bytes[..] == b"hashed"),
+        "{r:?}"
+    );
+}
+
+/// A row whose bytes no longer hash to its key's digest is never cached:
+/// every read of it goes to the file and hands the facade the digest of
+/// what the file holds, which fails verification there.
+#[tokio::test]
+async fn a_corrupt_row_is_never_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.sqlite");
+    let e = open(&path, 1 << 20).await;
+    let k = put(&e, b"soon corrupt").await;
+    corrupt_behind(&path, &k);
+    for _ in 0..2 {
+        let r = e.read_whole(&k).await.unwrap().unwrap();
+        let BlobReader::Bytes {
+            bytes,
+            digest: Some(d),
+        } = &r
+        else {
+            panic!("a whole read carries its digest: {r:?}")
+        };
+        assert_ne!(&bytes[..], b"soon corrupt");
+        assert_eq!(*d, Digest::of(bytes), "the digest of the bytes handed on");
+        assert_ne!(*d, k.digest);
+        assert_eq!(e.cache_usage().0, 0, "not cached");
     }
 }

@@ -46,14 +46,10 @@ fn blob(bytes: Vec<u8>) -> BlobReader {
 }
 
 /// The stored row of `key`: its content, recorded size and creation time.
-fn read_row(conn: &rusqlite::Connection, key: &Key) -> Result<Option<Hot>> {
+fn read_row(conn: &rusqlite::Connection, key: &Key) -> Result<Option<(Bytes, i64, i64)>> {
     let mut stmt = conn.prepare_cached(READ).sql()?;
     stmt.query_row((key.namespace.as_str(), &key.digest.as_bytes()[..]), |r| {
-        Ok(Hot {
-            content: Bytes::from(r.get::<_, Vec<u8>>(0)?),
-            size: r.get(1)?,
-            created_at: r.get(2)?,
-        })
+        Ok((Bytes::from(r.get::<_, Vec<u8>>(0)?), r.get(1)?, r.get(2)?))
     })
     .optional()
     .sql()
@@ -101,20 +97,24 @@ impl SqliteEngine {
     /// Reads `key`'s row on a reader connection and offers it to the
     /// hot-entry cache (the epoch is taken before the query: see the
     /// `cache` module).
+    /// The row is hashed after the reader connection is released.
     async fn read_through(&self, key: &Key) -> Result<Option<Hot>> {
-        let key = key.clone();
+        let query_key = key.clone();
         let cache = self.inner.cache.clone();
-        self.inner
+        let found = self
+            .inner
             .readers
             .run_inline_first(move |conn| {
                 let seen = cache.epoch();
-                let row = read_row(conn, &key)?;
-                if let Some(hot) = &row {
-                    cache.offer(&key, hot.clone(), seen);
-                }
-                Ok(row)
+                Ok(read_row(conn, &query_key)?.map(|row| (row, seen)))
             })
-            .await
+            .await?;
+        let Some(((content, size, created_at), seen)) = found else {
+            return Ok(None);
+        };
+        let hot = Hot::read(content, size, created_at);
+        self.inner.cache.offer(key, hot.clone(), seen);
+        Ok(Some(hot))
     }
 }
 
@@ -270,16 +270,16 @@ impl Engine for SqliteEngine {
                 .run(move |conn| read_row(conn, &key))
                 .await?;
             return row
-                .map(|h| SizedRead::from_bytes(h.content, options))
+                .map(|(content, _, _)| SizedRead::from_bytes(content, options))
                 .transpose();
         }
         if let Some(hot) = self.inner.cache.get(key) {
-            return SizedRead::from_bytes(hot.content, options).map(Some);
+            return SizedRead::from_hashed_bytes(hot.content, hot.digest, options).map(Some);
         }
         let size = async { Ok(self.meta(key).await?.map(|m| m.size)) };
         let whole = || async {
             let hot = self.read_through(key).await?;
-            Ok(hot.map(|h| BlobReader::from_bytes(h.content)))
+            Ok(hot.map(|h| BlobReader::hashed_bytes(h.content, h.digest)))
         };
         options
             .read_with(size, whole, |span| self.read_span(key, span))

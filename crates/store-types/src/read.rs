@@ -430,10 +430,30 @@ impl SizedRead {
     /// [`Error::InvalidRange`](crate::Error::InvalidRange) as
     /// [`ReadOptions::plan`].
     pub fn from_bytes(bytes: Bytes, options: &ReadOptions) -> crate::Result<Self> {
+        Self::from_memory(bytes, None, options)
+    }
+
+    /// [`from_bytes`](Self::from_bytes) for bytes whose BLAKE3 digest the
+    /// engine already has: a whole read carries it
+    /// ([`BlobReader::hashed_bytes`]), so a verified read does not hash
+    /// them again; a span does not (the facade verifies ranges itself).
+    pub fn from_hashed_bytes(
+        bytes: Bytes,
+        digest: Digest,
+        options: &ReadOptions,
+    ) -> crate::Result<Self> {
+        Self::from_memory(bytes, Some(digest), options)
+    }
+
+    fn from_memory(
+        bytes: Bytes,
+        digest: Option<Digest>,
+        options: &ReadOptions,
+    ) -> crate::Result<Self> {
         let size = bytes.len() as u64;
         let plan = options.plan(size)?;
         let reader = match &plan {
-            ReadPlan::Whole => BlobReader::from_bytes(bytes),
+            ReadPlan::Whole => BlobReader::Bytes { bytes, digest },
             // Both bounds are <= size, which came from a usize.
             ReadPlan::Span(span) => {
                 BlobReader::from_bytes(bytes.slice(span.start as usize..span.end as usize))
