@@ -129,10 +129,19 @@ pub(crate) fn value(s: impl AsRef<str>) -> HeaderValue {
     HeaderValue::from_str(s.as_ref()).expect("header values built here are visible ASCII")
 }
 
-/// A header value over `b` without copying it.
-fn shared_value(b: bytes::Bytes) -> HeaderValue {
-    HeaderValue::from_maybe_shared(b).expect("header values built here are visible ASCII")
+/// A header value over `b`, a digest's hex (quoted or not), without
+/// copying or checking it again: every byte is a hex digit or `"`.
+fn hex_value(b: bytes::Bytes) -> HeaderValue {
+    debug_assert!(b.iter().all(|c| c.is_ascii_hexdigit() || *c == b'"'));
+    // SAFETY: hex digits and `"` are visible ASCII, valid in a header
+    // value (`HeaderValue::from_maybe_shared` would accept every byte).
+    unsafe { HeaderValue::from_maybe_shared_unchecked(b) }
 }
+
+/// The names of the entry headers, checked once at compile time
+/// (`HeaderName::from_static` at run time checks every byte).
+const DIGEST_NAME: HeaderName = HeaderName::from_static(HEADER_DIGEST);
+const TIER_NAME: HeaderName = HeaderName::from_static(HEADER_TIER);
 
 /// Headers describing an entry (shared by `GET` and `HEAD`).
 pub(crate) fn entry_headers(h: &mut HeaderMap, digest: &str, tier: store_core::Tier) {
@@ -170,15 +179,15 @@ fn entry_headers_quoted(h: &mut HeaderMap, quoted: Vec<u8>, tier: store_core::Ti
     // header value built from `Bytes` shares them.
     let quoted = bytes::Bytes::from(quoted);
     let digest_value = quoted.slice(1..quoted.len() - 1);
-    h.insert(ETAG, shared_value(quoted));
+    h.insert(ETAG, hex_value(quoted));
     // Content under a digest never changes.
     h.insert(
         CACHE_CONTROL,
         HeaderValue::from_static("public, max-age=31536000, immutable"),
     );
-    h.insert(header(HEADER_DIGEST), shared_value(digest_value));
+    h.insert(DIGEST_NAME, hex_value(digest_value));
     h.insert(
-        header(HEADER_TIER),
+        TIER_NAME,
         HeaderValue::from_static(match tier {
             store_core::Tier::Kv => "kv",
             store_core::Tier::Large => "large",
