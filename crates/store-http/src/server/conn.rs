@@ -74,22 +74,41 @@ impl Shared {
 }
 
 /// One accepted connection, from TLS handshake to close.
+///
+/// A TLS connection's handshake and its stream are boxed: their state
+/// (rustls's) would otherwise make every connection's task that much
+/// larger, and spawning a task copies its future.
 pub(super) async fn connection(
     stream: TcpStream,
     remote: SocketAddr,
     _permit: OwnedSemaphorePermit,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let state = Arc::new(ConnState::new());
     let io = TimedIo::new(stream, state.clone(), shared.limits.write_timeout);
+    if shared.tls.is_some() {
+        Box::pin(over_tls(io, remote, state, &shared, stop)).await;
+        return;
+    }
+    let peer = PeerInfo {
+        remote,
+        tls: false,
+        client_cert: None,
+    };
+    drive(io, peer, state, &shared.plain, &shared, stop).await;
+}
+
+/// [`connection`] under TLS: the handshake (bounded by the header read
+/// timeout), then HTTP/1.1 or HTTP/2 by ALPN.
+async fn over_tls(
+    io: TimedIo,
+    remote: SocketAddr,
+    state: Arc<ConnState>,
+    shared: &Shared,
+    mut stop: watch::Receiver<bool>,
+) {
     let Some(tls) = &shared.tls else {
-        let peer = PeerInfo {
-            remote,
-            tls: false,
-            client_cert: None,
-        };
-        drive(io, peer, state, &shared.plain, &shared, stop).await;
         return;
     };
     if *stop.borrow() {
@@ -124,7 +143,7 @@ pub(super) async fn connection(
     };
     state.restart_clock();
     let builder = if h2 { &shared.http2 } else { &shared.http1 };
-    drive(stream, peer, state, builder, &shared, stop).await;
+    drive(stream, peer, state, builder, shared, stop).await;
 }
 
 /// Serves HTTP on `io` with the watchdog until the connection ends.
