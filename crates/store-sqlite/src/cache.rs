@@ -132,6 +132,12 @@ impl HotCache {
         cache
     }
 
+    /// Whether an entry of `len` bytes would be cached (the cache is on
+    /// and the entry within its size limit).
+    pub(crate) fn takes(&self, len: usize) -> bool {
+        self.entries.is_some() && len <= self.max_entry
+    }
+
     /// The cached entry of `key`, if any.
     pub(crate) fn get(&self, key: &Key) -> Option<Hot> {
         self.entries.as_ref()?.get(key)
@@ -152,7 +158,7 @@ impl HotCache {
         let Some(entries) = &self.entries else {
             return;
         };
-        if hot.content.len() > self.max_entry || hot.digest != key.digest {
+        if !self.takes(hot.content.len()) || hot.digest != key.digest {
             return;
         }
         let _gate = lock(&self.gate);

@@ -270,3 +270,28 @@ async fn a_corrupt_row_is_never_cached() {
         assert_eq!(e.cache_usage().0, 0, "not cached");
     }
 }
+
+/// A row the cache cannot take (above its entry limit, or the cache off)
+/// is not hashed by the engine: the facade hashes it as it streams, on
+/// several cores when it is large, as before ADR-080.
+#[tokio::test]
+async fn rows_the_cache_cannot_take_carry_no_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    // 1 MiB of cache: entries up to 64 KiB.
+    let e = open(&dir.path().join("on.sqlite"), 1 << 20).await;
+    let big = vec![7u8; 100 * 1024];
+    let k = put(&e, &big).await;
+    let r = e.read_whole(&k).await.unwrap().unwrap();
+    assert!(
+        matches!(&r, BlobReader::Bytes { bytes, digest: None } if bytes.len() == big.len()),
+        "{r:?}"
+    );
+    assert_eq!(e.cache_usage().0, 0);
+    let off = open(&dir.path().join("off.sqlite"), 0).await;
+    let k = put(&off, b"small, cache off").await;
+    let r = off.read_whole(&k).await.unwrap().unwrap();
+    assert!(
+        matches!(&r, BlobReader::Bytes { digest: None, .. }),
+        "{r:?}"
+    );
+}

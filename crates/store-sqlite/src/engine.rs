@@ -97,8 +97,11 @@ impl SqliteEngine {
     /// Reads `key`'s row on a reader connection and offers it to the
     /// hot-entry cache (the epoch is taken before the query: see the
     /// `cache` module).
-    /// The row is hashed after the reader connection is released.
-    async fn read_through(&self, key: &Key) -> Result<Option<Hot>> {
+    /// A row the cache can take is hashed (after the reader connection is
+    /// released) and its digest handed on with the bytes; a larger one is
+    /// not, and the facade hashes it as it streams (on several cores when
+    /// it is large), as before ADR-080.
+    async fn read_through(&self, key: &Key) -> Result<Option<BlobReader>> {
         let query_key = key.clone();
         let cache = self.inner.cache.clone();
         let found = self
@@ -112,9 +115,13 @@ impl SqliteEngine {
         let Some(((content, size, created_at), seen)) = found else {
             return Ok(None);
         };
+        if !self.inner.cache.takes(content.len()) {
+            return Ok(Some(BlobReader::from_bytes(content)));
+        }
         let hot = Hot::read(content, size, created_at);
-        self.inner.cache.offer(key, hot.clone(), seen);
-        Ok(Some(hot))
+        let reader = BlobReader::hashed_bytes(hot.content.clone(), hot.digest);
+        self.inner.cache.offer(key, hot, seen);
+        Ok(Some(reader))
     }
 }
 
@@ -277,10 +284,7 @@ impl Engine for SqliteEngine {
             return SizedRead::from_hashed_bytes(hot.content, hot.digest, options).map(Some);
         }
         let size = async { Ok(self.meta(key).await?.map(|m| m.size)) };
-        let whole = || async {
-            let hot = self.read_through(key).await?;
-            Ok(hot.map(|h| BlobReader::hashed_bytes(h.content, h.digest)))
-        };
+        let whole = || self.read_through(key);
         options
             .read_with(size, whole, |span| self.read_span(key, span))
             .await
