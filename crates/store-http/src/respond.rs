@@ -129,31 +129,25 @@ pub(crate) fn value(s: impl AsRef<str>) -> HeaderValue {
     HeaderValue::from_str(s.as_ref()).expect("header values built here are visible ASCII")
 }
 
-/// A header value over `b`, a digest's hex (quoted or not), without
-/// copying or checking it again: every byte is a hex digit or `"`.
-fn hex_value(b: bytes::Bytes) -> HeaderValue {
-    debug_assert!(b.iter().all(|c| c.is_ascii_hexdigit() || *c == b'"'));
-    // SAFETY: hex digits and `"` are visible ASCII, valid in a header
-    // value (`HeaderValue::from_maybe_shared` would accept every byte).
-    unsafe { HeaderValue::from_maybe_shared_unchecked(b) }
-}
-
 /// The names of the entry headers, checked once at compile time
 /// (`HeaderName::from_static` at run time checks every byte).
 const DIGEST_NAME: HeaderName = HeaderName::from_static(HEADER_DIGEST);
 const TIER_NAME: HeaderName = HeaderName::from_static(HEADER_TIER);
 
-/// Headers describing an entry (shared by `GET` and `HEAD`).
+/// Headers describing an entry (shared by `GET` and `HEAD`), from the
+/// digest's hex as the store answered it (checked as a header value).
 pub(crate) fn entry_headers(h: &mut HeaderMap, digest: &str, tier: store_core::Tier) {
-    let mut quoted = Vec::with_capacity(digest.len() + 2);
-    quoted.push(b'"');
-    quoted.extend_from_slice(digest.as_bytes());
-    quoted.push(b'"');
-    entry_headers_quoted(h, quoted, tier);
+    let quoted = bytes::Bytes::from(format!("\"{digest}\""));
+    let value = |b: bytes::Bytes| {
+        HeaderValue::from_maybe_shared(b).expect("a digest's hex is a valid header value")
+    };
+    let digest = value(quoted.slice(1..quoted.len() - 1));
+    entry_headers_with(h, value(quoted), digest, tier);
 }
 
 /// [`entry_headers`] of a digest, its hex written once into the buffer
-/// the ETag and the digest header share.
+/// the ETag and the digest header share, and not checked again byte by
+/// byte: this function wrote every byte.
 fn entry_headers_of(h: &mut HeaderMap, digest: &store_core::Digest, tier: store_core::Tier) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut quoted = Vec::with_capacity(66);
@@ -163,29 +157,35 @@ fn entry_headers_of(h: &mut HeaderMap, digest: &store_core::Digest, tier: store_
         quoted.push(HEX[usize::from(b & 0xf)]);
     }
     quoted.push(b'"');
-    entry_headers_quoted(h, quoted, tier);
+    let quoted = bytes::Bytes::from(quoted);
+    // SAFETY: every byte is a hex digit or `"`, visible ASCII, which
+    // `HeaderValue::from_maybe_shared` accepts (debug builds check it).
+    let value = |b| unsafe { HeaderValue::from_maybe_shared_unchecked(b) };
+    let digest = value(quoted.slice(1..quoted.len() - 1));
+    entry_headers_with(h, value(quoted), digest, tier);
 }
 
-/// The entry headers with `quoted` the digest in double quotes (its
-/// exact length: `Bytes` takes it without copying).
-fn entry_headers_quoted(h: &mut HeaderMap, quoted: Vec<u8>, tier: store_core::Tier) {
+/// The entry headers with `etag` the digest in double quotes and
+/// `digest` its hex (both sharing one buffer).
+fn entry_headers_with(
+    h: &mut HeaderMap,
+    etag: HeaderValue,
+    digest: HeaderValue,
+    tier: store_core::Tier,
+) {
     h.reserve(9);
     h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
     h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    // One buffer for both: the ETag is the digest in quotes, and a
-    // header value built from `Bytes` shares them.
-    let quoted = bytes::Bytes::from(quoted);
-    let digest_value = quoted.slice(1..quoted.len() - 1);
-    h.insert(ETAG, hex_value(quoted));
+    h.insert(ETAG, etag);
     // Content under a digest never changes.
     h.insert(
         CACHE_CONTROL,
         HeaderValue::from_static("public, max-age=31536000, immutable"),
     );
-    h.insert(DIGEST_NAME, hex_value(digest_value));
+    h.insert(DIGEST_NAME, digest);
     h.insert(
         TIER_NAME,
         HeaderValue::from_static(match tier {

@@ -97,6 +97,7 @@ impl SqliteEngine {
     /// Reads `key`'s row on a reader connection and offers it to the
     /// hot-entry cache (the epoch is taken before the query: see the
     /// `cache` module).
+    ///
     /// A row the cache can take is hashed (after the reader connection is
     /// released) and its digest handed on with the bytes; a larger one is
     /// not, and the facade hashes it as it streams (on several cores when

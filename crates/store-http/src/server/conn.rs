@@ -87,8 +87,8 @@ pub(super) async fn connection(
 ) {
     let state = Arc::new(ConnState::new());
     let io = TimedIo::new(stream, state.clone(), shared.limits.write_timeout);
-    if shared.tls.is_some() {
-        Box::pin(over_tls(io, remote, state, &shared, stop)).await;
+    if let Some(tls) = &shared.tls {
+        Box::pin(over_tls(io, remote, state, tls, &shared, stop)).await;
         return;
     }
     let peer = PeerInfo {
@@ -105,12 +105,10 @@ async fn over_tls(
     io: TimedIo,
     remote: SocketAddr,
     state: Arc<ConnState>,
+    tls: &TlsReloader,
     shared: &Shared,
     mut stop: watch::Receiver<bool>,
 ) {
-    let Some(tls) = &shared.tls else {
-        return;
-    };
     if *stop.borrow() {
         return;
     }
