@@ -112,6 +112,67 @@ pub struct TailRound {
     pub deleted: u64,
     /// Entries the mark pass arbitrated (sweep rounds).
     pub arbitrated: u64,
+    /// Where the SQLite database's reads and writes went during the
+    /// window (every database file the process has open).
+    #[serde(default)]
+    pub waits: Option<RoundWaits>,
+}
+
+/// The SQLite waits of one round (`store_sqlite::open_databases`, the
+/// deltas over the window): which path point reads took and what the
+/// slow ones waited for.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct RoundWaits {
+    /// Point reads answered on the calling thread.
+    pub inline: u64,
+    /// Point reads that would have waited for the disk and ran again.
+    pub fell_back: u64,
+    /// Reads run where they may wait (fallbacks, no free connection at
+    /// once, scans).
+    pub pooled: u64,
+    /// Waits for a read connection, and their mean (µs).
+    pub read_connection: (u64, u64),
+    /// Point reads not answered inline, and their mean time (µs).
+    pub point_read: (u64, u64),
+    /// Bulk (sweep) transactions, and their mean time (µs).
+    pub bulk: (u64, u64),
+    /// Foreground writes' time behind a bulk transaction: count, mean (µs).
+    pub behind_bulk: (u64, u64),
+}
+
+/// The process's SQLite waits so far, summed over its database files.
+fn sqlite_waits() -> (store_sqlite::ReadPath, store_sqlite::WaitHistograms) {
+    let mut path = store_sqlite::ReadPath::default();
+    let mut h = store_sqlite::WaitHistograms::default();
+    for d in store_sqlite::open_databases() {
+        path.inline += d.read_path.inline;
+        path.fell_back += d.read_path.fell_back;
+        path.pooled += d.read_path.pooled;
+        h.add(&d.histograms);
+    }
+    (path, h)
+}
+
+impl RoundWaits {
+    /// The waits between `before` (a [`sqlite_waits`] reading) and now.
+    fn since(before: &(store_sqlite::ReadPath, store_sqlite::WaitHistograms)) -> RoundWaits {
+        let (p1, h1) = sqlite_waits();
+        let (p0, h0) = before;
+        let d = |a: &store_sqlite::WaitHistogram, b: &store_sqlite::WaitHistogram| {
+            let n = a.count().saturating_sub(b.count());
+            let sum = a.sum_us.saturating_sub(b.sum_us);
+            (n, sum.checked_div(n).unwrap_or(0))
+        };
+        RoundWaits {
+            inline: p1.inline - p0.inline,
+            fell_back: p1.fell_back - p0.fell_back,
+            pooled: p1.pooled - p0.pooled,
+            read_connection: d(&h1.read_connection, &h0.read_connection),
+            point_read: d(&h1.point_read, &h0.point_read),
+            bulk: d(&h1.bulk_transaction, &h0.bulk_transaction),
+            behind_bulk: d(&h1.write_behind_bulk, &h0.write_behind_bulk),
+        }
+    }
 }
 
 impl TailRound {
@@ -220,6 +281,7 @@ pub async fn quiet_round(
     seed: u64,
 ) -> BenchResult<TailRound> {
     let stop = Arc::new(AtomicBool::new(false));
+    let before = sqlite_waits();
     let t = Instant::now();
     let timer = {
         let (stop, window) = (stop.clone(), plan.window);
@@ -237,6 +299,7 @@ pub async fn quiet_round(
         secs: t.elapsed().as_secs_f64(),
         deleted: 0,
         arbitrated: 0,
+        waits: Some(RoundWaits::since(&before)),
     })
 }
 
@@ -251,6 +314,7 @@ pub async fn sweep_round(
 ) -> BenchResult<TailRound> {
     fill(store, garbage_ns(), plan.garbage, KIB).await?;
     let stop = Arc::new(AtomicBool::new(false));
+    let before = sqlite_waits();
     let t = Instant::now();
     let sweeper = {
         let (store, stop) = (store.clone(), stop.clone());
@@ -291,6 +355,7 @@ pub async fn sweep_round(
         secs,
         deleted,
         arbitrated: mark.arbitrated(),
+        waits: Some(RoundWaits::since(&before)),
     })
 }
 
