@@ -164,9 +164,10 @@ impl RoundWaits {
             (n, sum.checked_div(n).unwrap_or(0))
         };
         RoundWaits {
-            inline: p1.inline - p0.inline,
-            fell_back: p1.fell_back - p0.fell_back,
-            pooled: p1.pooled - p0.pooled,
+            // Saturating: an engine closed meanwhile leaves the sums.
+            inline: p1.inline.saturating_sub(p0.inline),
+            fell_back: p1.fell_back.saturating_sub(p0.fell_back),
+            pooled: p1.pooled.saturating_sub(p0.pooled),
             read_connection: d(&h1.read_connection, &h0.read_connection),
             point_read: d(&h1.point_read, &h0.point_read),
             bulk: d(&h1.bulk_transaction, &h0.bulk_transaction),
@@ -385,4 +386,38 @@ pub async fn run(store: &Store, plan: &TailPlan) -> BenchResult<Vec<TailRound>> 
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gets of `n` digests never stored (so no cache answers them), from
+    /// `from` on.
+    async fn miss(store: &Store, from: u32, n: u32) {
+        for i in from..from + n {
+            let k = Key::new(live_ns(), store_types::Digest::of(&i.to_le_bytes()));
+            assert!(store.get(&k).await.unwrap().is_none());
+        }
+    }
+
+    /// A round's waits are what happened between its two readings: the
+    /// reads made before the first are not counted. (No other test of
+    /// this binary opens a database.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rounds_waits_count_its_own_reads_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::fixtures::composite_store_window(dir.path(), Duration::ZERO)
+            .await
+            .unwrap();
+        let reads = |w: &RoundWaits| w.inline + w.pooled;
+        let start = sqlite_waits();
+        miss(&store, 0, 5).await;
+        let five = reads(&RoundWaits::since(&start));
+        assert!(five >= 5, "five gets made no point reads");
+        miss(&store, 5, 50).await;
+        let before = sqlite_waits();
+        miss(&store, 55, 5).await;
+        assert_eq!(reads(&RoundWaits::since(&before)), five);
+    }
 }
