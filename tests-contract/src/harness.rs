@@ -404,6 +404,11 @@ impl Harness {
         Self::build(spec, opts, env, clock, kv, large).await
     }
 
+    /// The kv engine.
+    pub fn kv(&self) -> Arc<dyn KvEngine> {
+        self.kv.engine.clone()
+    }
+
     /// The kv engine as a plain engine.
     pub fn kv_engine(&self) -> Arc<dyn Engine> {
         self.kv.engine.clone()

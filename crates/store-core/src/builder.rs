@@ -216,6 +216,13 @@ impl StoreBuilder {
             lock_instances(kv.as_ref(), self.large.as_deref()).await?
         };
         let window_host = window_host(kv_seam.as_ref(), large_seam.as_ref()).await?;
+        // ADR-081: the kv engine's deletes unstage in the same transaction
+        // when it is the window host (it is whenever it has a window) and
+        // the sweep is not a fleet's (a fleet batch commits its own).
+        let window_deletes = match (&kv_seam, self.fleet) {
+            (Some(seam), false) if seam.window.is_some() => seam.window_deletes.clone(),
+            _ => None,
+        };
         let mut tiers: Vec<Arc<dyn store_types::Engine>> = vec![kv.clone()];
         if let Some(l) = &self.large {
             tiers.push(l.clone());
@@ -226,6 +233,7 @@ impl StoreBuilder {
                 window: self.window,
                 clock: self.clock.clone(),
                 window_host,
+                window_deletes,
                 shared_lock: fleet_state.as_ref().map(|f| f.lock.clone()),
                 fleet_pins: fleet_state.as_ref().map(|f| f.pins.clone()),
                 refs: kv.refs(),

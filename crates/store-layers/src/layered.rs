@@ -14,7 +14,7 @@ use bytes::Bytes;
 use store_types::{
     Capabilities, Digest, Engine, EntryMeta, InstanceLock, JointStagedWrite, Key, KvEngine,
     LargeEngine, Namespace, PinIntent, PublishOutcome, ReadOptions, RefStore, Result, SizedRead,
-    Stage, StagedWrite, Tier, Timestamp,
+    Stage, StagedWrite, Tier, Timestamp, WindowDeletes,
 };
 
 use crate::layer::{wrong_reply, Call, EngineLayer, Reply};
@@ -31,7 +31,8 @@ use crate::layer::{wrong_reply, Call, EngineLayer, Reply};
 /// Cancel safety: each method is exactly as cancel-safe as the inner
 /// engine's, provided the layers keep the [`EngineLayer`] contract (a
 /// dropped call drops the inner call with it); `capabilities`, `refs` and
-/// `cache` pass through without the layer.
+/// `cache` pass through without the layer (but the seam's
+/// `window_deletes` in `capabilities` run through it: ADR-081).
 pub struct Layered<E: ?Sized> {
     inner: Arc<E>,
     layer: Arc<dyn EngineLayer>,
@@ -94,8 +95,23 @@ macro_rules! through {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<E: Engine + ?Sized> Engine for Layered<E> {
+    /// The inner engine's, with its seam's `window_deletes` (ADR-081)
+    /// wrapped in the layer: a sweep's deletes through them are seen as
+    /// [`Op::DeleteMany`](crate::Op::DeleteMany) calls, like
+    /// `delete_many`'s.
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        if let Some(seam) = caps.seam.as_mut() {
+            seam.window_deletes = seam.window_deletes.take().map(|inner| {
+                Arc::new(LayeredDeletes {
+                    inner,
+                    layer: self.layer.clone(),
+                    kind: self.kind,
+                    tier: self.tier,
+                }) as Arc<dyn WindowDeletes>
+            });
+        }
+        caps
     }
 
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
@@ -443,5 +459,35 @@ impl std::fmt::Debug for LayerStack {
         f.debug_struct("LayerStack")
             .field("layers", &self.layers.len())
             .finish()
+    }
+}
+
+/// A seam's [`WindowDeletes`] behind a [`Layered`] engine's layer
+/// (ADR-081): each call is an [`Op::DeleteMany`](crate::Op::DeleteMany)
+/// of the engine, so the layer sees a sweep's deletes whichever way they
+/// reach the engine.
+struct LayeredDeletes {
+    inner: Arc<dyn WindowDeletes>,
+    layer: Arc<dyn EngineLayer>,
+    kind: &'static str,
+    tier: Option<Tier>,
+}
+
+#[async_trait]
+impl WindowDeletes for LayeredDeletes {
+    async fn delete_unstaging(
+        &self,
+        ns: &Namespace,
+        digests: &[Digest],
+    ) -> Result<Vec<Option<u64>>> {
+        let mut call = Call::new(crate::Op::DeleteMany, self.kind, self.tier);
+        call.ns = Some(ns);
+        call.digests = digests;
+        through!(self, call, Freed, async move {
+            self.inner
+                .delete_unstaging(ns, digests)
+                .await
+                .map(Reply::Freed)
+        })
     }
 }

@@ -153,6 +153,7 @@ impl PgLoEngine {
             window: Some(Arc::new(PgWindow::new(pool, schema))),
             pins: None,
             sweep_lock: None,
+            window_deletes: None,
         }
     }
 

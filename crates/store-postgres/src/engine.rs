@@ -188,6 +188,7 @@ impl PostgresEngine {
                 self.inner.instance.clone(),
             ))),
             sweep_lock: Some(Arc::new(PgSweepLock::new(pool, &database, &schema))),
+            window_deletes: None,
         }
     }
 

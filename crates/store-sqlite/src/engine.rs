@@ -16,7 +16,7 @@ use store_types::{
 use crate::cache::Hot;
 use crate::error::SqlResultExt;
 use crate::sql::{self, digest_at, namespace_at, to_i64, to_u64};
-use crate::window::SqliteGcSeam;
+use crate::window::{SqliteGcSeam, UNSTAGE};
 use crate::writer::BULK_ROWS;
 use crate::{SqliteEngine, MAX_BLOB_LEN};
 
@@ -56,14 +56,16 @@ fn read_row(conn: &rusqlite::Connection, key: &Key) -> Result<Option<(Bytes, i64
 }
 
 impl SqliteEngine {
-    /// The engine-state seam: `gc_window` only (ADR-012 §5).
+    /// The engine-state seam: `gc_window` only (ADR-012 §5), and deletes
+    /// that unstage in the same transaction (ADR-081).
     fn seam(&self) -> GcSeam {
         let seam = Arc::new(SqliteGcSeam::new(self.clone()));
         GcSeam {
             schema: seam.clone(),
-            window: Some(seam),
+            window: Some(seam.clone()),
             pins: None,
             sweep_lock: None,
+            window_deletes: Some(seam),
         }
     }
 
@@ -137,12 +139,15 @@ impl SqliteEngine {
     /// Deletes `digests` of `ns` in one write job (bulk or foreground); the
     /// hot-entry cache forgets them after the commit (or failure), before
     /// the answer: no cache of this file answers for a deleted key once
-    /// this returns (TUNING.md §sqlite-hot-cache).
-    async fn delete_chunk(
+    /// this returns (TUNING.md §sqlite-hot-cache). With `unstage`, the
+    /// same transaction removes the `gc_window` row of every digest it
+    /// deleted (ADR-081).
+    pub(crate) async fn delete_chunk(
         &self,
         ns: &Namespace,
         digests: &[Digest],
         bulk: bool,
+        unstage: bool,
     ) -> Result<Vec<Option<u64>>> {
         if digests.is_empty() {
             return Ok(Vec::new());
@@ -155,13 +160,21 @@ impl SqliteEngine {
         let invalidate: crate::writer::AfterCommit = Box::new(move || cache.invalidate(&gone));
         let job = move |conn: &rusqlite::Connection, _now| {
             let mut stmt = conn.prepare_cached(DELETE).sql()?;
+            let mut unstage = unstage
+                .then(|| conn.prepare_cached(UNSTAGE))
+                .transpose()
+                .sql()?;
             digests
                 .iter()
                 .map(|d| {
+                    let key = (ns.as_str(), &d.as_bytes()[..]);
                     let freed = stmt
-                        .query_row((ns.as_str(), &d.as_bytes()[..]), |r| r.get::<_, i64>(0))
+                        .query_row(key, |r| r.get::<_, i64>(0))
                         .optional()
                         .sql()?;
+                    if let (Some(_), Some(unstage)) = (freed, unstage.as_mut()) {
+                        unstage.execute(key).sql()?;
+                    }
                     freed.map(to_u64).transpose()
                 })
                 .collect()
@@ -298,11 +311,11 @@ impl Engine for SqliteEngine {
     /// staged, and the next sweep counts them vanished.
     async fn delete_many(&self, ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
         if digests.len() <= 1 {
-            return self.delete_chunk(ns, digests, false).await;
+            return self.delete_chunk(ns, digests, false, false).await;
         }
         let mut freed = Vec::with_capacity(digests.len());
         for chunk in digests.chunks(BULK_ROWS) {
-            freed.extend(self.delete_chunk(ns, chunk, true).await?);
+            freed.extend(self.delete_chunk(ns, chunk, true, false).await?);
         }
         Ok(freed)
     }

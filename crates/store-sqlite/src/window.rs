@@ -9,10 +9,15 @@
 //! (ADR-058). A failure part way leaves the earlier chunks committed: a
 //! staged row is only a candidate (re-arbitrated before any delete), an
 //! unstaged one is re-marked by the next sweep.
+//!
+//! [`WindowDeletes`] (ADR-081): the gc_window rows and the entries are one
+//! database's, so a sweep's delete chunk also unstages the rows of what it
+//! deleted, in the same bulk transaction.
 
 use async_trait::async_trait;
 use store_types::{
     Digest, GcSchema, Key, Namespace, Result, StagedCandidate, Timestamp, WindowClauses,
+    WindowDeletes,
 };
 
 use crate::error::SqlResultExt;
@@ -24,7 +29,7 @@ use crate::SqliteEngine;
 /// `INSERT OR IGNORE`: re-staging keeps the first (earliest) row.
 const STAGE: &str = "INSERT OR IGNORE INTO gc_window (ns, digest, size, visible_after)
                      VALUES (?1, ?2, ?3, ?4)";
-const UNSTAGE: &str = "DELETE FROM gc_window WHERE ns = ?1 AND digest = ?2";
+pub(crate) const UNSTAGE: &str = "DELETE FROM gc_window WHERE ns = ?1 AND digest = ?2";
 /// Keyset pagination over the primary key; `('', x'')` sorts before every
 /// valid key, so it stands for "from the start".
 const TAKE_DUE: &str = "SELECT ns, digest, size, visible_after FROM gc_window
@@ -172,5 +177,22 @@ impl WindowClauses for SqliteGcSeam {
                 to_u64(n)
             })
             .await
+    }
+}
+
+#[async_trait]
+impl WindowDeletes for SqliteGcSeam {
+    /// Chunks of at most [`BULK_ROWS`] digests, each one bulk transaction
+    /// that deletes the entries and unstages the rows of those it held.
+    async fn delete_unstaging(
+        &self,
+        ns: &Namespace,
+        digests: &[Digest],
+    ) -> Result<Vec<Option<u64>>> {
+        let mut freed = Vec::with_capacity(digests.len());
+        for chunk in digests.chunks(BULK_ROWS) {
+            freed.extend(self.engine.delete_chunk(ns, chunk, true, true).await?);
+        }
+        Ok(freed)
     }
 }

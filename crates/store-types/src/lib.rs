@@ -69,7 +69,7 @@ pub use refs::{
 pub use retry::RetryPolicy;
 pub use seam::{
     BatchClauses, GcSchema, GcSeam, LivenessClauses, PinClauses, PinRows, PolicyClauses,
-    StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses,
+    StagedCandidate, SweepLockClause, SweepLockGuard, WindowClauses, WindowDeletes,
 };
 
 /// Default chunk size used when streaming blobs between tiers (128 KiB):

@@ -4,15 +4,17 @@
 //! [`GcSeam`]; a family an engine does not support is `None` — absent from
 //! its capability answer, never a body that fails at run time:
 //!
-//! | engine   | `ensure_gc_schema`      | window | pin | sweep lock |
-//! |----------|-------------------------|--------|-----|------------|
-//! | postgres | `gc_pins` + `gc_window` | yes    | yes | yes        |
-//! | sqlite   | `gc_window` only        | yes    | no  | no         |
-//! | pg-lo    | `gc_window` only        | yes¹   | no  | no         |
-//! | local, mem | not seam members      |        |     |            |
+//! | engine   | `ensure_gc_schema`      | window | pin | sweep lock | window deletes² |
+//! |----------|-------------------------|--------|-----|------------|-----------------|
+//! | postgres | `gc_pins` + `gc_window` | yes    | yes | yes        | no              |
+//! | sqlite   | `gc_window` only        | yes    | no  | no         | yes             |
+//! | pg-lo    | `gc_window` only        | yes¹   | no  | no         | no              |
+//! | local, mem | not seam members      |        |     |            |                 |
 //!
 //! ¹ used only when pg-lo is the one window host (the kv engine is not
 //! SQL-backed).
+//! ² [`WindowDeletes`], used by a non-fleet sweep when the window host is
+//! the kv engine (ADR-081).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +39,9 @@ pub struct GcSeam {
     pub pins: Option<Arc<dyn PinClauses>>,
     /// The fleet sweep lock (postgres advisory lock only).
     pub sweep_lock: Option<Arc<dyn SweepLockClause>>,
+    /// Entry deletes that unstage in the same transaction (sqlite only,
+    /// ADR-081): the window rows and the entries are one database's.
+    pub window_deletes: Option<Arc<dyn WindowDeletes>>,
 }
 
 impl std::fmt::Debug for GcSeam {
@@ -45,6 +50,7 @@ impl std::fmt::Debug for GcSeam {
             .field("window", &self.window.is_some())
             .field("pins", &self.pins.is_some())
             .field("sweep_lock", &self.sweep_lock.is_some())
+            .field("window_deletes", &self.window_deletes.is_some())
             .finish()
     }
 }
@@ -121,6 +127,31 @@ pub trait WindowClauses: Send + Sync {
     async fn now(&self) -> Result<Option<Timestamp>> {
         Ok(None)
     }
+}
+
+/// A window host that also holds the kv engine's entries (sqlite,
+/// ADR-081): a sweep's delete of a chunk and the unstage of what it
+/// deleted commit together, one write transaction instead of two.
+///
+/// # Contract
+///
+/// `delete_unstaging` deletes each of `digests` from `ns` and, in the same
+/// transaction, removes the `gc_window` row of every digest it deleted.
+/// A digest the entries did not hold keeps its row (the caller deletes it
+/// from a later tier, then unstages it). It answers like
+/// [`crate::Engine::delete_many`]: the freed size per digest, `None` when
+/// absent. A failure part way leaves earlier chunks committed, each with
+/// its rows unstaged; nothing is ever deleted without its unstage, nor
+/// unstaged without its delete.
+#[async_trait]
+pub trait WindowDeletes: Send + Sync {
+    /// Deletes `digests` of `ns` and unstages those it held, atomically
+    /// per chunk.
+    async fn delete_unstaging(
+        &self,
+        ns: &Namespace,
+        digests: &[Digest],
+    ) -> Result<Vec<Option<u64>>>;
 }
 
 /// The fleet host's clauses (postgres only), one trait per concern:

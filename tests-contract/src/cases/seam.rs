@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use store_types::{
     Digest, Engine, GcSeam, Key, Namespace, StagedCandidate, Timestamp, WindowClauses,
+    WindowDeletes,
 };
 
 use crate::harness::{Harness, Spec};
@@ -17,6 +18,8 @@ struct Row {
     window: bool,
     pins: bool,
     lock: bool,
+    /// Deletes that unstage in the same transaction (ADR-081).
+    deletes: bool,
     tables: &'static [&'static str],
 }
 
@@ -29,6 +32,7 @@ fn row(kind: &str, member: bool) -> Option<Row> {
             window: true,
             pins: true,
             lock: true,
+            deletes: false,
             tables: &[
                 "gc_clock",
                 "gc_deleting",
@@ -42,12 +46,14 @@ fn row(kind: &str, member: bool) -> Option<Row> {
             window: true,
             pins: false,
             lock: false,
+            deletes: true,
             tables: &["gc_window"],
         }),
         "pg-lo" => Some(Row {
             window: true,
             pins: false,
             lock: false,
+            deletes: false,
             tables: &["gc_clock", "gc_window"],
         }),
         "mem" | "local" | "object" => None,
@@ -111,6 +117,14 @@ pub async fn seam_applicability(spec: Spec) {
         }
         if let Some(w) = &seam.window {
             window_clauses(w.as_ref()).await;
+        }
+        assert_eq!(
+            seam.window_deletes.is_some(),
+            want.deletes,
+            "{kind} window deletes"
+        );
+        if let (Some(w), Some(d)) = (&seam.window, &seam.window_deletes) {
+            window_deletes(&h, w.as_ref(), d.as_ref()).await;
         }
         if let Some(p) = &seam.pins {
             pin_clauses(&h, p.as_ref()).await;
@@ -179,6 +193,52 @@ async fn window_clauses(w: &dyn WindowClauses) {
     assert!(rest.iter().all(|c| c.key > first[0].key));
     w.unstage(&keys).await.unwrap();
     assert_eq!(w.staged_count().await.unwrap(), base);
+}
+
+/// `delete_unstaging` (ADR-081) over more than one chunk: every entry it
+/// deleted is gone and unstaged, every digest the engine did not hold keeps
+/// its row, and rows it was not asked about stay.
+async fn window_deletes(h: &Harness, w: &dyn WindowClauses, d: &dyn WindowDeletes) {
+    let ns = Namespace::new("seam-deletes").unwrap();
+    // Only a kv engine has these clauses (its entries are the ones deleted).
+    let kv = h.kv();
+    let e = h.kv_engine();
+    // 150 stored (more than one 128-row chunk), 10 never stored, 5 stored
+    // and staged but not deleted.
+    let bodies: Vec<Vec<u8>> = (0..165u32)
+        .map(|i| i.to_le_bytes().repeat(i as usize + 1))
+        .collect();
+    let digests: Vec<Digest> = bodies.iter().map(|b| Digest::of(b)).collect();
+    for (i, b) in bodies.iter().enumerate() {
+        if !(150..160).contains(&i) {
+            kv.put(&Key::new(ns.clone(), digests[i]), b.clone().into())
+                .await
+                .unwrap();
+        }
+    }
+    let staged: Vec<StagedCandidate> = digests
+        .iter()
+        .map(|dg| StagedCandidate {
+            key: Key::new(ns.clone(), *dg),
+            size: 0,
+            visible_after: Timestamp(0),
+        })
+        .collect();
+    w.stage(&staged).await.unwrap();
+    let freed = d.delete_unstaging(&ns, &digests[..160]).await.unwrap();
+    let want: Vec<Option<u64>> = (0..160)
+        .map(|i| (i < 150).then(|| bodies[i].len() as u64))
+        .collect();
+    assert_eq!(freed, want, "freed sizes, None where never stored");
+    let present = e.has_many(&ns, &digests).await.unwrap();
+    let still: Vec<bool> = (0..165).map(|i| i >= 160).collect();
+    assert_eq!(present, still, "deleted entries are gone, the rest stay");
+    let rows = w.staged_many(&ns, &digests).await.unwrap();
+    let rows_want: Vec<bool> = (0..165).map(|i| i >= 150).collect();
+    assert_eq!(rows, rows_want, "deleted entries unstaged, the rest staged");
+    let keys: Vec<Key> = staged.into_iter().map(|c| c.key).collect();
+    w.unstage(&keys).await.unwrap();
+    e.delete_many(&ns, &digests[160..]).await.unwrap();
 }
 
 /// Pin rows expire by the host's clock (PostgreSQL's, which the harness

@@ -99,14 +99,10 @@ impl Collector {
                 for (k, r) in ks.into_iter().zip(&reasons) {
                     match r {
                         Some(_) => rescued.push(k),
-                        None => {
-                            doomed.push(k.digest);
-                            done.push(k);
-                        }
+                        None => doomed.push(k.digest),
                     }
                 }
-                let mut freed = vec![None; doomed.len()];
-                Self::delete_through(&self.tiers, &ns, &doomed, &mut freed).await?;
+                let freed = self.delete_doomed(&ns, &doomed, &mut done).await?;
                 Self::tally(report, &ns, &[], &freed);
             }
             self.tally_rescued(report, &rescued).await?;
@@ -119,6 +115,32 @@ impl Collector {
             pending = busy;
         }
         Ok(())
+    }
+
+    /// Deletes the doomed `digests` of `ns` through the tiers in order
+    /// (each from the first tier that holds it) and returns the freed size
+    /// of each. Pushes onto `unstage` the keys still to unstage: all of
+    /// them, or — when the window host deletes the first tier's copies and
+    /// unstages them in one transaction (ADR-081) — only those that tier
+    /// did not hold.
+    async fn delete_doomed(
+        &self,
+        ns: &Namespace,
+        digests: &[Digest],
+        unstage: &mut Vec<Key>,
+    ) -> Result<Vec<Option<u64>>> {
+        let mut freed = vec![None; digests.len()];
+        let Some(deletes) = &self.cfg.window_deletes else {
+            Self::delete_through(&self.tiers, ns, digests, &mut freed).await?;
+            unstage.extend(digests.iter().map(|d| Key::new(ns.clone(), *d)));
+            return Ok(freed);
+        };
+        freed = deletes.delete_unstaging(ns, digests).await?;
+        let unstaged: Vec<bool> = freed.iter().map(Option::is_some).collect();
+        Self::delete_through(&self.tiers[1..], ns, digests, &mut freed).await?;
+        let rest = digests.iter().zip(unstaged).filter(|(_, u)| !*u);
+        unstage.extend(rest.map(|(d, _)| Key::new(ns.clone(), *d)));
+        Ok(freed)
     }
 
     /// Counts rescued keys, as vanished when their entry is already gone.

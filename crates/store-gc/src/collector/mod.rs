@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use store_types::{
     fleet_swept_namespaces, BatchClauses, BoundLivenessTable, CacheIndex, Digest, Engine, Error,
     ErrorKind, Key, LivenessTable, Namespace, PinClauses, ProtectReason, RefStore, Report, Result,
-    StagedCandidate, SweepLockClause, Timestamp, WindowClauses,
+    StagedCandidate, SweepLockClause, Timestamp, WindowClauses, WindowDeletes,
 };
 
 use crate::pins::GateState;
@@ -42,6 +42,11 @@ pub struct GcConfig {
     pub clock: Arc<dyn Clock>,
     /// The one window host of the instance (ADR-012 §5).
     pub window_host: Arc<dyn WindowClauses>,
+    /// The window host's deletes that unstage in the same transaction, set
+    /// only when the host is also the first tier (the kv engine) of a
+    /// store that is not a fleet (ADR-081): a non-fleet sweep then deletes
+    /// that tier's copies through it.
+    pub window_deletes: Option<Arc<dyn WindowDeletes>>,
     /// An extra sweep lock shared between instances (fleet), taken after
     /// the in-process one.
     pub shared_lock: Option<Arc<dyn SweepLockClause>>,
@@ -67,6 +72,7 @@ impl fmt::Debug for GcConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GcConfig")
             .field("window", &self.window)
+            .field("window_deletes", &self.window_deletes.is_some())
             .field("shared_lock", &self.shared_lock.is_some())
             .field("fleet", &self.fleet_pins.is_some())
             .field("refs", &self.refs.is_some())

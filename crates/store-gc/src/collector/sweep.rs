@@ -26,6 +26,8 @@
 //!  │    non-fleet: gate unpinned keys (busy keys: retried after the other delete)
 //!  │               → probe sources + protect set
 //!  │               → delete (kv, then large; awaited) → unstage → release gate
+//!  │               (kv = window host, ADR-081: each kv delete chunk unstages
+//!  │                what it deleted in its own transaction; the rest after)
 //!  │    fleet:     BEGIN; advisory xact lock per key (exclusive)
 //!  │               → arbitrate in SQL (pins unexpired by gc_now(), liveness tables)
 //!  │               → delete kv rows + FENCE doomed keys (gc_deleting) → unstage → COMMIT
