@@ -153,7 +153,7 @@ use crate::reader::{ReadPathStats, Readers};
 use crate::writer::{Counters, Writer};
 
 pub use crate::registration::REGISTRATION;
-pub use crate::schema::SCHEMA_VERSION;
+pub use crate::schema::{page_cache_shared, SCHEMA_VERSION};
 pub use crate::writer::{SqliteWaits, WaitHistogram, WaitHistograms, WAIT_BUCKETS_US};
 
 /// Largest blob a put accepts: SQLite's default `SQLITE_MAX_LENGTH`.

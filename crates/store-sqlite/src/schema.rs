@@ -23,8 +23,47 @@ const STATEMENT_CACHE: usize = 64;
 /// at SQLite's pending-byte page number (page 262,145 with 4 KiB pages),
 /// and the commit then walks the whole cache to drop pages past the end
 /// of a file smaller than 1 GiB: the larger the cache, the longer every
-/// commit takes.
+/// commit takes. A bound of this connection's own only when the page cache
+/// is not shared ([`page_cache_shared`], ADR-082).
 const WRITER_CACHE_KIB: i64 = 2 * 1024;
+
+/// Whether the linked SQLite keeps every connection of the process in one
+/// page-cache group (compiled with `SQLITE_ENABLE_MEMORY_MANAGEMENT`, as
+/// libsqlite3-sys builds its bundled copy unless `LIBSQLITE3_FLAGS` says
+/// `-USQLITE_ENABLE_MEMORY_MANAGEMENT`; ADR-082). Then `cache_size` bounds
+/// only the group's total, so the writer's cache outgrows
+/// [`WRITER_CACHE_KIB`], and the page walk of its commits (see there)
+/// holds the one mutex every reader's page fetch takes.
+pub fn page_cache_shared() -> bool {
+    static SHARED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SHARED.get_or_init(|| {
+        let used = Connection::open_in_memory().and_then(|c| {
+            c.query_row(
+                "SELECT sqlite_compileoption_used('ENABLE_MEMORY_MANAGEMENT')",
+                [],
+                |r| r.get::<_, bool>(0),
+            )
+        });
+        // Unknown counts as shared: the warning is then a false alarm,
+        // never a missed one.
+        used.unwrap_or(true)
+    })
+}
+
+/// Warns once per process when the page cache is shared (ADR-082).
+fn warn_if_page_cache_shared() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if page_cache_shared() {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "sqlite: this build shares one page cache between all connections \
+                 (SQLITE_ENABLE_MEMORY_MANAGEMENT); reads and the writer contend on its \
+                 mutex. Build with LIBSQLITE3_FLAGS=-USQLITE_ENABLE_MEMORY_MANAGEMENT \
+                 (ADR-082)"
+            );
+        });
+    }
+}
 
 /// Each reader connection's page cache, in KiB (ADR-055): the b-tree's
 /// inner pages between two commits (a reader's cache is emptied whenever
@@ -191,6 +230,7 @@ pub(crate) fn open_writer(
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    warn_if_page_cache_shared();
     let mut conn = open_connection(path, flags, vfs)?;
     switch_to_wal(&conn, path)?;
     let sync = match durability {

@@ -266,3 +266,11 @@ async fn a_full_database_is_no_space_and_the_engine_recovers() {
         PublishOutcome::Inserted
     );
 }
+
+/// ADR-082: this workspace builds SQLite with a page cache per connection
+/// (`LIBSQLITE3_FLAGS` in `.cargo/config.toml`); fails if that line is
+/// lost or stops reaching libsqlite3-sys's build.
+#[test]
+fn this_build_gives_each_connection_its_own_page_cache() {
+    assert!(!crate::page_cache_shared());
+}
