@@ -31,9 +31,9 @@ const WRITER_CACHE_KIB: i64 = 2 * 1024;
 /// page-cache group (compiled with `SQLITE_ENABLE_MEMORY_MANAGEMENT`, as
 /// libsqlite3-sys builds its bundled copy unless `LIBSQLITE3_FLAGS` says
 /// `-USQLITE_ENABLE_MEMORY_MANAGEMENT`; ADR-082). Then `cache_size` bounds
-/// only the group's total, so the writer's cache outgrows
-/// [`WRITER_CACHE_KIB`], and the page walk of its commits (see there)
-/// holds the one mutex every reader's page fetch takes.
+/// only the group's total, so the writer's cache outgrows its 2 MiB
+/// (ADR-078), and the page walk of its commits holds the one mutex every
+/// reader's page fetch takes.
 pub fn page_cache_shared() -> bool {
     static SHARED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SHARED.get_or_init(|| {
