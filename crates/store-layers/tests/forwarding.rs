@@ -398,102 +398,50 @@ async fn nested_wrappers_forward_every_method() {
     assert_all_reached(&log);
 }
 
-/// A kv engine whose seam offers window deletes (ADR-081) and counts them.
-struct WindowHost {
-    deletes: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-struct CountedDeletes(Arc<std::sync::atomic::AtomicUsize>);
-
-#[async_trait]
-impl store_types::WindowDeletes for CountedDeletes {
-    async fn delete_unstaging(
-        &self,
-        _ns: &Namespace,
-        digests: &[Digest],
-    ) -> Result<Vec<Option<u64>>> {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Ok(vec![Some(5); digests.len()])
-    }
-}
-
-struct NoTables;
-
-#[async_trait]
-impl store_types::GcSchema for NoTables {
-    async fn ensure_gc_schema(&self) -> Result<()> {
-        Ok(())
-    }
-    async fn gc_tables(&self) -> Result<Vec<String>> {
-        Ok(Vec::new())
-    }
-}
-
-#[async_trait]
-impl Engine for WindowHost {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            kind: "window-host",
-            instance: Instance::Other("window-host://".into()),
-            sharing: Sharing::ProcessLocal,
-            durable: false,
-            seam: Some(store_types::GcSeam {
-                schema: Arc::new(NoTables),
-                window: None,
-                pins: None,
-                sweep_lock: None,
-                window_deletes: Some(Arc::new(CountedDeletes(self.deletes.clone()))),
-            }),
-        }
-    }
-    async fn meta(&self, _key: &Key) -> Result<Option<EntryMeta>> {
-        Ok(None)
-    }
-    async fn has_many(&self, _ns: &Namespace, digests: &[Digest]) -> Result<Vec<bool>> {
-        Ok(vec![false; digests.len()])
-    }
-    async fn read(&self, _key: &Key, _options: &ReadOptions) -> Result<Option<SizedRead>> {
-        Ok(None)
-    }
-    async fn delete_many(&self, _ns: &Namespace, digests: &[Digest]) -> Result<Vec<Option<u64>>> {
-        Ok(vec![None; digests.len()])
-    }
-    async fn namespaces(&self) -> Result<Vec<Namespace>> {
-        Ok(Vec::new())
-    }
-    async fn scan(
-        &self,
-        _ns: &Namespace,
-        _after: Option<Digest>,
-        _limit: usize,
-    ) -> Result<Vec<(Digest, u64)>> {
-        Ok(Vec::new())
-    }
-}
-
 /// ADR-081: the seam's window deletes of a wrapped engine run through the
 /// layer as `delete_many` calls — a fault plan that fails `DeleteMany`
-/// fails them before they reach the engine, and without it they do.
+/// fails them before they reach the engine (the entry and its window row
+/// stay), and without it they delete and unstage.
 #[tokio::test]
 async fn window_deletes_run_through_the_layer() {
-    let deletes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let host = Arc::new(WindowHost {
-        deletes: deletes.clone(),
-    });
-    let digests = [Digest::of(b"a"), Digest::of(b"b")];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.sqlite");
+    let sqlite = store_sqlite::SqliteEngine::open(&path, store_sqlite::SqliteOptions::default())
+        .await
+        .unwrap();
+    let seam = sqlite.capabilities().seam.unwrap();
+    seam.schema.ensure_gc_schema().await.unwrap();
+    let window = seam.window.unwrap();
+    let key = Key::new(ns(), Digest::of(b"garbage"));
+    sqlite
+        .put(&key, Bytes::from_static(b"garbage"))
+        .await
+        .unwrap();
+    let staged = store_types::StagedCandidate {
+        key: key.clone(),
+        size: 7,
+        visible_after: Timestamp(0),
+    };
+    window.stage(&[staged]).await.unwrap();
+    let sqlite = Arc::new(sqlite);
+    let deletes = |plan| {
+        let wrapped = Layered::new(sqlite.clone(), FaultLayer::new(plan));
+        let seam = wrapped.capabilities().seam.unwrap();
+        seam.window_deletes.expect("the wrapper keeps the family")
+    };
+    let digests = [key.digest];
     let failing = FaultPlan::new(1).rule(
         store_layers::Rule::on(store_layers::Op::DeleteMany).fail(std::io::ErrorKind::TimedOut),
     );
-    let wrapped = Layered::new(host.clone(), FaultLayer::new(failing));
-    let seam = wrapped.capabilities().seam.unwrap();
-    let d = seam.window_deletes.expect("the wrapper keeps the family");
+    let d = deletes(failing);
     assert!(d.delete_unstaging(&ns(), &digests).await.is_err());
-    assert_eq!(deletes.load(std::sync::atomic::Ordering::SeqCst), 0);
-    let passing = Layered::new(host, FaultLayer::new(FaultPlan::none()));
-    let d = passing.capabilities().seam.unwrap().window_deletes.unwrap();
+    assert_eq!(sqlite.has_many(&ns(), &digests).await.unwrap(), [true]);
+    assert_eq!(window.staged_many(&ns(), &digests).await.unwrap(), [true]);
+    let d = deletes(FaultPlan::none());
     assert_eq!(
         d.delete_unstaging(&ns(), &digests).await.unwrap(),
-        vec![Some(5), Some(5)]
+        [Some(7)]
     );
-    assert_eq!(deletes.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(sqlite.has_many(&ns(), &digests).await.unwrap(), [false]);
+    assert_eq!(window.staged_many(&ns(), &digests).await.unwrap(), [false]);
 }

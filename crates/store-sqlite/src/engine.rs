@@ -136,13 +136,29 @@ impl SqliteEngine {
         self.inner.writer.counters().waits.snapshot()
     }
 
+    /// Deletes `digests` of `ns` in bulk jobs of at most [`BULK_ROWS`]
+    /// keys, each committed on its own after the queued puts (ADR-058);
+    /// with `unstage` as in [`delete_chunk`](Self::delete_chunk).
+    pub(crate) async fn delete_bulk(
+        &self,
+        ns: &Namespace,
+        digests: &[Digest],
+        unstage: bool,
+    ) -> Result<Vec<Option<u64>>> {
+        let mut freed = Vec::with_capacity(digests.len());
+        for chunk in digests.chunks(BULK_ROWS) {
+            freed.extend(self.delete_chunk(ns, chunk, true, unstage).await?);
+        }
+        Ok(freed)
+    }
+
     /// Deletes `digests` of `ns` in one write job (bulk or foreground); the
     /// hot-entry cache forgets them after the commit (or failure), before
     /// the answer: no cache of this file answers for a deleted key once
     /// this returns (TUNING.md §sqlite-hot-cache). With `unstage`, the
     /// same transaction removes the `gc_window` row of every digest it
     /// deleted (ADR-081).
-    pub(crate) async fn delete_chunk(
+    async fn delete_chunk(
         &self,
         ns: &Namespace,
         digests: &[Digest],
@@ -313,11 +329,7 @@ impl Engine for SqliteEngine {
         if digests.len() <= 1 {
             return self.delete_chunk(ns, digests, false, false).await;
         }
-        let mut freed = Vec::with_capacity(digests.len());
-        for chunk in digests.chunks(BULK_ROWS) {
-            freed.extend(self.delete_chunk(ns, chunk, true, false).await?);
-        }
-        Ok(freed)
+        self.delete_bulk(ns, digests, false).await
     }
 
     async fn namespaces(&self) -> Result<Vec<Namespace>> {

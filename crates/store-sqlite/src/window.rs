@@ -189,10 +189,6 @@ impl WindowDeletes for SqliteGcSeam {
         ns: &Namespace,
         digests: &[Digest],
     ) -> Result<Vec<Option<u64>>> {
-        let mut freed = Vec::with_capacity(digests.len());
-        for chunk in digests.chunks(BULK_ROWS) {
-            freed.extend(self.engine.delete_chunk(ns, chunk, true, true).await?);
-        }
-        Ok(freed)
+        self.engine.delete_bulk(ns, digests, true).await
     }
 }

@@ -129,17 +129,21 @@ impl Collector {
         digests: &[Digest],
         unstage: &mut Vec<Key>,
     ) -> Result<Vec<Option<u64>>> {
-        let mut freed = vec![None; digests.len()];
-        let Some(deletes) = &self.cfg.window_deletes else {
-            Self::delete_through(&self.tiers, ns, digests, &mut freed).await?;
-            unstage.extend(digests.iter().map(|d| Key::new(ns.clone(), *d)));
-            return Ok(freed);
+        let (mut freed, unstaged, rest) = match &self.cfg.window_deletes {
+            Some(deletes) => {
+                let freed = deletes.delete_unstaging(ns, digests).await?;
+                let unstaged: Vec<bool> = freed.iter().map(Option::is_some).collect();
+                (freed, unstaged, &self.tiers[1..])
+            }
+            None => (
+                vec![None; digests.len()],
+                vec![false; digests.len()],
+                &self.tiers[..],
+            ),
         };
-        freed = deletes.delete_unstaging(ns, digests).await?;
-        let unstaged: Vec<bool> = freed.iter().map(Option::is_some).collect();
-        Self::delete_through(&self.tiers[1..], ns, digests, &mut freed).await?;
-        let rest = digests.iter().zip(unstaged).filter(|(_, u)| !*u);
-        unstage.extend(rest.map(|(d, _)| Key::new(ns.clone(), *d)));
+        Self::delete_through(rest, ns, digests, &mut freed).await?;
+        let pending = digests.iter().zip(unstaged).filter(|(_, u)| !*u);
+        unstage.extend(pending.map(|(d, _)| Key::new(ns.clone(), *d)));
         Ok(freed)
     }
 
