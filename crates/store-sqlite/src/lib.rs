@@ -225,6 +225,8 @@ pub struct SqliteStats {
     /// Transactions SQLite rolled back as a whole after an error (their
     /// surviving commands were re-run in a new transaction).
     pub lost_transactions: u64,
+    /// WAL checkpoints the writer ran in its bulk lane (ADR-083).
+    pub checkpoints: u64,
 }
 
 /// The SQLite kv engine. Cheap to clone: clones share the writer thread and
@@ -347,6 +349,7 @@ impl SqliteEngine {
             writes_failed: c.jobs_failed.load(Ordering::Relaxed),
             largest_batch: c.largest_batch.load(Ordering::Relaxed),
             lost_transactions: c.lost_transactions.load(Ordering::Relaxed),
+            checkpoints: c.checkpoints.load(Ordering::Relaxed),
         }
     }
 

@@ -35,6 +35,20 @@
 //! a sweep takes at most half the writer's time and leaves the rest of the
 //! core to requests.
 //!
+//! # Checkpoints are bulk work too (ADR-083)
+//!
+//! SQLite's automatic checkpoint runs inside the `COMMIT` that takes the
+//! WAL past 1,000 pages, whichever transaction that is: a group commit of
+//! puts then waits for every page of the WAL to be copied and the database
+//! file fsynced before its puts are answered, and the checkpoint's time
+//! escapes the bulk lane's rest. The writer connection's WAL hook replaces
+//! it: the hook only notes the WAL's size, and once it reaches
+//! [`CHECKPOINT_PAGES`] the thread runs a `PASSIVE` checkpoint in the bulk
+//! lane (before the next bulk job, after the queued foreground commit) and
+//! rests after it as after a bulk transaction. Past
+//! [`CHECKPOINT_BACKSTOP`] it checkpoints after the current group commit,
+//! rest or not, so puts alone cannot grow the WAL without bound.
+//!
 //! The thread also times every job: how long it waited for the writer
 //! (and how much of that behind a bulk transaction), and how long its
 //! own transaction's statements and `COMMIT` (the fsync) took — see
@@ -74,6 +88,7 @@
 //! A caller that stops waiting (drops its future) does not cancel its job:
 //! a put already queued is still committed.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -110,6 +125,54 @@ pub(crate) const BULK_ROWS: usize = 128;
 /// of the writer thread's time, and so at most half a core from requests
 /// on a busy machine (ADR-076).
 pub(crate) const BULK_REST: u32 = 1;
+
+/// WAL pages at which the writer checkpoints: SQLite's own default for its
+/// automatic checkpoint, which the writer replaces (ADR-083). The
+/// checkpoint runs in the bulk lane, after the queued foreground commit
+/// and followed by the same rest as a bulk transaction.
+pub(crate) const CHECKPOINT_PAGES: i32 = 1000;
+
+/// WAL pages at which the writer checkpoints after the current group
+/// commit even while the bulk lane rests: under a stream of large puts the
+/// WAL would otherwise grow by whatever they write during each rest.
+pub(crate) const CHECKPOINT_BACKSTOP: i32 = 4 * CHECKPOINT_PAGES;
+
+thread_local! {
+    /// Pages in the WAL after the last commit on this thread, as SQLite's
+    /// WAL hook reports them; zero after a checkpoint. Only the writer
+    /// thread registers the hook and commits.
+    static WAL_PAGES: Cell<i32> = const { Cell::new(0) };
+}
+
+/// The writer connection's WAL hook: remembers the WAL's size and, unlike
+/// SQLite's default hook, does not checkpoint inside the commit.
+fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.with(|p| p.set(pages));
+    Ok(())
+}
+
+/// Whether the WAL has grown to [`CHECKPOINT_PAGES`] since the last
+/// checkpoint.
+fn checkpoint_due() -> bool {
+    WAL_PAGES.with(Cell::get) >= CHECKPOINT_PAGES
+}
+
+/// Whether the WAL has grown to [`CHECKPOINT_BACKSTOP`].
+fn checkpoint_urgent() -> bool {
+    WAL_PAGES.with(Cell::get) >= CHECKPOINT_BACKSTOP
+}
+
+/// A `PASSIVE` checkpoint (what SQLite's automatic one runs): copies what
+/// no reader still needs from the WAL into the database file. A failure is
+/// logged; the next commit past the threshold tries again, as SQLite's
+/// own would.
+fn checkpoint(conn: &Connection, counters: &Counters) {
+    WAL_PAGES.with(|p| p.set(0));
+    counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::warn!(error = %e, "sqlite: checkpoint failed; the next commit retries it");
+    }
+}
 
 /// A write slower than this (queued to answered) is counted as slow and
 /// logged at debug level with where its time went.
@@ -203,6 +266,8 @@ pub(crate) struct Counters {
     pub(crate) jobs_failed: AtomicU64,
     pub(crate) largest_batch: AtomicU64,
     pub(crate) lost_transactions: AtomicU64,
+    /// Checkpoints the writer ran (ADR-083).
+    pub(crate) checkpoints: AtomicU64,
     /// Where writes waited.
     pub(crate) waits: WaitCounters,
 }
@@ -611,17 +676,20 @@ fn stopped() -> Error {
 /// then one bulk job alone, and again (see the module docs).
 fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) {
     tracing::debug!("sqlite writer thread started");
+    // Replaces SQLite's automatic checkpoint (ADR-083).
+    conn.wal_hook(Some(note_wal_pages));
     let mut last_batch = 1;
     // Set when a COMMIT failed with an I/O error (see the module docs).
     let mut stopped_by: Option<Error> = None;
     let mut bulk: VecDeque<Box<dyn Job>> = VecDeque::new();
     let mut lanes = Lanes::default();
-    // No bulk job starts before this (`BULK_REST`).
+    // No bulk job (or checkpoint) starts before this (`BULK_REST`).
     let mut bulk_after = Instant::now();
     loop {
-        // Block for work only when no bulk job is waiting its turn; while
-        // one rests, wait for foreground work until its turn.
-        let first = if bulk.is_empty() {
+        // Block for work only when no bulk job or checkpoint is waiting its
+        // turn; while one rests, wait for foreground work until its turn.
+        let waiting = !bulk.is_empty() || (checkpoint_due() && stopped_by.is_none());
+        let first = if !waiting {
             match rx.recv() {
                 Ok(job) => Some(job),
                 Err(_) => break,
@@ -649,10 +717,18 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) 
             last_batch = batch.len();
             stopped_by = run_batch(&conn, batch, counters, &lanes, false);
         }
-        if stopped_by.is_none() && Instant::now() >= bulk_after {
-            if let Some(job) = bulk.pop_front() {
-                let started = Instant::now();
+        if stopped_by.is_none() && (Instant::now() >= bulk_after || checkpoint_urgent()) {
+            let started = Instant::now();
+            let ran = if checkpoint_due() {
+                checkpoint(&conn, counters);
+                true
+            } else if let Some(job) = bulk.pop_front() {
                 stopped_by = run_batch(&conn, VecDeque::from([job]), counters, &lanes, true);
+                true
+            } else {
+                false
+            };
+            if ran {
                 let ended = Instant::now();
                 lanes.last_bulk = Some((started, ended));
                 bulk_after = ended + (ended - started) * BULK_REST;
@@ -927,6 +1003,48 @@ mod lane_tests {
         }
         assert_eq!(h.bulk_transaction.count(), 2);
         assert_eq!(h.point_read.count(), 0);
+    }
+
+    /// ADR-083: a commit does not checkpoint (SQLite's automatic
+    /// checkpoint is replaced); the writer checkpoints in the bulk lane
+    /// once the WAL has [`CHECKPOINT_PAGES`], so the WAL file stays near
+    /// that size however much is written.
+    #[tokio::test]
+    async fn the_writer_checkpoints_the_wal_in_its_bulk_lane() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let conn = crate::schema::open_writer(&path, crate::Durability::Normal, None).unwrap();
+        let writer = Writer::spawn(conn).unwrap();
+        writer
+            .submit(0, false, |c, _| {
+                c.execute_batch("CREATE TABLE t (b BLOB)").sql()
+            })
+            .await
+            .unwrap();
+        // One commit at a time, each a little over 16 pages: ~12,000 pages.
+        for _ in 0..720 {
+            writer
+                .submit(0, false, |c, _| {
+                    c.execute("INSERT INTO t VALUES (zeroblob(65536))", [])
+                        .sql()
+                        .map(drop)
+                })
+                .await
+                .unwrap();
+        }
+        let checkpoints = writer.counters().checkpoints.load(Ordering::Relaxed);
+        assert!(
+            checkpoints >= 3,
+            "{checkpoints} checkpoints for ~12,000 pages"
+        );
+        // At most the backstop and the commit that crossed it (a frame is
+        // a page and a 24-byte header).
+        let wal = std::fs::metadata(dir.path().join("db-wal")).unwrap().len();
+        let most = (CHECKPOINT_BACKSTOP as u64 + 64) * (4096 + 24);
+        assert!(
+            wal <= most,
+            "the WAL grew to {wal} bytes (at most {most}): no checkpoint reset it"
+        );
     }
 
     /// ADR-076: after a bulk transaction the writer starts no other bulk
