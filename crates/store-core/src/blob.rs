@@ -31,27 +31,11 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use store_types::{BlobReader, Chunks, Digest, Error, Result, Tier, CHUNK_SIZE};
+use store_types::{BlobReader, Chunks, Digest, Error, Gather, Result, Tier, CHUNK_SIZE};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::sync::oneshot;
 
-/// Buffers at least this large are hashed on several cores (rayon's pool
-/// through the outboard builder). Below it the pool's hand-off costs what
-/// it saves: measured on 2 cores, 1 MiB hashes at 4.4–5.3 GiB/s on the pool
-/// against 5.0–5.8 single-threaded, 4 MiB at 7.5–7.8 (TUNING.md §multi-core-hashing).
-pub(crate) const PARALLEL_HASH_MIN: u64 = 4 << 20;
-
-/// The BLAKE3 digest of `bytes`, on several cores when they are large
-/// enough ([`PARALLEL_HASH_MIN`]: the outboard builder's parallel groups;
-/// its outboard is dropped).
-pub(crate) fn digest_of(bytes: &[u8]) -> Digest {
-    if (bytes.len() as u64) < PARALLEL_HASH_MIN {
-        return Digest::of(bytes);
-    }
-    let mut builder = store_types::outboard::OutboardBuilder::new();
-    builder.update(bytes);
-    builder.finalize().0
-}
+pub(crate) use store_types::outboard::{digest_of, PARALLEL_HASH_MIN};
 
 /// Runs `hash` (CPU-bound hashing) on rayon's pool and awaits its result
 /// without holding a runtime worker. Cancel-safe: dropping the future lets
@@ -248,10 +232,22 @@ impl Blob {
     /// Reads everything into memory (verifying when [`Blob::is_verified`]).
     ///
     /// An entry the engine holds in memory is hashed in place and returned
-    /// without a copy; a large one the facade verifies is hashed in one
-    /// pass on several cores once read (no byte leaves before the verdict
-    /// anyway).
+    /// without a copy; so is one an engine streams as owned chunks when it
+    /// sends it as one buffer, told that the chunks are kept
+    /// (`Chunks::collect`, ADR-084); a large one the facade verifies is
+    /// hashed in one pass on several cores once read (no byte leaves
+    /// before the verdict anyway).
     pub async fn bytes(mut self) -> Result<Bytes> {
+        if let Some(chunks) = self.chunks.as_ref().filter(|_| self.gathers_chunks()) {
+            // Told before the first chunk is read, the engine may send the
+            // whole read as one buffer, kept here without a copy.
+            chunks.collect();
+            let mut all = Gather::new(self.len);
+            while let Some(chunk) = self.next_chunk().await.map_err(Error::from)? {
+                all.push(chunk);
+            }
+            return Ok(all.finish());
+        }
         let Blob {
             reader,
             verify,
@@ -311,6 +307,15 @@ impl Blob {
 }
 
 impl Blob {
+    /// Whether [`Blob::bytes`] gathers the engine's owned chunks as they
+    /// are: unless a large read is hashed here, which is faster read whole
+    /// first and hashed on every core.
+    fn gathers_chunks(&self) -> bool {
+        !self.verify.as_ref().is_some_and(|v| {
+            matches!(v.check, Check::Here(_)) && v.seen == 0 && self.len >= PARALLEL_HASH_MIN
+        })
+    }
+
     /// The next chunk of the read; `None` at the end.
     ///
     /// When the engine reads ahead into owned buffers

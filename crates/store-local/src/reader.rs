@@ -37,6 +37,12 @@
 //!   only as many chunks as there are permits free and returns. For a
 //!   whole-entry read each chunk is hashed before it is handed over (the
 //!   `digest` of [`BlobReader::Chunks`]).
+//! - The read-ahead task reads nothing until its consumer says how it
+//!   takes the bytes ([`Demand`], ADR-084): at the first poll it streams
+//!   as above; a consumer that keeps every byte anyway
+//!   (`Chunks::collect`: `Blob::bytes`, `BlobReader::into_bytes`) gets
+//!   the span read and hashed in one blocking call and sent as one buffer
+//!   ([`read_rest`]), with no hand-off per chunk and no copy.
 
 use std::fs::File;
 use std::io;
@@ -46,7 +52,7 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use store_types::{BlobReader, Digest, Key, RangeRequest, Result, CHUNK_SIZE};
+use store_types::{BlobReader, Demand, Digest, Key, RangeRequest, Result, CHUNK_SIZE};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::{release, OpenFile};
@@ -233,8 +239,8 @@ pub(crate) async fn open_entry(inner: &Arc<Inner>, key: &Key, want: Want) -> Res
         recycled,
         hash: digest_tx.map(|d| (Box::new(blake3::Hasher::new()), d)),
     };
-    tokio::spawn(read_ahead(state, tx));
-    let reader = BlobReader::from_chunks(len, rx, digest_rx);
+    let (reader, demand) = BlobReader::from_chunks_on_demand(len, rx, digest_rx);
+    tokio::spawn(read_ahead(state, tx, demand));
     Ok(Some((size, span, reader)))
 }
 
@@ -633,7 +639,23 @@ type Room = (mpsc::OwnedPermit<io::Result<Bytes>>, OwnedSemaphorePermit);
 /// when the range is read, a read fails (the error is the last thing
 /// sent) or the reader is dropped (the file is then closed on a blocking
 /// thread).
-async fn read_ahead(mut state: ReadAhead, mut tx: mpsc::Sender<io::Result<Bytes>>) {
+async fn read_ahead(
+    mut state: ReadAhead,
+    mut tx: mpsc::Sender<io::Result<Bytes>>,
+    demand: oneshot::Receiver<Demand>,
+) {
+    match demand.await {
+        Ok(Demand::Stream) => {}
+        Ok(Demand::Collect) => {
+            // Detached: the reader awaits its end on the channel.
+            drop(tokio::task::spawn_blocking(move || read_rest(state, tx)));
+            return;
+        }
+        Err(_) => {
+            close_off_runtime(state.file);
+            return; // Reader dropped unpolled.
+        }
+    }
     loop {
         let budget = state.budget.clone();
         let live = tokio::select! {
@@ -730,6 +752,35 @@ fn read_some(
             Err(mpsc::error::TrySendError::Full(tx)) => return Some((state, tx)),
             Err(mpsc::error::TrySendError::Closed(_)) => return None,
         };
+    }
+}
+
+/// A read whose consumer keeps every byte ([`Demand::Collect`]), in one
+/// blocking call: the rest of the span read into one buffer, hashed (on
+/// every core when large, `digest_of`) for a whole-file read, and sent as
+/// one chunk, outside the live-chunk budget — the consumer holds all of it
+/// anyway. The file is closed here.
+fn read_rest(mut state: ReadAhead, tx: mpsc::Sender<io::Result<Bytes>>) {
+    let read = usize::try_from(state.remaining)
+        .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "entry larger than memory"))
+        .and_then(|n| pread_fill(&state.file, state.pos, n, None));
+    let buf = match read {
+        Ok(buf) => buf,
+        Err(e) => {
+            let e = io::Error::new(e.kind(), format!("reading {}: {e}", state.path.display()));
+            let _ = tx.try_send(Err(e));
+            return;
+        }
+    };
+    let digest = state
+        .hash
+        .take()
+        .map(|(_, to)| (store_types::outboard::digest_of(&buf), to));
+    // The channel is empty: nothing was sent before the demand.
+    if tx.try_send(Ok(Bytes::from(buf))).is_ok() {
+        if let Some((digest, to)) = digest {
+            let _ = to.send(digest);
+        }
     }
 }
 

@@ -526,6 +526,55 @@ async fn whole_reads_of_more_than_a_chunk_send_the_digest_of_the_bytes_read() {
     }
 }
 
+/// A streamed read waits for its consumer's demand: one that keeps every
+/// byte gets the whole span as one buffer, hashed, with no chunk hand-off;
+/// one that streams gets chunks of at most `STREAM_CHUNK`; one dropped
+/// unpolled reads nothing and sends no digest.
+#[tokio::test]
+async fn a_collecting_reader_gets_one_buffer_and_a_streaming_one_small_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(9 * CHUNK_SIZE + 7, 8);
+    let key = put(&engine, "a", &data).await;
+    let chunks_of = |r: BlobReader| match r {
+        BlobReader::Chunks { chunks, digest, .. } => (chunks, digest.expect("whole reads hash")),
+        other => panic!("streamed read expected, got {other:?}"),
+    };
+    for cached in [false, true] {
+        let (chunks, digest) = chunks_of(engine.read_whole(&key).await.unwrap().unwrap());
+        chunks.collect();
+        let all = chunks.next_chunk().await.unwrap().expect("the bytes");
+        assert_eq!(all[..], data[..], "cached descriptor: {cached}");
+        assert!(chunks.next_chunk().await.unwrap().is_none());
+        assert_eq!(digest.await.unwrap(), Digest::of(&data));
+
+        let (chunks, digest) = chunks_of(engine.read_whole(&key).await.unwrap().unwrap());
+        let mut got = Vec::new();
+        while let Some(c) = chunks.next_chunk().await.unwrap() {
+            assert!(c.len() <= crate::reader::STREAM_CHUNK, "{}", c.len());
+            got.extend_from_slice(&c);
+            // Asked for after streaming began: too late to change.
+            chunks.collect();
+        }
+        assert_eq!(got, data);
+        assert_eq!(digest.await.unwrap(), Digest::of(&data));
+    }
+    // What a facade's `into_bytes` does, over a corrupt file: the digest
+    // is that of the bytes read.
+    engine.corrupt_one_byte(&key).await.unwrap();
+    let (chunks, digest) = chunks_of(engine.read_whole(&key).await.unwrap().unwrap());
+    chunks.collect();
+    let all = chunks.next_chunk().await.unwrap().unwrap();
+    assert_ne!(all[..], data[..]);
+    assert_eq!(digest.await.unwrap(), Digest::of(&all));
+    let (chunks, digest) = chunks_of(engine.read_whole(&key).await.unwrap().unwrap());
+    drop(chunks);
+    let got = tokio::time::timeout(Duration::from_secs(10), digest)
+        .await
+        .expect("the read-ahead task ends");
+    assert!(got.is_err());
+}
+
 #[tokio::test]
 async fn a_reader_dropped_midway_stops_the_task_without_a_digest() {
     let dir = tempfile::tempdir().unwrap();

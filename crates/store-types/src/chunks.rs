@@ -11,7 +11,7 @@ use std::task::{ready, Poll};
 
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// The owned chunks of a streamed read, shared by its two views (the
 /// `AsyncRead` and [`Chunks::poll_chunk`]), which read from one position:
@@ -28,8 +28,24 @@ pub struct Chunks {
     state: Arc<Mutex<State>>,
 }
 
+/// How the consumer of a streamed read takes it, told to a producer that
+/// waits for it before reading ([`Chunks::on_demand`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Demand {
+    /// Chunk by chunk, each let go of before the next is wanted (an HTTP
+    /// body, a copy through the byte view): the producer keeps only its
+    /// few chunks alive at once.
+    Stream,
+    /// All of it, kept in memory ([`Chunks::collect`]): the producer may
+    /// send it as one buffer, which the consumer keeps without a copy.
+    Collect,
+}
+
 struct State {
     rx: mpsc::Receiver<io::Result<Bytes>>,
+    /// Where the consumer's [`Demand`] goes, until it is told (at
+    /// [`Chunks::collect`] or the first poll).
+    demand: Option<oneshot::Sender<Demand>>,
     /// The unread part of the chunk the byte view is in.
     current: Bytes,
     /// Bytes still expected from the channel.
@@ -45,10 +61,36 @@ impl Chunks {
         Chunks {
             state: Arc::new(Mutex::new(State {
                 rx,
+                demand: None,
                 current: Bytes::new(),
                 remaining: len,
                 done: None,
             })),
+        }
+    }
+
+    /// Chunks of a read of `len` bytes whose producer waits to be told how
+    /// they will be taken before it reads anything: the receiver gets
+    /// [`Demand::Collect`] from [`Chunks::collect`], else
+    /// [`Demand::Stream`] at the first poll of either view; it fails when
+    /// every handle is dropped unpolled.
+    pub fn on_demand(
+        len: u64,
+        rx: mpsc::Receiver<io::Result<Bytes>>,
+    ) -> (Self, oneshot::Receiver<Demand>) {
+        let chunks = Chunks::new(len, rx);
+        let (tx, demand) = oneshot::channel();
+        chunks.lock().demand = Some(tx);
+        (chunks, demand)
+    }
+
+    /// Tells the producer that the consumer keeps every byte
+    /// ([`Demand::Collect`]), when it has not been told how yet; a
+    /// no-op otherwise.
+    pub fn collect(&self) {
+        if let Some(tx) = self.lock().demand.take() {
+            // A producer that is gone reports its end on the channel.
+            let _ = tx.send(Demand::Collect);
         }
     }
 
@@ -79,6 +121,9 @@ impl Chunks {
 
 impl State {
     fn poll_chunk(&mut self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
+        if let Some(tx) = self.demand.take() {
+            let _ = tx.send(Demand::Stream);
+        }
         if !self.current.is_empty() {
             return Poll::Ready(Ok(Some(std::mem::take(&mut self.current))));
         }
@@ -117,6 +162,63 @@ impl State {
                 .map_err(|e| (e.kind(), e.to_string())),
         );
         Poll::Ready(got.map(|()| None))
+    }
+}
+
+/// Chunks gathered into one buffer: the first kept as it is while it is
+/// all there is (a producer told [`Demand::Collect`] sends one), later
+/// ones copied after it.
+#[derive(Debug)]
+pub struct Gather {
+    first: Bytes,
+    rest: Option<bytes::BytesMut>,
+    /// The total expected, to size the buffer a second chunk starts.
+    expect: u64,
+}
+
+impl Gather {
+    /// An empty gathering of about `expect` bytes (capped at 64 MiB up
+    /// front; a length is the engine's word).
+    pub fn new(expect: u64) -> Self {
+        Gather {
+            first: Bytes::new(),
+            rest: None,
+            expect,
+        }
+    }
+
+    /// Adds `chunk` after what was gathered.
+    pub fn push(&mut self, chunk: Bytes) {
+        if let Some(rest) = &mut self.rest {
+            rest.extend_from_slice(&chunk);
+        } else if self.first.is_empty() {
+            self.first = chunk;
+        } else {
+            let cap = self.expect.min(64 << 20) as usize;
+            let mut rest = bytes::BytesMut::with_capacity(cap.max(self.first.len() + chunk.len()));
+            rest.extend_from_slice(&self.first);
+            rest.extend_from_slice(&chunk);
+            self.first = Bytes::new();
+            self.rest = Some(rest);
+        }
+    }
+
+    /// Bytes gathered so far.
+    pub fn len(&self) -> usize {
+        self.rest.as_ref().map_or(self.first.len(), |r| r.len())
+    }
+
+    /// Whether nothing was gathered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Everything gathered, as one buffer.
+    pub fn finish(self) -> Bytes {
+        match self.rest {
+            Some(rest) => rest.freeze(),
+            None => self.first,
+        }
     }
 }
 
@@ -179,6 +281,48 @@ mod tests {
         assert_eq!(rest, b"world");
         assert!(c.next_chunk().await.unwrap().is_none());
         assert!(c.next_chunk().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_producer_on_demand_is_told_once_how_the_chunks_are_taken() {
+        let (tx, rx) = mpsc::channel(1);
+        let (c, demand) = Chunks::on_demand(3, rx);
+        c.collect();
+        c.collect();
+        assert_eq!(demand.await, Ok(Demand::Collect));
+        tx.try_send(Ok(Bytes::from_static(b"abc"))).unwrap();
+        assert_eq!(c.next_chunk().await.unwrap().unwrap(), &b"abc"[..]);
+
+        let (tx, rx) = mpsc::channel(1);
+        let (c, demand) = Chunks::on_demand(3, rx);
+        tx.try_send(Ok(Bytes::from_static(b"abc"))).unwrap();
+        drop(tx);
+        let mut got = Vec::new();
+        c.reader().read_to_end(&mut got).await.unwrap();
+        // Polled first: streaming; a later `collect` changes nothing.
+        c.collect();
+        assert_eq!(demand.await, Ok(Demand::Stream));
+
+        let (_tx, rx) = mpsc::channel(1);
+        let (c, demand) = Chunks::on_demand(3, rx);
+        drop(c);
+        assert!(demand.await.is_err(), "dropped unpolled: no demand");
+    }
+
+    #[test]
+    fn a_gathered_single_chunk_is_kept_without_a_copy() {
+        let one = Bytes::from(vec![7u8; 1000]);
+        let mut g = Gather::new(1000);
+        g.push(one.clone());
+        assert_eq!(g.len(), 1000);
+        let got = g.finish();
+        assert_eq!(got.as_ptr(), one.as_ptr());
+        let mut g = Gather::new(6);
+        assert!(g.is_empty());
+        for part in [&b"ab"[..], b"", b"cd", b"ef"] {
+            g.push(Bytes::copy_from_slice(part));
+        }
+        assert_eq!(g.finish(), &b"abcdef"[..]);
     }
 
     #[tokio::test]

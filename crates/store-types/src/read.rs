@@ -23,7 +23,9 @@ use crate::{Chunks, Digest};
 ///   if any, is there up front.
 /// - [`BlobReader::Chunks`]: owned chunks from a read-ahead task; an HTTP
 ///   response body forwards them without copying (TUNING.md
-///   §response-chunks).
+///   §response-chunks). A task that waits for its consumer's demand
+///   ([`BlobReader::from_chunks_on_demand`]) may send a consumer that keeps
+///   every byte the whole read as one chunk.
 /// - [`BlobReader::Stream`]: any other `AsyncRead`. A reader that wraps
 ///   another one to observe or change its bytes (a layer's hook) is always
 ///   a `Stream` ([`BlobReader::wrap`]), so no view can bypass it.
@@ -115,6 +117,26 @@ impl BlobReader {
         }
     }
 
+    /// [`BlobReader::from_chunks`] for a producer that reads nothing until
+    /// it is told how the chunks will be taken ([`Chunks::on_demand`]): a
+    /// consumer that keeps every byte ([`Chunks::collect`]) may then get
+    /// them as one buffer.
+    pub fn from_chunks_on_demand(
+        len: u64,
+        rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+        digest: Option<oneshot::Receiver<Digest>>,
+    ) -> (Self, oneshot::Receiver<crate::chunks::Demand>) {
+        let (chunks, demand) = Chunks::on_demand(len, rx);
+        (
+            BlobReader::Chunks {
+                len,
+                chunks,
+                digest,
+            },
+            demand,
+        )
+    }
+
     /// A stream of `len` bytes the engine does not hash.
     pub fn stream(len: u64, reader: impl AsyncRead + Send + 'static) -> Self {
         BlobReader::Stream {
@@ -200,9 +222,21 @@ impl BlobReader {
     ///
     /// Cancel-safe in the sense that dropping it drops the read.
     pub async fn into_bytes(self, limit: u64) -> std::io::Result<Bytes> {
-        if let BlobReader::Bytes { bytes, .. } = self {
-            return Ok(bytes);
+        let chunks = match self {
+            BlobReader::Bytes { bytes, .. } => return Ok(bytes),
+            BlobReader::Chunks { len, chunks, .. } if len <= limit => chunks,
+            other => return other.into_bytes_read(limit).await,
+        };
+        chunks.collect();
+        let mut all = crate::chunks::Gather::new(limit);
+        while let Some(chunk) = chunks.next_chunk().await? {
+            all.push(chunk);
         }
+        Ok(all.finish())
+    }
+
+    /// [`BlobReader::into_bytes`] through the byte view.
+    async fn into_bytes_read(self, limit: u64) -> std::io::Result<Bytes> {
         let parts = self.into_stream();
         let mut buf = Vec::with_capacity(parts.len.min(limit) as usize);
         parts.reader.take(limit).read_to_end(&mut buf).await?;
