@@ -232,6 +232,7 @@ impl Engine for SqliteEngine {
 
     /// Answered from the hot-entry cache when `key` is in it.
     async fn meta(&self, key: &Key) -> Result<Option<EntryMeta>> {
+        self.inner.writer.counters().note_served();
         if let Some(hot) = self.inner.cache.get(key) {
             return Ok(Some(EntryMeta {
                 size: to_u64(hot.size)?,
@@ -299,6 +300,7 @@ impl Engine for SqliteEngine {
     /// `from_storage` is always the stored row, never the cache (and it
     /// does not fill it).
     async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
+        self.inner.writer.counters().note_served();
         if options.from_storage {
             let key = key.clone();
             let row = self
