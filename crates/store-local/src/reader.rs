@@ -761,9 +761,16 @@ fn read_some(
 /// one chunk, outside the live-chunk budget — the consumer holds all of it
 /// anyway. The file is closed here.
 fn read_rest(mut state: ReadAhead, tx: mpsc::Sender<io::Result<Bytes>>) {
+    // An entry too large for memory fails the read rather than the process.
+    let room = |n: usize| {
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(n).ok().map(|()| (n, buf))
+    };
     let read = usize::try_from(state.remaining)
-        .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "entry larger than memory"))
-        .and_then(|n| pread_fill(&state.file, state.pos, n, None));
+        .ok()
+        .and_then(room)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "entry larger than memory"))
+        .and_then(|(n, buf)| pread_fill(&state.file, state.pos, n, Some(buf)));
     let buf = match read {
         Ok(buf) => buf,
         Err(e) => {
