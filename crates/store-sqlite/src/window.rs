@@ -71,7 +71,11 @@ impl GcSchema for SqliteGcSeam {
 
 #[async_trait]
 impl WindowClauses for SqliteGcSeam {
+    /// Every chunk is queued at once, so an idle writer commits several in
+    /// one transaction (ADR-084); a failed chunk fails the call, and the
+    /// others stay staged, as a staged row is harmless.
     async fn stage(&self, candidates: &[StagedCandidate]) -> Result<()> {
+        let mut queued = Vec::with_capacity(candidates.len().div_ceil(BULK_ROWS));
         for chunk in candidates.chunks(BULK_ROWS) {
             let chunk = chunk.to_vec();
             let cost = chunk.len() * ROW_COST;
@@ -88,11 +92,10 @@ impl WindowClauses for SqliteGcSeam {
                 }
                 Ok(())
             };
-            self.engine
-                .inner
-                .writer
-                .submit_bulk(cost, job, None)
-                .await?;
+            queued.push(self.engine.inner.writer.submit_bulk(cost, job, None));
+        }
+        for chunk in queued {
+            chunk.await?;
         }
         Ok(())
     }

@@ -126,6 +126,13 @@ pub(crate) const BULK_ROWS: usize = 128;
 /// on a busy machine (ADR-076).
 pub(crate) const BULK_REST: u32 = 1;
 
+/// Most queued bulk jobs one transaction runs on a store that served no
+/// request since the last bulk transaction (ADR-084): 8 × [`BULK_ROWS`]
+/// rows, about the 1,000-row transactions sweeps ran before ADR-058. The
+/// first request after idleness waits for at most one such transaction;
+/// from then on the lane runs one job at a time and rests.
+pub(crate) const IDLE_BULK_JOBS: usize = 8;
+
 /// WAL pages at which the writer checkpoints: SQLite's own default for its
 /// automatic checkpoint, which the writer replaces (ADR-083). The
 /// checkpoint runs in the bulk lane, after the queued foreground commit
@@ -701,6 +708,8 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) 
     let mut lanes = Lanes::default();
     // No bulk job (or checkpoint) starts before this (`BULK_REST`).
     let mut bulk_after = Instant::now();
+    // Whether the store served a request during the last bulk transaction.
+    let mut served_last = false;
     loop {
         // Block for work only when no bulk job or checkpoint is waiting its
         // turn; while one rests, wait for foreground work until its turn.
@@ -739,8 +748,16 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) 
             let ran = if checkpoint_due() {
                 checkpoint(&conn, counters);
                 true
-            } else if let Some(job) = bulk.pop_front() {
-                stopped_by = run_batch(&conn, VecDeque::from([job]), counters, &lanes, true);
+            } else if !bulk.is_empty() {
+                // An idle store's queued bulk jobs share a transaction
+                // (ADR-084); a serving store's run one at a time (ADR-058).
+                let take = if served_last || counters.served.load(Ordering::Relaxed) {
+                    1
+                } else {
+                    bulk.len().min(IDLE_BULK_JOBS)
+                };
+                let jobs: VecDeque<_> = bulk.drain(..take).collect();
+                stopped_by = run_batch(&conn, jobs, counters, &lanes, true);
                 true
             } else {
                 false
@@ -750,7 +767,8 @@ fn run(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, counters: &Counters) 
                 lanes.last_bulk = Some((started, ended));
                 // Rest only while the store serves requests (ADR-084): an
                 // idle store's sweep runs at the writer's speed.
-                if counters.served.swap(false, Ordering::Relaxed) {
+                served_last = counters.served.swap(false, Ordering::Relaxed);
+                if served_last {
                     bulk_after = ended + (ended - started) * BULK_REST;
                 }
             }
@@ -1076,18 +1094,22 @@ mod lane_tests {
         let counters = writer.counters_shared().clone();
         let first_ended = Arc::new(Mutex::new(None));
         let ended = first_ended.clone();
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
         let b1 = writer.submit_bulk(
             0,
             move |_conn, _now| {
                 if serving {
                     counters.note_served();
                 }
+                let _ = started_tx.send(());
                 std::thread::sleep(RAN);
                 *ended.lock().unwrap() = Some(Instant::now());
                 Ok(())
             },
             None,
         );
+        // Queued while the first runs, so not in its transaction.
+        started_rx.recv().unwrap();
         let b2 = writer.submit_bulk(0, |_conn, _now| Ok(Instant::now()), None);
         b1.await.unwrap();
         let second_started = b2.await.unwrap();
@@ -1096,6 +1118,50 @@ mod lane_tests {
     }
 
     const RAN: Duration = Duration::from_millis(200);
+
+    /// ADR-084: bulk jobs queued on an idle store share a transaction (at
+    /// most `IDLE_BULK_JOBS`); after one during which the store served a
+    /// request, the next runs alone.
+    #[tokio::test]
+    async fn an_idle_stores_queued_bulk_jobs_share_a_transaction() {
+        const { assert!(IDLE_BULK_JOBS >= 3) };
+        for serving in [false, true] {
+            let writer = Writer::spawn(Connection::open_in_memory().unwrap()).unwrap();
+            let counters = writer.counters_shared().clone();
+            let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+            let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+            let parked = writer.submit_bulk(
+                0,
+                move |_conn, _now| {
+                    if serving {
+                        counters.note_served();
+                    }
+                    let _ = started_tx.send(());
+                    let _ = release_rx.recv();
+                    Ok(())
+                },
+                None,
+            );
+            started_rx.recv().unwrap();
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let queued: Vec<_> = ["bulk 1", "bulk 2", "bulk 3"]
+                .map(|name| writer.submit_bulk(0, record(&log, name), None))
+                .into_iter()
+                .collect();
+            let before = writer.counters().commits.load(Ordering::Relaxed);
+            release_tx.send(()).unwrap();
+            parked.await.unwrap();
+            for q in queued {
+                q.await.unwrap();
+            }
+            assert_eq!(*log.lock().unwrap(), ["bulk 1", "bulk 2", "bulk 3"]);
+            let commits = writer.counters().commits.load(Ordering::Relaxed) - before;
+            // Idle: the parked job, then the three together. Serving: the
+            // next alone (and rested), then the other two together.
+            let want = if serving { 3 } else { 2 };
+            assert_eq!(commits, want, "serving: {serving}");
+        }
+    }
 
     /// ADR-076: after a bulk transaction during which the store served a
     /// request, the writer starts no other bulk job for `BULK_REST` times
