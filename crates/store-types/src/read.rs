@@ -222,13 +222,13 @@ impl BlobReader {
     ///
     /// Cancel-safe in the sense that dropping it drops the read.
     pub async fn into_bytes(self, limit: u64) -> std::io::Result<Bytes> {
-        let chunks = match self {
+        let (len, chunks) = match self {
             BlobReader::Bytes { bytes, .. } => return Ok(bytes),
-            BlobReader::Chunks { len, chunks, .. } if len <= limit => chunks,
+            BlobReader::Chunks { len, chunks, .. } if len <= limit => (len, chunks),
             other => return other.into_bytes_read(limit).await,
         };
         chunks.collect();
-        let mut all = crate::chunks::Gather::new(limit);
+        let mut all = crate::chunks::Gather::new(len);
         while let Some(chunk) = chunks.next_chunk().await? {
             all.push(chunk);
         }
