@@ -33,7 +33,10 @@
 //! bulk transaction the thread starts no other bulk job for as long as
 //! that one ran ([`BULK_REST`], ADR-076; foreground jobs run at once), so
 //! a sweep takes at most half the writer's time and leaves the rest of the
-//! core to requests.
+//! core to requests — but only while the store serves them (ADR-084): a
+//! flag set by every read and foreground commit, cleared after each bulk
+//! transaction, says whether it rests, and on a store that served none
+//! up to [`IDLE_BULK_JOBS`] queued bulk jobs share one transaction.
 //!
 //! # Checkpoints are bulk work too (ADR-083)
 //!
