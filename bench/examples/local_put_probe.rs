@@ -8,17 +8,13 @@
 use std::time::Instant;
 
 use bench::data::Payload;
-use bench::fixtures::{local_store, ns};
+use bench::fixtures::{ns, Probe};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let puts: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(5000);
-    let kib: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1024);
-    let dir = tempfile::tempdir()?;
-    let store = local_store(dir.path(), false)
-        .await
-        .map_err(|e| e.to_string())?;
+    // Held to the end: its directory goes with it.
+    let probe = Probe::open(5000, false).await?;
+    let (puts, kib, store) = (probe.ops, probe.kib, &probe.store);
     let mut p = Payload::new(kib << 10);
     let ns = ns();
     let mut keys = Vec::new();

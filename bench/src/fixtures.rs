@@ -141,6 +141,42 @@ pub async fn sqlite_store(
     Ok((store, engine))
 }
 
+/// What a `perf` probe (`bench/examples/*_probe.rs`) runs on: its two
+/// arguments (how many operations, default `default_ops`; the entry size
+/// in KiB, default 1024), and a local store in a fresh directory.
+pub struct Probe {
+    /// Operations to run.
+    pub ops: usize,
+    /// The entry size in KiB.
+    pub kib: usize,
+    /// The store.
+    pub store: Store,
+    _dir: tempfile::TempDir,
+}
+
+impl Probe {
+    /// Parses the probe's arguments and opens its store (`fsync` as
+    /// [`local_store`]).
+    pub async fn open(default_ops: usize, fsync: bool) -> BenchResult<Probe> {
+        let mut args = std::env::args().skip(1);
+        let mut arg = |default: usize| -> BenchResult<usize> {
+            args.next()
+                .map(|a| a.parse().map_err(|e| format!("{a}: {e}")))
+                .transpose()
+                .map(|a| a.unwrap_or(default))
+        };
+        let (ops, kib) = (arg(default_ops)?, arg(1024)?);
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let store = local_store(dir.path(), fsync).await?;
+        Ok(Probe {
+            ops,
+            kib,
+            store,
+            _dir: dir,
+        })
+    }
+}
+
 /// A store whose every non-empty entry goes to the local engine at
 /// `dir/large` (dual-tier with threshold 0; the kv tier is an in-memory
 /// engine that only ever holds the empty entry).

@@ -274,3 +274,35 @@ async fn a_full_database_is_no_space_and_the_engine_recovers() {
 fn this_build_gives_each_connection_its_own_page_cache() {
     assert!(!crate::page_cache_shared());
 }
+
+/// ADR-084: what a request reads through the engine (`read`, `meta`) tells
+/// the writer's bulk lane to rest; what a sweep asks (`has_many`) does not.
+#[tokio::test]
+async fn reads_mark_the_store_serving_and_a_sweeps_queries_do_not() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (_dir, engine) = engine().await;
+    let data = b"served";
+    engine
+        .put(&key(data), Bytes::from_static(data))
+        .await
+        .unwrap();
+    let served = || engine.inner.writer.counters().served.swap(false, Relaxed);
+    served();
+    let ns = Namespace::new("ns").unwrap();
+    engine.has_many(&ns, &[Digest::of(data)]).await.unwrap();
+    assert!(!served(), "a sweep's has_many counted as a request");
+    engine.meta(&key(data)).await.unwrap().unwrap();
+    assert!(served(), "meta");
+    let read = engine
+        .read(&key(data), &store_types::ReadOptions::whole())
+        .await
+        .unwrap();
+    assert!(read.is_some());
+    assert!(served(), "read");
+    // A miss is a request too.
+    engine
+        .read(&key(b"absent"), &store_types::ReadOptions::whole())
+        .await
+        .unwrap();
+    assert!(served(), "a read of an absent key");
+}

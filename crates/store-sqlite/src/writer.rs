@@ -1089,30 +1089,46 @@ mod lane_tests {
         );
     }
 
-    /// Two bulk jobs in a row, the first running `RAN` and noting a served
-    /// request while it runs when `serving`: how long after the first
-    /// ended the second began.
-    async fn bulk_gap(serving: bool) -> Duration {
-        let writer = Writer::spawn(Connection::open_in_memory().unwrap()).unwrap();
+    /// Submits a bulk job that notes a served request first when
+    /// `serving`, then runs `hold`; returns its completion once it has
+    /// started, so jobs queued next are not in its transaction.
+    fn start_bulk(
+        writer: &Writer,
+        serving: bool,
+        hold: impl FnOnce() + Send + 'static,
+    ) -> impl Future<Output = Result<()>> {
         let counters = writer.counters_shared().clone();
-        let first_ended = Arc::new(Mutex::new(None));
-        let ended = first_ended.clone();
         let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
-        let b1 = writer.submit_bulk(
+        let mut hold = Some(hold);
+        let job = writer.submit_bulk(
             0,
             move |_conn, _now| {
                 if serving {
                     counters.note_served();
                 }
                 let _ = started_tx.send(());
-                std::thread::sleep(RAN);
-                *ended.lock().unwrap() = Some(Instant::now());
+                if let Some(hold) = hold.take() {
+                    hold();
+                }
                 Ok(())
             },
             None,
         );
-        // Queued while the first runs, so not in its transaction.
         started_rx.recv().unwrap();
+        job
+    }
+
+    /// Two bulk jobs in a row, the first running `RAN` and noting a served
+    /// request while it runs when `serving`: how long after the first
+    /// ended the second began.
+    async fn bulk_gap(serving: bool) -> Duration {
+        let writer = Writer::spawn(Connection::open_in_memory().unwrap()).unwrap();
+        let first_ended = Arc::new(Mutex::new(None));
+        let ended = first_ended.clone();
+        let b1 = start_bulk(&writer, serving, move || {
+            std::thread::sleep(RAN);
+            *ended.lock().unwrap() = Some(Instant::now());
+        });
         let b2 = writer.submit_bulk(0, |_conn, _now| Ok(Instant::now()), None);
         b1.await.unwrap();
         let second_started = b2.await.unwrap();
@@ -1130,22 +1146,10 @@ mod lane_tests {
         const { assert!(IDLE_BULK_JOBS >= 3) };
         for serving in [false, true] {
             let writer = Writer::spawn(Connection::open_in_memory().unwrap()).unwrap();
-            let counters = writer.counters_shared().clone();
-            let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
             let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-            let parked = writer.submit_bulk(
-                0,
-                move |_conn, _now| {
-                    if serving {
-                        counters.note_served();
-                    }
-                    let _ = started_tx.send(());
-                    let _ = release_rx.recv();
-                    Ok(())
-                },
-                None,
-            );
-            started_rx.recv().unwrap();
+            let parked = start_bulk(&writer, serving, move || {
+                let _ = release_rx.recv();
+            });
             let log = Arc::new(Mutex::new(Vec::new()));
             let queued: Vec<_> = ["bulk 1", "bulk 2", "bulk 3"]
                 .map(|name| writer.submit_bulk(0, record(&log, name), None))
