@@ -163,17 +163,34 @@ fn run_one(fuzz: &Path, bin_dir: &Path, target: &str, seconds: u64) -> Result<()
     if seeds.is_dir() {
         args.insert(1, seeds.display().to_string());
     }
-    eprintln!("$ {} {}", exe.display(), args.join(" "));
+    // libFuzzer's progress lines go to a log: a CI log that ends in
+    // thousands of them hides what ran before.
+    let log_path = fuzz.join("target").join(format!("{target}.log"));
+    let log =
+        std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    eprintln!(
+        "$ {} {} 2>{}",
+        exe.display(),
+        args.join(" "),
+        log_path.display()
+    );
     let status = Command::new(&exe)
         .args(&args)
+        .stderr(log)
         .status()
         .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let stats: Vec<&str> = log.lines().filter(|l| l.starts_with("stat::")).collect();
     if status.success() {
+        eprintln!("xtask: fuzz {target}: {}", stats.join(", "));
         Ok(())
     } else {
+        let lines: Vec<&str> = log.lines().collect();
+        eprintln!("{}", lines[lines.len().saturating_sub(80)..].join("\n"));
         Err(format!(
-            "fuzz target {target} failed ({status}); its input is in {}; \
+            "fuzz target {target} failed ({status}); its log is {}, its input is in {}; \
              reproduce with `{} <that file>`",
+            log_path.display(),
             artifacts.display(),
             exe.display()
         ))

@@ -152,7 +152,7 @@ fn ci() -> Result<(), String> {
         ],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
-    cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"])?;
+    let tests = cargo_test(&["test", "--workspace", "--all-features", "--no-fail-fast"])?;
     // The README's library example is an `examples/` program: run it.
     cargo(&["run", "-p", "blobpool", "--example", "quickstart"])?;
     // The Python client against the binary the tests built (ADR-068).
@@ -162,7 +162,84 @@ fn ci() -> Result<(), String> {
     // The API description, validated and fuzzed against a live server (ADR-066).
     openapi::run()?;
     fuzz::run(&["--smoke".to_string()])?;
+    // Last, so that the end of the log says what ran.
+    eprintln!("xtask: ci passed; `cargo test` ran {tests}");
     Ok(())
+}
+
+/// What `cargo test` reported: the sum of its `test result:` lines.
+#[derive(Debug, Default, PartialEq)]
+struct Tally {
+    binaries: u64,
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Tally {
+    /// Adds one line of `cargo test`'s output, if it is a `test result:`.
+    fn add(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else {
+            return;
+        };
+        self.binaries += 1;
+        for part in rest.split([';', '.']) {
+            let mut words = part.split_whitespace();
+            let (Some(n), Some(what)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} test binaries: {} passed, {} failed, {} ignored",
+            self.binaries, self.passed, self.failed, self.ignored
+        )
+    }
+}
+
+/// `cargo test ...`, its output passed through and tallied. A run that
+/// reports no passing test fails: a test suite that did not run is not
+/// a pass.
+fn cargo_test(args: &[&str]) -> Result<Tally, String> {
+    use std::io::BufRead;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("$ cargo {}", args.join(" "));
+    let mut child = Command::new(&cargo)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    let mut tally = Tally::default();
+    let out = child.stdout.take().expect("stdout is piped");
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.map_err(|e| format!("reading cargo's output: {e}"))?;
+        println!("{line}");
+        tally.add(&line);
+    }
+    let status = child.wait().map_err(|e| format!("cargo: {e}"))?;
+    eprintln!("xtask: `cargo test` ran {tally}");
+    if !status.success() {
+        return Err(format!(
+            "`cargo {}` failed ({status}); it ran {tally}",
+            args.join(" ")
+        ));
+    }
+    if tally.passed == 0 {
+        return Err(format!("`cargo {}` ran no test", args.join(" ")));
+    }
+    Ok(tally)
 }
 
 /// Seeds per crash-model test in a soak (CI runs a bounded number).
@@ -202,4 +279,36 @@ fn soak(args: &[String]) -> Result<(), String> {
         )],
     )?;
     fuzz::run(&["--all".to_string(), "--time".to_string(), seconds])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tally_sums_the_test_result_lines() {
+        let mut t = Tally::default();
+        for line in [
+            "running 3 tests",
+            "test a ... ok",
+            "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.50s",
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s",
+        ] {
+            t.add(line);
+        }
+        assert_eq!(
+            t,
+            Tally {
+                binaries: 3,
+                passed: 5,
+                failed: 1,
+                ignored: 1
+            }
+        );
+        assert_eq!(
+            t.to_string(),
+            "3 test binaries: 5 passed, 1 failed, 1 ignored"
+        );
+    }
 }
