@@ -517,7 +517,7 @@ fn room_extras(krate: &str) -> &'static [&'static str] {
             "nowait_tests.rs",
             "vfs_forward.rs",
         ],
-        "store-local" => &["fsio.rs", "cache.rs"],
+        "store-local" => &["fsio.rs", "cache.rs", "stream.rs"],
         "store-postgres" => &["batch.rs", "fence.rs", "fleet.rs", "policy.rs"],
         "store-object" => &["url.rs"],
         _ => &[],

@@ -134,12 +134,12 @@
 //!
 //! # Reads
 //!
-//! A read opens the file in one blocking call; an async read-ahead task
-//! then reads (and, for a whole-entry read, hashes) it in
-//! [`store_types::CHUNK_SIZE`] chunks, one blocking call per chunk, into a
-//! small bounded channel, so the facade's verification overlaps with disk
-//! reads. Reads of at most one chunk are read in one go and returned from
-//! memory, and their descriptor is kept in the **open-file cache**
+//! A read of more than one chunk streams (ADR-085): its consumer's polls
+//! read (and, for a whole-entry read, hash) it in 32 KiB chunks, inline
+//! when the bytes are in the page cache, else in short blocking calls, at
+//! most two chunks alive at once (ADR-057). Reads of at most one chunk are
+//! read in one go and returned from memory, and every read's descriptor
+//! is kept in the **open-file cache**
 //! (TUNING.md §local-small-reads, [`LocalOptions::open_files`]): the next small read of the
 //! entry runs in the calling task — `fstat` of the descriptor, then
 //! `preadv2(…, RWF_NOWAIT)`, which copies the bytes only if all are in the
@@ -155,7 +155,7 @@
 //! blocking pool (`spawn_blocking`), and each such call is short: open, stat, one
 //! chunk's read, one batch's write, a publish. Nothing ever waits for a
 //! client on a blocking thread: a reader whose consumer stalls (a slow or
-//! stopped HTTP client) waits in async code with its few read-ahead
+//! stopped HTTP client) waits in async code with its few live
 //! chunks, and a stage whose uploader stalls holds only its file and
 //! buffered bytes. So however many streaming clients stall, the blocking
 //! pool stays free for the work that needs it (SQLite reads, stats,
@@ -197,6 +197,7 @@ mod reader;
 mod registration;
 mod seam;
 mod stage;
+mod stream;
 #[cfg(any(test, feature = "testing"))]
 mod testing;
 #[cfg(test)]

@@ -21,39 +21,33 @@
 //!   buffer without a copy): `pread` of the cached descriptor when the
 //!   inline read would have waited (or hashes), else open, `fstat`,
 //!   `pread` (the descriptor then goes into the cache).
-//! - Otherwise an async read-ahead task sending owned chunks of
-//!   [`STREAM_CHUNK`] bytes ([`BlobReader::from_chunks`]: read as bytes,
-//!   or taken as they are by a consumer that forwards them, TUNING.md
-//!   §response-chunks). At most [`READ_AHEAD_CHUNKS`] chunks of one read
-//!   are **alive** at once — in the channel, in the consumer's hands, in
-//!   an HTTP server's write queue — because each carries a permit of the
-//!   read's budget that its last `Bytes` handle returns when dropped
-//!   (ADR-057): a reader whose consumer stalls (a slow or stopped HTTP
-//!   client) holds at most half a [`CHUNK_SIZE`] of buffers, the open file and
-//!   no blocking-pool thread. The task waits for a permit in async code,
-//!   then reads the next chunk inline when every byte of it is in the
-//!   page cache (`preadv2(RWF_NOWAIT)`, on the roots where inline reads
-//!   are on), else in a short blocking call (`spawn_blocking`) that reads
-//!   only as many chunks as there are permits free and returns. For a
-//!   whole-entry read each chunk is hashed before it is handed over (the
-//!   `digest` of [`BlobReader::Chunks`]).
-//! - The read-ahead task reads nothing until its consumer says how it
-//!   takes the bytes ([`Demand`], ADR-084): at the first poll it streams
-//!   as above; a consumer that keeps every byte anyway
-//!   (`Chunks::collect`: `Blob::bytes`, `BlobReader::into_bytes`) gets
-//!   the span read and hashed in one blocking call and sent as one buffer
-//!   ([`read_rest`]), with no hand-off per chunk and no copy.
+//! - Otherwise a streamed read (`stream.rs`, ADR-085) of owned chunks of
+//!   [`STREAM_CHUNK`] bytes ([`BlobReader::from_pull`]: read as bytes, or
+//!   taken as they are by a consumer that forwards them, TUNING.md
+//!   §response-chunks), from the cached descriptor when there is one
+//!   (else one opened, and cached, in one blocking call). Each chunk is
+//!   read when the consumer polls for it, in the consumer's task: inline
+//!   when every byte of it is in the page cache, else in a short blocking
+//!   call the poll awaits. At most [`READ_AHEAD_CHUNKS`] chunks of one
+//!   read are **alive** at once — in the consumer's hands, in an HTTP
+//!   server's write queue — because each carries a permit of the read's
+//!   budget that its last `Bytes` handle returns when dropped (ADR-057): a
+//!   reader whose consumer stalls (a slow or stopped HTTP client) holds at
+//!   most half a [`CHUNK_SIZE`] of buffers, the open file and no
+//!   blocking-pool thread. For a whole-entry read each chunk is hashed as
+//!   it is read (the `digest` of [`BlobReader::Chunks`]). A consumer that
+//!   keeps every byte anyway (`Chunks::collect`: `Blob::bytes`,
+//!   `BlobReader::into_bytes`, ADR-084) gets the span read and hashed in
+//!   one blocking call, as one buffer.
 
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
-use std::sync::mpsc as std_mpsc;
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use store_types::{BlobReader, Demand, Digest, Key, RangeRequest, Result, CHUNK_SIZE};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use store_types::{BlobReader, Digest, Key, RangeRequest, Result, CHUNK_SIZE};
 
 use crate::cache::{release, OpenFile};
 use crate::error::{blocking, io_err, is_absent};
@@ -61,17 +55,13 @@ use crate::Inner;
 
 /// Chunks of one streamed read alive at once, wherever they are (the
 /// read's budget of permits, ADR-057): one being sent while the next is
-/// read.
+/// read (`stream.rs`).
 pub(crate) const READ_AHEAD_CHUNKS: usize = 2;
 
 /// A streamed read's chunk: its [`READ_AHEAD_CHUNKS`] live chunks add up
 /// to half a [`CHUNK_SIZE`] (32 KiB each), so 600 stalled GETs stay under
 /// 100 MiB of server memory (ADR-057).
 pub(crate) const STREAM_CHUNK: usize = CHUNK_SIZE / (2 * READ_AHEAD_CHUNKS);
-
-/// Most chunks one blocking call reads: with a consumer that keeps up,
-/// the call returns at this bound rather than at an exhausted budget.
-const MAX_CHUNKS_PER_CALL: usize = 16;
 
 /// Largest whole-entry read done in one call — read and handed over as
 /// one buffer — rather than streamed: what a streamed read may hold at
@@ -168,7 +158,7 @@ impl Inline {
         me
     }
 
-    fn on(&self) -> bool {
+    pub(crate) fn on(&self) -> bool {
         self.on.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -193,66 +183,43 @@ impl Inline {
 /// else in one blocking call (the cached descriptor's `pread`, or open,
 /// `fstat`, `pread`, caching the descriptor). So is a whole entry of at
 /// most [`WHOLE_READ_MAX`] bytes, always in the blocking call, which
-/// hashes it too ([`read_at_once`]). A longer span is opened in
-/// one blocking call and streamed by a read-ahead task ([`read_ahead`]),
-/// in short blocking calls that never wait for the consumer, until the
-/// span is done or the reader is dropped. A streamed whole-entry read
-/// carries the task's digest of the bytes it yields.
+/// hashes it too ([`read_at_once`]). A longer span is streamed from the
+/// cached descriptor (or one opened, and cached, in one blocking call),
+/// each chunk read as the consumer polls for it (`stream.rs`, ADR-085); a
+/// streamed whole-entry read carries the digest of the bytes it yields.
 pub(crate) async fn open_entry(inner: &Arc<Inner>, key: &Key, want: Want) -> Result<Option<Found>> {
-    let cached = inner.open_files.get(key);
-    let was_cached = cached.is_some();
-    if let Some(file) = cached {
-        // `None`: longer than a chunk, streamed below.
-        if let Some(found) = cached_read(inner, key, file, &want).await? {
-            return Ok(Some(found));
+    let opened = match inner.open_files.get(key) {
+        Some(file) => cached_read(inner, key, file, &want).await?,
+        None => {
+            let path = inner.content_path(key);
+            if let Some(found) = uncached_inline_read(inner, key, &path, &want) {
+                return Ok(Some(found));
+            }
+            let (cache, k, w) = (inner.clone(), key.clone(), want.clone());
+            match blocking(move || open_blocking(&cache, &k, &path, &w)).await? {
+                Some(opened) => opened,
+                None => return Ok(None),
+            }
         }
-    }
-    let path = inner.content_path(key);
-    // A cached descriptor that could not answer means a long span: opening
-    // it again inline would only be closed again.
-    if !was_cached {
-        if let Some(found) = uncached_inline_read(inner, key, &path, &want) {
-            return Ok(Some(found));
+    };
+    Ok(Some(match opened {
+        Opened::Inline { size, span, reader } => (size, span, reader),
+        Opened::Streaming { file, size, span } => {
+            let reader = crate::stream::open(inner, key, file, want.whole(size), span.clone());
+            (size, span, reader)
         }
-    }
-    let (cache, k, w) = (inner.clone(), key.clone(), want.clone());
-    let opening = path.clone();
-    let Some(opened) = blocking(move || open_blocking(&cache, &k, &opening, &w)).await? else {
-        return Ok(None);
-    };
-    let (file, size, span) = match opened {
-        Opened::Inline { size, span, reader } => return Ok(Some((size, span, reader))),
-        Opened::Streaming { file, size, span } => (file, size, span),
-    };
-    let len = span.end - span.start;
-    let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
-    let (recycle, recycled) = std_mpsc::channel();
-    let (digest_tx, digest_rx) = want.whole(size).then(oneshot::channel).unzip();
-    let state = ReadAhead {
-        inner: inner.clone(),
-        file,
-        path,
-        pos: span.start,
-        remaining: len,
-        budget: Arc::new(Semaphore::new(READ_AHEAD_CHUNKS)),
-        recycle,
-        recycled,
-        hash: digest_tx.map(|d| (Box::new(blake3::Hasher::new()), d)),
-    };
-    let (reader, demand) = BlobReader::from_chunks_on_demand(len, rx, digest_rx);
-    tokio::spawn(read_ahead(state, tx, demand));
-    Ok(Some((size, span, reader)))
+    }))
 }
 
-/// A read through a cached descriptor: `None` when the span is longer than
-/// a chunk (the caller streams it). Inline when it can be; else one
-/// blocking `pread` of the same descriptor.
+/// A read through a cached descriptor: inline when it can be, else one
+/// blocking `pread` of the same descriptor; a span longer than a read at
+/// once ([`read_at_once`]) is left to stream from the descriptor.
 async fn cached_read(
     inner: &Arc<Inner>,
     key: &Key,
     file: Arc<OpenFile>,
     want: &Want,
-) -> Result<Option<Found>> {
+) -> Result<Opened> {
     let inline = inner.inline.on();
     let size = if inline {
         // `fstat` of an open descriptor on local media reads the in-memory
@@ -267,8 +234,7 @@ async fn cached_read(
     let spanned = match size {
         Some(size) => match want.span(size) {
             Ok(span) if !read_at_once(want, size, &span) => {
-                release(file);
-                return Ok(None);
+                return Ok(Opened::Streaming { file, size, span });
             }
             Ok(span) => Some((size, span)),
             Err(e) => {
@@ -278,33 +244,17 @@ async fn cached_read(
         },
         None => None,
     };
-    // Inline only for at most one chunk: a longer whole read is hashed,
-    // which is not for a runtime worker.
-    let inline_span = spanned
-        .as_ref()
-        .filter(|(_, span)| span.end - span.start <= CHUNK_SIZE as u64);
-    if let Some((size, span)) = inline_span {
-        match read_nowait(
-            inner,
-            &file.file,
-            span.start,
-            (span.end - span.start) as usize,
-        ) {
-            Nowait::Read(bytes) => {
-                inner.inline.count(true);
-                release(file);
-                return Ok(Some((*size, span.clone(), BlobReader::from_bytes(bytes))));
-            }
-            Nowait::WouldBlock => {}
-            Nowait::Unsupported => inner
-                .inline
-                .on
-                .store(false, std::sync::atomic::Ordering::Relaxed),
+    if let Some((size, span)) = &spanned {
+        if let Some(bytes) = cached_inline(inner, &file.file, span) {
+            release(file);
+            let reader = BlobReader::from_bytes(bytes);
+            let (size, span) = (*size, span.clone());
+            return Ok(Opened::Inline { size, span, reader });
         }
-        inner.inline.count(false);
     }
     let (want, key, inner) = (want.clone(), key.clone(), inner.clone());
-    // The descriptor is dropped in here, on the blocking thread.
+    // The descriptor is dropped in here, on the blocking thread, unless
+    // the span streams from it.
     blocking(move || {
         let size = match spanned {
             Some((size, _)) => size,
@@ -316,13 +266,35 @@ async fn cached_read(
         };
         let span = want.span(size)?;
         if !read_at_once(&want, size, &span) {
-            return Ok(None);
+            return Ok(Opened::Streaming { file, size, span });
         }
         let reader = read_span(&file.file, &want, size, &span)
             .map_err(|e| io_err("reading", &inner.content_path(&key), e))?;
-        Ok(Some((size, span, reader)))
+        Ok(Opened::Inline { size, span, reader })
     })
     .await
+}
+
+/// `span` of a cached descriptor's file read in the calling task, when it
+/// is at most one chunk (a longer whole read is hashed, which is not for a
+/// runtime worker) and all in the page cache.
+fn cached_inline(inner: &Inner, file: &File, span: &Range<u64>) -> Option<Bytes> {
+    if span.end - span.start > CHUNK_SIZE as u64 {
+        return None;
+    }
+    match read_nowait(inner, file, span.start, (span.end - span.start) as usize) {
+        Nowait::Read(bytes) => {
+            inner.inline.count(true);
+            return Some(bytes);
+        }
+        Nowait::WouldBlock => {}
+        Nowait::Unsupported => inner
+            .inline
+            .on
+            .store(false, std::sync::atomic::Ordering::Relaxed),
+    }
+    inner.inline.count(false);
+    None
 }
 
 /// A read of at most one chunk of an entry whose descriptor is not
@@ -461,7 +433,7 @@ fn read_nowait(inner: &Inner, file: &File, offset: u64, len: usize) -> Nowait {
 /// file is shorter, or the file system does not do `RWF_NOWAIT` (inline
 /// reads are then turned off for the root).
 #[cfg(target_os = "linux")]
-fn pread_nowait_into(
+pub(crate) fn pread_nowait_into(
     inner: &Inner,
     file: &File,
     offset: u64,
@@ -514,7 +486,7 @@ fn pread_nowait_into(
 }
 
 #[cfg(not(target_os = "linux"))]
-fn pread_nowait_into(
+pub(crate) fn pread_nowait_into(
     _inner: &Inner,
     _file: &File,
     _offset: u64,
@@ -562,7 +534,7 @@ fn local_media(_root: &Path) -> bool {
     false
 }
 
-/// What the opening blocking call of a read found.
+/// How a read goes on once its entry's size is known.
 enum Opened {
     /// The span was read at once ([`read_at_once`]).
     Inline {
@@ -570,19 +542,20 @@ enum Opened {
         span: Range<u64>,
         reader: BlobReader,
     },
-    /// The span (not read at once) is to be read from `file` (by
-    /// position: `pread`).
+    /// The span (not read at once) streams from `file` (by position:
+    /// `pread`), the open-file cache's descriptor when it has one.
     Streaming {
-        file: File,
+        file: Arc<OpenFile>,
         size: u64,
         span: Range<u64>,
     },
 }
 
 /// The blocking half of opening a read: open, `fstat`, and for a span read
-/// at once ([`read_at_once`]) `pread` it (caching the descriptor, unless a delete
-/// ran meanwhile: the epoch is loaded before the open, see `cache.rs`).
-/// `None` when there is no such file.
+/// at once ([`read_at_once`]) `pread` it; the descriptor goes into the
+/// open-file cache either way, unless a delete ran meanwhile (the epoch is
+/// loaded before the open, see `cache.rs`). `None` when there is no such
+/// file.
 fn open_blocking(inner: &Inner, key: &Key, path: &Path, want: &Want) -> Result<Option<Opened>> {
     let seen = inner.open_files.epoch();
     let Some((file, size)) = open_file(path)? else {
@@ -596,233 +569,8 @@ fn open_blocking(inner: &Inner, key: &Key, path: &Path, want: &Want) -> Result<O
         }
         return Ok(Some(Opened::Inline { size, span, reader }));
     }
+    let file = inner.open_files.offer(key, file, seen);
     Ok(Some(Opened::Streaming { file, size, span }))
-}
-
-/// What the read-ahead task carries from one read to the next.
-struct ReadAhead {
-    inner: Arc<Inner>,
-    file: File,
-    path: PathBuf,
-    /// Where the next chunk starts in the file.
-    pos: u64,
-    /// Bytes still to read.
-    remaining: u64,
-    /// The read's live-chunk budget ([`READ_AHEAD_CHUNKS`] permits): a
-    /// chunk is read only with a permit, which its buffer keeps until the
-    /// last `Bytes` handle on it is dropped ([`Recycled`]).
-    budget: Arc<Semaphore>,
-    /// Where a sent chunk's buffer goes back once its last `Bytes` handle
-    /// is dropped ([`Recycled`]).
-    recycle: std_mpsc::Sender<Vec<u8>>,
-    /// Buffers handed back.
-    recycled: std_mpsc::Receiver<Vec<u8>>,
-    /// For a whole-file read: the hash of the bytes sent so far, and where
-    /// its digest goes at the end.
-    hash: Option<(Box<blake3::Hasher>, oneshot::Sender<Digest>)>,
-}
-
-/// A slot in the channel to the reader and a permit of the read's budget:
-/// what sending one chunk takes.
-type Room = (mpsc::OwnedPermit<io::Result<Bytes>>, OwnedSemaphorePermit);
-
-/// The read-ahead task behind a streamed [`open_entry`]: an async task
-/// that waits for a permit of the read's budget — for the consumer (or
-/// the socket it writes to) to let go of a chunk — and then reads the
-/// next chunk: inline when it is all in the page cache ([`read_inline`]),
-/// else in one blocking call ([`read_some`]) that reads as many
-/// [`STREAM_CHUNK`] chunks as there are permits free.
-///
-/// No thread ever waits for the consumer: the waiting is done here, in
-/// async code. A reader whose consumer stalls thus holds no blocking
-/// thread, only its live chunks ([`READ_AHEAD_CHUNKS`]). The task ends
-/// when the range is read, a read fails (the error is the last thing
-/// sent) or the reader is dropped (the file is then closed on a blocking
-/// thread).
-async fn read_ahead(
-    mut state: ReadAhead,
-    mut tx: mpsc::Sender<io::Result<Bytes>>,
-    demand: oneshot::Receiver<Demand>,
-) {
-    match demand.await {
-        Ok(Demand::Stream) => {}
-        Ok(Demand::Collect) => {
-            // Detached: the reader awaits its end on the channel.
-            drop(tokio::task::spawn_blocking(move || read_rest(state, tx)));
-            return;
-        }
-        Err(_) => {
-            close_off_runtime(state.file);
-            return; // Reader dropped unpolled.
-        }
-    }
-    loop {
-        let budget = state.budget.clone();
-        let live = tokio::select! {
-            live = budget.acquire_owned() => live,
-            () = tx.closed() => {
-                close_off_runtime(state.file);
-                return; // Reader dropped.
-            }
-        };
-        // The semaphore is never closed.
-        let Ok(live) = live else { return };
-        let Ok(slot) = tx.reserve_owned().await else {
-            close_off_runtime(state.file);
-            return; // Reader dropped.
-        };
-        let room = match read_inline(&mut state, (slot, live)) {
-            Ok(Some(t)) => {
-                tx = t;
-                continue;
-            }
-            Ok(None) => {
-                close_off_runtime(state.file);
-                return; // Done.
-            }
-            Err(room) => room,
-        };
-        match tokio::task::spawn_blocking(move || read_some(state, room)).await {
-            Ok(Some((s, t))) => (state, tx) = (s, t),
-            // Done, failed (the error is sent) or reader dropped; a panic
-            // drops the sender early, which the reader reports.
-            Ok(None) | Err(_) => return,
-        }
-    }
-}
-
-/// The next chunk read in the task itself when inline reads are on and
-/// every byte of it is in the page cache (`preadv2(RWF_NOWAIT)`), then
-/// hashed (for a whole-file read: 64 KiB, ~15 µs) and sent: `Ok` as
-/// [`send_chunk`] answers. `Err(room)` when it would have waited: the
-/// blocking call reads it.
-fn read_inline(
-    state: &mut ReadAhead,
-    room: Room,
-) -> std::result::Result<Option<mpsc::Sender<io::Result<Bytes>>>, Room> {
-    if !state.inner.inline.on() {
-        return Err(room);
-    }
-    let n = state.remaining.min(STREAM_CHUNK as u64) as usize;
-    let spare = state.recycled.try_recv().ok();
-    match pread_nowait_into(&state.inner, &state.file, state.pos, n, spare) {
-        Ok(buf) => Ok(send_chunk(state, room, Ok(buf))),
-        Err(spare) => {
-            if let Some(buf) = spare {
-                // Back in the queue, for the blocking call.
-                let _ = state.recycle.send(buf);
-            }
-            Err(room)
-        }
-    }
-}
-
-/// One blocking call of [`read_ahead`]: reads chunks — the first into
-/// `room`, each further one only if a slot and a permit are free at once —
-/// hashing each (for a whole-file read) right after reading it. Returns
-/// the state and the sender when more is to be read; `None` when done
-/// (digest sent), failed (error sent) or the reader is gone. The file is
-/// closed here, on the blocking thread, when done.
-///
-/// Chunks are `Vec`s sent as `Bytes` that hand their buffer back through
-/// `recycled` once the consumer drops them — copied out by the byte view,
-/// or written to a socket by a consumer that took them whole (TUNING.md
-/// §response-chunks); they are read into again, so a read allocates only
-/// the few buffers in flight at once, and fresh ones are read into
-/// without zero-filling them first ([`pread_fill`]).
-fn read_some(
-    mut state: ReadAhead,
-    mut room: Room,
-) -> Option<(ReadAhead, mpsc::Sender<io::Result<Bytes>>)> {
-    let mut chunks_left = MAX_CHUNKS_PER_CALL;
-    loop {
-        let n = state.remaining.min(STREAM_CHUNK as u64) as usize;
-        let spare = state.recycled.try_recv().ok();
-        let read = pread_fill(&state.file, state.pos, n, spare);
-        let tx = send_chunk(&mut state, room, read)?;
-        chunks_left -= 1;
-        if chunks_left == 0 {
-            return Some((state, tx));
-        }
-        let Ok(live) = state.budget.clone().try_acquire_owned() else {
-            return Some((state, tx));
-        };
-        room = match tx.try_reserve_owned() {
-            Ok(slot) => (slot, live),
-            Err(mpsc::error::TrySendError::Full(tx)) => return Some((state, tx)),
-            Err(mpsc::error::TrySendError::Closed(_)) => return None,
-        };
-    }
-}
-
-/// A read whose consumer keeps every byte ([`Demand::Collect`]), in one
-/// blocking call: the rest of the span read into one buffer, hashed (on
-/// every core when large, `digest_of`) for a whole-file read, and sent as
-/// one chunk, outside the live-chunk budget — the consumer holds all of it
-/// anyway. The file is closed here.
-fn read_rest(mut state: ReadAhead, tx: mpsc::Sender<io::Result<Bytes>>) {
-    // An entry too large for memory fails the read rather than the process.
-    let room = |n: usize| {
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(n).ok().map(|()| (n, buf))
-    };
-    let read = usize::try_from(state.remaining)
-        .ok()
-        .and_then(room)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "entry larger than memory"))
-        .and_then(|(n, buf)| pread_fill(&state.file, state.pos, n, Some(buf)));
-    let buf = match read {
-        Ok(buf) => buf,
-        Err(e) => {
-            let e = io::Error::new(e.kind(), format!("reading {}: {e}", state.path.display()));
-            let _ = tx.try_send(Err(e));
-            return;
-        }
-    };
-    let digest = state
-        .hash
-        .take()
-        .map(|(_, to)| (store_types::outboard::digest_of(&buf), to));
-    // The channel is empty: nothing was sent before the demand.
-    if tx.try_send(Ok(Bytes::from(buf))).is_ok() {
-        if let Some((digest, to)) = digest {
-            let _ = to.send(digest);
-        }
-    }
-}
-
-/// Hands one chunk read at `state.pos` to the reader through `room`,
-/// hashing it first for a whole-file read, and moves on: the sender when
-/// more is to be read; `None` when that was the last chunk (digest sent)
-/// or the read failed (error sent).
-fn send_chunk(
-    state: &mut ReadAhead,
-    (slot, live): Room,
-    read: io::Result<Vec<u8>>,
-) -> Option<mpsc::Sender<io::Result<Bytes>>> {
-    let buf = match read {
-        Ok(buf) => buf,
-        Err(e) => {
-            let e = io::Error::new(e.kind(), format!("reading {}: {e}", state.path.display()));
-            slot.send(Err(e));
-            return None;
-        }
-    };
-    if let Some((h, _)) = state.hash.as_mut() {
-        h.update(&buf);
-    }
-    let n = buf.len() as u64;
-    let tx = slot.send(Ok(Recycled::bytes(buf, &state.recycle, live)));
-    state.pos += n;
-    state.remaining -= n;
-    if state.remaining > 0 {
-        return Some(tx);
-    }
-    if let Some((h, digest)) = state.hash.take() {
-        // The reader may be gone already; then nobody awaits it.
-        let _ = digest.send(Digest::from(h.finalize()));
-    }
-    None
 }
 
 /// Closes `file` on a blocking thread (`close(2)` may wait on the server
@@ -877,7 +625,12 @@ pub(crate) fn pread_exact(file: &File, offset: u64, n: usize) -> io::Result<Byte
 /// enough) or a new buffer, neither zero-filled first: the kernel writes
 /// into the spare capacity and every byte the result holds. A file that
 /// ends early is an error.
-fn pread_fill(file: &File, offset: u64, n: usize, spare: Option<Vec<u8>>) -> io::Result<Vec<u8>> {
+pub(crate) fn pread_fill(
+    file: &File,
+    offset: u64,
+    n: usize,
+    spare: Option<Vec<u8>>,
+) -> io::Result<Vec<u8>> {
     use std::os::fd::AsRawFd;
     let mut buf = spare
         .filter(|b| b.capacity() >= n)
@@ -921,41 +674,5 @@ fn short_file(e: io::Error) -> io::Error {
         io::Error::new(e.kind(), "stored file is shorter than its recorded size")
     } else {
         e
-    }
-}
-
-/// A streamed read's chunk buffer, sent back to the task for reuse when
-/// the last `Bytes` handle on it is dropped, together with the permit of
-/// the read's budget it holds (released right after the buffer is back,
-/// so the task that the permit wakes finds it).
-struct Recycled {
-    buf: Vec<u8>,
-    to: std_mpsc::Sender<Vec<u8>>,
-    _live: OwnedSemaphorePermit,
-}
-
-impl Recycled {
-    fn bytes(buf: Vec<u8>, to: &std_mpsc::Sender<Vec<u8>>, live: OwnedSemaphorePermit) -> Bytes {
-        Bytes::from_owner(Recycled {
-            buf,
-            to: to.clone(),
-            _live: live,
-        })
-    }
-}
-
-impl AsRef<[u8]> for Recycled {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for Recycled {
-    fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        if buf.capacity() > 0 {
-            // The task may have finished: then the buffer is freed.
-            let _ = self.to.send(buf);
-        }
     }
 }

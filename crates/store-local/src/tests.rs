@@ -359,7 +359,7 @@ async fn range_reads_return_exactly_the_range() {
         (size, size),
         (c / 2, 2 * c + 100),
         // One chunk exactly is read in one blocking call; one byte more
-        // goes through the read-ahead task.
+        // streams.
         (0, c),
         (size - c, size),
         (7, c + 7),
@@ -453,7 +453,7 @@ async fn a_failing_publish_reports_the_error_and_leaves_nothing() {
 }
 
 /// Reads `key` whole through the engine; the bytes and the digest the
-/// read-ahead task sent (`None` when the read carries none).
+/// read sent (`None` when the read carries none).
 async fn read_with_digest(engine: &LocalEngine, key: &Key) -> (Vec<u8>, Option<Digest>) {
     let r = engine
         .read_whole(key)
@@ -466,7 +466,7 @@ async fn read_with_digest(engine: &LocalEngine, key: &Key) -> (Vec<u8>, Option<D
     reader.read_to_end(&mut out).await.unwrap();
     assert_eq!(out.len() as u64, r.len);
     let digest = match r.digest {
-        Some(rx) => Some(rx.await.expect("the read-ahead task sends its digest")),
+        Some(rx) => Some(rx.await.expect("the read sends its digest")),
         None => None,
     };
     (out, digest)
@@ -474,8 +474,7 @@ async fn read_with_digest(engine: &LocalEngine, key: &Key) -> (Vec<u8>, Option<D
 
 /// Whole reads of more than one chunk carry the digest of the bytes they
 /// yield: up to 1 MiB read and hashed in one blocking call and held in
-/// memory, beyond that streamed by the read-ahead task, which hashes as it
-/// goes.
+/// memory, beyond that streamed, hashed as it goes.
 #[tokio::test]
 async fn whole_reads_of_more_than_a_chunk_send_the_digest_of_the_bytes_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -575,6 +574,49 @@ async fn a_collecting_reader_gets_one_buffer_and_a_streaming_one_small_chunks() 
     assert!(got.is_err());
 }
 
+/// A streamed read's chunks are read as its consumer polls (ADR-085), in
+/// its task, inline or by a blocking call: either way a consumer holding
+/// `READ_AHEAD_CHUNKS` chunks (a stalled HTTP client) gets no further one
+/// until it lets go of one, and a range streams its bytes only.
+#[tokio::test]
+async fn a_streamed_read_waits_for_its_consumer_to_let_go_of_a_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let data = content(6 * CHUNK_SIZE + 3, 4);
+    let key = put(&engine, "a", &data).await;
+    for would_block in [false, true] {
+        engine.force_inline_would_block(would_block);
+        let r = engine.read_whole(&key).await.unwrap().unwrap();
+        let BlobReader::Chunks { chunks, digest, .. } = r else {
+            panic!("a streamed read")
+        };
+        let mut held = Vec::new();
+        for _ in 0..crate::reader::READ_AHEAD_CHUNKS {
+            held.push(chunks.next_chunk().await.unwrap().unwrap());
+        }
+        let next = tokio::time::timeout(Duration::from_millis(200), chunks.next_chunk()).await;
+        assert!(next.is_err(), "a third chunk while two are held");
+        let mut got: Vec<u8> = held.iter().flat_map(|c| c.to_vec()).collect();
+        held.clear();
+        while let Some(c) = chunks.next_chunk().await.unwrap() {
+            got.extend_from_slice(&c);
+        }
+        assert_eq!(got, data, "inline would block: {would_block}");
+        assert_eq!(digest.unwrap().await.unwrap(), Digest::of(&data));
+
+        let span = 5..4 * CHUNK_SIZE as u64 + 9;
+        let r = engine
+            .read_exact(&key, span.clone())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!r.has_digest());
+        let mut got = Vec::new();
+        r.into_stream().reader.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got[..], data[span.start as usize..span.end as usize]);
+    }
+}
+
 #[tokio::test]
 async fn a_reader_dropped_midway_stops_the_task_without_a_digest() {
     let dir = tempfile::tempdir().unwrap();
@@ -593,10 +635,10 @@ async fn a_reader_dropped_midway_stops_the_task_without_a_digest() {
     assert_eq!(first, data[..1000]);
     let digest = r.digest.unwrap();
     drop(reader);
-    // The task notices the closed channel and ends without sending.
+    // The read's state went with the reader, unfinished: no digest.
     let got = tokio::time::timeout(Duration::from_secs(10), digest)
         .await
-        .expect("the read-ahead task ends");
+        .expect("the read ends");
     assert!(got.is_err());
 }
 
@@ -1310,8 +1352,8 @@ fn a_whole_read_of_a_file_shorter_than_its_size_fails() {
 }
 
 /// A streamed whole read hands its chunks out as owned `Bytes`
-/// (`BlobReader::Chunks`, TUNING.md §response-chunks) whose buffers go back to the read-ahead
-/// task when dropped — on another thread too — so a long read reuses the
+/// (`BlobReader::Chunks`, TUNING.md §response-chunks) whose buffers go back to the read
+/// when dropped — on another thread too — so a long read reuses the
 /// few buffers in flight instead of allocating one per chunk.
 #[tokio::test]
 async fn taken_chunks_give_their_buffers_back_when_dropped() {
@@ -1337,7 +1379,7 @@ async fn taken_chunks_give_their_buffers_back_when_dropped() {
         }
     }
     assert_eq!(got, data);
-    // In flight at once: the channel's chunks, the one being read, the one
+    // In flight at once: the budget's chunks, the one being read, the one
     // held here.
     let most = crate::reader::READ_AHEAD_CHUNKS + 2;
     assert!(

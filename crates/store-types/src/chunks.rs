@@ -11,16 +11,18 @@ use std::task::{ready, Poll};
 
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// The owned chunks of a streamed read, shared by its two views (the
 /// `AsyncRead` and [`Chunks::poll_chunk`]), which read from one position:
 /// what one view consumed, the other does not see again.
 ///
-/// The bytes come from an engine's read-ahead task over a channel; an
-/// `Err` item ends the read with that error (later calls fail with its kind
-/// and message), and a channel that closes
-/// before `len` bytes arrived ends it with `UnexpectedEof` (the task died).
+/// The bytes come from an engine, either over a channel from a task of
+/// its own ([`Chunks::new`]) or from a producer the consumer's polls
+/// drive ([`Chunks::pulled`], ADR-085). An `Err` item ends the read with
+/// that error (later calls fail with its kind and message), and a
+/// producer that ends before `len` bytes arrived ends it with
+/// `UnexpectedEof` (the task died).
 /// Cloning shares the position. Only one consumer reads at a time (a
 /// `Blob` owns both views), so the lock is never contended.
 #[derive(Clone)]
@@ -28,8 +30,8 @@ pub struct Chunks {
     state: Arc<Mutex<State>>,
 }
 
-/// How the consumer of a streamed read takes it, told to a producer that
-/// waits for it before reading ([`Chunks::on_demand`]).
+/// How the consumer of a streamed read takes it, told to a producer
+/// before it is first polled ([`Pull::demand`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Demand {
     /// Chunk by chunk, each let go of before the next is wanted (an HTTP
@@ -37,18 +39,58 @@ pub enum Demand {
     /// few chunks alive at once.
     Stream,
     /// All of it, kept in memory ([`Chunks::collect`]): the producer may
-    /// send it as one buffer, which the consumer keeps without a copy.
+    /// yield it as one buffer, which the consumer keeps without a copy.
     Collect,
 }
 
+/// A producer of a streamed read's chunks that runs in its consumer's
+/// task (ADR-085): each chunk is read when the consumer polls for it, so
+/// no chunk passes between two tasks. A producer that must wait (for the
+/// disk, for its consumer to let go of earlier chunks) registers the
+/// poll's waker and answers `Pending`, like any stream.
+pub trait Pull: Send {
+    /// How the consumer takes the chunks: told once, before the first
+    /// poll ([`Demand::Collect`] from [`Chunks::collect`], else
+    /// [`Demand::Stream`] at the first poll).
+    fn demand(&mut self, how: Demand);
+
+    /// The next chunk, or `None` at the end. An `Err` ends the read; it
+    /// is not polled again after an `Err` or a `None`.
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<io::Result<Bytes>>>;
+}
+
+/// Where the chunks come from.
+enum Source {
+    /// A task of the engine's, sending them.
+    Channel(mpsc::Receiver<io::Result<Bytes>>),
+    /// A producer polled in the consumer's task; `told` once it has its
+    /// [`Demand`].
+    Pull { pull: Box<dyn Pull>, told: bool },
+}
+
+impl Source {
+    fn tell(&mut self, how: Demand) {
+        if let Source::Pull { pull, told } = self {
+            if !*told {
+                *told = true;
+                pull.demand(how);
+            }
+        }
+    }
+
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
+        match self {
+            Source::Channel(rx) => rx.poll_recv(cx),
+            Source::Pull { pull, .. } => pull.poll_next(cx),
+        }
+    }
+}
+
 struct State {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
-    /// Where the consumer's [`Demand`] goes, until it is told (at
-    /// [`Chunks::collect`] or the first poll).
-    demand: Option<oneshot::Sender<Demand>>,
+    source: Source,
     /// The unread part of the chunk the byte view is in.
     current: Bytes,
-    /// Bytes still expected from the channel.
+    /// Bytes still expected from the source.
     remaining: u64,
     /// Set once the end or an error was reported: later polls answer the
     /// end, or an error of the same kind and message.
@@ -58,10 +100,19 @@ struct State {
 impl Chunks {
     /// Chunks of a read of `len` bytes in all, sent on `rx`.
     pub fn new(len: u64, rx: mpsc::Receiver<io::Result<Bytes>>) -> Self {
+        Chunks::with_source(len, Source::Channel(rx))
+    }
+
+    /// Chunks of a read of `len` bytes that `pull` produces when polled,
+    /// in the consumer's task (ADR-085).
+    pub fn pulled(len: u64, pull: Box<dyn Pull>) -> Self {
+        Chunks::with_source(len, Source::Pull { pull, told: false })
+    }
+
+    fn with_source(len: u64, source: Source) -> Self {
         Chunks {
             state: Arc::new(Mutex::new(State {
-                rx,
-                demand: None,
+                source,
                 current: Bytes::new(),
                 remaining: len,
                 done: None,
@@ -69,29 +120,11 @@ impl Chunks {
         }
     }
 
-    /// Chunks of a read of `len` bytes whose producer waits to be told how
-    /// they will be taken before it reads anything: the receiver gets
-    /// [`Demand::Collect`] from [`Chunks::collect`], else
-    /// [`Demand::Stream`] at the first poll of either view; it fails when
-    /// every handle is dropped unpolled.
-    pub fn on_demand(
-        len: u64,
-        rx: mpsc::Receiver<io::Result<Bytes>>,
-    ) -> (Self, oneshot::Receiver<Demand>) {
-        let chunks = Chunks::new(len, rx);
-        let (tx, demand) = oneshot::channel();
-        chunks.lock().demand = Some(tx);
-        (chunks, demand)
-    }
-
     /// Tells the producer that the consumer keeps every byte
     /// ([`Demand::Collect`]), when it has not been told how yet; a
-    /// no-op otherwise.
+    /// no-op otherwise (and for a channel's chunks).
     pub fn collect(&self) {
-        if let Some(tx) = self.lock().demand.take() {
-            // A producer that is gone reports its end on the channel.
-            let _ = tx.send(Demand::Collect);
-        }
+        self.lock().source.tell(Demand::Collect);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -121,9 +154,7 @@ impl Chunks {
 
 impl State {
     fn poll_chunk(&mut self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
-        if let Some(tx) = self.demand.take() {
-            let _ = tx.send(Demand::Stream);
-        }
+        self.source.tell(Demand::Stream);
         if !self.current.is_empty() {
             return Poll::Ready(Ok(Some(std::mem::take(&mut self.current))));
         }
@@ -134,7 +165,7 @@ impl State {
             });
         }
         let got = loop {
-            match ready!(self.rx.poll_recv(cx)) {
+            match ready!(self.source.poll_next(cx)) {
                 Some(Ok(chunk)) if chunk.is_empty() => continue,
                 Some(Ok(chunk)) if chunk.len() as u64 > self.remaining => {
                     break Err(io::Error::new(
@@ -283,30 +314,66 @@ mod tests {
         assert!(c.next_chunk().await.unwrap().is_none());
     }
 
-    #[tokio::test]
-    async fn a_producer_on_demand_is_told_once_how_the_chunks_are_taken() {
-        let (tx, rx) = mpsc::channel(1);
-        let (c, demand) = Chunks::on_demand(3, rx);
-        c.collect();
-        c.collect();
-        assert_eq!(demand.await, Ok(Demand::Collect));
-        tx.try_send(Ok(Bytes::from_static(b"abc"))).unwrap();
-        assert_eq!(c.next_chunk().await.unwrap().unwrap(), &b"abc"[..]);
+    /// A producer that records what it was told and yields `parts`.
+    struct Told {
+        how: Arc<Mutex<Vec<Demand>>>,
+        parts: Vec<Bytes>,
+    }
 
-        let (tx, rx) = mpsc::channel(1);
-        let (c, demand) = Chunks::on_demand(3, rx);
-        tx.try_send(Ok(Bytes::from_static(b"abc"))).unwrap();
-        drop(tx);
+    impl Pull for Told {
+        fn demand(&mut self, how: Demand) {
+            self.how.lock().unwrap().push(how);
+        }
+
+        fn poll_next(
+            &mut self,
+            _cx: &mut std::task::Context<'_>,
+        ) -> Poll<Option<io::Result<Bytes>>> {
+            assert!(!self.how.lock().unwrap().is_empty(), "polled before told");
+            Poll::Ready((!self.parts.is_empty()).then(|| Ok(self.parts.remove(0))))
+        }
+    }
+
+    /// Chunks of `len` bytes from a [`Told`] yielding `parts`.
+    fn told(parts: &[&'static [u8]], len: u64) -> (Chunks, Arc<Mutex<Vec<Demand>>>) {
+        let how = Arc::new(Mutex::new(Vec::new()));
+        let pull = Told {
+            how: how.clone(),
+            parts: parts.iter().map(|p| Bytes::from_static(p)).collect(),
+        };
+        (Chunks::pulled(len, Box::new(pull)), how)
+    }
+
+    #[tokio::test]
+    async fn a_pulled_producer_is_told_once_how_the_chunks_are_taken() {
+        let (c, how) = told(&[b"ab", b"c"], 3);
+        c.collect();
+        c.collect();
+        assert_eq!(c.next_chunk().await.unwrap().unwrap(), &b"ab"[..]);
+        assert_eq!(*how.lock().unwrap(), [Demand::Collect]);
+
+        let (c, how) = told(&[b"ab", b"c"], 3);
         let mut got = Vec::new();
         c.reader().read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"abc");
         // Polled first: streaming; a later `collect` changes nothing.
         c.collect();
-        assert_eq!(demand.await, Ok(Demand::Stream));
+        assert_eq!(*how.lock().unwrap(), [Demand::Stream]);
 
-        let (_tx, rx) = mpsc::channel(1);
-        let (c, demand) = Chunks::on_demand(3, rx);
+        let (c, how) = told(&[b"abc"], 3);
         drop(c);
-        assert!(demand.await.is_err(), "dropped unpolled: no demand");
+        assert!(
+            how.lock().unwrap().is_empty(),
+            "dropped unpolled: no demand"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pulled_producer_that_ends_early_is_an_early_end() {
+        let (c, _) = told(&[b"ab"], 5);
+        assert_eq!(c.next_chunk().await.unwrap().unwrap(), &b"ab"[..]);
+        let e = c.next_chunk().await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

@@ -48,7 +48,7 @@ mod retry;
 mod seam;
 
 pub use cache::{CacheBounds, CacheEntry, CacheIndex, CachePage, CacheTrim, CacheUsage};
-pub use chunks::{Chunks, Demand, Gather};
+pub use chunks::{Chunks, Demand, Gather, Pull};
 pub use digest::{Digest, DIGEST_HEX_LEN};
 pub use engine::{
     Capabilities, Engine, EngineExt, EntryMeta, Instance, JointStagedWrite, KvEngine, LargeEngine,

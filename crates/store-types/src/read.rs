@@ -21,11 +21,11 @@ use crate::{Chunks, Digest};
 /// - [`BlobReader::Bytes`]: the engine holds the bytes in memory (a `Bytes`
 ///   handle); a whole verified read hashes them in place. An engine digest,
 ///   if any, is there up front.
-/// - [`BlobReader::Chunks`]: owned chunks from a read-ahead task; an HTTP
-///   response body forwards them without copying (TUNING.md
-///   §response-chunks). A task that waits for its consumer's demand
-///   ([`BlobReader::from_chunks_on_demand`]) may send a consumer that keeps
-///   every byte the whole read as one chunk.
+/// - [`BlobReader::Chunks`]: owned chunks from a read-ahead task or a
+///   producer the consumer's polls drive ([`BlobReader::from_pull`]); an
+///   HTTP response body forwards them without copying (TUNING.md
+///   §response-chunks). A producer told that its consumer keeps every
+///   byte may yield the whole read as one chunk.
 /// - [`BlobReader::Stream`]: any other `AsyncRead`. A reader that wraps
 ///   another one to observe or change its bytes (a layer's hook) is always
 ///   a `Stream` ([`BlobReader::wrap`]), so no view can bypass it.
@@ -117,24 +117,20 @@ impl BlobReader {
         }
     }
 
-    /// [`BlobReader::from_chunks`] for a producer that reads nothing until
-    /// it is told how the chunks will be taken ([`Chunks::on_demand`]): a
-    /// consumer that keeps every byte ([`Chunks::collect`]) may then get
-    /// them as one buffer.
-    pub fn from_chunks_on_demand(
+    /// A read of `len` bytes that `pull` produces in the consumer's task,
+    /// chunk by chunk as it is polled ([`Chunks::pulled`], ADR-085); a
+    /// consumer that keeps every byte ([`Chunks::collect`]) tells it so
+    /// first, and may then get them as one buffer.
+    pub fn from_pull(
         len: u64,
-        rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+        pull: Box<dyn crate::chunks::Pull>,
         digest: Option<oneshot::Receiver<Digest>>,
-    ) -> (Self, oneshot::Receiver<crate::chunks::Demand>) {
-        let (chunks, demand) = Chunks::on_demand(len, rx);
-        (
-            BlobReader::Chunks {
-                len,
-                chunks,
-                digest,
-            },
-            demand,
-        )
+    ) -> Self {
+        BlobReader::Chunks {
+            len,
+            chunks: Chunks::pulled(len, pull),
+            digest,
+        }
     }
 
     /// A stream of `len` bytes the engine does not hash.
