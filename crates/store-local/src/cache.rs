@@ -207,10 +207,15 @@ impl Drop for OpenFiles {
 /// Lets go of a descriptor a read used in async code: if the cache dropped
 /// it meanwhile (evicted, or invalidated by a delete), this is the last
 /// holder, and the close — for a deleted file, the freeing of its blocks —
-/// runs on a blocking thread, never on the runtime's.
+/// runs on a blocking thread, never on the runtime's. Outside a runtime
+/// (a reader dropped after its runtime ended) it closes in place: there
+/// is no runtime thread to keep free, and no pool to hand it to.
 pub(crate) fn release(file: Arc<OpenFile>) {
     if let Ok(last) = Arc::try_unwrap(file) {
-        drop(tokio::task::spawn_blocking(move || drop(last)));
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || drop(last))),
+            Err(_) => drop(last),
+        }
     }
 }
 

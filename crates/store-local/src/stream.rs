@@ -21,7 +21,8 @@
 //! the rest of the span read and hashed in one blocking call, as one
 //! buffer ([`read_rest`]). A reader dropped mid-read lets go of the file
 //! (closed off the runtime when it was the last holder, [`release`]); a
-//! blocking call in flight finishes on its thread and drops what it read.
+//! blocking call in flight finishes on its thread, and the file it held
+//! is let go of the same way.
 //!
 //! The file is the open-file cache's descriptor (`cache.rs`) when the
 //! cache holds one: a streamed read of a cached entry needs no blocking
@@ -230,6 +231,19 @@ impl Pulled {
 impl Drop for Pulled {
     fn drop(&mut self) {
         self.end();
+        // A blocking call in flight owns the state: once it is done, its
+        // file is let go of as `end` would (a call still running drops its
+        // output on its own thread; a finished one's output would
+        // otherwise be dropped here, on the runtime).
+        if let Some(reading) = self.reading.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                drop(rt.spawn(async move {
+                    if let Ok((at, _)) = reading.await {
+                        release(at.file);
+                    }
+                }));
+            }
+        }
     }
 }
 

@@ -570,7 +570,7 @@ async fn a_collecting_reader_gets_one_buffer_and_a_streaming_one_small_chunks() 
     drop(chunks);
     let got = tokio::time::timeout(Duration::from_secs(10), digest)
         .await
-        .expect("the read-ahead task ends");
+        .expect("the read ends");
     assert!(got.is_err());
 }
 
@@ -617,8 +617,36 @@ async fn a_streamed_read_waits_for_its_consumer_to_let_go_of_a_chunk() {
     }
 }
 
+/// A streamed reader may outlive its runtime (a `Blob` dropped in sync
+/// code): with no open-file cache it is its file's last holder, and
+/// dropping it closes the file in place instead of panicking for want of
+/// a runtime to close it on.
+#[test]
+fn a_streamed_reader_dropped_after_its_runtime_closes_its_file_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let chunks = rt.block_on(async {
+        let options = LocalOptions {
+            open_files: 0,
+            ..LocalOptions::default()
+        };
+        let engine = LocalEngine::open(dir.path(), options).await.unwrap();
+        let data = content(4 * CHUNK_SIZE, 3);
+        let key = put(&engine, "a", &data).await;
+        let BlobReader::Chunks { chunks, .. } = engine.read_whole(&key).await.unwrap().unwrap()
+        else {
+            panic!("a streamed read")
+        };
+        let first = chunks.next_chunk().await.unwrap().unwrap();
+        assert_eq!(first[..], data[..first.len()]);
+        chunks
+    });
+    drop(rt);
+    drop(chunks);
+}
+
 #[tokio::test]
-async fn a_reader_dropped_midway_stops_the_task_without_a_digest() {
+async fn a_reader_dropped_midway_ends_the_read_without_a_digest() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path()).await;
     let data = content(8 * CHUNK_SIZE, 6);

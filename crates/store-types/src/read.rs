@@ -34,7 +34,7 @@ use crate::{Chunks, Digest};
 ///
 /// `digest`, when present, is the BLAKE3 digest of **exactly** the bytes
 /// the body yields, in order, computed by the engine as it produced them
-/// (typically on its read-ahead thread). It arrives once the engine has
+/// (as it reads them, ahead of the consumer or in its polls). It arrives once the engine has
 /// produced the last byte (possibly before the consumer reads EOF). On a
 /// verified whole read the facade then does not hash: it counts the bytes,
 /// awaits the digest after EOF and compares it with the key's digest; a
@@ -52,7 +52,7 @@ pub enum BlobReader {
         /// Their BLAKE3 digest, when the engine already has it.
         digest: Option<Digest>,
     },
-    /// Owned chunks from a read-ahead task.
+    /// Owned chunks from a read-ahead task or a pulled producer.
     Chunks {
         /// Number of bytes the chunks add up to.
         len: u64,
