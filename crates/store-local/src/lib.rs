@@ -135,9 +135,9 @@
 //! # Reads
 //!
 //! A read of more than one chunk streams (ADR-085): its consumer's polls
-//! read (and, for a whole-entry read, hash) it in 32 KiB chunks, inline
-//! when the bytes are in the page cache, else in short blocking calls, at
-//! most two chunks alive at once (ADR-057). Reads of at most one chunk are
+//! read (and, for a whole-entry read, hash) it in 64 KiB chunks, inline
+//! when the bytes are in the page cache, else in short blocking calls, one
+//! chunk alive at once (ADR-057, ADR-086). Reads of at most one chunk are
 //! read in one go and returned from memory, and every read's descriptor
 //! is kept in the **open-file cache**
 //! (TUNING.md §local-small-reads, [`LocalOptions::open_files`]): the next small read of the

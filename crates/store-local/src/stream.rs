@@ -6,16 +6,15 @@
 //! view) polls for it, in the consumer's own task — there is no task of
 //! the read's own, so no chunk passes between two tasks. Per poll:
 //!
-//! 1. a permit of the read's live-chunk budget ([`READ_AHEAD_CHUNKS`],
-//!    ADR-057): with none free the poll waits — the consumer still holds
-//!    its chunks (a stalled HTTP client's socket) — and the waker is
-//!    called when one of them is dropped;
+//! 1. a permit of the read's live-chunk budget ([`LIVE_CHUNKS`], one
+//!    chunk: ADR-057, ADR-086): with none free the poll waits — the
+//!    consumer still holds the last chunk (a stalled HTTP client's socket)
+//!    — and the waker is called when it is dropped;
 //! 2. the next [`STREAM_CHUNK`] bytes read inline when every one of them is
 //!    in the page cache (`preadv2(RWF_NOWAIT)`, on roots where inline
 //!    reads are on), hashed for a whole-file read, and returned;
 //! 3. else one blocking call (`spawn_blocking`), awaited by the poll, that
-//!    reads as many chunks as permits are free (at most
-//!    [`MAX_CHUNKS_PER_CALL`]); the polls that follow return them.
+//!    reads it.
 //!
 //! A consumer that keeps every byte ([`Demand::Collect`], ADR-084) gets
 //! the rest of the span read and hashed in one blocking call, as one
@@ -28,7 +27,6 @@
 //! cache holds one: a streamed read of a cached entry needs no blocking
 //! call to open it.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::ops::Range;
@@ -44,12 +42,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::PollSemaphore;
 
 use crate::cache::{release, OpenFile};
-use crate::reader::{pread_fill, pread_nowait_into, READ_AHEAD_CHUNKS, STREAM_CHUNK};
+use crate::reader::{pread_fill, pread_nowait_into, LIVE_CHUNKS, STREAM_CHUNK};
 use crate::Inner;
-
-/// Most chunks one blocking call reads: with a consumer that keeps up,
-/// the call returns at this bound rather than at an exhausted budget.
-const MAX_CHUNKS_PER_CALL: usize = 16;
 
 /// A streamed read of `span` of `key`'s entry (`size` bytes) from `file`:
 /// a [`BlobReader::Chunks`] whose chunks the consumer's polls read,
@@ -64,7 +58,7 @@ pub(crate) fn open(
 ) -> BlobReader {
     let len = span.end - span.start;
     let (digest_tx, digest_rx) = whole.then(oneshot::channel).unzip();
-    let budget = Arc::new(Semaphore::new(READ_AHEAD_CHUNKS));
+    let budget = PollSemaphore::new(Arc::new(Semaphore::new(LIVE_CHUNKS)));
     let (recycle, recycled) = std_mpsc::channel();
     let at = At {
         inner: inner.clone(),
@@ -72,7 +66,6 @@ pub(crate) fn open(
         file,
         pos: span.start,
         remaining: len,
-        budget: budget.clone(),
         recycle,
         recycled,
         hash: digest_tx.map(|d| (Box::new(blake3::Hasher::new()), d)),
@@ -80,8 +73,8 @@ pub(crate) fn open(
     let pull = Pulled {
         at: Some(at),
         reading: None,
-        ready: VecDeque::new(),
-        permits: PollSemaphore::new(budget),
+        ready: None,
+        permits: budget,
         how: Demand::Stream,
     };
     BlobReader::from_pull(len, Box::new(pull), digest_rx)
@@ -96,10 +89,6 @@ struct At {
     pos: u64,
     /// Bytes still to read.
     remaining: u64,
-    /// The read's live-chunk budget ([`READ_AHEAD_CHUNKS`] permits): a
-    /// chunk is read only with a permit, which its buffer keeps until the
-    /// last `Bytes` handle on it is dropped ([`Recycled`]).
-    budget: Arc<Semaphore>,
     /// Where a chunk's buffer goes back once its last `Bytes` handle is
     /// dropped ([`Recycled`]).
     recycle: std_mpsc::Sender<Vec<u8>>,
@@ -149,7 +138,7 @@ impl At {
 }
 
 /// What a blocking call read, and the read's state back.
-type Read = (At, VecDeque<io::Result<Bytes>>);
+type Read = (At, io::Result<Bytes>);
 
 /// The [`Pull`] producer of a streamed read (see the module docs).
 struct Pulled {
@@ -158,9 +147,12 @@ struct Pulled {
     at: Option<At>,
     /// The blocking call reading chunks, while one runs.
     reading: Option<JoinHandle<Read>>,
-    /// Chunks a blocking call read, not yet returned.
-    ready: VecDeque<io::Result<Bytes>>,
-    /// The read's budget, as the polls wait for it.
+    /// The chunk a blocking call read, not yet returned.
+    ready: Option<io::Result<Bytes>>,
+    /// The read's live-chunk budget ([`LIVE_CHUNKS`] permits), as the
+    /// polls wait for it: a chunk is read only with a permit, which its
+    /// buffer keeps until the last `Bytes` handle on it is dropped
+    /// ([`Recycled`]).
     permits: PollSemaphore,
     how: Demand,
 }
@@ -172,14 +164,14 @@ impl Pull for Pulled {
 
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
         loop {
-            if let Some(chunk) = self.ready.pop_front() {
+            if let Some(chunk) = self.ready.take() {
                 return Poll::Ready(Some(chunk));
             }
             if let Some(reading) = self.reading.as_mut() {
                 let read = ready!(Pin::new(reading).poll(cx));
                 self.reading = None;
                 match read {
-                    Ok((at, chunks)) => (self.at, self.ready) = (Some(at), chunks),
+                    Ok((at, chunk)) => (self.at, self.ready) = (Some(at), Some(chunk)),
                     Err(e) => return Poll::Ready(Some(Err(io::Error::other(e)))),
                 }
                 continue;
@@ -195,7 +187,7 @@ impl Pull for Pulled {
                 let mut at = self.at.take().expect("checked above");
                 let call = move || {
                     let rest = read_rest(&mut at);
-                    (at, VecDeque::from([rest]))
+                    (at, rest)
                 };
                 self.reading = Some(tokio::task::spawn_blocking(call));
                 continue;
@@ -210,8 +202,8 @@ impl Pull for Pulled {
             };
             let mut at = self.at.take().expect("checked above");
             let call = move || {
-                let chunks = read_some(&mut at, live);
-                (at, chunks)
+                let chunk = read_one(&mut at, live);
+                (at, chunk)
             };
             self.reading = Some(tokio::task::spawn_blocking(call));
         }
@@ -249,7 +241,7 @@ impl Drop for Pulled {
 
 /// The next chunk read in the consumer's task when inline reads are on
 /// and every byte of it is in the page cache (`preadv2(RWF_NOWAIT)`),
-/// then hashed (for a whole-file read: 32 KiB, ~8 µs). `Err` with the
+/// then hashed (for a whole-file read: 64 KiB, ~15 µs). `Err` with the
 /// permit when it would have waited: a blocking call reads it.
 fn read_inline(at: &mut At, live: OwnedSemaphorePermit) -> Result<Bytes, OwnedSemaphorePermit> {
     if !at.inner.inline.on() {
@@ -268,27 +260,12 @@ fn read_inline(at: &mut At, live: OwnedSemaphorePermit) -> Result<Bytes, OwnedSe
     }
 }
 
-/// One blocking call of a streamed read: the chunk `live` is for, then
-/// each further one for which a permit is free (at most
-/// [`MAX_CHUNKS_PER_CALL`]); a failed read is the last item.
-fn read_some(at: &mut At, mut live: OwnedSemaphorePermit) -> VecDeque<io::Result<Bytes>> {
-    let mut chunks = VecDeque::new();
-    loop {
-        let (n, spare) = at.next();
-        match pread_fill(&at.file.file, at.pos, n, spare) {
-            Ok(buf) => chunks.push_back(Ok(at.chunk(buf, live))),
-            Err(e) => {
-                chunks.push_back(Err(at.failed(e)));
-                return chunks;
-            }
-        }
-        if at.remaining == 0 || chunks.len() == MAX_CHUNKS_PER_CALL {
-            return chunks;
-        }
-        live = match at.budget.clone().try_acquire_owned() {
-            Ok(live) => live,
-            Err(_) => return chunks,
-        };
+/// One blocking call of a streamed read: the chunk `live` is for.
+fn read_one(at: &mut At, live: OwnedSemaphorePermit) -> io::Result<Bytes> {
+    let (n, spare) = at.next();
+    match pread_fill(&at.file.file, at.pos, n, spare) {
+        Ok(buf) => Ok(at.chunk(buf, live)),
+        Err(e) => Err(at.failed(e)),
     }
 }
 

@@ -576,7 +576,7 @@ async fn a_collecting_reader_gets_one_buffer_and_a_streaming_one_small_chunks() 
 
 /// A streamed read's chunks are read as its consumer polls (ADR-085), in
 /// its task, inline or by a blocking call: either way a consumer holding
-/// `READ_AHEAD_CHUNKS` chunks (a stalled HTTP client) gets no further one
+/// `LIVE_CHUNKS` chunks (a stalled HTTP client) gets no further one
 /// until it lets go of one, and a range streams its bytes only.
 #[tokio::test]
 async fn a_streamed_read_waits_for_its_consumer_to_let_go_of_a_chunk() {
@@ -591,11 +591,11 @@ async fn a_streamed_read_waits_for_its_consumer_to_let_go_of_a_chunk() {
             panic!("a streamed read")
         };
         let mut held = Vec::new();
-        for _ in 0..crate::reader::READ_AHEAD_CHUNKS {
+        for _ in 0..crate::reader::LIVE_CHUNKS {
             held.push(chunks.next_chunk().await.unwrap().unwrap());
         }
         let next = tokio::time::timeout(Duration::from_millis(200), chunks.next_chunk()).await;
-        assert!(next.is_err(), "a third chunk while two are held");
+        assert!(next.is_err(), "a further chunk while the budget's are held");
         let mut got: Vec<u8> = held.iter().flat_map(|c| c.to_vec()).collect();
         held.clear();
         while let Some(c) = chunks.next_chunk().await.unwrap() {
@@ -1409,7 +1409,7 @@ async fn taken_chunks_give_their_buffers_back_when_dropped() {
     assert_eq!(got, data);
     // In flight at once: the budget's chunks, the one being read, the one
     // held here.
-    let most = crate::reader::READ_AHEAD_CHUNKS + 2;
+    let most = crate::reader::LIVE_CHUNKS + 2;
     assert!(
         buffers.len() <= most,
         "{} buffers for {n} chunks (at most {most} expected)",
