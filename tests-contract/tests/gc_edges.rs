@@ -67,8 +67,9 @@ async fn an_entry_in_both_tiers_is_counted_once_and_deleted_whole() {
 /// ADR-081: with SQLite as kv engine and window host, a non-fleet sweep
 /// deletes each kv chunk and unstages it in one bulk transaction, and
 /// unstages the large tier's keys after deleting them. 200 small and 3
-/// large garbage entries take three bulk transactions (two chunks of
-/// deletes that unstage, one unstage of the large keys), not four; the
+/// large garbage entries take eight bulk transactions (seven chunks of at
+/// most 32 deletes that unstage, ADR-087, and one unstage of the large
+/// keys), not fifteen; the
 /// live entries of both tiers stay, and the window ends empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_kv_sweep_unstages_in_its_delete_transactions() {
@@ -111,7 +112,7 @@ async fn a_sqlite_kv_sweep_unstages_in_its_delete_transactions() {
     let before = kv.waits().bulk_jobs;
     let exec = s.gc().sweep(SweepOptions::default()).await.unwrap();
     assert_eq!(exec.total.deleted, 203, "{exec:?}");
-    assert_eq!(kv.waits().bulk_jobs - before, 3, "bulk transactions");
+    assert_eq!(kv.waits().bulk_jobs - before, 8, "bulk transactions");
     assert_eq!(window.staged_count().await.unwrap(), 0, "window empty");
     for key in &keep {
         assert!(s.has(key).await.unwrap(), "live entry kept");

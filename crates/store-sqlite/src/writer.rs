@@ -120,8 +120,10 @@ pub(crate) const GATHER_WAIT: Duration = Duration::from_micros(200);
 
 /// Most rows of one bulk job (a sweep's stage, unstage or delete chunk).
 /// Measured with the tail benchmark (ADR-058): 1000-row jobs made a put
-/// wait ~40 ms at p99 during a sweep.
-pub(crate) const BULK_ROWS: usize = 128;
+/// wait ~40 ms at p99 during a sweep. 32 rather than 128 (ADR-087): a
+/// request that shares a core with the writer waits for the bulk
+/// transaction running on it, and 128-row ones doubled p99 GET over HTTP.
+pub(crate) const BULK_ROWS: usize = 32;
 
 /// After a bulk transaction that took `t`, the writer runs no other bulk
 /// job for `t` (foreground jobs run at once): a sweep takes at most half
@@ -130,11 +132,12 @@ pub(crate) const BULK_ROWS: usize = 128;
 pub(crate) const BULK_REST: u32 = 1;
 
 /// Most queued bulk jobs one transaction runs on a store that served no
-/// request since the last bulk transaction (ADR-084): 8 × [`BULK_ROWS`]
-/// rows, about the 1,000-row transactions sweeps ran before ADR-058. The
+/// request since the last bulk transaction (ADR-084): 32 × [`BULK_ROWS`]
+/// = 1,024 rows, about the 1,000-row transactions sweeps ran before
+/// ADR-058. The
 /// first request after idleness waits for at most one such transaction;
 /// from then on the lane runs one job at a time and rests.
-pub(crate) const IDLE_BULK_JOBS: usize = 8;
+pub(crate) const IDLE_BULK_JOBS: usize = 32;
 
 /// WAL pages at which the writer checkpoints: SQLite's own default for its
 /// automatic checkpoint, which the writer replaces (ADR-083). The
