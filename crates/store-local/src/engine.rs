@@ -96,8 +96,8 @@ impl Engine for LocalEngine {
     /// for an entry (or span) whose descriptor is cached and whose bytes
     /// are in the page cache; else one blocking call that opens, sizes and
     /// (for at most one chunk) reads, or a stream its consumer's polls
-    /// read (see `reader.rs`, `stream.rs`). There is no in-memory copy, so `from_storage` changes
-    /// nothing.
+    /// read (see `reader.rs`, `stream.rs`). There is no in-memory copy, so
+    /// `from_storage` changes nothing.
     async fn read(&self, key: &Key, options: &ReadOptions) -> Result<Option<SizedRead>> {
         let want = match &options.range {
             None => Want::Whole,

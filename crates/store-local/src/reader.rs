@@ -28,12 +28,11 @@
 //!   (else one opened, and cached, in one blocking call). Each chunk is
 //!   read when the consumer polls for it, in the consumer's task: inline
 //!   when every byte of it is in the page cache, else in a short blocking
-//!   call the poll awaits. At most [`LIVE_CHUNKS`] chunk of one
-//!   read is **alive** at once — in the consumer's hands, in an HTTP
-//!   server's write queue — because each carries a permit of the read's
-//!   budget that its last `Bytes` handle returns when dropped (ADR-057,
-//!   ADR-086): a
-//!   reader whose consumer stalls (a slow or stopped HTTP client) holds at
+//!   call the poll awaits. At most [`LIVE_CHUNKS`] chunk of one read is
+//!   **alive** at once — in the consumer's hands, in an HTTP server's
+//!   write queue — because each carries a permit of the read's budget
+//!   that its last `Bytes` handle returns when dropped (ADR-057,
+//!   ADR-086): a reader whose consumer stalls (a slow or stopped HTTP client) holds at
 //!   most half a [`CHUNK_SIZE`] of buffers, the open file and no
 //!   blocking-pool thread. For a whole-entry read each chunk is hashed as
 //!   it is read (the `digest` of [`BlobReader::Chunks`]). A consumer that
@@ -56,9 +55,9 @@ use crate::Inner;
 
 /// Chunks of one streamed read alive at once, wherever they are (the
 /// read's budget of permits, ADR-057): one. The next chunk is read when
-/// the consumer has let go of it — written it into the socket — which
-/// costs a page-cached read nothing, as it is read in the consumer's task
-/// anyway (ADR-085, ADR-086).
+/// the consumer has let go of the last one — written it into the socket —
+/// which costs a page-cached read nothing, as it is read in the
+/// consumer's task anyway (ADR-085, ADR-086).
 pub(crate) const LIVE_CHUNKS: usize = 1;
 
 /// A streamed read's chunk, 64 KiB: its [`LIVE_CHUNKS`] live chunks add

@@ -1381,8 +1381,8 @@ fn a_whole_read_of_a_file_shorter_than_its_size_fails() {
 
 /// A streamed whole read hands its chunks out as owned `Bytes`
 /// (`BlobReader::Chunks`, TUNING.md §response-chunks) whose buffers go back to the read
-/// when dropped — on another thread too — so a long read reuses the
-/// few buffers in flight instead of allocating one per chunk.
+/// when dropped — on another thread too — so a long read reuses its one
+/// live buffer (`LIVE_CHUNKS`) instead of allocating one per chunk.
 #[tokio::test]
 async fn taken_chunks_give_their_buffers_back_when_dropped() {
     use std::collections::HashSet;
@@ -1398,18 +1398,26 @@ async fn taken_chunks_give_their_buffers_back_when_dropped() {
     let mut got = Vec::new();
     let mut buffers = HashSet::new();
     let mut n = 0;
+    // Memory a dropped chunk freed goes to these, so a read that did not
+    // take its buffer back could not get the same address again from the
+    // allocator and pass as recycling.
+    let mut hogs = Vec::new();
     while let Some(chunk) = chunks.next_chunk().await.unwrap() {
         got.extend_from_slice(&chunk);
         buffers.insert(chunk.as_ptr() as usize);
         n += 1;
         if n % 2 == 0 {
             std::thread::spawn(move || drop(chunk)).join().unwrap();
+        } else {
+            drop(chunk);
         }
+        hogs.push(vec![1u8; crate::reader::STREAM_CHUNK]);
     }
     assert_eq!(got, data);
-    // In flight at once: the budget's chunks, the one being read, the one
-    // held here.
-    let most = crate::reader::LIVE_CHUNKS + 2;
+    // A chunk is read only once the one held here is dropped (its buffer
+    // back before its permit), so the read never needs more buffers than
+    // its budget of live chunks.
+    let most = crate::reader::LIVE_CHUNKS;
     assert!(
         buffers.len() <= most,
         "{} buffers for {n} chunks (at most {most} expected)",

@@ -134,9 +134,8 @@ pub(crate) const BULK_REST: u32 = 1;
 /// Most queued bulk jobs one transaction runs on a store that served no
 /// request since the last bulk transaction (ADR-084): 32 × [`BULK_ROWS`]
 /// = 1,024 rows, about the 1,000-row transactions sweeps ran before
-/// ADR-058. The
-/// first request after idleness waits for at most one such transaction;
-/// from then on the lane runs one job at a time and rests.
+/// ADR-058. The first request after idleness waits for at most one such
+/// transaction; from then on the lane runs one job at a time and rests.
 pub(crate) const IDLE_BULK_JOBS: usize = 32;
 
 /// WAL pages at which the writer checkpoints: SQLite's own default for its

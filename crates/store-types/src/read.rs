@@ -34,10 +34,11 @@ use crate::{Chunks, Digest};
 ///
 /// `digest`, when present, is the BLAKE3 digest of **exactly** the bytes
 /// the body yields, in order, computed by the engine as it produced them
-/// (as it reads them, ahead of the consumer or in its polls). It arrives once the engine has
-/// produced the last byte (possibly before the consumer reads EOF). On a
-/// verified whole read the facade then does not hash: it counts the bytes,
-/// awaits the digest after EOF and compares it with the key's digest; a
+/// (as it reads them, ahead of the consumer or in its polls). It arrives
+/// once the engine has produced the last byte (possibly before the
+/// consumer reads EOF). On a verified whole read the facade then does not
+/// hash: it counts the bytes, awaits the digest after EOF and compares it
+/// with the key's digest; a
 /// mismatch, or a byte count other than the length, fails the read with
 /// [`Error::Verification`](crate::Error::Verification). A sender dropped
 /// without sending (the engine stopped early) fails the read with
